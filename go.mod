@@ -1,0 +1,3 @@
+module github.com/idemkit/idempotency
+
+go 1.26

@@ -1,0 +1,165 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"time"
+)
+
+// ID addresses one idempotency record: the key the client sent, within the
+// scope of the caller that sent it. Two callers that happen to choose the same
+// key never share a record because their scopes differ.
+type ID struct {
+	// Scope identifies the caller (a tenant, an account, a hash of its
+	// credentials). It may be empty, for an API with a single caller.
+	Scope string
+	// Key is the client's idempotency key, already unquoted and validated.
+	Key string
+}
+
+// Token is a fencing token: a number that a Store hands out with every lease
+// it grants. For a given ID, each lease granted gets a token larger than every
+// token granted before it for that ID (after a release, a takeover or an
+// expiry alike), so a holder whose lease was lost can be recognised and
+// refused, by the Store and by any downstream system the handler passes the
+// token to.
+type Token int64
+
+// ClaimStatus says what a Claim found.
+type ClaimStatus int
+
+const (
+	// Acquired means the caller now holds the lease for the ID and must run
+	// the request, then Complete or Release it with Claim.Token.
+	Acquired ClaimStatus = iota + 1
+	// InFlight means another holder's lease is live: the request is being
+	// run elsewhere. Claim.Fingerprint and Claim.RetryAfter are set.
+	InFlight
+	// Completed means the request ran and its response is stored:
+	// Claim.Fingerprint and Claim.Response are set.
+	Completed
+)
+
+// String returns the status's name.
+func (s ClaimStatus) String() string {
+	switch s {
+	case Acquired:
+		return "acquired"
+	case InFlight:
+		return "in flight"
+	case Completed:
+		return "completed"
+	}
+	return "unknown"
+}
+
+// Claim is the answer of Store.Claim.
+type Claim struct {
+	// Status says which of the other fields are set.
+	Status ClaimStatus
+	// Token is the new lease's fencing token (Acquired).
+	Token Token
+	// Fingerprint is the fingerprint stored with the record (InFlight and
+	// Completed), so that the caller can refuse a key reused for another
+	// request.
+	Fingerprint string
+	// RetryAfter is how long the current lease has left (InFlight). It is
+	// zero when the lease has expired but the record could not be taken over
+	// because the fingerprints differ.
+	RetryAfter time.Duration
+	// Response is the stored response (Completed).
+	Response *Response
+}
+
+// Response is a stored HTTP response, as the middleware replays it.
+type Response struct {
+	// Status is the HTTP status code.
+	Status int
+	// Header holds the headers to replay. The middleware stores only headers
+	// on its allow-list; a Store keeps them exactly, including the order of
+	// values and binary-safe bytes.
+	Header http.Header
+	// Body is the response body, byte for byte.
+	Body []byte
+	// BodyOmitted records that the handler ran but its body was not stored:
+	// it was larger than the stored-response limit, or the handler streamed
+	// or hijacked the connection. The record still guarantees that the
+	// request is not run again; its replay carries the status and headers
+	// and says that the body was omitted.
+	BodyOmitted bool
+}
+
+// Size is an estimate, in bytes, of the memory and storage a Response takes.
+func (r *Response) Size() int {
+	n := len(r.Body) + 16
+	for k, vs := range r.Header {
+		n += len(k)
+		for _, v := range vs {
+			n += len(v)
+		}
+	}
+	return n
+}
+
+// ErrLeaseLost is returned, wrapped, by Store.Complete, Store.Release and
+// Store.Extend when the token is not the record's current one: the lease
+// expired and was taken over, or the record was released, completed or
+// expired. Nothing was changed.
+var ErrLeaseLost = errors.New("idempotency lease lost")
+
+// Store keeps idempotency records. Every method is one atomic operation on one
+// record, so that several instances of an API sharing a Store never run a
+// request twice; each is designed to be one round trip to a database.
+//
+// Errors other than ErrLeaseLost are reserved for system failures (the store
+// is unreachable, a query failed, a record cannot be decoded). The middleware
+// answers them with 503 and never runs the handler unprotected unless it was
+// told to fail open.
+//
+// A Store must be safe for concurrent use. Run the conformance suite,
+// storetest.Run, against any implementation.
+type Store interface {
+	// Claim atomically asks for the lease on id.
+	//
+	// When no live record exists (none was stored, it expired after ttl, or
+	// it was released) Claim creates one in flight with the given
+	// fingerprint, a lease that ends after lease and a record that expires
+	// after ttl, and returns Acquired with a new token.
+	//
+	// When a record is in flight and its lease is live, Claim returns
+	// InFlight. When its lease has expired and the fingerprints are equal,
+	// the caller takes it over: Claim grants a new lease with a new token and
+	// returns Acquired; the old holder's token is refused from then on. When
+	// the lease has expired but the fingerprints differ, Claim returns
+	// InFlight with RetryAfter zero, so that the caller refuses the request.
+	//
+	// When the record is completed, Claim returns Completed with the stored
+	// fingerprint and response, whatever the fingerprint given.
+	Claim(ctx context.Context, id ID, fingerprint string, lease, ttl time.Duration) (Claim, error)
+
+	// Complete stores resp as the record's response, ends the lease and
+	// makes the record expire after ttl. It fails with ErrLeaseLost unless
+	// token is the record's current token and the record is in flight.
+	Complete(ctx context.Context, id ID, token Token, resp *Response, ttl time.Duration) error
+
+	// Release gives the lease up without storing a response, so that the
+	// next Claim for id is Acquired (with a larger token). It fails with
+	// ErrLeaseLost unless token is the record's current token and the
+	// record is in flight.
+	Release(ctx context.Context, id ID, token Token) error
+
+	// Extend renews the lease so that it ends after lease from now. It fails
+	// with ErrLeaseLost unless token is the record's current token and the
+	// record is in flight (an expired lease that nobody has taken over yet
+	// may still be extended).
+	Extend(ctx context.Context, id ID, token Token, lease time.Duration) error
+}
+
+// Binder is implemented by a Store whose lease carries state that the handler
+// needs, such as the database transaction of pgstore's transactional mode.
+// After a claim is Acquired the middleware runs the handler with the context
+// that Bind returns.
+type Binder interface {
+	Bind(ctx context.Context, id ID, token Token) context.Context
+}

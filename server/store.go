@@ -140,7 +140,9 @@ type Store interface {
 
 	// Complete stores resp as the record's response, ends the lease and
 	// makes the record expire after ttl. It fails with ErrLeaseLost unless
-	// token is the record's current token and the record is in flight.
+	// token is the record's current token and the record is in flight. The
+	// Store may keep resp: the caller must not modify it afterwards, and
+	// callers of Claim must not modify the Response it returns.
 	Complete(ctx context.Context, id ID, token Token, resp *Response, ttl time.Duration) error
 
 	// Release gives the lease up without storing a response, so that the

@@ -1,0 +1,373 @@
+// Package memstore is an in-memory server.Store: the embedded default for an
+// API that runs as a single process.
+//
+// Records live in a sharded map, so that requests for different keys rarely
+// contend. Memory is bounded twice over, by a number of records and by a
+// number of bytes, and both bounds keep the promise the Store makes:
+//
+//   - A live record (in flight, or completed and younger than its TTL) is
+//     never evicted to make room. Evicting one would let a retry of a request
+//     that already ran run again, which is the failure this module exists to
+//     prevent.
+//   - At the record bound, Claim for a new key fails with ErrFull (after first
+//     removing the expired records it can find), so the middleware answers
+//     503 and runs nothing: the API sheds load instead of losing its memory
+//     of what it did.
+//   - At the byte bound, Complete keeps the record but drops the response
+//     body (the stored Response has BodyOmitted set): the request still
+//     never runs twice; its replay says the body was not kept.
+//
+// Expired records are removed when they are next touched and by a background
+// sweep; Close stops the sweep. Records do not survive a restart and are not
+// shared between processes: an API that runs on several machines needs
+// pgstore or redisstore.
+package memstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemkit/idempotency/server"
+)
+
+// Default bounds. They suit a single API process: a million records, or
+// 256 MiB of keys, fingerprints and stored responses.
+const (
+	DefaultMaxRecords    = 1_000_000
+	DefaultMaxBytes      = 256 << 20
+	DefaultSweepInterval = time.Minute
+)
+
+const (
+	shardCount = 64
+	// recordOverhead approximates the bytes a record costs beyond its
+	// strings and response: map entry, times, token.
+	recordOverhead = 96
+	// boundSweepInterval is how often, at most, a Claim that finds the
+	// store full sweeps it.
+	boundSweepInterval = 100 * time.Millisecond
+)
+
+var (
+	// ErrFull is returned, wrapped, by Claim when the store holds its
+	// maximum number of live records.
+	ErrFull = errors.New("memstore: full")
+	// ErrClosed is returned, wrapped, by every method after Close.
+	ErrClosed = errors.New("memstore: closed")
+)
+
+// Store is an in-memory server.Store. Create one with New; it is safe for
+// concurrent use. Call Close to stop its background sweep.
+type Store struct {
+	shards     [shardCount]shard
+	seed       maphash.Seed
+	maxRecords int64
+	maxBytes   int64
+	records    atomic.Int64
+	bytes      atomic.Int64
+	token      atomic.Int64
+	// lastBoundSweep is when Claim last swept because the store was full,
+	// in Unix nanoseconds.
+	lastBoundSweep atomic.Int64
+
+	closed    atomic.Bool
+	closeOnce sync.Once
+	stop      chan struct{}
+	done      chan struct{}
+}
+
+type shard struct {
+	mu sync.Mutex
+	m  map[server.ID]record
+	_  [40]byte // keep neighbouring shards' locks off one cache line
+}
+
+type record struct {
+	fingerprint string
+	token       server.Token
+	leaseUntil  time.Time
+	expiresAt   time.Time
+	resp        *server.Response // nil while in flight
+	size        int64
+}
+
+var _ server.Store = (*Store)(nil)
+
+// Option configures a Store.
+type Option func(*config)
+
+type config struct {
+	maxRecords    int64
+	maxBytes      int64
+	sweepInterval time.Duration
+}
+
+// WithMaxRecords bounds the number of records kept. Values below 1 keep the
+// default, DefaultMaxRecords.
+func WithMaxRecords(n int) Option {
+	return func(c *config) {
+		if n > 0 {
+			c.maxRecords = int64(n)
+		}
+	}
+}
+
+// WithMaxBytes bounds the memory, in bytes, taken by keys, fingerprints and
+// stored responses. Values below 1 keep the default, DefaultMaxBytes.
+func WithMaxBytes(n int64) Option {
+	return func(c *config) {
+		if n > 0 {
+			c.maxBytes = n
+		}
+	}
+}
+
+// WithSweepInterval sets how often expired records are removed in the
+// background. Values below a millisecond keep the default,
+// DefaultSweepInterval.
+func WithSweepInterval(d time.Duration) Option {
+	return func(c *config) {
+		if d >= time.Millisecond {
+			c.sweepInterval = d
+		}
+	}
+}
+
+// New returns an empty Store and starts its background sweep, which runs
+// until Close.
+func New(opts ...Option) *Store {
+	c := config{
+		maxRecords:    DefaultMaxRecords,
+		maxBytes:      DefaultMaxBytes,
+		sweepInterval: DefaultSweepInterval,
+	}
+	for _, o := range opts {
+		o(&c)
+	}
+	s := &Store{
+		seed:       maphash.MakeSeed(),
+		maxRecords: c.maxRecords,
+		maxBytes:   c.maxBytes,
+		stop:       make(chan struct{}),
+		done:       make(chan struct{}),
+	}
+	for i := range s.shards {
+		s.shards[i].m = make(map[server.ID]record)
+	}
+	go s.sweepLoop(c.sweepInterval)
+	return s
+}
+
+// Close stops the background sweep and waits for it to end. Every later call
+// fails with ErrClosed. Close is idempotent and always returns nil.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() {
+		s.closed.Store(true)
+		close(s.stop)
+	})
+	<-s.done
+	return nil
+}
+
+// Len returns the number of records held, expired ones not yet swept
+// included.
+func (s *Store) Len() int { return int(s.records.Load()) }
+
+// Bytes returns the memory, in bytes, that the records are accounted for.
+func (s *Store) Bytes() int64 { return s.bytes.Load() }
+
+func (s *Store) shard(id server.ID) *shard {
+	return &s.shards[maphash.Comparable(s.seed, id)%shardCount]
+}
+
+func (s *Store) check(ctx context.Context, op string) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("memstore: %s: %w", op, err)
+	}
+	if s.closed.Load() {
+		return fmt.Errorf("memstore: %s: %w", op, ErrClosed)
+	}
+	return nil
+}
+
+// Claim implements server.Store.
+func (s *Store) Claim(ctx context.Context, id server.ID, fingerprint string, lease, ttl time.Duration) (server.Claim, error) {
+	if err := s.check(ctx, "claim"); err != nil {
+		return server.Claim{}, err
+	}
+	c, full := s.claim(id, fingerprint, lease, ttl)
+	if full && s.sweepAtBound() {
+		c, full = s.claim(id, fingerprint, lease, ttl)
+	}
+	if full {
+		return server.Claim{}, fmt.Errorf("memstore: claim: %w", ErrFull)
+	}
+	return c, nil
+}
+
+// claim does Claim's work under the shard's lock. It reports full when a new
+// record was needed and there was no room for it.
+func (s *Store) claim(id server.ID, fingerprint string, lease, ttl time.Duration) (c server.Claim, full bool) {
+	sh := s.shard(id)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	now := time.Now()
+	r, ok := sh.m[id]
+	if ok && !now.Before(r.expiresAt) {
+		s.remove(sh, id, r)
+		ok = false
+	}
+	switch {
+	case !ok:
+		if s.records.Add(1) > s.maxRecords {
+			s.records.Add(-1)
+			return server.Claim{}, true
+		}
+		r = record{fingerprint: fingerprint, size: int64(len(id.Scope)+len(id.Key)+len(fingerprint)) + recordOverhead}
+		s.bytes.Add(r.size)
+	case r.resp != nil:
+		return server.Claim{Status: server.Completed, Fingerprint: r.fingerprint, Response: r.resp}, false
+	case now.Before(r.leaseUntil):
+		return server.Claim{Status: server.InFlight, Fingerprint: r.fingerprint, RetryAfter: r.leaseUntil.Sub(now)}, false
+	case r.fingerprint != fingerprint:
+		return server.Claim{Status: server.InFlight, Fingerprint: r.fingerprint}, false
+	}
+	// A new record, or the takeover of an abandoned one.
+	r.token = server.Token(s.token.Add(1))
+	r.leaseUntil = now.Add(lease)
+	r.expiresAt = now.Add(max(ttl, lease))
+	sh.m[id] = r
+	return server.Claim{Status: server.Acquired, Token: r.token}, false
+}
+
+// sweepAtBound sweeps every shard when the store is full, at most once per
+// boundSweepInterval, so that a store full of live records does not scan
+// itself on every claim. It reports whether it swept.
+func (s *Store) sweepAtBound() bool {
+	now := time.Now()
+	last := s.lastBoundSweep.Load()
+	if now.UnixNano()-last < int64(boundSweepInterval) || !s.lastBoundSweep.CompareAndSwap(last, now.UnixNano()) {
+		return false
+	}
+	s.sweepAll(now)
+	return true
+}
+
+// Complete implements server.Store. At the byte bound it keeps the record
+// and drops the response body; see the package documentation.
+func (s *Store) Complete(ctx context.Context, id server.ID, token server.Token, resp *server.Response, ttl time.Duration) error {
+	if err := s.check(ctx, "complete"); err != nil {
+		return err
+	}
+	sh := s.shard(id)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	r, err := s.current(sh, id, token)
+	if err != nil {
+		return fmt.Errorf("memstore: complete: %w", err)
+	}
+	size := int64(resp.Size())
+	if s.bytes.Add(size) > s.maxBytes {
+		s.bytes.Add(-size)
+		resp = &server.Response{Status: resp.Status, Header: resp.Header, BodyOmitted: true}
+		size = int64(resp.Size())
+		s.bytes.Add(size)
+	}
+	now := time.Now()
+	r.resp = resp
+	r.size += size
+	r.leaseUntil = now
+	r.expiresAt = now.Add(ttl)
+	sh.m[id] = r
+	return nil
+}
+
+// Release implements server.Store.
+func (s *Store) Release(ctx context.Context, id server.ID, token server.Token) error {
+	if err := s.check(ctx, "release"); err != nil {
+		return err
+	}
+	sh := s.shard(id)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	r, err := s.current(sh, id, token)
+	if err != nil {
+		return fmt.Errorf("memstore: release: %w", err)
+	}
+	s.remove(sh, id, r)
+	return nil
+}
+
+// Extend implements server.Store.
+func (s *Store) Extend(ctx context.Context, id server.ID, token server.Token, lease time.Duration) error {
+	if err := s.check(ctx, "extend"); err != nil {
+		return err
+	}
+	sh := s.shard(id)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	r, err := s.current(sh, id, token)
+	if err != nil {
+		return fmt.Errorf("memstore: extend: %w", err)
+	}
+	now := time.Now()
+	r.leaseUntil = now.Add(lease)
+	if r.expiresAt.Before(r.leaseUntil) {
+		r.expiresAt = r.leaseUntil
+	}
+	sh.m[id] = r
+	return nil
+}
+
+// current returns the in-flight record that token holds. sh.mu is held.
+func (s *Store) current(sh *shard, id server.ID, token server.Token) (record, error) {
+	r, ok := sh.m[id]
+	if !ok || r.token != token || r.resp != nil || !time.Now().Before(r.expiresAt) {
+		return record{}, server.ErrLeaseLost
+	}
+	return r, nil
+}
+
+// remove deletes a record and returns its room. sh.mu is held.
+func (s *Store) remove(sh *shard, id server.ID, r record) {
+	delete(sh.m, id)
+	s.records.Add(-1)
+	s.bytes.Add(-r.size)
+}
+
+// sweepShard removes the expired records of one shard. sh.mu is held.
+func (s *Store) sweepShard(sh *shard, now time.Time) {
+	for id, r := range sh.m {
+		if !now.Before(r.expiresAt) {
+			s.remove(sh, id, r)
+		}
+	}
+}
+
+func (s *Store) sweepAll(now time.Time) {
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		s.sweepShard(sh, now)
+		sh.mu.Unlock()
+	}
+}
+
+func (s *Store) sweepLoop(every time.Duration) {
+	defer close(s.done)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case now := <-t.C:
+			s.sweepAll(now)
+		}
+	}
+}

@@ -1,0 +1,148 @@
+package server
+
+import (
+	"bufio"
+	"net"
+	"net/http"
+	"strconv"
+)
+
+// recorder is the ResponseWriter the handler writes to. It keeps the response
+// so that it can be stored before the client sees any of it: a client must
+// never receive an answer for which the store holds no record.
+//
+// When the handler flushes, hijacks the connection or writes more than the
+// stored-response limit, the recorder becomes a pass-through from then on
+// (streaming): the response goes straight to the client and only its status
+// and headers are stored.
+type recorder struct {
+	w         http.ResponseWriter
+	limit     int
+	status    int
+	body      []byte
+	streaming bool
+	hijacked  bool
+}
+
+var (
+	_ http.Flusher  = (*recorder)(nil)
+	_ http.Hijacker = (*recorder)(nil)
+)
+
+func (rec *recorder) Header() http.Header { return rec.w.Header() }
+
+func (rec *recorder) WriteHeader(code int) {
+	if rec.status != 0 || rec.hijacked {
+		return
+	}
+	if code >= 100 && code < 200 && code != http.StatusSwitchingProtocols {
+		// Informational responses, such as 103 Early Hints, are not the
+		// response: send them on.
+		rec.w.WriteHeader(code)
+		return
+	}
+	rec.status = code
+	if rec.streaming {
+		rec.w.WriteHeader(code)
+	}
+}
+
+func (rec *recorder) Write(p []byte) (int, error) {
+	if rec.status == 0 {
+		rec.WriteHeader(http.StatusOK)
+	}
+	if rec.streaming {
+		return rec.w.Write(p)
+	}
+	if len(rec.body)+len(p) > rec.limit {
+		if err := rec.stream(); err != nil {
+			return 0, err
+		}
+		return rec.w.Write(p)
+	}
+	if rec.body == nil {
+		rec.body = make([]byte, 0, max(len(p), 512))
+	}
+	rec.body = append(rec.body, p...)
+	return len(p), nil
+}
+
+// stream switches to pass-through, sending what was kept so far.
+func (rec *recorder) stream() error {
+	if rec.streaming {
+		return nil
+	}
+	rec.streaming = true
+	if rec.status == 0 {
+		rec.status = http.StatusOK
+	}
+	rec.w.WriteHeader(rec.status)
+	body := rec.body
+	rec.body = nil
+	if len(body) == 0 {
+		return nil
+	}
+	_, err := rec.w.Write(body)
+	return err
+}
+
+// Flush implements http.Flusher: a handler that flushes streams.
+func (rec *recorder) Flush() { rec.FlushError() }
+
+// FlushError is what http.ResponseController calls to flush.
+func (rec *recorder) FlushError() error {
+	if rec.hijacked {
+		return http.ErrHijacked
+	}
+	if err := rec.stream(); err != nil {
+		return err
+	}
+	return http.NewResponseController(rec.w).Flush()
+}
+
+// Hijack implements http.Hijacker. The hijacked exchange is not stored.
+func (rec *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	conn, rw, err := http.NewResponseController(rec.w).Hijack()
+	if err == nil {
+		rec.hijacked = true
+		rec.streaming = true
+		rec.body = nil
+	}
+	return conn, rw, err
+}
+
+// Unwrap lets http.ResponseController reach the underlying writer for the
+// features the recorder does not change (deadlines, full duplex).
+func (rec *recorder) Unwrap() http.ResponseWriter { return rec.w }
+
+// finalStatus is the status the handler answered with.
+func (rec *recorder) finalStatus() int {
+	if rec.status == 0 {
+		return http.StatusOK
+	}
+	return rec.status
+}
+
+// send writes the kept response to the client.
+func (rec *recorder) send() {
+	status := rec.finalStatus()
+	h := rec.w.Header()
+	if needsLength(status, len(rec.body)) && h.Get("Content-Length") == "" && h.Get("Transfer-Encoding") == "" {
+		h.Set("Content-Length", strconv.Itoa(len(rec.body)))
+	}
+	rec.w.WriteHeader(status)
+	if len(rec.body) > 0 {
+		rec.w.Write(rec.body)
+	}
+}
+
+// needsLength reports whether a response written in one piece needs an
+// explicit Content-Length: net/http sets one itself for a body that fits its
+// 2 KiB write buffer, and sends a larger one chunked unless told its length.
+func needsLength(status, n int) bool {
+	return n >= 2048 && bodyAllowed(status)
+}
+
+func bodyAllowed(status int) bool {
+	return status >= 200 && status != http.StatusNoContent && status != http.StatusNotModified
+}

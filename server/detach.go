@@ -1,0 +1,79 @@
+package server
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// detached is the context of the store writes that follow a handler: it
+// keeps the request's values but not its cancellation (a dropped connection
+// is exactly when the retry will come), and it ends at a deadline.
+//
+// It is context.WithTimeout(context.WithoutCancel(ctx), d) without their
+// allocations on the common path: its Done channel and timer are made only
+// when a Store asks for them, which an in-memory store never does.
+type detached struct {
+	values   context.Context
+	deadline time.Time
+
+	mu     sync.Mutex
+	done   chan struct{} // made by the first Done
+	timer  *time.Timer
+	closed bool // done is closed
+}
+
+var _ context.Context = (*detached)(nil)
+
+func (d *detached) init(values context.Context, timeout time.Duration) {
+	d.values = values
+	d.deadline = time.Now().Add(timeout)
+}
+
+func (d *detached) Deadline() (time.Time, bool) { return d.deadline, true }
+
+func (d *detached) Value(key any) any { return d.values.Value(key) }
+
+func (d *detached) Done() <-chan struct{} {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.done == nil {
+		d.done = make(chan struct{})
+		if left := time.Until(d.deadline); left > 0 {
+			d.timer = time.AfterFunc(left, d.expire)
+		} else {
+			d.closed = true
+			close(d.done)
+		}
+	}
+	return d.done
+}
+
+func (d *detached) expire() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.closed = true
+	close(d.done)
+}
+
+// Err follows Done once Done has been asked for, and the clock before that.
+func (d *detached) Err() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.done != nil && !d.closed {
+		return nil
+	}
+	if d.closed || !time.Now().Before(d.deadline) {
+		return context.DeadlineExceeded
+	}
+	return nil
+}
+
+// stop releases the timer, if one was made. d must not be used afterwards.
+func (d *detached) stop() {
+	d.mu.Lock()
+	if d.timer != nil {
+		d.timer.Stop()
+	}
+	d.mu.Unlock()
+}

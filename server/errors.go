@@ -1,0 +1,109 @@
+package server
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// Conditions the middleware answers itself, for applications that write
+// their own answers with WithErrorWriter. Match them with errors.Is; the
+// error passed to an ErrorWriter is an *Error that wraps one of them.
+var (
+	// ErrMissingKey: a protected request came without a key while keys are
+	// required (400).
+	ErrMissingKey = errors.New("idempotency key missing")
+	// ErrInvalidKey: the key is empty, longer than 255 bytes, has a
+	// character outside printable ASCII or is a malformed structured-field
+	// string (400).
+	ErrInvalidKey = errors.New("idempotency key invalid")
+	// ErrBodyTooLarge: the request body is over the limit; the handler did
+	// not run (413).
+	ErrBodyTooLarge = errors.New("request body too large")
+	// ErrKeyMismatch: the key was already used for a different request
+	// (422).
+	ErrKeyMismatch = errors.New("idempotency key reused for a different request")
+	// ErrInFlight: a request with the same key is still being processed
+	// (409, with Retry-After).
+	ErrInFlight = errors.New("request with this idempotency key in flight")
+	// ErrStoreUnavailable: the Store failed, so the request could not be
+	// protected and was not run (503, with Retry-After).
+	ErrStoreUnavailable = errors.New("idempotency store unavailable")
+)
+
+// problemBase is where each problem type is documented.
+const problemBase = "https://pkg.go.dev/github.com/idemkit/idempotency/server#"
+
+// Error is a refusal by the middleware: what an ErrorWriter receives. It wraps
+// one of the Err... sentinels and, for a store failure, the store's error.
+type Error struct {
+	// Status is the HTTP status code to answer with.
+	Status int
+	// Type is the RFC 9457 problem type URI.
+	Type string
+	// Title is a short, fixed summary of the problem type.
+	Title string
+	// Detail explains this occurrence.
+	Detail string
+	// RetryAfter, when positive, is sent as the Retry-After header.
+	RetryAfter time.Duration
+
+	kind  error // one of the sentinels
+	cause error // the store's error, if any; never shown to the client
+}
+
+func (e *Error) Error() string {
+	if e.cause != nil {
+		return "server: " + e.kind.Error() + ": " + e.cause.Error()
+	}
+	return "server: " + e.kind.Error()
+}
+
+// Unwrap returns the sentinel and, for a store failure, the store's error.
+func (e *Error) Unwrap() []error {
+	if e.cause != nil {
+		return []error{e.kind, e.cause}
+	}
+	return []error{e.kind}
+}
+
+func newError(status int, kind error, anchor, title, detail string) *Error {
+	return &Error{Status: status, Type: problemBase + anchor, Title: title, Detail: detail, kind: kind}
+}
+
+// An ErrorWriter answers a request that the middleware refuses. err is an
+// *Error.
+type ErrorWriter func(w http.ResponseWriter, r *http.Request, err error)
+
+// WriteProblem is the default ErrorWriter: it answers with an RFC 9457
+// application/problem+json body, and Retry-After when the error has one. The
+// store's own error is never shown to the client.
+func WriteProblem(w http.ResponseWriter, r *http.Request, err error) {
+	var e *Error
+	if !errors.As(err, &e) {
+		e = &Error{Status: http.StatusInternalServerError, Type: "about:blank", Title: "Internal Server Error"}
+	}
+	body, _ := json.Marshal(struct {
+		Type   string `json:"type"`
+		Title  string `json:"title"`
+		Status int    `json:"status"`
+		Detail string `json:"detail,omitempty"`
+	}{e.Type, e.Title, e.Status, e.Detail})
+	h := w.Header()
+	h.Set("Content-Type", "application/problem+json")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	h.Set("Cache-Control", "no-store")
+	if e.RetryAfter > 0 {
+		h.Set("Retry-After", retryAfterSeconds(e.RetryAfter))
+	}
+	w.WriteHeader(e.Status)
+	w.Write(body)
+}
+
+// retryAfterSeconds rounds d up to whole seconds, at least one.
+func retryAfterSeconds(d time.Duration) string {
+	s := int64((d + time.Second - 1) / time.Second)
+	return strconv.FormatInt(max(s, 1), 10)
+}

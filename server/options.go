@@ -1,0 +1,317 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Defaults.
+const (
+	DefaultHeader       = "Idempotency-Key"
+	DefaultReplayHeader = "Idempotent-Replayed"
+	DefaultTTL          = 24 * time.Hour
+	DefaultLease        = time.Minute
+	DefaultMaxBody      = 1 << 20
+	DefaultMaxStored    = 1 << 20
+	DefaultStoreTimeout = 5 * time.Second
+	// HeaderBodyOmitted marks a replay whose original body was not stored
+	// (too large, streamed or hijacked): the request ran once, and its
+	// status and headers are replayed without the body.
+	HeaderBodyOmitted = "Idempotent-Body-Omitted"
+)
+
+// defaultReplayHeaders are the response headers stored and replayed by
+// default; WithReplayHeaders lists them.
+var defaultReplayHeaders = []string{
+	"Cache-Control", "Content-Language", "Content-Location", "Content-Type",
+	"ETag", "Expires", "Last-Modified", "Link", "Location", "Retry-After", "Vary",
+}
+
+// neverReplayed are headers that must not be stored or replayed: credentials,
+// cookies, hop-by-hop headers, and headers the replay sets itself.
+var neverReplayed = []string{
+	"Authorization", "Connection", "Content-Length", "Date", "Keep-Alive",
+	"Proxy-Authenticate", "Proxy-Authorization", "Proxy-Connection",
+	"Set-Cookie", "Set-Cookie2", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
+}
+
+// Option configures the middleware.
+type Option func(*config)
+
+type config struct {
+	methods        []string
+	optional       bool
+	header         string
+	replayHeader   string
+	ttl            time.Duration
+	lease          time.Duration
+	scope          func(*http.Request) (string, error)
+	fingerprint    func(r *http.Request, body []byte) (string, error)
+	maxBody        int64
+	maxStored      int
+	storeStatus    func(int) bool
+	wait           time.Duration
+	failOpen       bool
+	errorWriter    ErrorWriter
+	replayHeaders  []string
+	logger         *slog.Logger
+	storeTimeout   time.Duration
+	invalidOptions []error
+}
+
+func defaultConfig() config {
+	return config{
+		methods:       []string{http.MethodPost, http.MethodPatch},
+		header:        DefaultHeader,
+		replayHeader:  DefaultReplayHeader,
+		ttl:           DefaultTTL,
+		lease:         DefaultLease,
+		scope:         AuthorizationScope,
+		fingerprint:   Fingerprint,
+		maxBody:       DefaultMaxBody,
+		maxStored:     DefaultMaxStored,
+		storeStatus:   DefaultStoreStatus,
+		errorWriter:   WriteProblem,
+		replayHeaders: defaultReplayHeaders,
+		logger:        slog.New(slog.DiscardHandler),
+		storeTimeout:  DefaultStoreTimeout,
+	}
+}
+
+func (c *config) invalid(format string, args ...any) {
+	c.invalidOptions = append(c.invalidOptions, fmt.Errorf("server: "+format, args...))
+}
+
+func (c *config) validate() error {
+	if c.lease > c.ttl {
+		c.invalid("lease %v is longer than TTL %v", c.lease, c.ttl)
+	}
+	return errors.Join(c.invalidOptions...)
+}
+
+// WithMethods sets the protected methods, POST and PATCH by default. Other
+// methods pass through untouched.
+func WithMethods(methods ...string) Option {
+	return func(c *config) {
+		if len(methods) == 0 {
+			c.invalid("WithMethods needs at least one method")
+			return
+		}
+		c.methods = make([]string, len(methods))
+		for i, m := range methods {
+			c.methods[i] = strings.ToUpper(m)
+		}
+	}
+}
+
+// WithKeyOptional lets protected requests without a key through, unprotected.
+// By default a protected request without a key is refused with 400.
+func WithKeyOptional() Option {
+	return func(c *config) { c.optional = true }
+}
+
+// WithHeader sets the name of the request header that carries the key,
+// Idempotency-Key by default.
+func WithHeader(name string) Option {
+	return func(c *config) {
+		if name == "" {
+			c.invalid("WithHeader needs a header name")
+			return
+		}
+		c.header = http.CanonicalHeaderKey(name)
+	}
+}
+
+// WithReplayHeader sets the name of the response header that marks a replay,
+// Idempotent-Replayed by default.
+func WithReplayHeader(name string) Option {
+	return func(c *config) {
+		if name == "" {
+			c.invalid("WithReplayHeader needs a header name")
+			return
+		}
+		c.replayHeader = http.CanonicalHeaderKey(name)
+	}
+}
+
+// WithTTL sets how long a record is kept after it is claimed or completed,
+// 24 hours by default. A retry that comes later runs again.
+func WithTTL(d time.Duration) Option {
+	return func(c *config) {
+		if d <= 0 {
+			c.invalid("TTL %v is not positive", d)
+			return
+		}
+		c.ttl = d
+	}
+}
+
+// WithLease sets the lease that the handler holds while it runs, one minute by
+// default. The middleware renews it every third of its length for as long as
+// the handler runs; if this process dies, another request with the same key
+// may take the record over once the lease has expired.
+func WithLease(d time.Duration) Option {
+	return func(c *config) {
+		if d < 10*time.Millisecond {
+			c.invalid("lease %v is shorter than 10ms", d)
+			return
+		}
+		c.lease = d
+	}
+}
+
+// WithScope sets the function that names the caller a key belongs to, so that
+// two callers never share a record. The default, AuthorizationScope, hashes
+// the Authorization header; an application that knows its principal (a tenant
+// or account ID set by its authentication middleware) should use it instead.
+// An error from the function refuses the request with 400.
+func WithScope(fn func(*http.Request) (string, error)) Option {
+	return func(c *config) {
+		if fn == nil {
+			c.invalid("WithScope needs a function")
+			return
+		}
+		c.scope = fn
+	}
+}
+
+// WithFingerprint sets the function that identifies a request, so that a key
+// reused for a different request is refused with 422. body is the whole
+// request body. The default is Fingerprint.
+func WithFingerprint(fn func(r *http.Request, body []byte) (string, error)) Option {
+	return func(c *config) {
+		if fn == nil {
+			c.invalid("WithFingerprint needs a function")
+			return
+		}
+		c.fingerprint = fn
+	}
+}
+
+// WithMaxBody sets the largest request body accepted, 1 MiB by default. A
+// larger one is refused with 413 and the handler does not run.
+func WithMaxBody(n int64) Option {
+	return func(c *config) {
+		if n < 0 {
+			c.invalid("body limit %d is negative", n)
+			return
+		}
+		c.maxBody = n
+	}
+}
+
+// WithMaxStored sets the largest response body stored for replay, 1 MiB by
+// default. A larger response is still sent, and still recorded as done so
+// that the request never runs twice, but its replay carries the status and
+// headers only, marked with the Idempotent-Body-Omitted header.
+func WithMaxStored(n int) Option {
+	return func(c *config) {
+		if n < 0 {
+			c.invalid("stored response limit %d is negative", n)
+			return
+		}
+		c.maxStored = n
+	}
+}
+
+// WithStoreStatus sets which handler statuses are stored for replay. For the
+// others the claim is released, so that a retry runs the handler again. The
+// default is DefaultStoreStatus; to keep 5xx responses as well, as some
+// payment APIs do, pass a function that returns true except for 408 and 429.
+func WithStoreStatus(fn func(status int) bool) Option {
+	return func(c *config) {
+		if fn == nil {
+			c.invalid("WithStoreStatus needs a function")
+			return
+		}
+		c.storeStatus = fn
+	}
+}
+
+// DefaultStoreStatus stores every status except 5xx, 408 and 429: those say
+// that a retry may succeed, so the retry must run the handler again.
+func DefaultStoreStatus(status int) bool {
+	return status < 500 && status != http.StatusRequestTimeout && status != http.StatusTooManyRequests
+}
+
+// WithWait makes a request whose key is in flight wait up to d for the
+// original to finish and then answer with its replay (or run, if the original
+// released its claim), instead of answering 409 at once. A request still
+// waiting after d gets 409.
+func WithWait(d time.Duration) Option {
+	return func(c *config) {
+		if d < 0 {
+			c.invalid("wait %v is negative", d)
+			return
+		}
+		c.wait = d
+	}
+}
+
+// WithFailOpen runs the handler unprotected when the Store fails, instead of
+// answering 503. A retry may then run the handler twice: choose it only for
+// requests where availability matters more than duplicates.
+func WithFailOpen() Option {
+	return func(c *config) { c.failOpen = true }
+}
+
+// WithErrorWriter sets how refusals are written, WriteProblem by default.
+func WithErrorWriter(fn ErrorWriter) Option {
+	return func(c *config) {
+		if fn == nil {
+			c.invalid("WithErrorWriter needs a function")
+			return
+		}
+		c.errorWriter = fn
+	}
+}
+
+// WithReplayHeaders sets the response headers stored and replayed. Headers
+// not on the list are not stored. The default list is Cache-Control,
+// Content-Language, Content-Location, Content-Type, ETag, Expires,
+// Last-Modified, Link, Location, Retry-After and Vary. Set-Cookie,
+// Authorization, Date, Content-Length and hop-by-hop headers are never
+// stored: naming one is an error.
+func WithReplayHeaders(names ...string) Option {
+	return func(c *config) {
+		c.replayHeaders = make([]string, 0, len(names))
+		for _, n := range names {
+			n = http.CanonicalHeaderKey(n)
+			if slices.Contains(neverReplayed, n) {
+				c.invalid("header %s is never replayed", n)
+				continue
+			}
+			c.replayHeaders = append(c.replayHeaders, n)
+		}
+	}
+}
+
+// WithLogger sets where the middleware logs store failures, lost leases and
+// responses it could not store. It logs nothing by default. Keys are logged;
+// credentials and bodies never are.
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) {
+		if l == nil {
+			c.invalid("WithLogger needs a logger")
+			return
+		}
+		c.logger = l
+	}
+}
+
+// WithStoreTimeout bounds each Complete, Release and Extend, which run on a
+// context that the client's disconnect does not cancel, 5 seconds by default.
+func WithStoreTimeout(d time.Duration) Option {
+	return func(c *config) {
+		if d <= 0 {
+			c.invalid("store timeout %v is not positive", d)
+			return
+		}
+		c.storeTimeout = d
+	}
+}

@@ -14,8 +14,8 @@
 // fingerprint, and, once completed, the response: status, a body-omitted
 // flag, headers with the order of their values kept, and the body, byte for
 // byte. A record with an unknown version, or one that is truncated or
-// malformed, is never replayed: every operation on it fails with
-// ErrCorruptRecord, a store error.
+// malformed, is never replayed: Claim fails on it with ErrCorruptRecord, a
+// store error, as does every other operation that reads the damaged part.
 //
 // # Scripts
 //
@@ -74,9 +74,10 @@
 //     lease then expires and is taken over) or loses it. So at-most-once holds
 //     across a failover only for records the replica had received. The
 //     fencing token limits the damage downstream: the second execution's
-//     token is larger (it comes from the clock), so a system that refuses
-//     tokens older than the largest it has seen refuses the first holder's
-//     late writes.
+//     token comes from the new master's clock, so it is the larger unless
+//     that clock is behind by more than the time between the two claims, and
+//     a system that refuses tokens older than the largest it has seen refuses
+//     the first holder's late writes.
 //   - Eviction. Run the Redis with maxmemory-policy noeviction. An evicting
 //     policy (allkeys-* or volatile-*, and every record has a TTL) forgets
 //     live records to make room; with noeviction a full Redis refuses new
@@ -85,9 +86,22 @@
 //     its shards moves keys, and the records on them seem gone: use a Cluster
 //     to shard.
 //
+// # Errors
+//
 // Errors other than server.ErrLeaseLost are store errors: Redis unreachable,
-// a script failed, a record corrupt. They start with "redisstore:" and never
-// hold the client's address credentials. With ContextTimeoutEnabled on the
-// client, an unreachable or hung Redis fails a call by its context's
-// deadline.
+// a script failed, a record corrupt. They start with "redisstore:" and hold
+// no password: the package logs nothing and never formats the client's
+// options. How soon an unreachable Redis fails a call is the client's
+// configuration (MaxRetries, DialerRetries, DialTimeout; about two seconds
+// with go-redis's defaults); with ContextTimeoutEnabled on the client, the
+// call's context bounds it, for a Redis that hangs as well as one that is
+// down.
+//
+// # Requirements
+//
+// Redis 6.0 or later (the scripts use SET KEEPTTL, TIME before writes and
+// the struct library); the tests run on 7.0. A key or scope that holds a
+// Cluster hash tag ("{...}") decides its record's slot, as in any Redis key:
+// a client that puts one tag in all its keys puts all its records on one
+// node, which costs balance, not correctness.
 package redisstore

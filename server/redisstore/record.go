@@ -43,8 +43,9 @@ const (
 
 // ErrCorruptRecord is returned, wrapped, when a record cannot be decoded: an
 // unknown version, a truncated value, a key holding something else. It is a
-// store error: such a record is never replayed, and the caller answers 503
-// until an operator deletes the record (see Store.RecordKey).
+// store error: such a record is never replayed, and the middleware answers
+// 503 for its ID until it expires or an operator deletes it (see
+// Store.RecordKey).
 var ErrCorruptRecord = errors.New("corrupt idempotency record")
 
 // recordKey encodes id after prefix as the scope's length in decimal, ":",

@@ -67,10 +67,10 @@ const claimLua = luaPrelude + `
 local key, fp, nonce, lease, px = KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local h, v, why = load(key, true)
 if h == nil then return {0, why} end
+if h and h.st == 2 then return {3, v} end
 local prev = 0
 local now = now_us()
 if h then
-  if h.st == 2 then return {3, v} end
   if h.st == 1 then
     if h.nonce == nonce then return {1, tokstr(h.tok)} end
     local held = string.sub(v, HDR + 1)

@@ -18,9 +18,10 @@ import (
 const DefaultPrefix = "idempotency:"
 
 // Store is a server.Store kept in Redis. Create one with New; it is safe for
-// concurrent use, and any number of Stores, in any number of processes, may
-// share a Redis as long as they use the same prefix. A Store starts no
-// goroutines and owns nothing: the client is the caller's to close.
+// concurrent use, and any number of Stores, in any number of processes, share
+// records when they share a Redis and a prefix. A Store starts no goroutines
+// and owns nothing: the client is the caller's to close. The zero Store has
+// no client: its methods fail.
 type Store struct {
 	client   redis.UniversalClient
 	prefix   string
@@ -77,7 +78,7 @@ func (s *Store) RecordKey(id server.ID) string { return recordKey(s.prefix, id) 
 
 // Claim implements server.Store in one round trip.
 func (s *Store) Claim(ctx context.Context, id server.ID, fingerprint string, lease, ttl time.Duration) (server.Claim, error) {
-	if err := ctx.Err(); err != nil {
+	if err := s.usable(ctx); err != nil {
 		return server.Claim{}, fmt.Errorf("redisstore: claim: %w", err)
 	}
 	reply, err := s.run(ctx, s.claim, id,
@@ -129,7 +130,7 @@ func parseClaim(reply []any) (server.Claim, error) {
 // Complete implements server.Store in one round trip. The record, response
 // included, then expires after ttl.
 func (s *Store) Complete(ctx context.Context, id server.ID, token server.Token, resp *server.Response, ttl time.Duration) error {
-	if err := ctx.Err(); err != nil {
+	if err := s.usable(ctx); err != nil {
 		return fmt.Errorf("redisstore: complete: %w", err)
 	}
 	enc, err := encodeResponse(resp)
@@ -143,7 +144,7 @@ func (s *Store) Complete(ctx context.Context, id server.ID, token server.Token, 
 // small tombstone that keeps the last token until the record would have
 // expired, so that the next lease's token is larger.
 func (s *Store) Release(ctx context.Context, id server.ID, token server.Token) error {
-	if err := ctx.Err(); err != nil {
+	if err := s.usable(ctx); err != nil {
 		return fmt.Errorf("redisstore: release: %w", err)
 	}
 	return s.update(ctx, "release", s.release, id, tokenArg(token), newNonce())
@@ -152,10 +153,19 @@ func (s *Store) Release(ctx context.Context, id server.ID, token server.Token) e
 // Extend implements server.Store in one round trip. The record's expiry is
 // pushed back too if the new lease would outlive it.
 func (s *Store) Extend(ctx context.Context, id server.ID, token server.Token, lease time.Duration) error {
-	if err := ctx.Err(); err != nil {
+	if err := s.usable(ctx); err != nil {
 		return fmt.Errorf("redisstore: extend: %w", err)
 	}
 	return s.update(ctx, "extend", s.extend, id, tokenArg(token), lease.Microseconds(), millis(lease))
+}
+
+// usable fails when the Store cannot make a call: it was not made by New, or
+// ctx is done already.
+func (s *Store) usable(ctx context.Context) error {
+	if s.client == nil {
+		return errors.New("Store not made by New")
+	}
+	return ctx.Err()
 }
 
 // update runs a script that answers done or lease lost.

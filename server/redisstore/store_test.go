@@ -468,3 +468,21 @@ func TestTokenOutrunsALateClock(t *testing.T) {
 		t.Errorf("Claim token = %d, want %d, one more than the last", cl.Token, ahead+1)
 	}
 }
+
+func TestZeroStore(t *testing.T) {
+	var s redisstore.Store
+	ctx := context.Background()
+	id := server.ID{Key: "k"}
+	if _, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour); err == nil {
+		t.Error("Claim on the zero Store error = nil, want an error")
+	}
+	if err := s.Complete(ctx, id, 1, &server.Response{Status: 200}, time.Hour); err == nil {
+		t.Error("Complete on the zero Store error = nil, want an error")
+	}
+	if err := s.Release(ctx, id, 1); err == nil {
+		t.Error("Release on the zero Store error = nil, want an error")
+	}
+	if err := s.Extend(ctx, id, 1, time.Minute); err == nil {
+		t.Error("Extend on the zero Store error = nil, want an error")
+	}
+}

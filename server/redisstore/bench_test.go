@@ -11,7 +11,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemkit/idempotency/internal/servicetest"
 	"github.com/idemkit/idempotency/server"
 	"github.com/idemkit/idempotency/server/redisstore"
 )
@@ -44,11 +43,7 @@ func (h *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 // connection for every goroutine, and a hook counting its round trips.
 func benchStore(b *testing.B) (*redisstore.Store, *roundTrips) {
 	b.Helper()
-	opt, err := redis.ParseURL(servicetest.RedisURL(b))
-	if err != nil {
-		b.Fatalf("%s is not a Redis URL", servicetest.EnvRedisURL)
-	}
-	opt.ContextTimeoutEnabled = true
+	opt := sharedOptions(b)
 	opt.PoolSize = 2 * benchClients
 	c := redis.NewClient(opt)
 	b.Cleanup(func() { c.Close() })

@@ -25,8 +25,8 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// sharedClient returns a client of the shared test Redis, closed when t ends.
-func sharedClient(t testing.TB) *redis.Client {
+// sharedOptions returns the options of a client of the shared test Redis.
+func sharedOptions(t testing.TB) *redis.Options {
 	t.Helper()
 	opt, err := redis.ParseURL(servicetest.RedisURL(t))
 	if err != nil {
@@ -34,7 +34,13 @@ func sharedClient(t testing.TB) *redis.Client {
 		t.Fatalf("%s is not a Redis URL", servicetest.EnvRedisURL)
 	}
 	opt.ContextTimeoutEnabled = true
-	c := redis.NewClient(opt)
+	return opt
+}
+
+// sharedClient returns a client of the shared test Redis, closed when t ends.
+func sharedClient(t testing.TB) *redis.Client {
+	t.Helper()
+	c := redis.NewClient(sharedOptions(t))
 	t.Cleanup(func() { c.Close() })
 	return c
 }
@@ -87,14 +93,19 @@ func randomHex(t testing.TB, n int) string {
 	return hex.EncodeToString(b)
 }
 
-// needRedisServer returns the path of redis-server, for tests that start
-// their own. They skip where it is not installed, unless services are
-// required.
+// needRedisServer skips t where redis-server (and the other tools named) is
+// not installed, or fails it when services are required: t starts Redis
+// servers of its own.
 func needRedisServer(t *testing.T, tools ...string) {
 	t.Helper()
 	for _, tool := range append([]string{"redis-server"}, tools...) {
 		if _, err := exec.LookPath(tool); err != nil {
-			servicetest.Unavailable(t, tool+" (to start a Redis of the test's own)", err)
+			msg := fmt.Sprintf("this test starts Redis servers of its own and needs %s: %v; "+
+				"install Redis (e.g. apt-get install redis-server) to run it", tool, err)
+			if servicetest.Required() {
+				t.Fatalf("%s (%s is set, so this is a failure)", msg, servicetest.EnvRequireServices)
+			}
+			t.Skip(msg)
 		}
 	}
 }

@@ -76,7 +76,9 @@ func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 // again). Every operation on id touches this key and no other.
 func (s *Store) RecordKey(id server.ID) string { return recordKey(s.prefix, id) }
 
-// Claim implements server.Store in one round trip.
+// Claim implements server.Store in one round trip. A completed record comes
+// back whole and is decoded here; one that cannot be decoded fails the call
+// with ErrCorruptRecord and is never replayed.
 func (s *Store) Claim(ctx context.Context, id server.ID, fingerprint string, lease, ttl time.Duration) (server.Claim, error) {
 	if err := s.usable(ctx); err != nil {
 		return server.Claim{}, fmt.Errorf("redisstore: claim: %w", err)
@@ -93,6 +95,7 @@ func (s *Store) Claim(ctx context.Context, id server.ID, fingerprint string, lea
 	return c, nil
 }
 
+// parseClaim reads the claim script's answer.
 func parseClaim(reply []any) (server.Claim, error) {
 	switch code(reply) {
 	case replyAcquired:

@@ -117,6 +117,7 @@ local key, token, lease, leasems = KEYS[1], ARGV[1], tonumber(ARGV[2]), tonumber
 local h, v, why = load(key, false)
 if h == nil then return {0, why} end
 if not h or h.st ~= 1 or tokstr(h.tok) ~= token then return {5} end
+-- The lease end is the 8 bytes at offset 10.
 redis.call('SETRANGE', key, 10, struct.pack('>i8', now_us() + lease))
 if redis.call('PTTL', key) < leasems then redis.call('PEXPIRE', key, leasems) end
 return {4}

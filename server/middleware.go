@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"strconv"
 	"sync"
@@ -206,7 +207,7 @@ func (c *leaseContext) Value(key any) any {
 func (ex *exchange) handle() {
 	m, r := ex.m, ex.r
 	c, err := m.store.Claim(r.Context(), ex.lease.ID, ex.fp, m.cfg.lease, m.cfg.ttl)
-	if err == nil && c.Status == InFlight && c.Fingerprint == ex.fp && m.cfg.wait > 0 {
+	if err == nil && c.Status == InFlight && sameRequest(c, ex.fp) && m.cfg.wait > 0 {
 		c, err = ex.await(c)
 	}
 	if err != nil {
@@ -227,7 +228,7 @@ func (ex *exchange) handle() {
 		}
 		ex.replay(c.Response)
 	case InFlight:
-		if c.Fingerprint != ex.fp {
+		if c.Fingerprint != "" && c.Fingerprint != ex.fp {
 			ex.mismatch()
 			return
 		}
@@ -246,7 +247,7 @@ func (ex *exchange) await(c Claim) (Claim, error) {
 	deadline := time.Now().Add(m.cfg.wait)
 	step := 10 * time.Millisecond
 	var timer *time.Timer
-	for c.Status == InFlight && c.Fingerprint == ex.fp {
+	for c.Status == InFlight && sameRequest(c, ex.fp) {
 		left := time.Until(deadline)
 		if left <= 0 {
 			break
@@ -273,6 +274,12 @@ func (ex *exchange) await(c Claim) (Claim, error) {
 	return c, nil
 }
 
+// sameRequest reports whether an in-flight claim is for the request with
+// fingerprint fp, as far as the store can tell.
+func sameRequest(c Claim, fp string) bool {
+	return c.Fingerprint == "" || c.Fingerprint == fp
+}
+
 func (ex *exchange) storeFailed(err error) {
 	m := ex.m
 	if m.cfg.failOpen {
@@ -284,11 +291,17 @@ func (ex *exchange) storeFailed(err error) {
 	}
 	m.cfg.logger.LogAttrs(ex.r.Context(), slog.LevelError, "idempotency store failed; request refused",
 		slog.String("key", ex.lease.Key), slog.Any("error", err))
+	ex.unavailable(err)
+}
+
+// unavailable answers 503: the request was not (or may not have been)
+// processed, and a retry is safe.
+func (ex *exchange) unavailable(err error) {
 	e := newError(http.StatusServiceUnavailable, ErrStoreUnavailable, "ErrStoreUnavailable",
 		"Idempotency store unavailable", "The request could not be protected against duplicates, so it was not processed; retry later.")
 	e.RetryAfter = time.Second
 	e.cause = err
-	m.refuse(ex.w, ex.r, e)
+	ex.m.refuse(ex.w, ex.r, e)
 }
 
 func (ex *exchange) mismatch() {
@@ -318,6 +331,13 @@ func (ex *exchange) run() {
 	r := ex.r.WithContext(ctx)
 	r.Body = ex.bodyReader()
 	ex.rec = recorder{w: ex.w, limit: m.cfg.maxStored}
+	// Only a Binder's Complete can undo the handler's work; keep the
+	// headers as they were so that its refusal carries none of the
+	// handler's (a cookie, a Location).
+	var before http.Header
+	if m.binder != nil {
+		before = ex.w.Header().Clone()
+	}
 	ex.rn.start(ex, cancel)
 
 	done := false
@@ -347,7 +367,15 @@ func (ex *exchange) run() {
 		ex.release("status " + strconv.Itoa(status) + " is not stored")
 		rec.send()
 	default:
-		ex.complete(&Response{Status: status, Header: ex.keptHeader(), Body: rec.body})
+		if err := ex.complete(&Response{Status: status, Header: ex.keptHeader(), Body: rec.body}); errors.Is(err, ErrNotCommitted) {
+			// The handler's effects were undone (or may have been):
+			// its response must not reach the client.
+			h := ex.w.Header()
+			clear(h)
+			maps.Copy(h, before)
+			ex.unavailable(err)
+			return
+		}
 		rec.send()
 	}
 }
@@ -361,13 +389,21 @@ func (ex *exchange) storeContext() (*detached, func()) {
 	return &ex.sctx, ex.sctx.stop
 }
 
-func (ex *exchange) complete(resp *Response) {
+// complete stores the response. An error is logged here; the caller looks
+// only for ErrNotCommitted.
+func (ex *exchange) complete(resp *Response) error {
 	ctx, cancel := ex.storeContext()
 	defer cancel()
-	if err := ex.m.store.Complete(ctx, ex.lease.ID, ex.lease.Token, resp, ex.m.cfg.ttl); err != nil {
+	err := ex.m.store.Complete(ctx, ex.lease.ID, ex.lease.Token, resp, ex.m.cfg.ttl)
+	switch {
+	case errors.Is(err, ErrNotCommitted):
+		ex.m.cfg.logger.LogAttrs(ctx, slog.LevelError, "idempotent request not committed; answering 503",
+			slog.String("key", ex.lease.Key), slog.Any("error", err))
+	case err != nil:
 		ex.m.cfg.logger.LogAttrs(ctx, slog.LevelError, "idempotent response not stored; a retry may run the request again",
 			slog.String("key", ex.lease.Key), slog.Any("error", err))
 	}
+	return err
 }
 
 func (ex *exchange) release(why string) {

@@ -666,3 +666,61 @@ func TestNoContentReplay(t *testing.T) {
 	assert.Equal(t, "true", got.header.Get("Idempotent-Replayed"))
 	assert.Empty(t, got.body)
 }
+
+// uncommitted is a transactional store whose Complete reports the
+// handler's effects rolled back.
+type uncommitted struct{ *memstore.Store }
+
+func (uncommitted) Bind(ctx context.Context, _ server.ID, _ server.Token) context.Context { return ctx }
+
+func (s uncommitted) Complete(ctx context.Context, id server.ID, tok server.Token, _ *server.Response, _ time.Duration) error {
+	s.Store.Release(ctx, id, tok)
+	return fmt.Errorf("uncommitted: %w", server.ErrNotCommitted)
+}
+
+func TestNotCommittedAnswers503(t *testing.T) {
+	for _, failOpen := range []bool{false, true} {
+		t.Run(fmt.Sprintf("failOpen=%v", failOpen), func(t *testing.T) {
+			store := memstore.New()
+			defer store.Close()
+			h := &orders{}
+			var opts []server.Option
+			if failOpen {
+				opts = append(opts, server.WithFailOpen())
+			}
+			srv := fixtureWith(t, uncommitted{store}, h, opts...)
+			got := post(t, srv.URL, "k", "x")
+			assert.Equal(t, http.StatusServiceUnavailable, got.status, "the handler's response must not reach the client")
+			assertProblem(t, got, "ErrStoreUnavailable")
+			assert.Empty(t, got.header.Get("Location"), "no header of the handler's")
+			assert.Empty(t, got.header.Get("Set-Cookie"), "no header of the handler's")
+			assert.Equal(t, int64(1), h.executions.Load(), "the handler runs once, even failing open")
+		})
+	}
+}
+
+// blind is a store that cannot see the fingerprint of a request in flight.
+type blind struct{ *memstore.Store }
+
+func (s blind) Claim(ctx context.Context, id server.ID, fp string, lease, ttl time.Duration) (server.Claim, error) {
+	c, err := s.Store.Claim(ctx, id, fp, lease, ttl)
+	if c.Status == server.InFlight {
+		c.Fingerprint = ""
+	}
+	return c, err
+}
+
+func TestInFlightUnknownFingerprint(t *testing.T) {
+	store := memstore.New()
+	defer store.Close()
+	h := newBlocking()
+	srv := fixtureWith(t, blind{store}, h)
+	first := make(chan reply)
+	go func() { first <- post(t, srv.URL, "k", "x") }()
+	<-h.started
+	assert.Equal(t, http.StatusConflict, post(t, srv.URL, "k", "other body").status,
+		"with the original's fingerprint unknown, a duplicate is in flight, not a mismatch")
+	close(h.release)
+	assert.Equal(t, http.StatusCreated, (<-first).status)
+	assert.Equal(t, http.StatusUnprocessableEntity, post(t, srv.URL, "k", "other body").status)
+}

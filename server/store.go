@@ -62,7 +62,9 @@ type Claim struct {
 	Token Token
 	// Fingerprint is the fingerprint stored with the record (InFlight and
 	// Completed), so that the caller can refuse a key reused for another
-	// request.
+	// request. It may be empty for InFlight when the store cannot see it yet
+	// (a transactional store whose original has not committed); the
+	// middleware then treats the request as the same one.
 	Fingerprint string
 	// RetryAfter is how long the current lease has left (InFlight). It is
 	// zero when the lease has expired but the record could not be taken over
@@ -101,6 +103,14 @@ func (r *Response) Size() int {
 	}
 	return n
 }
+
+// ErrNotCommitted is returned, wrapped, by Store.Complete when a store that
+// runs the handler's effects in its own transaction (a Binder) could not
+// commit them: they were rolled back, or whether they were is unknown. The
+// middleware then answers 503 instead of the handler's response, so that the
+// client retries: the retry replays the response if the transaction did
+// commit, and runs the request again if it did not.
+var ErrNotCommitted = errors.New("idempotent request not committed")
 
 // ErrLeaseLost is returned, wrapped, by Store.Complete, Store.Release and
 // Store.Extend when the token is not the record's current one: the lease
@@ -162,6 +172,12 @@ type Store interface {
 // needs, such as the database transaction of pgstore's transactional mode.
 // After a claim is Acquired the middleware runs the handler with the context
 // that Bind returns.
+//
+// The middleware then calls Complete or Release for that lease on every path,
+// a panicking handler included, after the handler has returned and before the
+// client sees the response; a Complete that fails with ErrNotCommitted makes
+// it answer 503. Extend may run concurrently with the handler, so a Binder
+// must not touch the bound state there.
 type Binder interface {
 	Bind(ctx context.Context, id ID, token Token) context.Context
 }

@@ -1,0 +1,2 @@
+// Package pgstore is a server.Store in PostgreSQL.
+package pgstore

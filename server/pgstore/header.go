@@ -57,8 +57,13 @@ func decodeHeader(b []byte) (http.Header, error) {
 	d := headerDecoder{b: b[1:]}
 	n := d.count()
 	h := make(http.Header, n)
-	for range n {
+	prev := ""
+	for i := range n {
 		k := d.string()
+		if i > 0 && k <= prev {
+			return nil, errCorruptHeader // names are sorted and distinct
+		}
+		prev = k
 		m := d.count()
 		vs := make([]string, m)
 		for j := range vs {

@@ -87,8 +87,8 @@ func WithLockTimeout(d time.Duration) Option {
 // the transactions of transactional mode: a transaction left idle that long
 // (by a handler that hangs, or a caller that never completes or releases its
 // claim) has its session ended by the server, which rolls it back and frees
-// the key. Zero turns the safeguard off. The default is DefaultIdleTimeout;
-// it is ignored in lease mode.
+// the key. Zero leaves the session's own setting (PostgreSQL's default is no
+// timeout). The default is DefaultIdleTimeout; it is ignored in lease mode.
 func WithIdleTimeout(d time.Duration) Option {
 	return func(c *config) { c.idleTimeout = d }
 }

@@ -35,6 +35,8 @@ type names struct {
 	table    string // maybe schema-qualified
 	sequence string // in the table's schema
 	index    string // never qualified: an index lives in its table's schema
+	// indexQualified is index in the table's schema, to look it up.
+	indexQualified string
 }
 
 // parseTable checks a table name, "table" or "schema.table", and derives the
@@ -59,10 +61,12 @@ func parseTable(name string) (names, error) {
 	}
 	table := parts[len(parts)-1]
 	seq := append(parts[:len(parts)-1:len(parts)-1], table+sequenceSuffix)
+	idx := append(parts[:len(parts)-1:len(parts)-1], table+indexSuffix)
 	return names{
-		table:    pgx.Identifier(parts).Sanitize(),
-		sequence: pgx.Identifier(seq).Sanitize(),
-		index:    pgx.Identifier{table + indexSuffix}.Sanitize(),
+		table:          pgx.Identifier(parts).Sanitize(),
+		sequence:       pgx.Identifier(seq).Sanitize(),
+		index:          pgx.Identifier{table + indexSuffix}.Sanitize(),
+		indexQualified: pgx.Identifier(idx).Sanitize(),
 	}, nil
 }
 
@@ -82,6 +86,8 @@ func isIdentifier(s string) bool {
 	return true
 }
 
+// schema fills in schema.sql, whose placeholders {{table}}, {{sequence}} and
+// {{index}} stand for the quoted names.
 func (n names) schema() string {
 	return strings.NewReplacer(
 		"{{table}}", n.table,
@@ -107,6 +113,13 @@ func Schema(table string) (string, error) {
 // It is safe to call from several instances at once: it applies the schema in
 // one transaction that holds the advisory lock MigrateLockKey, so the
 // instances take turns and all but the first find everything in place.
+//
+// When everything exists, Migrate only looks: it takes no lock on the table,
+// so an instance that starts while others serve requests does not make them
+// wait. (CREATE INDEX IF NOT EXISTS would: it locks the table against writes
+// before it finds the index, and waits for every open transaction that
+// wrote to it, as transactional mode's do for as long as their handlers
+// run.)
 func (s *Store) Migrate(ctx context.Context) error {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
@@ -115,6 +128,15 @@ func (s *Store) Migrate(ctx context.Context) error {
 	defer rollback(ctx, tx) // after a successful Commit, this does nothing
 	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", MigrateLockKey); err != nil {
 		return fmt.Errorf("pgstore: migrate: %w", err)
+	}
+	var exists bool
+	err = tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL
+		AND to_regclass($3) IS NOT NULL`, s.names.table, s.names.sequence, s.names.indexQualified).Scan(&exists)
+	if err != nil {
+		return fmt.Errorf("pgstore: migrate: %w", err)
+	}
+	if exists {
+		return nil
 	}
 	// Without arguments pgx sends the script with the simple protocol, which
 	// runs several statements in one message.

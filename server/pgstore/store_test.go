@@ -3,6 +3,7 @@ package pgstore_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -267,4 +268,38 @@ func TestTxFromContextInLeaseMode(t *testing.T) {
 	bound := s.Bind(ctx, id, tok)
 	_, ok := pgstore.TxFromContext(bound)
 	assert.False(t, ok, "TxFromContext in lease mode")
+}
+
+// An instance that starts while another serves requests, in transactional
+// mode with a handler's transaction open, migrates without waiting for it.
+func TestMigrateDoesNotWaitForWriters(t *testing.T) {
+	ctx := testContext(t)
+	pool := newPool(t)
+	s, table := newStore(t, pool, pgstore.WithTransactions())
+	acquire(t, ctx, s, scopeID("open"), "fp") // a transaction that wrote to the table
+
+	starting, err := pgstore.New(pool, pgstore.WithTable(table))
+	require.NoError(t, err)
+	defer starting.Close()
+	migrateCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	require.NoError(t, starting.Migrate(migrateCtx))
+}
+
+// The package documentation shows the default schema to teams that run their
+// own migrations: it must be the one Migrate applies.
+func TestDocumentedSchema(t *testing.T) {
+	doc, err := os.ReadFile("doc.go")
+	require.NoError(t, err)
+	schema, err := pgstore.Schema(pgstore.DefaultTable)
+	require.NoError(t, err)
+	var want strings.Builder
+	for line := range strings.Lines(strings.TrimSpace(schema) + "\n") {
+		if line == "\n" {
+			want.WriteString("//\n")
+		} else {
+			want.WriteString("//\t" + line)
+		}
+	}
+	assert.Contains(t, string(doc), want.String(), "doc.go does not show Schema(DefaultTable)")
 }

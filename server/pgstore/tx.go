@@ -45,10 +45,9 @@ func (s *Store) claimTx(ctx context.Context, id server.ID, fingerprint string, l
 		return server.Claim{}, err
 	}
 	if c.Status != server.Acquired {
-		// Nothing was written: end the transaction, free the connection.
-		if err := rollback(ctx, tx); err != nil {
-			return server.Claim{}, err
-		}
+		// Nothing was written, so the answer stands even if the rollback
+		// fails (and closes the connection).
+		rollback(ctx, tx)
 		return c, nil
 	}
 	s.mu.Lock()

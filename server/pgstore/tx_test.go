@@ -200,7 +200,7 @@ func TestTxInterrupted(t *testing.T) {
 		},
 		{
 			name: "transaction left idle, server ends it",
-			opts: []pgstore.Option{pgstore.WithIdleTimeout(100 * time.Millisecond)},
+			opts: []pgstore.Option{pgstore.WithIdleTimeout(500 * time.Millisecond)},
 			handler: func(t *testing.T, e env) (*server.Response, error) {
 				tx, _ := pgstore.TxFromContext(e.bound)
 				waitForBackendGone(t, e.bound, e.pool, tx.Conn().PgConn().PID())

@@ -1,0 +1,108 @@
+package pgstore_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idempotency/server/pgstore"
+)
+
+// A Store on the application's pool, with its table created at start-up and
+// expired records swept in the background.
+func Example() {
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	// pgxpool otherwise goes on connecting for two minutes after the caller
+	// has given up.
+	cfg.ConnConfig.ConnectTimeout = 5 * time.Second
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+
+	store, err := pgstore.New(pool, pgstore.WithSweeper(time.Minute, 1000))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+	if err := store.Migrate(ctx); err != nil {
+		log.Fatal(err)
+	}
+
+	// The middleware of package server takes the store:
+	//
+	//	http.ListenAndServe(":8080", server.New(store)(mux))
+}
+
+// In transactional mode the handler writes its order in the transaction of
+// its lease: the order and the stored response commit together, and a
+// failure or a panic rolls both back.
+func ExampleTxFromContext() {
+	var pool *pgxpool.Pool // the application's
+	store, err := pgstore.New(pool, pgstore.WithTransactions(), pgstore.WithLockTimeout(2*time.Second))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+
+	createOrder := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tx, ok := pgstore.TxFromContext(r.Context())
+		if !ok {
+			http.Error(w, "not run under the idempotency middleware", http.StatusInternalServerError)
+			return
+		}
+		var id int64
+		err := tx.QueryRow(r.Context(), "INSERT INTO orders (amount) VALUES ($1) RETURNING id", 100).Scan(&id)
+		if err != nil {
+			// A 5xx: the middleware releases the claim, which rolls back
+			// the transaction.
+			http.Error(w, "could not place the order", http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"id":%d}`, id)
+	})
+
+	// http.ListenAndServe(":8080", server.New(store)(createOrder))
+	_ = createOrder
+}
+
+// A scheduled job sweeps expired records for every instance.
+func ExampleStore_Sweep() {
+	var store *pgstore.Store // as in the package example
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	deleted, err := store.Sweep(ctx, 10000)
+	if err != nil {
+		log.Print(err)
+	}
+	log.Printf("swept %d expired idempotency records", deleted)
+}
+
+// The schema for a team's own migrations.
+func ExampleSchema() {
+	sql, err := pgstore.Schema("billing.idempotency")
+	if err != nil {
+		log.Fatal(err)
+	}
+	for line := range strings.Lines(sql) {
+		if strings.HasPrefix(line, "CREATE") {
+			fmt.Print(line)
+		}
+	}
+	// Output:
+	// CREATE SEQUENCE IF NOT EXISTS "billing"."idempotency_token_seq" AS bigint CACHE 1;
+	// CREATE TABLE IF NOT EXISTS "billing"."idempotency" (
+	// CREATE INDEX IF NOT EXISTS "idempotency_expires_at_idx" ON "billing"."idempotency" (expires_at);
+}

@@ -1,0 +1,115 @@
+package pgstore
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// Defaults of the options.
+const (
+	// DefaultLockTimeout bounds how long, in transactional mode, a Claim
+	// waits for a concurrent transaction holding the same key.
+	DefaultLockTimeout = 2 * time.Second
+	// DefaultIdleTimeout is how long, in transactional mode, a transaction
+	// may sit idle before PostgreSQL ends its session and rolls it back.
+	DefaultIdleTimeout = time.Minute
+	// DefaultSweepBatch is the number of records that one statement of a
+	// sweep deletes, when WithSweeper is given no batch.
+	DefaultSweepBatch = 1000
+)
+
+// Option configures a Store.
+type Option func(*config)
+
+type config struct {
+	table         string
+	transactional bool
+	lockTimeout   time.Duration
+	idleTimeout   time.Duration
+	sweepInterval time.Duration
+	sweepBatch    int
+	logger        *slog.Logger
+}
+
+func newConfig(opts []Option) (config, error) {
+	c := config{
+		table:       DefaultTable,
+		lockTimeout: DefaultLockTimeout,
+		idleTimeout: DefaultIdleTimeout,
+		sweepBatch:  DefaultSweepBatch,
+	}
+	for _, o := range opts {
+		o(&c)
+	}
+	switch {
+	case c.lockTimeout < time.Millisecond:
+		return c, fmt.Errorf("pgstore: lock timeout %v: want at least a millisecond", c.lockTimeout)
+	case c.idleTimeout < 0:
+		return c, fmt.Errorf("pgstore: idle timeout %v: want zero (none) or more", c.idleTimeout)
+	case c.sweepInterval < 0:
+		return c, fmt.Errorf("pgstore: sweep interval %v: want zero (no sweeper) or more", c.sweepInterval)
+	case c.sweepBatch < 1:
+		return c, fmt.Errorf("pgstore: sweep batch %d: want at least 1", c.sweepBatch)
+	}
+	if c.logger == nil {
+		c.logger = slog.New(slog.DiscardHandler)
+	}
+	return c, nil
+}
+
+// WithTable names the table that holds the records, "table" or
+// "schema.table", instead of DefaultTable. Each part must be a plain
+// identifier (letters, digits and underscores, not starting with a digit);
+// it is quoted, so it is used exactly as given, case included. The table's
+// token sequence and expiry index are named after it, with the suffixes
+// "_token_seq" and "_expires_at_idx".
+func WithTable(name string) Option {
+	return func(c *config) { c.table = name }
+}
+
+// WithTransactions turns on transactional mode: each acquired claim opens a
+// transaction that the handler writes its own effects in and that Complete
+// commits together with the response. See the package documentation.
+func WithTransactions() Option {
+	return func(c *config) { c.transactional = true }
+}
+
+// WithLockTimeout sets how long, in transactional mode, a Claim waits for a
+// concurrent transaction that holds the same key to commit or roll back,
+// before it answers InFlight. Each waiting Claim holds a connection of the
+// pool. The default is DefaultLockTimeout; it is ignored in lease mode.
+func WithLockTimeout(d time.Duration) Option {
+	return func(c *config) { c.lockTimeout = d }
+}
+
+// WithIdleTimeout sets PostgreSQL's idle_in_transaction_session_timeout for
+// the transactions of transactional mode: a transaction left idle that long
+// (by a handler that hangs, or a caller that never completes or releases its
+// claim) has its session ended by the server, which rolls it back and frees
+// the key. Zero leaves the session's own setting (PostgreSQL's default is no
+// timeout). The default is DefaultIdleTimeout; it is ignored in lease mode.
+func WithIdleTimeout(d time.Duration) Option {
+	return func(c *config) { c.idleTimeout = d }
+}
+
+// WithSweeper starts a background sweeper that calls Sweep every interval,
+// deleting expired records batch at a time, until Close. A batch below 1
+// means DefaultSweepBatch. There is no sweeper by default: a team may prefer
+// to sweep from one scheduled job rather than from every instance, and an
+// expired record is taken over by the next Claim of its key anyway.
+func WithSweeper(interval time.Duration, batch int) Option {
+	return func(c *config) {
+		c.sweepInterval = interval
+		if batch >= 1 {
+			c.sweepBatch = batch
+		}
+	}
+}
+
+// WithLogger sets where the Store reports what it cannot return to a
+// caller: failures of the background sweeper, and of rollbacks done while
+// closing. The Store is silent by default.
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) { c.logger = l }
+}

@@ -1,0 +1,118 @@
+package pgstore
+
+import "strings"
+
+// queries are a Store's statements, written once for its table. Every time
+// comes from the database's clock, statement_timestamp(), so that instances
+// on several machines agree on leases and expiry, and so that a statement
+// late in a long transaction (Complete, in transactional mode) uses its own
+// time rather than the transaction's start. Durations are bound as
+// microseconds.
+type queries struct {
+	claim, takeover, complete, release, extend, sweep string
+}
+
+func newQueries(n names) queries {
+	r := strings.NewReplacer("{{table}}", n.table, "{{sequence}}", n.sequence)
+	return queries{
+		claim:    r.Replace(claimSQL),
+		takeover: r.Replace(takeoverSQL),
+		complete: r.Replace(completeSQL),
+		release:  r.Replace(releaseSQL),
+		extend:   r.Replace(extendSQL),
+		sweep:    r.Replace(sweepSQL),
+	}
+}
+
+// claimSQL inserts a new record in flight, or returns the existing one, in
+// one statement.
+//
+// The INSERT only runs when the statement's snapshot holds no record for the
+// key: a replay then reads one row and writes nothing, not even the sequence
+// (nextval in a VALUES list would be evaluated before the conflict check and
+// log a WAL record, with a commit flush, every 32 calls). When a concurrent
+// claimer's row is not in the snapshot, ON CONFLICT DO NOTHING keeps the
+// claim atomic: the INSERT waits for that row's transaction and inserts
+// nothing if it commits, and the statement returns no row at all; Claim then
+// runs it again, with a snapshot that sees the row.
+//
+// Parameters: $1 scope, $2 key, $3 fingerprint, $4 lease (µs), $5 time to
+// live (µs, at least the lease).
+const claimSQL = `WITH cur AS (
+	SELECT token, state, fingerprint, lease_until, expires_at, status, headers, body, body_omitted
+	FROM {{table}}
+	WHERE scope = $1 AND key = $2
+), ins AS (
+	INSERT INTO {{table}} (scope, key, fingerprint, state, token, lease_until, created_at, expires_at)
+	SELECT $1, $2, $3, 'in_flight', nextval('{{sequence}}'),
+		statement_timestamp() + $4::bigint * interval '1 microsecond',
+		statement_timestamp(),
+		statement_timestamp() + $5::bigint * interval '1 microsecond'
+	WHERE NOT EXISTS (SELECT 1 FROM cur)
+	ON CONFLICT (scope, key) DO NOTHING
+	RETURNING token
+)
+SELECT true, token, '', NULL::bytea, false, 0::bigint, false, 0, NULL::bytea, NULL::bytea, false
+FROM ins
+UNION ALL
+SELECT false, token, state, fingerprint,
+	lease_until > statement_timestamp(),
+	(extract(epoch FROM lease_until - statement_timestamp()) * 1000000)::bigint,
+	expires_at <= statement_timestamp(),
+	coalesce(status, 0), headers, body, body_omitted
+FROM cur`
+
+// takeoverSQL gives a new lease on a record that Claim found expired, or in
+// flight with an expired lease and the same fingerprint. It changes the row
+// only if it is still the one Claim saw (same token) and still eligible.
+//
+// Parameters: $1 scope, $2 key, $3 token seen, $4 fingerprint, $5 lease
+// (µs), $6 time to live (µs, at least the lease).
+const takeoverSQL = `UPDATE {{table}} SET
+	fingerprint = $4,
+	state = 'in_flight',
+	token = nextval('{{sequence}}'),
+	lease_until = statement_timestamp() + $5::bigint * interval '1 microsecond',
+	created_at = CASE WHEN expires_at <= statement_timestamp() THEN statement_timestamp() ELSE created_at END,
+	expires_at = statement_timestamp() + $6::bigint * interval '1 microsecond',
+	status = NULL, headers = NULL, body = NULL, body_omitted = false
+WHERE scope = $1 AND key = $2 AND token = $3
+	AND (expires_at <= statement_timestamp()
+		OR (state = 'in_flight' AND lease_until <= statement_timestamp() AND fingerprint = $4))
+RETURNING token`
+
+// The record that Complete, Release and Extend may change: held by the token,
+// in flight, not expired.
+const current = `scope = $1 AND key = $2 AND token = $3
+	AND state = 'in_flight' AND expires_at > statement_timestamp()`
+
+// completeSQL parameters: $1 scope, $2 key, $3 token, $4 time to live (µs),
+// $5 status, $6 headers, $7 body, $8 body omitted.
+const completeSQL = `UPDATE {{table}} SET
+	state = 'completed',
+	lease_until = statement_timestamp(),
+	expires_at = statement_timestamp() + $4::bigint * interval '1 microsecond',
+	status = $5, headers = $6, body = $7, body_omitted = $8
+WHERE ` + current
+
+// releaseSQL parameters: $1 scope, $2 key, $3 token.
+const releaseSQL = `DELETE FROM {{table}} WHERE ` + current
+
+// extendSQL parameters: $1 scope, $2 key, $3 token, $4 lease (µs).
+const extendSQL = `UPDATE {{table}} SET
+	lease_until = statement_timestamp() + $4::bigint * interval '1 microsecond',
+	expires_at = greatest(expires_at, statement_timestamp() + $4::bigint * interval '1 microsecond')
+WHERE ` + current
+
+// sweepSQL deletes at most $1 expired records. PostgreSQL has no DELETE ...
+// LIMIT: the sub-select picks the rows by ctid, through the expires_at
+// index, and locks them; SKIP LOCKED leaves alone the rows a Claim is taking
+// over, and any other sweeper's, so that concurrent sweeps never wait for one
+// another.
+const sweepSQL = `DELETE FROM {{table}}
+WHERE ctid = ANY(ARRAY(
+	SELECT ctid FROM {{table}}
+	WHERE expires_at <= statement_timestamp()
+	LIMIT $1
+	FOR UPDATE SKIP LOCKED))
+AND expires_at <= statement_timestamp()`

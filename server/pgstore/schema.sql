@@ -1,0 +1,29 @@
+-- Idempotency records of github.com/idemkit/idempotency/server/pgstore; its
+-- package documentation describes every column. Every statement is idempotent.
+
+-- Fencing tokens. CACHE 1 (the default) matters: with a larger cache each
+-- session would hand out its own range, and a later lease could get a
+-- smaller token than an earlier one.
+CREATE SEQUENCE IF NOT EXISTS {{sequence}} AS bigint CACHE 1;
+
+CREATE TABLE IF NOT EXISTS {{table}} (
+    scope        bytea       NOT NULL,
+    key          bytea       NOT NULL,
+    fingerprint  bytea       NOT NULL,
+    state        text        NOT NULL CHECK (state IN ('in_flight', 'completed')),
+    token        bigint      NOT NULL,
+    lease_until  timestamptz NOT NULL,
+    created_at   timestamptz NOT NULL,
+    expires_at   timestamptz NOT NULL,
+    status       integer,
+    headers      bytea,
+    body         bytea,
+    body_omitted boolean     NOT NULL DEFAULT false,
+    PRIMARY KEY (scope, key)
+);
+
+-- Dropping the table drops its token sequence too.
+ALTER SEQUENCE {{sequence}} OWNED BY {{table}}.token;
+
+-- Serves the sweep of expired records.
+CREATE INDEX IF NOT EXISTS {{index}} ON {{table}} (expires_at);

@@ -1,0 +1,335 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idempotency/server"
+)
+
+// ErrClosed is returned, wrapped, by Claim after Close.
+var ErrClosed = errors.New("store closed")
+
+const (
+	// maxClaimAttempts bounds how often Claim runs its statement again when
+	// a concurrent claimer changed the record under it. Each attempt that
+	// found nothing has waited for that claimer's transaction to end, so the
+	// next one sees its row: two attempts are the norm, more are very rare.
+	maxClaimAttempts = 8
+	// cleanupTimeout bounds a rollback done after the caller's context
+	// ended.
+	cleanupTimeout = 5 * time.Second
+)
+
+var errContended = errors.New("record changed under every attempt")
+
+// Store is a server.Store, and a server.Binder, backed by one PostgreSQL
+// table. Create one with New, create its table with Migrate (or apply
+// Schema yourself), and call Close when done. It is safe for concurrent use,
+// by any number of instances of an API sharing the table.
+type Store struct {
+	pool          *pgxpool.Pool
+	names         names
+	q             queries
+	transactional bool
+	lockTimeout   time.Duration
+	beginSQL      string
+	log           *slog.Logger
+
+	closed    atomic.Bool
+	closeOnce sync.Once
+	// stopSweep and sweepDone are nil without a sweeper.
+	stopSweep context.CancelFunc
+	sweepDone chan struct{}
+
+	// mu guards txs, the open transactions of transactional mode.
+	mu  sync.Mutex
+	txs map[txKey]pgx.Tx
+}
+
+var (
+	_ server.Store  = (*Store)(nil)
+	_ server.Binder = (*Store)(nil)
+)
+
+// New returns a Store that keeps its records in a table of the database that
+// pool connects to: DefaultTable, or the one named by WithTable. It does no
+// I/O: call Migrate, or apply Schema, before the first Claim. The pool stays
+// the caller's: Close does not close it.
+//
+// With WithSweeper, New starts a goroutine that runs until Close.
+func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
+	if pool == nil {
+		return nil, errors.New("pgstore: nil pool")
+	}
+	c, err := newConfig(opts)
+	if err != nil {
+		return nil, err
+	}
+	n, err := parseTable(c.table)
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{
+		pool:          pool,
+		names:         n,
+		q:             newQueries(n),
+		transactional: c.transactional,
+		lockTimeout:   c.lockTimeout,
+		log:           c.logger,
+		txs:           make(map[txKey]pgx.Tx),
+	}
+	// READ COMMITTED, whatever the session's default, so that a statement
+	// run again sees what committed since the last one. Settings in
+	// milliseconds; SET LOCAL ends with the transaction.
+	s.beginSQL = "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL lock_timeout = " +
+		strconv.FormatInt(c.lockTimeout.Milliseconds(), 10)
+	if c.idleTimeout > 0 {
+		s.beginSQL += "; SET LOCAL idle_in_transaction_session_timeout = " +
+			strconv.FormatInt(max(c.idleTimeout.Milliseconds(), 1), 10)
+	}
+	if c.sweepInterval > 0 {
+		ctx, cancel := context.WithCancel(context.Background())
+		s.stopSweep, s.sweepDone = cancel, make(chan struct{})
+		go s.sweepLoop(ctx, c.sweepInterval, c.sweepBatch)
+	}
+	return s, nil
+}
+
+// Close stops the background sweeper, if any, and waits for it to end; in
+// transactional mode it rolls back the transactions still open, so call it
+// once the server has stopped serving. After Close, Claim fails with
+// ErrClosed; Complete, Release and Extend still work on the leases of lease
+// mode, so that requests finishing during a shutdown are recorded. Close is
+// idempotent and always returns nil.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() {
+		s.closed.Store(true)
+		if s.stopSweep != nil {
+			s.stopSweep()
+			<-s.sweepDone
+		}
+		s.mu.Lock()
+		txs := s.txs
+		s.txs = make(map[txKey]pgx.Tx)
+		s.mu.Unlock()
+		for _, tx := range txs {
+			if err := rollback(context.Background(), tx); err != nil {
+				s.log.Warn("pgstore: close: rollback", "err", err)
+			}
+		}
+	})
+	return nil
+}
+
+// Claim implements server.Store. It is one statement, and one round trip,
+// in every case but the takeover of an expired record or lease, which takes
+// a second, conditional statement.
+//
+// In transactional mode Claim begins the transaction that the lease is, and
+// waits for a concurrent transaction that holds the same key for at most the
+// lock timeout (WithLockTimeout): when that one commits, Claim returns its
+// record, Completed; when it rolls back, Claim acquires; when the wait times
+// out, Claim returns InFlight with RetryAfter set to the lock timeout and,
+// since the other transaction's row cannot be read before it commits, the
+// caller's own fingerprint.
+func (s *Store) Claim(ctx context.Context, id server.ID, fingerprint string, lease, ttl time.Duration) (server.Claim, error) {
+	if err := ctx.Err(); err != nil {
+		return server.Claim{}, fmt.Errorf("pgstore: claim: %w", err)
+	}
+	if s.closed.Load() {
+		return server.Claim{}, fmt.Errorf("pgstore: claim: %w", ErrClosed)
+	}
+	var (
+		c   server.Claim
+		err error
+	)
+	if s.transactional {
+		c, err = s.claimTx(ctx, id, fingerprint, lease, ttl)
+	} else {
+		c, err = s.claim(ctx, s.pool, id, fingerprint, lease, ttl)
+	}
+	if err != nil {
+		return server.Claim{}, fmt.Errorf("pgstore: claim: %w", err)
+	}
+	return c, nil
+}
+
+// querier is a pool or a transaction.
+type querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// claim runs claimSQL, and takeoverSQL when the record it finds may be taken
+// over, until one of them gives an answer.
+func (s *Store) claim(ctx context.Context, db querier, id server.ID, fingerprint string, lease, ttl time.Duration) (server.Claim, error) {
+	scope, key, fp := []byte(id.Scope), []byte(id.Key), []byte(fingerprint)
+	leaseUS, ttlUS := micros(lease), micros(max(lease, ttl))
+	for range maxClaimAttempts {
+		var r claimRow
+		err := db.QueryRow(ctx, s.q.claim, scope, key, fp, leaseUS, ttlUS).Scan(
+			&r.inserted, &r.token, &r.state, (*stringScanner)(&r.fingerprint),
+			&r.live, &r.remaining, &r.expired, &r.status, &r.headers, &r.body, &r.bodyOmitted)
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue // a concurrent claimer's record, not in this statement's snapshot
+		}
+		if err != nil {
+			return server.Claim{}, err
+		}
+		if !r.mayTakeOver(fingerprint) {
+			return r.claim()
+		}
+		var token int64
+		err = db.QueryRow(ctx, s.q.takeover, scope, key, r.token, fp, leaseUS, ttlUS).Scan(&token)
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue // changed since it was read: look again
+		}
+		if err != nil {
+			return server.Claim{}, err
+		}
+		return server.Claim{Status: server.Acquired, Token: server.Token(token)}, nil
+	}
+	return server.Claim{}, errContended
+}
+
+// claimRow is a row of claimSQL.
+type claimRow struct {
+	inserted    bool
+	token       int64
+	state       string
+	fingerprint string
+	live        bool  // the lease has not ended
+	remaining   int64 // µs left of the lease
+	expired     bool  // the record has expired
+	status      int32
+	headers     []byte
+	body        []byte
+	bodyOmitted bool
+}
+
+// mayTakeOver reports whether the record Claim found is to be replaced by a
+// new lease: it expired, or it is in flight, its lease ended and it is for
+// the same request.
+func (r *claimRow) mayTakeOver(fingerprint string) bool {
+	if r.inserted {
+		return false
+	}
+	return r.expired || (r.state == "in_flight" && !r.live && r.fingerprint == fingerprint)
+}
+
+func (r *claimRow) claim() (server.Claim, error) {
+	switch {
+	case r.inserted:
+		return server.Claim{Status: server.Acquired, Token: server.Token(r.token)}, nil
+	case r.state == "completed":
+		h, err := decodeHeader(r.headers)
+		if err != nil {
+			return server.Claim{}, err
+		}
+		return server.Claim{
+			Status:      server.Completed,
+			Fingerprint: r.fingerprint,
+			Response:    &server.Response{Status: int(r.status), Header: h, Body: r.body, BodyOmitted: r.bodyOmitted},
+		}, nil
+	case r.live:
+		return server.Claim{
+			Status:      server.InFlight,
+			Fingerprint: r.fingerprint,
+			RetryAfter:  max(time.Duration(r.remaining)*time.Microsecond, time.Microsecond),
+		}, nil
+	default: // a lease that ended, for another request
+		return server.Claim{Status: server.InFlight, Fingerprint: r.fingerprint}, nil
+	}
+}
+
+// Complete implements server.Store. In lease mode it is one statement.
+//
+// In transactional mode it stores the response in the lease's transaction
+// and commits it, with the handler's writes: two round trips. When the
+// transaction cannot commit (a statement of the handler failed, its
+// connection was lost, the server ended it), Complete rolls it back and
+// returns an error that wraps ErrRolledBack: nothing the handler wrote was
+// kept, and the next Claim of the key acquires it. When the connection fails
+// during COMMIT itself, the outcome is unknown and the error wraps neither
+// ErrRolledBack nor server.ErrLeaseLost: the next Claim finds either the
+// completed record or none, never half of it.
+func (s *Store) Complete(ctx context.Context, id server.ID, token server.Token, resp *server.Response, ttl time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("pgstore: complete: %w", err)
+	}
+	if resp == nil {
+		return errors.New("pgstore: complete: nil response")
+	}
+	if s.transactional {
+		return s.completeTx(ctx, id, token, resp, ttl)
+	}
+	tag, err := s.pool.Exec(ctx, s.q.complete, []byte(id.Scope), []byte(id.Key), int64(token), micros(ttl),
+		int32(resp.Status), encodeHeader(resp.Header), resp.Body, resp.BodyOmitted)
+	return result("complete", tag, err)
+}
+
+// Release implements server.Store. In lease mode it deletes the record, in
+// one statement; in transactional mode it rolls the lease's transaction
+// back, the handler's writes with it.
+func (s *Store) Release(ctx context.Context, id server.ID, token server.Token) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("pgstore: release: %w", err)
+	}
+	if s.transactional {
+		return s.releaseTx(ctx, id, token)
+	}
+	tag, err := s.pool.Exec(ctx, s.q.release, []byte(id.Scope), []byte(id.Key), int64(token))
+	return result("release", tag, err)
+}
+
+// Extend implements server.Store. In lease mode it is one statement.
+//
+// In transactional mode it changes nothing and succeeds while the lease's
+// transaction is open: no other claimer can take the record over, since the
+// row lock that the transaction holds, not the lease's end, protects it, and
+// if the process dies PostgreSQL rolls the transaction back. (It also must
+// not touch the transaction, which the handler may be using at the same
+// moment.)
+func (s *Store) Extend(ctx context.Context, id server.ID, token server.Token, lease time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("pgstore: extend: %w", err)
+	}
+	if s.transactional {
+		return s.extendTx(id, token)
+	}
+	tag, err := s.pool.Exec(ctx, s.q.extend, []byte(id.Scope), []byte(id.Key), int64(token), micros(lease))
+	return result("extend", tag, err)
+}
+
+// result turns the outcome of a statement conditional on the token into
+// Complete's, Release's or Extend's.
+func result(op string, tag pgconn.CommandTag, err error) error {
+	if err != nil {
+		return fmt.Errorf("pgstore: %s: %w", op, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("pgstore: %s: %w", op, server.ErrLeaseLost)
+	}
+	return nil
+}
+
+// micros converts a duration to the microseconds the statements take.
+func micros(d time.Duration) int64 { return d.Microseconds() }
+
+// stringScanner scans bytea into a string with a single copy.
+type stringScanner string
+
+func (s *stringScanner) ScanBytes(b []byte) error {
+	*s = stringScanner(b)
+	return nil
+}

@@ -1,0 +1,176 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemkit/idempotency/server"
+)
+
+// ErrRolledBack is returned, wrapped, by Complete in transactional mode when
+// the lease's transaction could not commit and was rolled back: the
+// handler's writes and the claim are undone, and the request may run again.
+var ErrRolledBack = errors.New("transaction rolled back")
+
+// errOwnedTx is returned by Commit and Rollback of the transaction that
+// TxFromContext hands out.
+var errOwnedTx = errors.New("pgstore: the transaction belongs to the store: Complete commits it, Release rolls it back")
+
+// txKey addresses an open transaction: the lease it is.
+type txKey struct {
+	id    server.ID
+	token server.Token
+}
+
+// claimTx is Claim in transactional mode: it begins a transaction, claims
+// in it and, when the claim is Acquired, keeps it open for Bind, Complete and
+// Release.
+func (s *Store) claimTx(ctx context.Context, id server.ID, fingerprint string, lease, ttl time.Duration) (server.Claim, error) {
+	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: s.beginSQL})
+	if err != nil {
+		return server.Claim{}, err
+	}
+	c, err := s.claim(ctx, tx, id, fingerprint, lease, ttl)
+	if err != nil {
+		rollback(ctx, tx)
+		if isLockTimeout(err) {
+			// Another transaction holds the key: it is in flight.
+			return server.Claim{Status: server.InFlight, Fingerprint: fingerprint, RetryAfter: s.lockTimeout}, nil
+		}
+		return server.Claim{}, err
+	}
+	if c.Status != server.Acquired {
+		// Nothing was written, so the answer stands even if the rollback
+		// fails (and closes the connection).
+		rollback(ctx, tx)
+		return c, nil
+	}
+	s.mu.Lock()
+	if s.closed.Load() {
+		s.mu.Unlock()
+		rollback(ctx, tx)
+		return server.Claim{}, ErrClosed
+	}
+	s.txs[txKey{id, c.Token}] = tx
+	s.mu.Unlock()
+	return c, nil
+}
+
+func isLockTimeout(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03" // lock_not_available
+}
+
+// take removes the lease's transaction from the open ones and returns it, or
+// nil. Whoever takes a transaction ends it.
+func (s *Store) take(id server.ID, token server.Token) pgx.Tx {
+	k := txKey{id, token}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	tx := s.txs[k]
+	delete(s.txs, k)
+	return tx
+}
+
+func (s *Store) completeTx(ctx context.Context, id server.ID, token server.Token, resp *server.Response, ttl time.Duration) error {
+	tx := s.take(id, token)
+	if tx == nil {
+		return fmt.Errorf("pgstore: complete: %w", server.ErrLeaseLost)
+	}
+	tag, err := tx.Exec(ctx, s.q.complete, []byte(id.Scope), []byte(id.Key), int64(token), micros(ttl),
+		int32(resp.Status), encodeHeader(resp.Header), resp.Body, resp.BodyOmitted)
+	if err == nil && tag.RowsAffected() == 0 {
+		// Not while the transaction holds the row, unless the record's
+		// time to live ran out while the handler ran.
+		err = server.ErrLeaseLost
+	}
+	if err != nil {
+		rollback(ctx, tx)
+		return fmt.Errorf("pgstore: complete: %w: %w", ErrRolledBack, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		if errors.Is(err, pgx.ErrTxCommitRollback) {
+			return fmt.Errorf("pgstore: complete: %w", ErrRolledBack)
+		}
+		return fmt.Errorf("pgstore: complete: commit: %w", err)
+	}
+	return nil
+}
+
+func (s *Store) releaseTx(ctx context.Context, id server.ID, token server.Token) error {
+	tx := s.take(id, token)
+	if tx == nil {
+		return fmt.Errorf("pgstore: release: %w", server.ErrLeaseLost)
+	}
+	// A rollback that fails closes the connection (pgx does), which rolls
+	// the transaction back as surely: either way it is released.
+	rollback(ctx, tx)
+	return nil
+}
+
+func (s *Store) extendTx(id server.ID, token server.Token) error {
+	s.mu.Lock()
+	_, ok := s.txs[txKey{id, token}]
+	s.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("pgstore: extend: %w", server.ErrLeaseLost)
+	}
+	return nil
+}
+
+// rollback ends tx even when ctx is done, within cleanupTimeout. A rollback
+// that cannot run closes the connection, which PostgreSQL answers by rolling
+// the transaction back.
+func rollback(ctx context.Context, tx pgx.Tx) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	if err := tx.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
+		return err
+	}
+	return nil
+}
+
+// Bind implements server.Binder. In transactional mode it returns a copy of
+// ctx that carries the lease's transaction, for TxFromContext; otherwise, or
+// when the lease holds no open transaction, it returns ctx.
+func (s *Store) Bind(ctx context.Context, id server.ID, token server.Token) context.Context {
+	if !s.transactional {
+		return ctx
+	}
+	s.mu.Lock()
+	tx, ok := s.txs[txKey{id, token}]
+	s.mu.Unlock()
+	if !ok {
+		return ctx
+	}
+	return context.WithValue(ctx, txContextKey{}, ownedTx{tx})
+}
+
+type txContextKey struct{}
+
+// TxFromContext returns the transaction of the lease that the handler runs
+// under, in transactional mode: the context must come from Bind (the
+// middleware does that). The handler does its writes in it, with its own
+// context, so that they commit with the stored response or not at all. It
+// must not commit or roll back the transaction (both fail): Complete and
+// Release do. Nested transactions (Begin, savepoints) are fine. Like any
+// pgx.Tx it is not safe for concurrent use.
+//
+// The second result is false when ctx carries no transaction: the Store is in
+// lease mode, or the lease was lost.
+func TxFromContext(ctx context.Context) (pgx.Tx, bool) {
+	tx, ok := ctx.Value(txContextKey{}).(ownedTx)
+	return tx, ok
+}
+
+// ownedTx is a transaction that the Store owns: the handler may use it, but
+// not end it.
+type ownedTx struct{ pgx.Tx }
+
+func (ownedTx) Commit(context.Context) error   { return errOwnedTx }
+func (ownedTx) Rollback(context.Context) error { return errOwnedTx }

@@ -262,7 +262,9 @@ func (r *claimRow) claim() (server.Claim, error) {
 // kept, and the next Claim of the key acquires it. When the connection fails
 // during COMMIT itself, the outcome is unknown and the error wraps neither
 // ErrRolledBack nor server.ErrLeaseLost: the next Claim finds either the
-// completed record or none, never half of it.
+// completed record or none, never half of it. Every error of Complete in
+// transactional mode wraps server.ErrNotCommitted, on which the middleware
+// answers 503 instead of the handler's response.
 func (s *Store) Complete(ctx context.Context, id server.ID, token server.Token, resp *server.Response, ttl time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("pgstore: complete: %w", err)
@@ -271,7 +273,10 @@ func (s *Store) Complete(ctx context.Context, id server.ID, token server.Token, 
 		return errors.New("pgstore: complete: nil response")
 	}
 	if s.transactional {
-		return s.completeTx(ctx, id, token, resp, ttl)
+		if err := s.completeTx(ctx, id, token, resp, ttl); err != nil {
+			return notCommitted{err}
+		}
+		return nil
 	}
 	tag, err := s.pool.Exec(ctx, s.q.complete, []byte(id.Scope), []byte(id.Key), int64(token), micros(ttl),
 		int32(resp.Status), encodeHeader(resp.Header), resp.Body, resp.BodyOmitted)

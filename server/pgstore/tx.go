@@ -17,6 +17,13 @@ import (
 // handler's writes and the claim are undone, and the request may run again.
 var ErrRolledBack = errors.New("transaction rolled back")
 
+// notCommitted marks an error of Complete in transactional mode: the
+// handler's writes were not committed, or may not have been.
+type notCommitted struct{ err error }
+
+func (e notCommitted) Error() string   { return e.err.Error() }
+func (e notCommitted) Unwrap() []error { return []error{e.err, server.ErrNotCommitted} }
+
 // errOwnedTx is returned by Commit and Rollback of the transaction that
 // TxFromContext hands out.
 var errOwnedTx = errors.New("pgstore: the transaction belongs to the store: Complete commits it, Release rolls it back")

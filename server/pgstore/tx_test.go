@@ -152,6 +152,7 @@ func TestTxInterrupted(t *testing.T) {
 			interrupt: func(t *testing.T, e env, resp *server.Response, _ error) {
 				err := e.store.Complete(context.Background(), e.id, e.token, resp, time.Hour)
 				require.ErrorIs(t, err, pgstore.ErrRolledBack)
+				require.ErrorIs(t, err, server.ErrNotCommitted, "the middleware must answer 503")
 			},
 		},
 		{
@@ -182,6 +183,7 @@ func TestTxInterrupted(t *testing.T) {
 			interrupt: func(t *testing.T, e env, resp *server.Response, _ error) {
 				err := e.store.Complete(context.Background(), e.id, e.token, resp, time.Hour)
 				require.ErrorIs(t, err, pgstore.ErrRolledBack)
+				require.ErrorIs(t, err, server.ErrNotCommitted, "the middleware must answer 503")
 				assert.NotErrorIs(t, err, server.ErrLeaseLost)
 			},
 		},
@@ -196,6 +198,7 @@ func TestTxInterrupted(t *testing.T) {
 			interrupt: func(t *testing.T, e env, resp *server.Response, _ error) {
 				err := e.store.Complete(context.Background(), e.id, e.token, resp, time.Hour)
 				require.ErrorIs(t, err, pgstore.ErrRolledBack)
+				require.ErrorIs(t, err, server.ErrNotCommitted, "the middleware must answer 503")
 			},
 		},
 		{
@@ -209,6 +212,7 @@ func TestTxInterrupted(t *testing.T) {
 			interrupt: func(t *testing.T, e env, resp *server.Response, _ error) {
 				err := e.store.Complete(context.Background(), e.id, e.token, resp, time.Hour)
 				require.ErrorIs(t, err, pgstore.ErrRolledBack)
+				require.ErrorIs(t, err, server.ErrNotCommitted, "the middleware must answer 503")
 			},
 		},
 		{

@@ -139,7 +139,7 @@ func (r *runner) malformedKey() Result {
 	}
 	probes[0].q.keyText = "(empty)"
 	probes[1].q.keyText = long[:36] + "kkk... (256 bytes)"
-	probes[2].q.keyText = strconv.Quote(probes[2].q.key) + " (on a connection of the kit's own)"
+	probes[2].q.keyText = strconv.Quote(probes[2].q.key) + " (on a raw connection)"
 
 	var sent, got, bad []string
 	for _, p := range probes {

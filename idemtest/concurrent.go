@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,7 +19,7 @@ import (
 func (r *runner) concurrent() Result {
 	n := r.t.Concurrency
 	q := r.keyed(0)
-	sent := strconv.Itoa(n) + " at once, each on a connection of the kit's own: " + r.describe(q)
+	sent := strconv.Itoa(n) + " at once, each on a raw connection opened beforehand: " + r.describe(q)
 	ctx, cancel := context.WithTimeout(r.ctx, r.t.Timeout)
 	defer cancel()
 	conns := make([]net.Conn, 0, n)
@@ -124,6 +125,7 @@ next:
 		}
 		groups = append(groups, group{text, 1})
 	}
+	slices.SortStableFunc(groups, func(a, b group) int { return b.count - a.count })
 	lines := make([]string, len(groups))
 	for i, g := range groups {
 		lines[i] = strconv.Itoa(g.count) + " × " + g.text

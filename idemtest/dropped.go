@@ -22,10 +22,10 @@ func (r *runner) droppedResponse() Result {
 	q := r.keyed(0)
 	first := r.sendDropped(q)
 	answered := first.err == nil
-	sent := fmt.Sprintf("%s, on a connection of the kit's own, closed %v later without the answer being read; then the same request again, repeated while it gets 409, and once more",
+	sent := fmt.Sprintf("%s, on a raw connection, closed %v later without the answer being read; then the same request again, repeated while it gets 409, and once more",
 		r.describe(q), r.t.DropAfter)
 	if !answered && !errors.Is(first.err, errNotAnswered) {
-		return fail(sent, r.describeAnswer(first), "", "The request could not be sent on a connection of the kit's own.")
+		return fail(sent, r.describeAnswer(first), "", "The request could not be sent on a raw connection.")
 	}
 	if answered && !first.ok() {
 		return fail(sent, "before the close: "+r.describeAnswer(first), wantSuccess, "The dropped request was answered, but did not succeed.")

@@ -32,7 +32,10 @@ func Check(ctx context.Context, target Target) (*Report, error) {
 		if err != nil {
 			return nil, err
 		}
-		defer srv.Close()
+		defer func() {
+			srv.CloseClientConnections()
+			srv.Close()
+		}()
 		base = srv.URL
 	}
 	r, err := newRunner(ctx, t, base)
@@ -55,6 +58,10 @@ func Check(ctx context.Context, target Target) (*Report, error) {
 			res = notApplicable("Skipped: the " + CheckFirstRequest + " check failed, and this check needs the request to succeed.")
 		} else {
 			res = c.run(r)
+			if err := ctx.Err(); err != nil {
+				// The check was cut short: its result says nothing.
+				return report, fmt.Errorf("idemtest: %w", err)
+			}
 		}
 		res.Name = c.Name
 		if c.Advisory && res.Status == StatusFail {
@@ -64,9 +71,6 @@ func Check(ctx context.Context, target Target) (*Report, error) {
 			firstFailed = true
 		}
 		report.Results = append(report.Results, res)
-	}
-	if err := ctx.Err(); err != nil {
-		return report, fmt.Errorf("idemtest: %w", err)
 	}
 	return report, nil
 }

@@ -299,6 +299,7 @@ func TestTargetErrors(t *testing.T) {
 		"header value":  {func(tg *idemtest.Target) { tg.FailHeader = http.Header{"X-Fail": {"a\nb"}} }, "FailHeader: header X-Fail has an invalid value"},
 		"header name":   {func(tg *idemtest.Target) { tg.KeyHeader = "Key:" }, "not a valid header name"},
 		"unknown check": {func(tg *idemtest.Target) { tg.Checks = []string{"replay", "nope"} }, `no check is named "nope"`},
+		"credentials":   {func(tg *idemtest.Target) { tg.URL = "http://u:secret@127.0.0.1:1" }, "credentials in it"},
 		"same variants": {func(tg *idemtest.Target) { tg.Body = func(int) []byte { return []byte("x") } }, "same body for variants 0 and 1"},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -323,6 +324,41 @@ func TestCancelled(t *testing.T) {
 	assert.ErrorIs(t, err, context.Canceled)
 	require.NotNil(t, report)
 	assert.Empty(t, report.Results)
+}
+
+func TestCancelledMidCheck(t *testing.T) {
+	started := make(chan struct{}, 1)
+	h := &orders{}
+	blocks := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Block") != "" {
+			started <- struct{}{}
+			<-r.Context().Done()
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+	srv := start(t, protect(t, blocks))
+	tg := target(srv.URL)
+	tg.Checks = []string{idemtest.CheckMissingKey, idemtest.Check5xxNotCached}
+	tg.FailHeader = http.Header{"X-Block": {"1"}} // the 5xx check's first request blocks
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	go func() {
+		select {
+		case <-started:
+		case <-ctx.Done():
+		}
+		cancel()
+	}()
+	report, err := idemtest.Check(ctx, tg)
+	assert.ErrorIs(t, err, context.Canceled)
+	require.NotNil(t, report)
+	assert.Equal(t, []string{idemtest.CheckMissingKey}, func() (names []string) {
+		for _, res := range report.Results {
+			names = append(names, res.Name)
+		}
+		return names
+	}(), "the check cut short is not reported")
 }
 
 func TestUnreachable(t *testing.T) {

@@ -43,7 +43,9 @@ type Target struct {
 	// Handler, when URL is empty, is the server under test: Check serves
 	// it on a loopback httptest.Server for the duration of the check, so
 	// that every check, including those that need a connection of their
-	// own, runs over real HTTP.
+	// own, runs over real HTTP. Check returns once the handler has
+	// returned from every request; the requests it has not answered when
+	// the checks end have their connections closed first.
 	Handler http.Handler
 
 	// Path is appended to the base URL to make the endpoint under test,
@@ -160,6 +162,8 @@ func (t Target) withDefaults() (Target, error) {
 			bad("Target.URL %q is not an http or https URL", t.URL)
 		case u.Host == "":
 			bad("Target.URL %q has no host", t.URL)
+		case u.User != nil:
+			bad("Target.URL has credentials in it: send them in Target.Header, which reports never show")
 		}
 	}
 	if t.Path != "" && !strings.HasPrefix(t.Path, "/") && !strings.HasPrefix(t.Path, "?") {

@@ -3,7 +3,8 @@
 //
 // Like testing/fstest.TestFS, Check runs every check against the target and
 // reports every violation together, so the same report serves a Go test and
-// a program; the command idemcheck is such a program.
+// a program. The command idemcheck
+// (github.com/idemkit/idempotency/cmd/idemcheck) is such a program.
 //
 // # The checks
 //

@@ -63,9 +63,9 @@ type Target struct {
 
 	// Body returns the body of the request for a variant: 0 for the
 	// request that every check sends, 1 for the different request that the
-	// key-mismatch check sends under a key already used for variant 0. Two
-	// variants must be requests that the target tells apart; calls with the
-	// same variant must return equal bodies. BodyTemplate makes one from a
+	// key-mismatch check sends under a key already used for variant 0. Both
+	// must be requests that the target accepts, and that it tells apart;
+	// calls with the same variant must return equal bodies. BodyTemplate makes one from a
 	// string. Nil means BodyTemplate(DefaultBody).
 	Body func(variant int) []byte
 

@@ -305,7 +305,7 @@ func (r *runner) describe(q request) string {
 	b.WriteString(", body ")
 	b.WriteString(quote(q.body))
 	if q.variant != 0 {
-		b.WriteString(" (Body(" + strconv.Itoa(q.variant) + "))")
+		b.WriteString(" (variant " + strconv.Itoa(q.variant) + ")")
 	}
 	if q.as != "" {
 		b.WriteString(", " + q.as)
@@ -313,9 +313,12 @@ func (r *runner) describe(q request) string {
 	return b.String()
 }
 
-// describe says what a is, for a report.
+// describeAnswer says what a is, for a report.
 func (r *runner) describeAnswer(a answer) string {
 	if a.status == 0 {
+		if a.err == nil {
+			return "no answer"
+		}
 		return "no answer: " + a.err.Error()
 	}
 	var b strings.Builder

@@ -20,6 +20,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -112,12 +113,17 @@ func label(s idemtest.Status) string {
 
 func writeTable(w io.Writer, r *idemtest.Report) {
 	fmt.Fprintf(w, "Checked %s\n\n", r.Target)
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	var table bytes.Buffer
+	tw := tabwriter.NewWriter(&table, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "CHECK\tRESULT\tNOTE")
 	for _, res := range r.Results {
 		fmt.Fprintf(tw, "%s\t%s\t%s\n", res.Name, label(res.Status), firstSentence(res.Detail, 80))
 	}
 	tw.Flush()
+	for line := range strings.Lines(table.String()) {
+		// An empty note leaves the padding of the column before it.
+		fmt.Fprintln(w, strings.TrimRight(line, " \n"))
+	}
 	for _, res := range r.Results {
 		if res.Status != idemtest.StatusFail && res.Status != idemtest.StatusAdvisory {
 			continue

@@ -115,18 +115,37 @@ func assertAll(t *testing.T, report *idemtest.Report, want idemtest.Status) {
 	assert.Equal(t, names(idemtest.Checks()), got)
 }
 
+// stores are the Stores our server is checked with. pgstore and redisstore
+// join them when they land.
+func stores() map[string]func(t *testing.T) server.Store {
+	return map[string]func(t *testing.T) server.Store{
+		"memstore": func(t *testing.T) server.Store {
+			s := memstore.New()
+			t.Cleanup(func() { s.Close() })
+			return s
+		},
+	}
+}
+
 func TestOurServerPasses(t *testing.T) {
-	h := &orders{}
-	srv := start(t, protect(t, h))
-	report := check(t, target(srv.URL))
-	assertAll(t, report, idemtest.StatusPass)
-	assert.NoError(t, report.Err())
-	assert.Equal(t, srv.URL+"/orders", report.Target)
-	n := len(idemtest.Checks())
-	assert.Equal(t, fmt.Sprintf("%d passed, 0 failed", n), report.Summary().String())
-	// Few resources: one order per check that needs a success, one for
-	// the concurrent check, one per caller in cross-tenant.
-	assert.LessOrEqual(t, h.created.Load(), int64(n))
+	for name, newStore := range stores() {
+		t.Run(name, func(t *testing.T) {
+			h := &orders{}
+			mw, err := server.New(newStore(t))
+			require.NoError(t, err)
+			srv := start(t, mw.Handler(h))
+			report := check(t, target(srv.URL))
+			assertAll(t, report, idemtest.StatusPass)
+			assert.NoError(t, report.Err())
+			assert.Equal(t, srv.URL+"/orders", report.Target)
+			n := len(idemtest.Checks())
+			assert.Equal(t, fmt.Sprintf("%d passed, 0 failed", n), report.Summary().String())
+			// Few resources: one order per check that needs a success,
+			// one for the concurrent check, one per caller in
+			// cross-tenant.
+			assert.LessOrEqual(t, h.created.Load(), int64(n))
+		})
+	}
 }
 
 func TestHandlerInProcess(t *testing.T) {
@@ -300,6 +319,7 @@ func TestTargetErrors(t *testing.T) {
 		"header name":   {func(tg *idemtest.Target) { tg.KeyHeader = "Key:" }, "not a valid header name"},
 		"unknown check": {func(tg *idemtest.Target) { tg.Checks = []string{"replay", "nope"} }, `no check is named "nope"`},
 		"credentials":   {func(tg *idemtest.Target) { tg.URL = "http://u:secret@127.0.0.1:1" }, "credentials in it"},
+		"same caller":   {func(tg *idemtest.Target) { tg.SecondCredential = http.Header{"authorization": {"Bearer alice"}} }, "needs another caller"},
 		"same variants": {func(tg *idemtest.Target) { tg.Body = func(int) []byte { return []byte("x") } }, "same body for variants 0 and 1"},
 	} {
 		t.Run(name, func(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -202,6 +203,9 @@ func (t Target) withDefaults() (Target, error) {
 	t.Header = canonical(t.Header)
 	t.SecondCredential = canonical(t.SecondCredential)
 	t.FailHeader = canonical(t.FailHeader)
+	if len(t.SecondCredential) > 0 && !changes(t.Header, t.SecondCredential) {
+		bad("Target.SecondCredential is the same as Target.Header: the cross-tenant check needs another caller")
+	}
 	if t.Body == nil {
 		t.Body = BodyTemplate(DefaultBody)
 		if t.Header.Get("Content-Type") == "" {
@@ -251,6 +255,16 @@ func canonical(h http.Header) http.Header {
 		c[name] = append(c[name], vs...)
 	}
 	return c
+}
+
+// changes reports whether overlaying h with over changes any value.
+func changes(h, over http.Header) bool {
+	for name, vs := range over {
+		if !slices.Equal(h[name], vs) {
+			return true
+		}
+	}
+	return false
 }
 
 func checkHeader(h http.Header) error {

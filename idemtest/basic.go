@@ -101,7 +101,7 @@ func (r *runner) keyMismatch() Result {
 		return pass(sent, got, want, "")
 	case b.ok() && (b.same(a) || r.marked(b)):
 		return fail(sent, got, want, "The different request got the first request's answer: the target does not compare the requests it sees under one key. "+
-			"(If the target fingerprints parsed JSON and Body(1) differs from Body(0) only in white space, give the body a "+Placeholder+" placeholder.)")
+			"(If the target fingerprints parsed JSON and the two bodies differ only in white space, give the body a "+Placeholder+" placeholder.)")
 	case b.ok():
 		return fail(sent, got, want, "The different request ran under a key already used.")
 	}

@@ -1,0 +1,197 @@
+package main
+
+import (
+	"crypto/tls"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+
+	"github.com/idemkit/idempotency/idemtest"
+)
+
+// options is what the command line asks for.
+type options struct {
+	target idemtest.Target
+	json   bool
+}
+
+// headerFlag collects repeated "Name: value" flags into a header.
+type headerFlag struct{ h http.Header }
+
+func (f *headerFlag) String() string { return "" }
+
+func (f *headerFlag) Set(s string) error {
+	name, value, ok := strings.Cut(s, ":")
+	name = strings.TrimSpace(name)
+	if !ok || name == "" || strings.ContainsAny(name, " \t") {
+		return fmt.Errorf("%q is not a header: want 'Name: value'", s)
+	}
+	if f.h == nil {
+		f.h = http.Header{}
+	}
+	f.h.Add(name, strings.TrimSpace(value))
+	return nil
+}
+
+// parseArgs turns the command line into options. It returns flag.ErrHelp,
+// having written the help to stdout, when asked for it.
+func parseArgs(args []string, stdout io.Writer) (options, error) {
+	fs := flag.NewFlagSet("idemcheck", flag.ContinueOnError)
+	fs.SetOutput(io.Discard) // errors are reported by the caller
+	fs.Usage = func() {}
+	var (
+		header, second, failHeader headerFlag
+
+		rawURL       = fs.String("url", "", "the endpoint `URL`, if not given as the argument")
+		method       = fs.String("X", idemtest.DefaultMethod, "the request `method`")
+		body         = fs.String("d", "", "the request `body`, or @file to read it from a file; each "+idemtest.Placeholder+" in it is replaced by the variant number")
+		concurrency  = fs.Int("n", idemtest.DefaultConcurrency, "how many identical requests the concurrent check sends at once")
+		keyHeader    = fs.String("key-header", idemtest.DefaultKeyHeader, "the request header that carries the key")
+		replayHeader = fs.String("replay-header", idemtest.DefaultReplayHeader, "the response header that marks a replay")
+		keysOptional = fs.Bool("keys-optional", false, "the endpoint runs requests without a key (the missing-key check does not apply)")
+		timeout      = fs.Duration("timeout", idemtest.DefaultTimeout, "the longest each request may take")
+		patience     = fs.Duration("patience", idemtest.DefaultPatience, "how long to keep retrying while the endpoint answers 409 (in flight)")
+		dropAfter    = fs.Duration("drop-after", idemtest.DefaultDropAfter, "when the dropped-response check closes its connection")
+		only         = fs.String("checks", "", "a comma-separated `list` of the checks to run (default all)")
+		insecure     = fs.Bool("insecure", false, "do not verify the server's TLS certificate")
+		asJSON       = fs.Bool("json", false, "write the report as JSON")
+	)
+	fs.Var(&header, "H", "a request `header` ('Name: value'), repeatable: credentials, Content-Type (default application/json)")
+	fs.Var(&second, "H2", "a `header` ('Name: value') of a second caller, replacing the -H header of that name; repeatable; enables the cross-tenant check")
+	fs.Var(&failHeader, "fail-header", "a `header` ('Name: value') that makes the endpoint answer 5xx, repeatable; enables the 5xx-not-cached check")
+
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			usage(stdout, fs)
+		}
+		return options{}, err
+	}
+	switch {
+	case fs.NArg() > 1:
+		return options{}, fmt.Errorf("one URL, please: got %q", fs.Args())
+	case fs.NArg() == 1 && *rawURL != "":
+		return options{}, errors.New("the URL is given twice, as -url and as the argument")
+	case fs.NArg() == 1:
+		*rawURL = fs.Arg(0)
+	case *rawURL == "":
+		return options{}, errors.New("no URL to check")
+	}
+
+	t := idemtest.Target{
+		URL:              *rawURL,
+		Method:           *method,
+		Header:           header.h,
+		SecondCredential: second.h,
+		FailHeader:       failHeader.h,
+		KeysOptional:     *keysOptional,
+		KeyHeader:        *keyHeader,
+		ReplayHeader:     *replayHeader,
+		Concurrency:      *concurrency,
+		Timeout:          *timeout,
+		Patience:         *patience,
+		DropAfter:        *dropAfter,
+	}
+	if t.Header == nil {
+		t.Header = http.Header{}
+	}
+	if t.Header.Get("Content-Type") == "" {
+		t.Header.Set("Content-Type", "application/json")
+	}
+	if *body != "" {
+		tmpl := *body
+		if file, ok := strings.CutPrefix(tmpl, "@"); ok {
+			b, err := os.ReadFile(file)
+			if err != nil {
+				return options{}, fmt.Errorf("-d: %w", err)
+			}
+			tmpl = string(b)
+		}
+		t.Body = idemtest.BodyTemplate(tmpl)
+	}
+	if *only != "" {
+		for name := range strings.SplitSeq(*only, ",") {
+			if name = strings.TrimSpace(name); name != "" {
+				t.Checks = append(t.Checks, name)
+			}
+		}
+	}
+	if *insecure {
+		t.Client = &http.Client{
+			Transport: &http.Transport{
+				Proxy:           http.ProxyFromEnvironment,
+				TLSClientConfig: &tls.Config{InsecureSkipVerify: true},
+			},
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		}
+	}
+	return options{target: t, json: *asJSON}, nil
+}
+
+func usage(w io.Writer, fs *flag.FlagSet) {
+	fmt.Fprint(w, `Usage: idemcheck [flags] URL
+
+idemcheck checks that the endpoint at URL honours the Idempotency-Key
+protocol: that a retried request is answered from a record of the first
+instead of running twice. It speaks only HTTP, so the endpoint may be written
+in any language. Each check sends requests with fresh keys of its own and
+creates what the endpoint creates (about one resource per check): point it at
+a test or staging deployment.
+
+Every check sends the same request: the method, the -H headers and the -d
+body. The key-mismatch check also sends a different body under a key already
+used: each `+idemtest.Placeholder+` in the body is replaced by 0 for the usual
+request and by 1 for the different one. A body without the placeholder gets a
+trailing space instead, which a server that fingerprints parsed JSON does not
+see as a different request: give it a placeholder. Without -d, the body is
+{"idemtest_variant":0}. The requests of the malformed-key, concurrent and
+dropped-response checks are written on raw connections to the URL's host,
+not through a proxy.
+
+Flags:
+`)
+	fs.SetOutput(w)
+	fs.PrintDefaults()
+	fs.SetOutput(io.Discard)
+	fmt.Fprint(w, "\nChecks, in the order they run:\n")
+	for _, c := range idemtest.Checks() {
+		desc := c.Description
+		if c.Advisory {
+			desc = "(advisory: reported, not failed) " + desc
+		}
+		fmt.Fprintf(w, "  %s\n", c.Name)
+		for _, line := range wrap(desc, 72) {
+			fmt.Fprintf(w, "      %s\n", line)
+		}
+	}
+	fmt.Fprint(w, `
+Output: a table of the checks, the details of each failure and advisory, and
+a summary line; with -json, the report as a JSON document.
+
+Exit status: 0 when every required check passes or does not apply, 1 when a
+check fails, 2 for a usage error.
+`)
+}
+
+// wrap breaks s into lines of at most width bytes, at spaces.
+func wrap(s string, width int) []string {
+	var lines []string
+	line := ""
+	for _, word := range strings.Fields(s) {
+		if line != "" && len(line)+1+len(word) > width {
+			lines = append(lines, line)
+			line = ""
+		}
+		if line != "" {
+			line += " "
+		}
+		line += word
+	}
+	if line != "" {
+		lines = append(lines, line)
+	}
+	return lines
+}

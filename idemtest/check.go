@@ -1,0 +1,226 @@
+package idemtest
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"slices"
+	"strings"
+)
+
+// Check runs the checks against the target, one after another, and reports
+// every outcome; it stops early only when ctx ends. Each check uses fresh
+// keys of its own, so that the checks are independent of each other and of
+// earlier runs against the same target.
+//
+// The error is for a target that cannot be checked (no URL, a malformed one,
+// an invalid header, an unknown check name) or for the end of ctx, in which
+// case the report holds the checks that ran. A target that breaks the
+// protocol is not an error: see Report.Err.
+func Check(ctx context.Context, target Target) (*Report, error) {
+	t, err := target.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	base := t.URL
+	if t.Handler != nil {
+		srv, err := serve(t.Handler)
+		if err != nil {
+			return nil, err
+		}
+		defer func() {
+			srv.CloseClientConnections()
+			srv.Close()
+		}()
+		base = srv.URL
+	}
+	r, err := newRunner(ctx, t, base)
+	if err != nil {
+		return nil, err
+	}
+	defer r.close()
+
+	report := &Report{Target: r.endpoint}
+	firstFailed := false
+	for _, c := range checks() {
+		if len(t.Checks) > 0 && !slices.Contains(t.Checks, c.Name) {
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return report, fmt.Errorf("idemtest: %w", err)
+		}
+		var res Result
+		if c.needsSuccess && firstFailed {
+			res = notApplicable("Skipped: the " + CheckFirstRequest + " check failed, and this check needs the request to succeed.")
+		} else {
+			res = c.run(r)
+			if err := ctx.Err(); err != nil {
+				// The check was cut short: its result says nothing.
+				return report, fmt.Errorf("idemtest: %w", err)
+			}
+		}
+		res.Name = c.Name
+		if c.Advisory && res.Status == StatusFail {
+			res.Status = StatusAdvisory
+		}
+		if c.Name == CheckFirstRequest && res.Status == StatusFail {
+			firstFailed = true
+		}
+		report.Results = append(report.Results, res)
+	}
+	return report, nil
+}
+
+// serve starts h on a loopback port. Unlike httptest.NewServer, it returns
+// an error rather than panicking when it cannot listen.
+func serve(h http.Handler) (*httptest.Server, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("idemtest: serving the handler: %w", err)
+	}
+	srv := &httptest.Server{Listener: ln, Config: &http.Server{Handler: h}}
+	srv.Start()
+	return srv, nil
+}
+
+// tri is a fact the checks learn about the target, or do not.
+type tri int8
+
+const (
+	unknown tri = iota
+	yes
+	no
+)
+
+func triOf(b bool) tri {
+	if b {
+		return yes
+	}
+	return no
+}
+
+// runner holds what the checks share: the target, the client, and the
+// evidence that earlier checks gathered for later ones.
+type runner struct {
+	ctx      context.Context
+	t        Target
+	endpoint string // the URL requests go to
+	display  string // the method and request target, for reports
+	addr     string // host:port, for connections of the kit's own
+	tls      *tls.Config
+	client   *http.Client
+	own      *http.Transport // the transport of a client of Check's own
+	body     [2][]byte       // Body(0), Body(1)
+
+	first    *answer // the first-request check's answer, if it succeeded
+	original *answer // the replay check's first answer
+	replayed *answer // its replay, if it matched
+	// marks: the target marks replays (the replay check saw one marked).
+	marks tri
+	// distinct: two executions of the request under different keys gave
+	// different answers, so an answer equal to another is a replay.
+	distinct tri
+	// problems are the refusals seen, for the problem-json check.
+	problems []seen
+}
+
+// seen is an answer that a check got, kept as evidence for another check.
+type seen struct {
+	check string
+	q     request
+	a     answer
+}
+
+func newRunner(ctx context.Context, t Target, base string) (*runner, error) {
+	if t.Path != "" {
+		base = strings.TrimSuffix(base, "/")
+	}
+	endpoint := base + t.Path
+	u, err := url.Parse(endpoint)
+	if err != nil {
+		return nil, fmt.Errorf("idemtest: %q: %w", endpoint, err)
+	}
+	r := &runner{
+		ctx:      ctx,
+		t:        t,
+		endpoint: endpoint,
+		display:  t.Method + " " + u.RequestURI(),
+		body:     [2][]byte{t.Body(0), t.Body(1)},
+	}
+	if string(r.body[0]) == string(r.body[1]) {
+		return nil, fmt.Errorf("idemtest: Target.Body returns the same body for variants 0 and 1")
+	}
+	port := u.Port()
+	if port == "" {
+		port = map[string]string{"http": "80", "https": "443"}[u.Scheme]
+	}
+	r.addr = net.JoinHostPort(u.Hostname(), port)
+
+	r.client = t.Client
+	if r.client == nil {
+		tr := &http.Transport{}
+		if dt, ok := http.DefaultTransport.(*http.Transport); ok {
+			tr = dt.Clone()
+		}
+		tr.MaxIdleConnsPerHost = t.Concurrency
+		r.own = tr
+		r.client = &http.Client{
+			Transport: tr,
+			// The checks judge the target's own answers.
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		}
+	}
+	if u.Scheme == "https" {
+		cfg := &tls.Config{}
+		if tr, ok := r.client.Transport.(*http.Transport); ok && tr.TLSClientConfig != nil {
+			cfg = tr.TLSClientConfig.Clone()
+		}
+		if cfg.ServerName == "" {
+			cfg.ServerName = u.Hostname()
+		}
+		cfg.NextProtos = []string{"http/1.1"}
+		r.tls = cfg
+	}
+	return r, nil
+}
+
+func (r *runner) close() {
+	if r.own != nil {
+		r.own.CloseIdleConnections()
+	}
+}
+
+// saw keeps a refusal as evidence for the problem-json check: the first of
+// each status per check.
+func (r *runner) saw(check string, q request, a answer) {
+	switch a.status {
+	case http.StatusBadRequest, http.StatusConflict, http.StatusUnprocessableEntity:
+	default:
+		return
+	}
+	if a.err != nil {
+		return
+	}
+	for _, s := range r.problems {
+		if s.check == check && s.a.status == a.status {
+			return
+		}
+	}
+	r.problems = append(r.problems, seen{check, q, a})
+}
+
+func pass(sent, got, want, detail string) Result {
+	return Result{Status: StatusPass, Sent: sent, Got: got, Want: want, Detail: detail}
+}
+
+func fail(sent, got, want, detail string) Result {
+	return Result{Status: StatusFail, Sent: sent, Got: got, Want: want, Detail: detail}
+}
+
+func notApplicable(detail string) Result {
+	return Result{Status: StatusNotApplicable, Detail: detail}
+}

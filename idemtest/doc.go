@@ -1,0 +1,95 @@
+// Package idemtest checks that an HTTP endpoint honours the Idempotency-Key
+// protocol, whatever language it is written in: it speaks only HTTP.
+//
+// Like testing/fstest.TestFS, Check runs every check against the target and
+// reports every violation together, so the same report serves a Go test and
+// a program. The command idemcheck
+// (github.com/idemkit/idempotency/cmd/idemcheck) is such a program.
+//
+// # The checks
+//
+// Each check has a stable name (the Check... constants; Checks describes
+// them) and ends as pass, fail, not applicable (Result.Detail says why) or,
+// for the two checks of recommendations, advisory. Each uses fresh random
+// keys of its own.
+//
+//   - first-request: a request with a fresh key succeeds (2xx). The checks
+//     that need a success are skipped when it fails.
+//   - replay: the same key and body again get the first answer's status and
+//     body back.
+//   - replay-marked (advisory): that replay carries Idempotent-Replayed:
+//     true, and the first answer does not.
+//   - key-mismatch: the same key with a different body (Body(1)) gets 422.
+//   - missing-key: no key gets 400, unless Target.KeysOptional.
+//   - malformed-key: an empty key, a 256-byte key and a key with a control
+//     character each get 400.
+//   - concurrent: Target.Concurrency identical requests sent at once have
+//     one effect: every success has the same status and body, the others
+//     are 409.
+//   - dropped-response: the kit sends the request, closes the connection
+//     after Target.DropAfter without reading the answer, and retries (again
+//     while it gets 409, for up to Target.Patience): the retry gets the
+//     first's answer, or runs the request if the first never ran, and the
+//     key settles on one answer.
+//   - cross-tenant: with Target.SecondCredential, the same key and body sent
+//     as another caller run afresh instead of getting the first caller's
+//     answer.
+//   - 5xx-not-cached: with Target.FailHeader, a request made to fail with a
+//     5xx, retried with the same key without the trigger, runs and succeeds.
+//   - problem-json (advisory): the 400, 409 and 422 answers seen are RFC 9457
+//     problem+json documents with type, title and status.
+//
+// # From a Go test
+//
+// Point the kit at a server, or give it the handler to serve on loopback:
+//
+//	func TestIdempotencyContract(t *testing.T) {
+//		report, err := idemtest.Check(t.Context(), idemtest.Target{
+//			Handler:          app.Routes(),
+//			Path:             "/orders",
+//			Header:           http.Header{"Authorization": {"Bearer test-alice"}, "Content-Type": {"application/json"}},
+//			Body:             idemtest.BodyTemplate(`{"sku":"A1","note":"{{variant}}"}`),
+//			SecondCredential: http.Header{"Authorization": {"Bearer test-bob"}},
+//			FailHeader:       http.Header{"X-Test-Fail": {"1"}},
+//		})
+//		if err != nil {
+//			t.Fatal(err)
+//		}
+//		if err := report.Err(); err != nil {
+//			t.Error(err)
+//		}
+//	}
+//
+// Report.Err lists every failed check with what was sent, what came back and
+// what the protocol expects; iterate over Report.Results to make a subtest of
+// each check instead. The package does not import testing, so that a program
+// can use it too.
+//
+// # From the command line
+//
+//	idemcheck -H 'Authorization: Bearer test-alice' -H2 'Authorization: Bearer test-bob' \
+//		-fail-header 'X-Test-Fail: 1' -d '{"sku":"A1","note":"{{variant}}"}' https://staging.example.com/orders
+//
+// prints a table of the checks and a summary line, or JSON with -json, and
+// exits with status 0 only when every required check passes.
+//
+// # What the kit can see
+//
+// The kit judges the target by its answers alone. It tells a replay from a
+// second execution by the replay header, or by the answers themselves when
+// two executions answer differently (an order ID, a timestamp). A target
+// whose answers are the same for every execution and that does not mark its
+// replays can run a request twice unseen; Result.Detail says so when the kit
+// could not tell.
+//
+// # Before you point it at a server
+//
+// The checks create what the endpoint creates: about one resource per check
+// against a compliant target (more if the target runs duplicates, up to
+// Target.Concurrency for the concurrent check). Run the kit against a test or
+// staging deployment. The malformed-key, concurrent and dropped-response
+// checks write their requests on raw connections of the kit's own, dialled
+// to the URL's host (with TLS for https, using the TLS settings of
+// Target.Client's transport) and speaking HTTP/1.1; they do not go through a
+// proxy.
+package idemtest

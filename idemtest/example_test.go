@@ -1,0 +1,94 @@
+package idemtest_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sync/atomic"
+
+	"github.com/idemkit/idempotency/idemtest"
+	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/server/memstore"
+)
+
+// Check an orders endpoint behind the server package's middleware. Every
+// check applies: the target has a second credential for the cross-tenant
+// check and a header that makes it fail for the 5xx check.
+func ExampleCheck() {
+	var created atomic.Int64
+	orders := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Test-Fail") != "" {
+			http.Error(w, "induced failure", http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"order":%d}`, created.Add(1))
+	})
+	store := memstore.New()
+	defer store.Close()
+	mw, err := server.New(store)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+
+	report, err := idemtest.Check(context.Background(), idemtest.Target{
+		Handler:          mw.Handler(orders),
+		Path:             "/orders",
+		Header:           http.Header{"Authorization": {"Bearer alice"}, "Content-Type": {"application/json"}},
+		Body:             idemtest.BodyTemplate(`{"sku":"A1","note":"{{variant}}"}`),
+		SecondCredential: http.Header{"Authorization": {"Bearer bob"}},
+		FailHeader:       http.Header{"X-Test-Fail": {"1"}},
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	for _, res := range report.Results {
+		fmt.Printf("%-16s %s\n", res.Name, res.Status)
+	}
+	fmt.Println(report.Summary())
+	fmt.Println("error:", report.Err())
+	// Output:
+	// first-request    pass
+	// replay           pass
+	// replay-marked    pass
+	// key-mismatch     pass
+	// missing-key      pass
+	// malformed-key    pass
+	// concurrent       pass
+	// dropped-response pass
+	// cross-tenant     pass
+	// 5xx-not-cached   pass
+	// problem-json     pass
+	// 11 passed, 0 failed
+	// error: <nil>
+}
+
+// A handler that ignores the key runs every request: the report names each
+// broken promise.
+func ExampleReport_Failed() {
+	var created atomic.Int64
+	ignoresKey := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"order":%d}`, created.Add(1))
+	})
+	report, err := idemtest.Check(context.Background(), idemtest.Target{Handler: ignoresKey})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	for _, res := range report.Failed() {
+		fmt.Println(res.Name)
+	}
+	fmt.Println(report.Summary())
+	// Output:
+	// replay
+	// key-mismatch
+	// missing-key
+	// malformed-key
+	// concurrent
+	// dropped-response
+	// 1 passed, 6 failed, 4 not applicable
+}

@@ -1,0 +1,450 @@
+package idemtest_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/idemkit/idempotency/idemtest"
+	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/server/memstore"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// orders creates an order per execution and answers with its number. A
+// request with the X-Fail header fails with 500 before creating anything.
+type orders struct {
+	created atomic.Int64
+}
+
+func (o *orders) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	if r.Header.Get("X-Fail") != "" {
+		http.Error(w, "induced failure", http.StatusInternalServerError)
+		return
+	}
+	n := o.created.Add(1)
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Location", fmt.Sprintf("/orders/%d", n))
+	w.WriteHeader(http.StatusCreated)
+	fmt.Fprintf(w, `{"order":%d,"request":%q}`, n, body)
+}
+
+// protect puts our middleware, with a fresh memory store, in front of h.
+func protect(t *testing.T, h http.Handler, opts ...server.Option) http.Handler {
+	t.Helper()
+	store := memstore.New()
+	t.Cleanup(func() { store.Close() })
+	mw, err := server.New(store, opts...)
+	require.NoError(t, err)
+	return mw.Handler(h)
+}
+
+// start serves h on loopback until the test ends.
+func start(t *testing.T, h http.Handler) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewUnstartedServer(h)
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0)
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// target describes the orders endpoint of a server at url, with everything
+// the kit needs to run every check.
+func target(url string) idemtest.Target {
+	return idemtest.Target{
+		URL:  url,
+		Path: "/orders",
+		Header: http.Header{
+			"Authorization": {"Bearer alice"},
+			"Content-Type":  {"application/json"},
+		},
+		Body:             idemtest.BodyTemplate(`{"sku":"A1","note":"{{variant}}"}`),
+		SecondCredential: http.Header{"Authorization": {"Bearer bob"}},
+		FailHeader:       http.Header{"X-Fail": {"1"}},
+	}
+}
+
+func check(t *testing.T, tg idemtest.Target) *idemtest.Report {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	report, err := idemtest.Check(ctx, tg)
+	require.NoError(t, err)
+	return report
+}
+
+func statuses(r *idemtest.Report) map[string]idemtest.Status {
+	m := make(map[string]idemtest.Status)
+	for _, res := range r.Results {
+		m[res.Name] = res.Status
+	}
+	return m
+}
+
+func names(infos []idemtest.CheckInfo) []string {
+	var out []string
+	for _, c := range infos {
+		out = append(out, c.Name)
+	}
+	return out
+}
+
+// assertAll asserts that every check ran, in order, with the given status.
+func assertAll(t *testing.T, report *idemtest.Report, want idemtest.Status) {
+	t.Helper()
+	var got []string
+	for _, res := range report.Results {
+		got = append(got, res.Name)
+		assert.Equal(t, want, res.Status, "%s: %s\nsent: %s\ngot: %s", res.Name, res.Detail, res.Sent, res.Got)
+	}
+	assert.Equal(t, names(idemtest.Checks()), got)
+}
+
+// stores are the Stores our server is checked with. pgstore and redisstore
+// join them when they land.
+func stores() map[string]func(t *testing.T) server.Store {
+	return map[string]func(t *testing.T) server.Store{
+		"memstore": func(t *testing.T) server.Store {
+			s := memstore.New()
+			t.Cleanup(func() { s.Close() })
+			return s
+		},
+	}
+}
+
+func TestOurServerPasses(t *testing.T) {
+	for name, newStore := range stores() {
+		t.Run(name, func(t *testing.T) {
+			h := &orders{}
+			mw, err := server.New(newStore(t))
+			require.NoError(t, err)
+			srv := start(t, mw.Handler(h))
+			report := check(t, target(srv.URL))
+			assertAll(t, report, idemtest.StatusPass)
+			assert.NoError(t, report.Err())
+			assert.Equal(t, srv.URL+"/orders", report.Target)
+			n := len(idemtest.Checks())
+			assert.Equal(t, fmt.Sprintf("%d passed, 0 failed", n), report.Summary().String())
+			// Few resources: one order per check that needs a success,
+			// one for the concurrent check, one per caller in
+			// cross-tenant.
+			assert.LessOrEqual(t, h.created.Load(), int64(n))
+		})
+	}
+}
+
+func TestHandlerInProcess(t *testing.T) {
+	tg := target("")
+	tg.Handler = protect(t, &orders{})
+	report := check(t, tg)
+	assertAll(t, report, idemtest.StatusPass)
+	assert.True(t, strings.HasPrefix(report.Target, "http://127.0.0.1:"), report.Target)
+}
+
+func TestWaitingServerPasses(t *testing.T) {
+	// With WithWait, concurrent duplicates wait and get the replay
+	// instead of 409.
+	srv := start(t, protect(t, &orders{}, server.WithWait(5*time.Second)))
+	report := check(t, target(srv.URL))
+	assertAll(t, report, idemtest.StatusPass)
+}
+
+func TestNotApplicable(t *testing.T) {
+	srv := start(t, protect(t, &orders{}, server.WithKeyOptional()))
+	tg := target(srv.URL)
+	tg.KeysOptional = true
+	tg.SecondCredential = nil
+	tg.FailHeader = nil
+	report := check(t, tg)
+	assert.NoError(t, report.Err())
+	for name, status := range statuses(report) {
+		want := idemtest.StatusPass
+		if name == idemtest.CheckMissingKey || name == idemtest.CheckCrossTenant || name == idemtest.Check5xxNotCached {
+			want = idemtest.StatusNotApplicable
+		}
+		assert.Equal(t, want, status, name)
+	}
+	res, _ := report.Result(idemtest.CheckCrossTenant)
+	assert.Contains(t, res.Detail, "second credential")
+	assert.Equal(t, "8 passed, 0 failed, 3 not applicable", report.Summary().String())
+}
+
+func TestAdvisories(t *testing.T) {
+	plain := func(w http.ResponseWriter, r *http.Request, err error) {
+		var e *server.Error
+		if assert.ErrorAs(t, err, &e) {
+			http.Error(w, e.Title, e.Status)
+		}
+	}
+	srv := start(t, protect(t, &orders{}, server.WithReplayHeader("X-Replayed"), server.WithErrorWriter(plain)))
+	report := check(t, target(srv.URL))
+	assert.NoError(t, report.Err(), "advisories are not failures")
+	got := statuses(report)
+	assert.Equal(t, idemtest.StatusAdvisory, got[idemtest.CheckReplayMarked])
+	assert.Equal(t, idemtest.StatusAdvisory, got[idemtest.CheckProblemJSON])
+	res, _ := report.Result(idemtest.CheckProblemJSON)
+	assert.Contains(t, res.Detail, "the 400 answer seen by missing-key is not application/problem+json")
+	assert.Contains(t, res.Detail, "The 422 answer seen by key-mismatch")
+	assert.Equal(t, "9 passed, 0 failed, 2 advisory", report.Summary().String())
+
+	// With the replay header named, replays are marked.
+	tg := target(srv.URL)
+	tg.ReplayHeader = "x-replayed"
+	report = check(t, tg)
+	assert.Equal(t, idemtest.StatusPass, statuses(report)[idemtest.CheckReplayMarked])
+}
+
+func TestFirstRequestFails(t *testing.T) {
+	h := &orders{}
+	auth := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer carol" {
+			http.Error(w, "who are you?", http.StatusUnauthorized)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+	srv := start(t, protect(t, auth))
+	report := check(t, target(srv.URL))
+	got := statuses(report)
+	assert.Equal(t, idemtest.StatusFail, got[idemtest.CheckFirstRequest])
+	for _, name := range []string{idemtest.CheckReplay, idemtest.CheckKeyMismatch, idemtest.CheckConcurrent,
+		idemtest.CheckDroppedResponse, idemtest.CheckCrossTenant, idemtest.Check5xxNotCached} {
+		assert.Equal(t, idemtest.StatusNotApplicable, got[name], name)
+		res, _ := report.Result(name)
+		assert.Contains(t, res.Detail, "first-request check failed")
+	}
+	// The middleware refuses bad keys before the handler sees them.
+	assert.Equal(t, idemtest.StatusPass, got[idemtest.CheckMissingKey])
+	assert.Equal(t, idemtest.StatusPass, got[idemtest.CheckMalformedKey])
+	res, _ := report.Result(idemtest.CheckFirstRequest)
+	assert.Contains(t, res.Got, "401 Unauthorized")
+	assert.NotContains(t, res.Sent, "alice", "credentials never appear in a report")
+	assert.Equal(t, int64(0), h.created.Load())
+}
+
+func TestOnlyNamedChecks(t *testing.T) {
+	srv := start(t, protect(t, &orders{}))
+	tg := target(srv.URL)
+	tg.Checks = []string{idemtest.CheckReplayMarked, idemtest.CheckReplay}
+	report := check(t, tg)
+	require.Len(t, report.Results, 2)
+	assert.Equal(t, idemtest.CheckReplay, report.Results[0].Name, "checks run in their own order")
+	assertAll := func() {
+		for _, res := range report.Results {
+			assert.Equal(t, idemtest.StatusPass, res.Status, res.Name)
+		}
+	}
+	assertAll()
+
+	tg.Checks = []string{idemtest.CheckReplayMarked}
+	report = check(t, tg)
+	assert.Equal(t, idemtest.StatusNotApplicable, report.Results[0].Status, "it needs the replay check's evidence")
+}
+
+// TestDroppedWhileInFlight drops the connection while the handler runs: the
+// handler finishes only once its client has gone, so the retry first finds
+// the key in flight, then gets the replay.
+func TestDroppedWhileInFlight(t *testing.T) {
+	h := &orders{}
+	var calls atomic.Int64
+	slow := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) == 1 {
+			<-r.Context().Done()
+		}
+		h.ServeHTTP(w, r)
+	})
+	srv := start(t, protect(t, slow))
+	tg := target(srv.URL)
+	tg.Checks = []string{idemtest.CheckDroppedResponse}
+	tg.DropAfter = 300 * time.Millisecond // time enough for the handler to start
+	report := check(t, tg)
+	res := report.Results[0]
+	assert.Equal(t, idemtest.StatusPass, res.Status, "%s\n%s", res.Detail, res.Got)
+	assert.Contains(t, res.Got, "nothing before the close")
+	assert.Contains(t, res.Detail, "although its client went away")
+	assert.Equal(t, int64(1), h.created.Load())
+}
+
+// TestDroppedAndStuck: a target that never finishes a request whose client
+// went away leaves its key in flight, and the retry never settles.
+func TestDroppedAndStuck(t *testing.T) {
+	release := make(chan struct{})
+	stuck := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-release
+		w.WriteHeader(http.StatusCreated)
+	})
+	srv := start(t, protect(t, stuck))
+	t.Cleanup(func() { close(release) }) // before srv.Close, which waits for handlers
+	tg := target(srv.URL)
+	tg.Checks = []string{idemtest.CheckDroppedResponse}
+	tg.Patience = 300 * time.Millisecond
+	report := check(t, tg)
+	res := report.Results[0]
+	assert.Equal(t, idemtest.StatusFail, res.Status)
+	assert.Contains(t, res.Detail, "still in flight")
+	assert.Contains(t, report.Err().Error(), "dropped-response: The key was still in flight")
+}
+
+func TestTargetErrors(t *testing.T) {
+	ok := target("http://127.0.0.1:1")
+	for name, tc := range map[string]struct {
+		edit func(*idemtest.Target)
+		want string
+	}{
+		"no URL":        {func(tg *idemtest.Target) { tg.URL = "" }, "needs a URL or a Handler"},
+		"both":          {func(tg *idemtest.Target) { tg.Handler = http.NotFoundHandler() }, "both a URL and a Handler"},
+		"scheme":        {func(tg *idemtest.Target) { tg.URL = "ftp://example.com" }, "not an http or https URL"},
+		"unparsable":    {func(tg *idemtest.Target) { tg.URL = "http://[::1" }, "Target.URL"},
+		"path":          {func(tg *idemtest.Target) { tg.Path = "orders" }, "does not start with /"},
+		"method":        {func(tg *idemtest.Target) { tg.Method = "PO ST" }, "not a valid method"},
+		"concurrency":   {func(tg *idemtest.Target) { tg.Concurrency = 1 }, "Concurrency 1"},
+		"timeout":       {func(tg *idemtest.Target) { tg.Timeout = -time.Second }, "Timeout -1s is negative"},
+		"key in header": {func(tg *idemtest.Target) { tg.Header.Set("idempotency-key", "x") }, "contains the key header"},
+		"header value":  {func(tg *idemtest.Target) { tg.FailHeader = http.Header{"X-Fail": {"a\nb"}} }, "FailHeader: header X-Fail has an invalid value"},
+		"header name":   {func(tg *idemtest.Target) { tg.KeyHeader = "Key:" }, "not a valid header name"},
+		"unknown check": {func(tg *idemtest.Target) { tg.Checks = []string{"replay", "nope"} }, `no check is named "nope"`},
+		"credentials":   {func(tg *idemtest.Target) { tg.URL = "http://u:secret@127.0.0.1:1" }, "credentials in it"},
+		"same caller":   {func(tg *idemtest.Target) { tg.SecondCredential = http.Header{"authorization": {"Bearer alice"}} }, "needs another caller"},
+		"same variants": {func(tg *idemtest.Target) { tg.Body = func(int) []byte { return []byte("x") } }, "same body for variants 0 and 1"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			tg := ok
+			tg.Header = ok.Header.Clone()
+			tc.edit(&tg)
+			report, err := idemtest.Check(t.Context(), tg)
+			assert.Nil(t, report)
+			if assert.Error(t, err) {
+				assert.Contains(t, err.Error(), tc.want)
+				assert.True(t, strings.HasPrefix(err.Error(), "idemtest: "), err.Error())
+			}
+		})
+	}
+}
+
+func TestCancelled(t *testing.T) {
+	srv := start(t, protect(t, &orders{}))
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	report, err := idemtest.Check(ctx, target(srv.URL))
+	assert.ErrorIs(t, err, context.Canceled)
+	require.NotNil(t, report)
+	assert.Empty(t, report.Results)
+}
+
+func TestCancelledMidCheck(t *testing.T) {
+	started := make(chan struct{}, 1)
+	h := &orders{}
+	blocks := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Block") != "" {
+			started <- struct{}{}
+			<-r.Context().Done()
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+	srv := start(t, protect(t, blocks))
+	tg := target(srv.URL)
+	tg.Checks = []string{idemtest.CheckMissingKey, idemtest.Check5xxNotCached}
+	tg.FailHeader = http.Header{"X-Block": {"1"}} // the 5xx check's first request blocks
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	go func() {
+		select {
+		case <-started:
+		case <-ctx.Done():
+		}
+		cancel()
+	}()
+	report, err := idemtest.Check(ctx, tg)
+	assert.ErrorIs(t, err, context.Canceled)
+	require.NotNil(t, report)
+	assert.Equal(t, []string{idemtest.CheckMissingKey}, func() (names []string) {
+		for _, res := range report.Results {
+			names = append(names, res.Name)
+		}
+		return names
+	}(), "the check cut short is not reported")
+}
+
+func TestUnreachable(t *testing.T) {
+	srv := httptest.NewServer(http.NotFoundHandler())
+	url := srv.URL
+	srv.Close()
+	tg := target(url)
+	tg.Timeout = 2 * time.Second
+	report := check(t, tg)
+	for _, res := range report.Results {
+		assert.NotEqual(t, idemtest.StatusPass, res.Status, res.Name)
+	}
+	res, _ := report.Result(idemtest.CheckFirstRequest)
+	assert.Contains(t, res.Got, "no answer")
+}
+
+func TestBodyTemplate(t *testing.T) {
+	body := idemtest.BodyTemplate(`{"a":"{{variant}}","b":{{variant}}}`)
+	assert.Equal(t, `{"a":"0","b":0}`, string(body(0)))
+	assert.Equal(t, `{"a":"1","b":1}`, string(body(1)))
+	plain := idemtest.BodyTemplate(`{"a":1}`)
+	assert.Equal(t, `{"a":1}`, string(plain(0)))
+	assert.Equal(t, `{"a":1} `, string(plain(1)))
+	assert.Equal(t, `{"a":1}  `, string(plain(2)))
+}
+
+func TestDefaultBody(t *testing.T) {
+	var got atomic.Value
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		got.Store(r.Header.Get("Content-Type") + " " + string(b))
+		w.WriteHeader(http.StatusCreated)
+	})
+	srv := start(t, protect(t, h))
+	report := check(t, idemtest.Target{URL: srv.URL, Checks: []string{idemtest.CheckFirstRequest}})
+	assert.Equal(t, idemtest.StatusPass, report.Results[0].Status)
+	assert.Equal(t, `application/json {"idemtest_variant":0}`, got.Load())
+}
+
+func TestReportErr(t *testing.T) {
+	r := &idemtest.Report{Results: []idemtest.Result{
+		{Name: "replay", Status: idemtest.StatusFail, Sent: "POST /", Got: "201\n201", Want: "same", Detail: "It ran twice."},
+		{Name: "replay-marked", Status: idemtest.StatusAdvisory},
+		{Name: "concurrent", Status: idemtest.StatusFail, Detail: "Two successes."},
+		{Name: "cross-tenant", Status: idemtest.StatusNotApplicable},
+		{Name: "first-request", Status: idemtest.StatusPass},
+	}}
+	err := r.Err()
+	require.Error(t, err)
+	assert.Equal(t, "idemtest: 2 checks failed:\n"+
+		"replay: It ran twice.\n\tsent: POST /\n\tgot: 201\n\t\t201\n\twant: same\n"+
+		"concurrent: Two successes.", err.Error())
+	assert.Equal(t, idemtest.Summary{Passed: 1, Failed: 2, NotApplicable: 1, Advisory: 1}, r.Summary())
+	assert.Equal(t, "1 passed, 2 failed, 1 not applicable, 1 advisory", r.Summary().String())
+	assert.Len(t, r.Failed(), 2)
+	assert.NoError(t, (&idemtest.Report{}).Err())
+}
+
+func TestChecksDescribed(t *testing.T) {
+	infos := idemtest.Checks()
+	seen := map[string]bool{}
+	for _, c := range infos {
+		assert.NotEmpty(t, c.Description, c.Name)
+		assert.False(t, seen[c.Name], "duplicate %s", c.Name)
+		seen[c.Name] = true
+	}
+	advisory := slices.DeleteFunc(slices.Clone(infos), func(c idemtest.CheckInfo) bool { return !c.Advisory })
+	assert.Equal(t, []string{idemtest.CheckReplayMarked, idemtest.CheckProblemJSON}, names(advisory))
+}

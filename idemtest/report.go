@@ -1,0 +1,138 @@
+package idemtest
+
+import (
+	"errors"
+	"strconv"
+	"strings"
+)
+
+// Status is the outcome of one check.
+type Status string
+
+// The outcomes of a check.
+const (
+	// StatusPass: the target did what the protocol expects.
+	StatusPass Status = "pass"
+	// StatusFail: the target broke a requirement of the protocol.
+	StatusFail Status = "fail"
+	// StatusNotApplicable: the check could not be run against this target;
+	// Result.Detail says why.
+	StatusNotApplicable Status = "not-applicable"
+	// StatusAdvisory: the target does not follow a recommendation. It does
+	// not make Report.Err fail.
+	StatusAdvisory Status = "advisory"
+)
+
+// Result is the outcome of one check, with the evidence for it.
+type Result struct {
+	// Name is the check's name, one of those Checks returns.
+	Name string `json:"name"`
+	// Status is the outcome.
+	Status Status `json:"status"`
+	// Sent describes the requests the check sent: method, path, key,
+	// the names of the headers and the body.
+	Sent string `json:"sent,omitempty"`
+	// Got describes the answers that came back.
+	Got string `json:"got,omitempty"`
+	// Want says what the protocol expects.
+	Want string `json:"want,omitempty"`
+	// Detail explains the outcome: what went wrong, why the check does not
+	// apply, or what the kit could not tell from outside.
+	Detail string `json:"detail,omitempty"`
+}
+
+// Report is what Check found: one Result per check run, in the order of
+// Checks.
+type Report struct {
+	// Target is the URL of the endpoint checked.
+	Target string `json:"target"`
+	// Results holds one Result per check run.
+	Results []Result `json:"results"`
+}
+
+// Result returns the result of the named check, if it ran.
+func (r *Report) Result(name string) (Result, bool) {
+	for _, res := range r.Results {
+		if res.Name == name {
+			return res, true
+		}
+	}
+	return Result{}, false
+}
+
+// Failed returns the results of the checks that failed.
+func (r *Report) Failed() []Result {
+	var failed []Result
+	for _, res := range r.Results {
+		if res.Status == StatusFail {
+			failed = append(failed, res)
+		}
+	}
+	return failed
+}
+
+// Err returns nil when no check failed (advisories and checks that do not
+// apply are not failures), and otherwise an error that lists every failed
+// check with what was sent, what came back and what was expected, in the
+// manner of testing/fstest.TestFS.
+func (r *Report) Err() error {
+	failed := r.Failed()
+	if len(failed) == 0 {
+		return nil
+	}
+	var b strings.Builder
+	b.WriteString("idemtest: ")
+	if len(failed) == 1 {
+		b.WriteString("1 check failed:")
+	} else {
+		b.WriteString(strconv.Itoa(len(failed)) + " checks failed:")
+	}
+	for _, res := range failed {
+		b.WriteString("\n" + res.Name + ": " + res.Detail)
+		for _, line := range [...]struct{ label, text string }{{"sent", res.Sent}, {"got", res.Got}, {"want", res.Want}} {
+			if line.text != "" {
+				b.WriteString("\n\t" + line.label + ": " + strings.ReplaceAll(line.text, "\n", "\n\t\t"))
+			}
+		}
+	}
+	return errors.New(b.String())
+}
+
+// Summary counts the results of a Report by status.
+type Summary struct {
+	Passed        int `json:"passed"`
+	Failed        int `json:"failed"`
+	NotApplicable int `json:"not_applicable"`
+	Advisory      int `json:"advisory"`
+}
+
+// Summary counts the report's results by status.
+func (r *Report) Summary() Summary {
+	var s Summary
+	for _, res := range r.Results {
+		switch res.Status {
+		case StatusPass:
+			s.Passed++
+		case StatusFail:
+			s.Failed++
+		case StatusNotApplicable:
+			s.NotApplicable++
+		case StatusAdvisory:
+			s.Advisory++
+		}
+	}
+	return s
+}
+
+// String returns a line such as "7 passed, 1 failed, 2 not applicable";
+// the passed and failed counts always appear, the others when not zero.
+func (s Summary) String() string {
+	out := strconv.Itoa(s.Passed) + " passed, " + strconv.Itoa(s.Failed) + " failed"
+	if s.NotApplicable > 0 {
+		out += ", " + strconv.Itoa(s.NotApplicable) + " not applicable"
+	}
+	if s.Advisory > 0 {
+		out += ", " + strconv.Itoa(s.Advisory) + " advisory"
+	}
+	return out
+}

@@ -1,0 +1,310 @@
+package idemtest
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Defaults for the Target fields left at their zero value.
+const (
+	DefaultMethod       = http.MethodPost
+	DefaultKeyHeader    = "Idempotency-Key"
+	DefaultReplayHeader = "Idempotent-Replayed"
+	DefaultConcurrency  = 10
+	DefaultTimeout      = 10 * time.Second
+	DefaultPatience     = 10 * time.Second
+	DefaultDropAfter    = 100 * time.Millisecond
+
+	// Placeholder is replaced by the variant number in a BodyTemplate.
+	Placeholder = "{{variant}}"
+	// DefaultBody is the template of the body sent when Target.Body is
+	// nil, as application/json unless Target.Header names a Content-Type.
+	DefaultBody = `{"idemtest_variant":` + Placeholder + `}`
+)
+
+// Target is the endpoint that Check examines, and how to make a valid request
+// to it. The zero value of every field but URL or Handler has a default.
+//
+// Every check sends the same request, Body(0), with the same headers, under a
+// fresh key of its own; the key-mismatch check also sends Body(1). The
+// endpoint must therefore accept Body(0) again and again under different
+// keys, as an API that creates orders accepts two orders for the same item.
+type Target struct {
+	// URL is the base URL of the server under test: http or https, such as
+	// "https://api.example.com/v1". Exactly one of URL and Handler is set.
+	URL string
+
+	// Handler, when URL is empty, is the server under test: Check serves
+	// it on a loopback httptest.Server for the duration of the check, so
+	// that every check, including those that need a connection of their
+	// own, runs over real HTTP. Check returns once the handler has
+	// returned from every request; the requests it has not answered when
+	// the checks end have their connections closed first.
+	Handler http.Handler
+
+	// Path is appended to the base URL to make the endpoint under test,
+	// such as "/orders". It may carry a query.
+	Path string
+
+	// Method is the request method, POST by default.
+	Method string
+
+	// Header is sent with every request: the credentials, Content-Type and
+	// whatever else the endpoint needs to accept the request. It must not
+	// contain the key header. A Host entry sets the request's Host.
+	// Reports name the headers sent, never their values.
+	Header http.Header
+
+	// Body returns the body of the request for a variant: 0 for the
+	// request that every check sends, 1 for the different request that the
+	// key-mismatch check sends under a key already used for variant 0. Both
+	// must be requests that the target accepts, and that it tells apart;
+	// calls with the same variant must return equal bodies. BodyTemplate makes one from a
+	// string. Nil means BodyTemplate(DefaultBody).
+	Body func(variant int) []byte
+
+	// SecondCredential, when set, makes a request as another caller: its
+	// entries replace those of the same name in Header (an Authorization
+	// header, an API key). It enables the cross-tenant check.
+	SecondCredential http.Header
+
+	// FailHeader, when set, is added to a request to make the target answer
+	// it with a 5xx status, as a test hook in the target would. It enables
+	// the 5xx-not-cached check. The target must not count these headers in
+	// the request's fingerprint: the same request without them must be
+	// the same request.
+	FailHeader http.Header
+
+	// KeysOptional says that the target runs requests that come without a
+	// key, unprotected, so that the missing-key check does not apply.
+	KeysOptional bool
+
+	// KeyHeader is the request header that carries the key,
+	// Idempotency-Key by default.
+	KeyHeader string
+
+	// ReplayHeader is the response header that marks a replay,
+	// Idempotent-Replayed by default. The values "true" and "?1" (a
+	// structured-field boolean) mark a replay.
+	ReplayHeader string
+
+	// Concurrency is how many identical requests the concurrent check
+	// sends at once, 10 by default. It must be at least 2.
+	Concurrency int
+
+	// Client sends the requests. Nil means a client of Check's own, which
+	// does not follow redirects. Checks that need a connection of their
+	// own dial the URL's host directly, with the TLS settings of the
+	// Client's *http.Transport if it has one, and speak HTTP/1.1.
+	Client *http.Client
+
+	// Timeout bounds each request, 10 seconds by default.
+	Timeout time.Duration
+
+	// Patience bounds how long a check keeps asking while the target
+	// answers 409 (the key in flight), 10 seconds by default.
+	Patience time.Duration
+
+	// DropAfter is how long the dropped-response check waits for an
+	// answer before it closes the connection, 100ms by default: it plays a
+	// client whose timeout fires then.
+	DropAfter time.Duration
+
+	// Checks names the checks to run, all of them when empty. See Checks
+	// for the names.
+	Checks []string
+}
+
+// BodyTemplate returns a Body function that makes each variant from tmpl by
+// replacing every Placeholder with the variant's number, such as
+// `{"sku":"A1","note":"{{variant}}"}`.
+//
+// A template without the placeholder is sent as it is for variant 0, and with
+// n spaces appended for variant n. Trailing white space keeps a JSON document
+// valid and changes its bytes, so a target that fingerprints the bytes of the
+// body sees a different request; but a target that fingerprints the parsed
+// document sees the same one, and then the key-mismatch check fails because of
+// the template, not the target. Give such a target a placeholder.
+func BodyTemplate(tmpl string) func(variant int) []byte {
+	if strings.Contains(tmpl, Placeholder) {
+		return func(variant int) []byte {
+			return []byte(strings.ReplaceAll(tmpl, Placeholder, strconv.Itoa(variant)))
+		}
+	}
+	return func(variant int) []byte {
+		return append([]byte(tmpl), bytes.Repeat([]byte{' '}, max(variant, 0))...)
+	}
+}
+
+// withDefaults returns t with its defaults filled in and its fields checked.
+func (t Target) withDefaults() (Target, error) {
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("idemtest: "+format, args...))
+	}
+	switch {
+	case t.URL == "" && t.Handler == nil:
+		bad("Target needs a URL or a Handler")
+	case t.URL != "" && t.Handler != nil:
+		bad("Target has both a URL and a Handler")
+	case t.URL != "":
+		u, err := url.Parse(t.URL)
+		switch {
+		case err != nil:
+			bad("Target.URL: %v", err)
+		case u.Scheme != "http" && u.Scheme != "https":
+			bad("Target.URL %q is not an http or https URL", t.URL)
+		case u.Host == "":
+			bad("Target.URL %q has no host", t.URL)
+		case u.User != nil:
+			bad("Target.URL has credentials in it: send them in Target.Header, which reports never show")
+		}
+	}
+	if t.Path != "" && !strings.HasPrefix(t.Path, "/") && !strings.HasPrefix(t.Path, "?") {
+		bad("Target.Path %q does not start with / or ?", t.Path)
+	}
+	if t.Method == "" {
+		t.Method = DefaultMethod
+	}
+	if !validToken(t.Method) { // a method is a token, as a header name is
+		bad("Target.Method %q is not a valid method", t.Method)
+	}
+	if t.KeyHeader == "" {
+		t.KeyHeader = DefaultKeyHeader
+	}
+	if t.ReplayHeader == "" {
+		t.ReplayHeader = DefaultReplayHeader
+	}
+	for _, name := range []string{t.KeyHeader, t.ReplayHeader} {
+		if !validToken(name) {
+			bad("%q is not a valid header name", name)
+		}
+	}
+	t.KeyHeader = http.CanonicalHeaderKey(t.KeyHeader)
+	t.ReplayHeader = http.CanonicalHeaderKey(t.ReplayHeader)
+	for _, h := range []struct {
+		name   string
+		header http.Header
+	}{{"Header", t.Header}, {"SecondCredential", t.SecondCredential}, {"FailHeader", t.FailHeader}} {
+		if err := checkHeader(h.header); err != nil {
+			bad("Target.%s: %v", h.name, err)
+		}
+		if len(canonical(h.header)[t.KeyHeader]) > 0 {
+			bad("Target.%s contains the key header %s; the checks set it", h.name, t.KeyHeader)
+		}
+	}
+	t.Header = canonical(t.Header)
+	t.SecondCredential = canonical(t.SecondCredential)
+	t.FailHeader = canonical(t.FailHeader)
+	if len(t.SecondCredential) > 0 && !changes(t.Header, t.SecondCredential) {
+		bad("Target.SecondCredential is the same as Target.Header: the cross-tenant check needs another caller")
+	}
+	if t.Body == nil {
+		t.Body = BodyTemplate(DefaultBody)
+		if t.Header.Get("Content-Type") == "" {
+			t.Header.Set("Content-Type", "application/json")
+		}
+	}
+	if t.Concurrency == 0 {
+		t.Concurrency = DefaultConcurrency
+	}
+	if t.Concurrency < 2 {
+		bad("Target.Concurrency %d is less than 2", t.Concurrency)
+	}
+	for _, d := range []struct {
+		name string
+		v    *time.Duration
+		def  time.Duration
+	}{
+		{"Timeout", &t.Timeout, DefaultTimeout},
+		{"Patience", &t.Patience, DefaultPatience},
+		{"DropAfter", &t.DropAfter, DefaultDropAfter},
+	} {
+		if *d.v < 0 {
+			bad("Target.%s %v is negative", d.name, *d.v)
+		}
+		if *d.v == 0 {
+			*d.v = d.def
+		}
+	}
+	known := make(map[string]bool)
+	for _, c := range Checks() {
+		known[c.Name] = true
+	}
+	for _, name := range t.Checks {
+		if !known[name] {
+			bad("no check is named %q", name)
+		}
+	}
+	return t, errors.Join(errs...)
+}
+
+// canonical returns a copy of h with its names in canonical form, so that one
+// header can replace another of the same name however either was spelled.
+func canonical(h http.Header) http.Header {
+	c := make(http.Header, len(h))
+	for name, vs := range h {
+		name = http.CanonicalHeaderKey(name)
+		c[name] = append(c[name], vs...)
+	}
+	return c
+}
+
+// changes reports whether overlaying h with over changes any value.
+func changes(h, over http.Header) bool {
+	for name, vs := range over {
+		if !slices.Equal(h[name], vs) {
+			return true
+		}
+	}
+	return false
+}
+
+func checkHeader(h http.Header) error {
+	for name, values := range h {
+		if !validToken(name) {
+			return fmt.Errorf("%q is not a valid header name", name)
+		}
+		for _, v := range values {
+			if !validValue(v) {
+				return fmt.Errorf("header %s has an invalid value", name)
+			}
+		}
+	}
+	return nil
+}
+
+// validToken reports whether s is an RFC 9110 token, as a method or a header
+// name must be.
+func validToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' ||
+			strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0 {
+			continue
+		}
+		return false
+	}
+	return true
+}
+
+// validValue reports whether s may be sent as a header value: no control
+// characters but horizontal tab.
+func validValue(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 && c != '\t' || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,363 @@
+package idemtest
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// maxBody bounds how much of an answer's body is read.
+const maxBody = 1 << 20
+
+// request is one request a check sends.
+type request struct {
+	header  http.Header // every header, the key's included
+	body    []byte
+	variant int
+	key     string // as sent, when hasKey
+	hasKey  bool
+	// keyText describes the key in reports when it is not plain text.
+	keyText string
+	// as says who sends it or how, for reports: "as the second caller".
+	as string
+}
+
+// newKey returns a fresh random key in the form of a version 4 UUID.
+func newKey() string {
+	var b [16]byte
+	rand.Read(b[:]) // never fails; see its documentation
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	var s [36]byte
+	hex.Encode(s[0:8], b[0:4])
+	s[8] = '-'
+	hex.Encode(s[9:13], b[4:6])
+	s[13] = '-'
+	hex.Encode(s[14:18], b[6:8])
+	s[18] = '-'
+	hex.Encode(s[19:23], b[8:10])
+	s[23] = '-'
+	hex.Encode(s[24:], b[10:])
+	return string(s[:])
+}
+
+// keyed returns the request for variant with a fresh key.
+func (r *runner) keyed(variant int) request {
+	return r.withKey(variant, newKey())
+}
+
+// withKey returns the request for variant with the given key.
+func (r *runner) withKey(variant int, key string) request {
+	q := r.keyless(variant)
+	q.header[r.t.KeyHeader] = []string{key}
+	q.key, q.hasKey = key, true
+	return q
+}
+
+// keyless returns the request for variant without a key.
+func (r *runner) keyless(variant int) request {
+	return request{header: r.t.Header.Clone(), body: r.body[variant], variant: variant}
+}
+
+// variantOf returns q with the body of another variant.
+func (r *runner) variantOf(q request, variant int) request {
+	q.body, q.variant = r.body[variant], variant
+	return q
+}
+
+// overlay returns q with the entries of h replacing those of the same name.
+func overlay(q request, h http.Header, as string) request {
+	q.header = q.header.Clone()
+	for name, vs := range h {
+		q.header[name] = slices.Clone(vs)
+	}
+	q.as = as
+	return q
+}
+
+// answer is what came back for a request.
+type answer struct {
+	status int
+	header http.Header
+	body   []byte
+	err    error // no answer, or a broken one
+}
+
+func (a answer) ok() bool { return a.err == nil && a.status >= 200 && a.status < 300 }
+
+// same reports whether a and b have the same status and body.
+func (a answer) same(b answer) bool {
+	return a.err == nil && b.err == nil && a.status == b.status && bytes.Equal(a.body, b.body)
+}
+
+// marked reports whether a carries the replay header.
+func (r *runner) marked(a answer) bool {
+	if a.err != nil {
+		return false
+	}
+	v := strings.TrimSpace(a.header.Get(r.t.ReplayHeader))
+	return strings.EqualFold(v, "true") || v == "?1"
+}
+
+// send sends q with the client and reads the answer.
+func (r *runner) send(q request) answer {
+	ctx, cancel := context.WithTimeout(r.ctx, r.t.Timeout)
+	defer cancel()
+	req, err := r.httpRequest(ctx, q)
+	if err != nil {
+		return answer{err: err}
+	}
+	resp, err := r.client.Do(req)
+	if err != nil {
+		return answer{err: err}
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
+	if err != nil {
+		err = fmt.Errorf("reading the body: %w", err)
+	}
+	return answer{status: resp.StatusCode, header: resp.Header, body: body, err: err}
+}
+
+func (r *runner) httpRequest(ctx context.Context, q request) (*http.Request, error) {
+	req, err := http.NewRequestWithContext(ctx, r.t.Method, r.endpoint, bytes.NewReader(q.body))
+	if err != nil {
+		return nil, err
+	}
+	// Assigned, not Set, so that a key with a control character reaches
+	// a connection of the kit's own unchanged.
+	req.Header = q.header.Clone()
+	if host := req.Header.Get("Host"); host != "" {
+		req.Host = host
+		req.Header.Del("Host")
+	}
+	return req, nil
+}
+
+// settle sends q, and sends it again while the answer is 409 (the key in
+// flight), for up to Patience. It returns the last answer and how many 409s
+// came before it.
+func (r *runner) settle(q request) (answer, int) {
+	deadline := time.Now().Add(r.t.Patience)
+	wait := 20 * time.Millisecond
+	conflicts := 0
+	for {
+		a := r.send(q)
+		if a.err != nil || a.status != http.StatusConflict {
+			return a, conflicts
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return a, conflicts
+		}
+		conflicts++
+		t := time.NewTimer(min(wait, left))
+		select {
+		case <-r.ctx.Done():
+			t.Stop()
+			return answer{err: r.ctx.Err()}, conflicts
+		case <-t.C:
+		}
+		wait = min(2*wait, 500*time.Millisecond)
+	}
+}
+
+// dial opens a connection of the kit's own to the target.
+func (r *runner) dial(ctx context.Context) (conn net.Conn, tcp *net.TCPConn, err error) {
+	d := net.Dialer{Timeout: r.t.Timeout}
+	c, err := d.DialContext(ctx, "tcp", r.addr)
+	if err != nil {
+		return nil, nil, err
+	}
+	tcp, _ = c.(*net.TCPConn)
+	if r.tls == nil {
+		return c, tcp, nil
+	}
+	tc := tls.Client(c, r.tls)
+	if err := tc.HandshakeContext(ctx); err != nil {
+		c.Close()
+		return nil, nil, err
+	}
+	return tc, tcp, nil
+}
+
+// sendRaw sends q on a connection of the kit's own, so that it goes out as
+// it is: Go's client refuses to send a header with a control character.
+func (r *runner) sendRaw(q request) answer {
+	ctx, cancel := context.WithTimeout(r.ctx, r.t.Timeout)
+	defer cancel()
+	conn, _, err := r.dial(ctx)
+	if err != nil {
+		return answer{err: err}
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Now()) })
+	defer stop()
+	return r.exchange(ctx, conn, q)
+}
+
+// exchange sends q on conn and reads the answer. The caller bounds it by
+// setting conn's deadline when ctx ends.
+func (r *runner) exchange(ctx context.Context, conn net.Conn, q request) answer {
+	req, err := r.writeRaw(ctx, conn, q)
+	if err != nil {
+		return answer{err: err}
+	}
+	return readAnswer(bufio.NewReader(conn), req)
+}
+
+// writeRaw writes q on conn, asking the target to close the connection
+// after its answer.
+func (r *runner) writeRaw(ctx context.Context, conn net.Conn, q request) (*http.Request, error) {
+	req, err := r.httpRequest(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	req.Close = true
+	bw := bufio.NewWriter(conn)
+	if err := req.Write(bw); err != nil {
+		return nil, fmt.Errorf("writing the request: %w", err)
+	}
+	if err := bw.Flush(); err != nil {
+		return nil, fmt.Errorf("writing the request: %w", err)
+	}
+	return req, nil
+}
+
+func readAnswer(br *bufio.Reader, req *http.Request) answer {
+	resp, err := http.ReadResponse(br, req)
+	if err != nil {
+		return answer{err: fmt.Errorf("reading the answer: %w", err)}
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
+	if err != nil {
+		err = fmt.Errorf("reading the body: %w", err)
+	}
+	return answer{status: resp.StatusCode, header: resp.Header, body: body, err: err}
+}
+
+// errNotAnswered is the answer of a dropped request that the target had not
+// answered when the connection was closed.
+var errNotAnswered = errors.New("connection closed before an answer came")
+
+// sendDropped sends q on a connection of the kit's own and closes the
+// connection DropAfter later, with a reset, as a client whose timeout fires
+// then would. It returns the answer if the whole of it came before that, and
+// an error wrapping errNotAnswered if it did not: the target then sees the
+// client go away while it handles the request, or before it starts.
+func (r *runner) sendDropped(q request) answer {
+	ctx, cancel := context.WithTimeout(r.ctx, r.t.Timeout)
+	defer cancel()
+	conn, tcp, err := r.dial(ctx)
+	if err != nil {
+		return answer{err: err}
+	}
+	defer func() {
+		if tcp != nil {
+			tcp.SetLinger(0) // a reset, as from a client that gave up
+		}
+		conn.Close()
+	}()
+	conn.SetDeadline(time.Now().Add(r.t.Timeout))
+	req, err := r.writeRaw(ctx, conn, q)
+	if err != nil {
+		return answer{err: err}
+	}
+	conn.SetReadDeadline(time.Now().Add(r.t.DropAfter))
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Now()) })
+	defer stop()
+	a := readAnswer(bufio.NewReader(conn), req)
+	if a.err != nil {
+		var ne net.Error
+		if errors.As(a.err, &ne) && ne.Timeout() {
+			return answer{err: fmt.Errorf("%w after %v", errNotAnswered, r.t.DropAfter)}
+		}
+	}
+	return a
+}
+
+// describe says what q is, for a report.
+func (r *runner) describe(q request) string {
+	var b strings.Builder
+	b.WriteString(r.display)
+	switch {
+	case !q.hasKey:
+		b.WriteString(" without " + r.t.KeyHeader)
+	case q.keyText != "":
+		b.WriteString(" with " + r.t.KeyHeader + ": " + q.keyText)
+	default:
+		b.WriteString(" with " + r.t.KeyHeader + ": " + q.key)
+	}
+	b.WriteString(", body ")
+	b.WriteString(quote(q.body))
+	if q.variant != 0 {
+		b.WriteString(" (variant " + strconv.Itoa(q.variant) + ")")
+	}
+	if q.as != "" {
+		b.WriteString(", " + q.as)
+	}
+	return b.String()
+}
+
+// describeAnswer says what a is, for a report.
+func (r *runner) describeAnswer(a answer) string {
+	if a.status == 0 {
+		if a.err == nil {
+			return "no answer"
+		}
+		return "no answer: " + a.err.Error()
+	}
+	var b strings.Builder
+	b.WriteString(strconv.Itoa(a.status))
+	if text := http.StatusText(a.status); text != "" {
+		b.WriteString(" " + text)
+	}
+	if ct := a.header.Get("Content-Type"); ct != "" {
+		b.WriteString(", Content-Type: " + ct)
+	}
+	if v := a.header.Get(r.t.ReplayHeader); v != "" {
+		b.WriteString(", " + r.t.ReplayHeader + ": " + v)
+	}
+	b.WriteString(", body ")
+	b.WriteString(quote(a.body))
+	if a.err != nil {
+		b.WriteString(" (" + a.err.Error() + ")")
+	}
+	return b.String()
+}
+
+// quote shows a body in a report: as it is when it is printable text
+// without white space at either end, quoted otherwise; cut short if long.
+func quote(body []byte) string {
+	const limit = 160
+	if len(body) == 0 {
+		return "(empty)"
+	}
+	s := string(body)
+	plain := utf8.ValidString(s) && s == strings.TrimSpace(s) && !strings.ContainsFunc(s, func(c rune) bool {
+		return c < 0x20 || c == 0x7f
+	})
+	cut := ""
+	if len(s) > limit {
+		s = strings.ToValidUTF8(s[:limit], "")
+		cut = fmt.Sprintf("... (%d bytes)", len(body))
+	}
+	if plain {
+		return s + cut
+	}
+	return strconv.Quote(s) + cut
+}

@@ -18,6 +18,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idemkit/idempotency/idemtest"
+	"github.com/idemkit/idempotency/internal/teststores"
 	"github.com/idemkit/idempotency/server"
 	"github.com/idemkit/idempotency/server/memstore"
 )
@@ -118,13 +119,11 @@ func assertAll(t *testing.T, report *idemtest.Report, want idemtest.Status) {
 // stores are the Stores our server is checked with. pgstore and redisstore
 // join them when they land.
 func stores() map[string]func(t *testing.T) server.Store {
-	return map[string]func(t *testing.T) server.Store{
-		"memstore": func(t *testing.T) server.Store {
-			s := memstore.New()
-			t.Cleanup(func() { s.Close() })
-			return s
-		},
+	m := map[string]func(t *testing.T) server.Store{}
+	for _, k := range teststores.All() {
+		m[k.Name] = func(t *testing.T) server.Store { return k.New(t) }
 	}
+	return m
 }
 
 func TestOurServerPasses(t *testing.T) {

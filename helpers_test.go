@@ -19,12 +19,16 @@ import (
 	"github.com/idemkit/idempotency"
 )
 
-// newServer starts a loopback server that the test closes.
-func newServer(t *testing.T, h http.Handler) *httptest.Server {
+// newServer starts a loopback server that the test closes. configure, if
+// given, is called before it starts.
+func newServer(t *testing.T, h http.Handler, configure ...func(*http.Server)) *httptest.Server {
 	t.Helper()
 	srv := httptest.NewUnstartedServer(h)
 	// Lost responses and refused handshakes are the point of some tests.
 	srv.Config.ErrorLog = log.New(io.Discard, "", 0)
+	for _, f := range configure {
+		f(srv.Config)
+	}
 	srv.Start()
 	t.Cleanup(srv.Close)
 	return srv
@@ -139,11 +143,19 @@ func newScript(steps ...http.HandlerFunc) *script {
 
 func (s *script) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	io.Copy(io.Discard, r.Body)
+	n := int(s.hits.Add(1))
 	s.mu.Lock()
 	s.keys = append(s.keys, r.Header.Get(idempotency.HeaderKey))
+	step := s.steps[min(n, len(s.steps))-1]
 	s.mu.Unlock()
-	n := int(s.hits.Add(1))
-	s.steps[min(n, len(s.steps))-1](w, r)
+	step(w, r)
+}
+
+// set replaces step i.
+func (s *script) set(i int, h http.HandlerFunc) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.steps[i] = h
 }
 
 func (s *script) keysSeen() []string {

@@ -49,6 +49,10 @@ func (t *attemptTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 		cancel(nil)
 		return nil, t.cause
 	}
+	if resp.Body == http.NoBody {
+		cancel(nil)
+		return resp, nil
+	}
 	// The context must live until the body is read or closed.
 	if w, ok := resp.Body.(io.ReadWriteCloser); ok {
 		resp.Body = &attemptRWBody{attemptBody{rc: w, cancel: cancel}, w}

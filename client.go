@@ -144,11 +144,7 @@ func (cfg *config) do(req *http.Request, hc *http.Client, viaTransport bool) (*h
 	}
 	clone := req.WithContext(context.WithValue(c.ctx, callKey{}, c))
 	if wire != "" {
-		clone.Header = req.Header.Clone()
-		if clone.Header == nil {
-			clone.Header = make(http.Header, 1)
-		}
-		clone.Header[cfg.header] = []string{wire}
+		clone.Header = cloneWith(req.Header, cfg.header, wire)
 	}
 	if err := c.body.prepare(req, clone, cfg.maxBuffered); err != nil {
 		return nil, err
@@ -194,6 +190,34 @@ func (cfg *config) keyedMethod(method string) bool {
 		}
 	}
 	return false
+}
+
+// cloneWith returns a copy of h with name set to value, making one slice
+// for all the values, as http.Header.Clone does.
+func cloneWith(h http.Header, name, value string) http.Header {
+	n := 1
+	for _, vs := range h {
+		n += len(vs)
+	}
+	all := make([]string, n)
+	all[0] = value
+	c := make(http.Header, len(h)+1)
+	c[name] = all[:1:1]
+	all = all[1:]
+	for k, vs := range h {
+		if k == name {
+			continue
+		}
+		if vs == nil {
+			// Tells net/http not to send a header it would add.
+			c[k] = nil
+			continue
+		}
+		m := copy(all, vs)
+		c[k] = all[:m:m]
+		all = all[m:]
+	}
+	return c
 }
 
 func closeBody(req *http.Request) {

@@ -30,6 +30,10 @@ func (t *attemptTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 	if t.timeout <= 0 {
 		return t.base.RoundTrip(req)
 	}
+	if deadline, ok := req.Context().Deadline(); ok && time.Until(deadline) <= t.timeout {
+		// The caller's deadline comes first, and wins anyway.
+		return t.base.RoundTrip(req)
+	}
 
 	ctx, cancel := context.WithCancelCause(req.Context())
 	timer := time.AfterFunc(t.timeout, func() { cancel(t.cause) })

@@ -49,9 +49,8 @@ func (c *call) run(req *http.Request, hc *http.Client) (*http.Response, error) {
 	// never be what stops it, or it would drop the last response.
 	e.RetryMax = math.MaxInt
 	e.CheckRetry = c.checkRetry
-	e.Backoff = c.backoff
-	e.PrepareRetry = c.prepareRetry
-	e.ErrorHandler = c.giveUp
+	// Backoff, PrepareRetry and ErrorHandler are set by checkRetry when
+	// they are needed: the first attempt usually succeeds.
 
 	// The engine's body field stays empty, so that it never touches the
 	// request body; prepareRetry gives each retry its own.
@@ -69,29 +68,42 @@ func (c *call) run(req *http.Request, hc *http.Client) (*http.Response, error) {
 	return resp, nil
 }
 
-// checkRetry is the engine's CheckRetry: it decides whether to make another
-// attempt and, if so, prepares it. It never returns an error, so that when it
-// says no the engine returns the attempt's response, or, if there is none,
-// calls giveUp.
+// checkRetry is the engine's CheckRetry. It never returns an error, so that
+// when it says no the engine returns the attempt's response, or, if there is
+// none, calls giveUp.
 func (c *call) checkRetry(_ context.Context, resp *http.Response, err error) (bool, error) {
+	retry := c.decide(resp, err)
+	if (retry || err != nil) && c.engine.ErrorHandler == nil {
+		// The engine reads these after CheckRetry returns. Set only now,
+		// they cost nothing to the many requests whose first attempt
+		// succeeds.
+		c.engine.Backoff = c.backoff
+		c.engine.PrepareRetry = c.prepareRetry
+		c.engine.ErrorHandler = c.giveUp
+	}
+	return retry, nil
+}
+
+// decide decides whether to make another attempt and, if so, prepares it.
+func (c *call) decide(resp *http.Response, err error) bool {
 	c.attempts++
 	if c.ctx.Err() != nil {
 		// The caller canceled or ran out of time: no policy can overrule
 		// that.
-		return false, nil
+		return false
 	}
 	cfg := c.cfg
 	if !cfg.policy(resp, err) {
 		if err == nil {
 			cfg.budget.succeeded(c.attempts, c.spent)
 		}
-		return false, nil
+		return false
 	}
 	wait, stop := c.prepare(resp, err)
 	if stop != nil {
 		c.stopped = stop
 		c.log(slog.LevelWarn, "idempotency: not retrying", resp, err, slog.String("reason", stop.Error()))
-		return false, nil
+		return false
 	}
 	c.wait = wait
 	if cfg.onRetry != nil {
@@ -102,7 +114,7 @@ func (c *call) checkRetry(_ context.Context, resp *http.Response, err error) (bo
 		cfg.onRetry(info)
 	}
 	c.log(slog.LevelInfo, "idempotency: retrying", resp, err, slog.Duration("wait", wait))
-	return true, nil
+	return true
 }
 
 // prepare checks that another attempt is allowed and possible, and prepares

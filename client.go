@@ -86,8 +86,8 @@ func postError(err error) error {
 // Client, for code that accepts an *http.Client, such as a generated API
 // client. Its Transport is the one Transport returns; it follows redirects
 // with the CheckRedirect and Jar of the http.Client given to WithHTTPClient,
-// if any. The Client's options, including hc's Timeout, apply to each
-// request the returned client sends.
+// if any. The Client's options, including that http.Client's Timeout (which
+// bounds each attempt), apply to each request the returned client sends.
 func (c *Client) StandardClient() *http.Client {
 	cfg := c.config()
 	hc := &http.Client{Transport: cfg.transport}
@@ -100,8 +100,10 @@ func (c *Client) StandardClient() *http.Client {
 
 // Transport returns an http.RoundTripper that sends each request as Do does,
 // with a key and retries, except that it does not follow redirects: as any
-// RoundTripper, it returns them to the http.Client that called it. It is
-// safe for concurrent use.
+// RoundTripper, it returns them to the http.Client that called it. The
+// request with which that http.Client follows a redirect is a new request to
+// the RoundTripper, so it gets a new key unless the first request carried
+// one in its header. The RoundTripper is safe for concurrent use.
 func (c *Client) Transport() http.RoundTripper {
 	return c.config().transport
 }

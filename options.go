@@ -113,7 +113,9 @@ func newConfig(opts []Option) *config {
 // CheckRedirect, Jar and Timeout (nil fields mean net/http's defaults, as in
 // an http.Client). They are read once, by NewClient. hc's Timeout bounds each
 // attempt, including the reading of its response body, not the whole
-// sequence of attempts: use the request's context for that.
+// sequence of attempts: use the request's context for that. Errors of its
+// CheckRedirect are wrapped so that they match ErrRedirect (and are not
+// retried); http.ErrUseLastResponse keeps its meaning.
 //
 // The Transport is shared, not owned: the Client never closes its idle
 // connections.

@@ -282,3 +282,50 @@ func TestDiscardedBodiesClosed(t *testing.T) {
 	readAll(t, resp)
 	assert.EqualValues(t, 3, tr.bodyCloses.Load())
 }
+
+func TestSwitchingProtocols(t *testing.T) {
+	srv := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		conn, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+		brw.Flush()
+		line, _ := brw.ReadString('\n')
+		brw.WriteString(line)
+		brw.Flush()
+	}))
+	c := newClient(srv)
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, srv.URL, nil)
+	require.NoError(t, err)
+	req.Header.Set("Connection", "Upgrade")
+	req.Header.Set("Upgrade", "echo")
+
+	resp, err := c.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusSwitchingProtocols, resp.StatusCode)
+	rw, ok := resp.Body.(io.ReadWriteCloser)
+	require.True(t, ok, "the body of a 101 response is writable")
+	_, err = io.WriteString(rw, "ping\n")
+	require.NoError(t, err)
+	buf := make([]byte, 5)
+	_, err = io.ReadFull(rw, buf)
+	require.NoError(t, err)
+	assert.Equal(t, "ping\n", string(buf))
+}
+
+func TestMaxAttemptsBelowOne(t *testing.T) {
+	s := newScript(status(http.StatusServiceUnavailable))
+	srv := newServer(t, s)
+	c := newClient(srv, idempotency.WithMaxAttempts(0))
+
+	resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
+	require.NoError(t, err)
+	resp.Body.Close()
+	o := outcome(t, resp)
+	assert.Equal(t, 1, o.Attempts)
+	assert.ErrorIs(t, o.Stopped, idempotency.ErrAttemptsExhausted)
+	assert.EqualValues(t, 1, s.hits.Load())
+}

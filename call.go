@@ -14,11 +14,15 @@ import (
 
 // call is the state of one call to Do. The engine, go-retryablehttp, runs
 // the attempts; every decision is taken here, in checkRetry, and the engine
-// only carries it out. A pointer to the call travels in the context of the
-// request, so that OutcomeOf finds it from the response.
+// only carries it out.
+//
+// A call is also the context of the requests of its attempts: the caller's
+// context, whose Value method also returns the call, so that OutcomeOf
+// finds it from the response (this saves a context.WithValue per request).
 type call struct {
+	context.Context // the caller's
+
 	cfg          *config
-	ctx          context.Context // the caller's
 	method       string
 	url          *url.URL
 	key          string
@@ -38,6 +42,14 @@ type call struct {
 }
 
 type callKey struct{}
+
+// Value returns c for callKey and otherwise the caller context's value.
+func (c *call) Value(key any) any {
+	if _, ok := key.(callKey); ok {
+		return c
+	}
+	return c.Context.Value(key)
+}
 
 // run makes the attempts of req, whose body is prepared and whose context
 // carries c.
@@ -87,7 +99,7 @@ func (c *call) checkRetry(_ context.Context, resp *http.Response, err error) (bo
 // decide decides whether to make another attempt and, if so, prepares it.
 func (c *call) decide(resp *http.Response, err error) bool {
 	c.attempts++
-	if c.ctx.Err() != nil {
+	if c.Context.Err() != nil {
 		// The caller canceled or ran out of time: no policy can overrule
 		// that.
 		return false
@@ -137,7 +149,7 @@ func (c *call) prepare(resp *http.Response, err error) (time.Duration, error) {
 	if !ok {
 		wait = backoff(c.attempts-1, cfg.baseDelay, cfg.maxDelay, cfg.rand)
 	}
-	if deadline, ok := c.ctx.Deadline(); ok && time.Now().Add(wait).After(deadline) {
+	if deadline, ok := c.Context.Deadline(); ok && time.Now().Add(wait).After(deadline) {
 		return 0, ErrDeadline
 	}
 
@@ -195,7 +207,7 @@ func (c *call) giveUp(resp *http.Response, err error, _ int) (*http.Response, er
 
 func (c *call) log(level slog.Level, msg string, resp *http.Response, err error, extra slog.Attr) {
 	l := c.cfg.logger
-	if l == nil || !l.Enabled(c.ctx, level) {
+	if l == nil || !l.Enabled(c.Context, level) {
 		return
 	}
 	u := url.URL{Scheme: c.url.Scheme, Host: c.url.Host, Path: c.url.Path}
@@ -219,5 +231,5 @@ func (c *call) log(level slog.Level, msg string, resp *http.Response, err error,
 		attrs = append(attrs, slog.String("error", err.Error()))
 	}
 	attrs = append(attrs, extra)
-	l.LogAttrs(c.ctx, level, msg, attrs...)
+	l.LogAttrs(c.Context, level, msg, attrs...)
 }

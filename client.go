@@ -137,14 +137,14 @@ func (cfg *config) do(req *http.Request, hc *http.Client, viaTransport bool) (*h
 
 	c := &call{
 		cfg:          cfg,
-		ctx:          req.Context(),
+		Context:      req.Context(),
 		method:       method,
 		url:          req.URL,
 		key:          key,
 		retryable:    key != "" || idempotent(method),
 		viaTransport: viaTransport,
 	}
-	clone := req.WithContext(context.WithValue(c.ctx, callKey{}, c))
+	clone := req.WithContext(c)
 	if wire != "" {
 		clone.Header = cloneWith(req.Header, cfg.header, wire)
 	}

@@ -579,3 +579,17 @@ func TestRetryErrorUnwrap(t *testing.T) {
 	err = &idempotency.RetryError{Attempts: 1, Err: last}
 	assert.Equal(t, `idempotency: 1 attempt: connection reset`, err.Error())
 }
+
+func TestContextKeyOnlyForKeyedMethods(t *testing.T) {
+	s := newScript(status(http.StatusOK))
+	srv := newServer(t, s)
+	c := newClient(srv)
+	req, err := http.NewRequestWithContext(idempotency.WithKey(t.Context(), "order-42"), http.MethodGet, srv.URL, nil)
+	require.NoError(t, err)
+
+	resp, err := c.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Empty(t, outcome(t, resp).Key)
+	assert.Equal(t, []string{""}, s.keysSeen())
+}

@@ -20,6 +20,8 @@ type attemptTransport struct {
 	cause   *attemptTimeoutError // immutable, shared by all attempts
 }
 
+var _ http.RoundTripper = (*attemptTransport)(nil)
+
 func (t *attemptTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err := checkURL(req.URL); err != nil {
 		if req.Body != nil {

@@ -112,6 +112,8 @@ type roundTripper struct {
 	cfg *config
 }
 
+var _ http.RoundTripper = (*roundTripper)(nil)
+
 func (rt *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 	return rt.cfg.do(req, rt.cfg.rtClient, true)
 }

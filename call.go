@@ -1,0 +1,235 @@
+package idempotency
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"math"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/hashicorp/go-retryablehttp"
+)
+
+// call is the state of one call to Do. The engine, go-retryablehttp, runs
+// the attempts; every decision is taken here, in checkRetry, and the engine
+// only carries it out.
+//
+// A call is also the context of the requests of its attempts: the caller's
+// context, whose Value method also returns the call, so that OutcomeOf
+// finds it from the response (this saves a context.WithValue per request).
+type call struct {
+	context.Context // the caller's
+
+	cfg          *config
+	method       string
+	url          *url.URL
+	key          string
+	retryable    bool // idempotent method or keyed
+	viaTransport bool
+
+	body     replay
+	nextBody io.ReadCloser // made in checkRetry, sent by prepareRetry
+	hasNext  bool
+
+	attempts int
+	spent    int64 // budget tokens taken by this call's retries
+	wait     time.Duration
+	stopped  error
+
+	engine retryablehttp.Client
+}
+
+type callKey struct{}
+
+// Value returns c for callKey and otherwise the caller context's value.
+func (c *call) Value(key any) any {
+	if _, ok := key.(callKey); ok {
+		return c
+	}
+	return c.Context.Value(key)
+}
+
+// run makes the attempts of req, whose body is prepared and whose context
+// carries c.
+func (c *call) run(req *http.Request, hc *http.Client) (*http.Response, error) {
+	e := &c.engine
+	e.HTTPClient = hc
+	e.Logger = nil // the engine logs on stderr unless told not to
+	// The engine asks checkRetry after every attempt; its own count must
+	// never be what stops it, or it would drop the last response.
+	e.RetryMax = math.MaxInt
+	e.CheckRetry = c.checkRetry
+	// Backoff, PrepareRetry and ErrorHandler are set by checkRetry when
+	// they are needed: the first attempt usually succeeds.
+
+	// The engine's body field stays empty, so that it never touches the
+	// request body; prepareRetry gives each retry its own.
+	resp, err := e.Do(&retryablehttp.Request{Request: req})
+	if c.hasNext && c.nextBody != nil {
+		c.nextBody.Close()
+	}
+	if err != nil {
+		if re, ok := err.(*RetryError); ok {
+			return nil, re
+		}
+		// The context ended during the wait before a retry.
+		return nil, &RetryError{Key: c.key, Attempts: c.attempts, Err: err, Stopped: c.stopped}
+	}
+	return resp, nil
+}
+
+// checkRetry is the engine's CheckRetry. It never returns an error, so that
+// when it says no the engine returns the attempt's response, or, if there is
+// none, calls giveUp.
+func (c *call) checkRetry(_ context.Context, resp *http.Response, err error) (bool, error) {
+	retry := c.decide(resp, err)
+	if (retry || err != nil) && c.engine.ErrorHandler == nil {
+		// The engine reads these after CheckRetry returns. Set only now,
+		// they cost nothing to the many requests whose first attempt
+		// succeeds.
+		c.engine.Backoff = c.backoff
+		c.engine.PrepareRetry = c.prepareRetry
+		c.engine.ErrorHandler = c.giveUp
+	}
+	return retry, nil
+}
+
+// decide decides whether to make another attempt and, if so, prepares it.
+func (c *call) decide(resp *http.Response, err error) bool {
+	c.attempts++
+	if c.Context.Err() != nil {
+		// The caller canceled or ran out of time: no policy can overrule
+		// that.
+		return false
+	}
+	cfg := c.cfg
+	if !cfg.policy(resp, err) {
+		if err == nil {
+			cfg.budget.succeeded(c.attempts, c.spent)
+		}
+		return false
+	}
+	wait, stop := c.prepare(resp, err)
+	if stop != nil {
+		c.stopped = stop
+		c.log(slog.LevelWarn, "idempotency: not retrying", resp, err, slog.String("reason", stop.Error()))
+		return false
+	}
+	c.wait = wait
+	if cfg.onRetry != nil {
+		info := RetryInfo{Key: c.key, Attempt: c.attempts, Wait: wait, Err: err}
+		if resp != nil {
+			info.StatusCode = resp.StatusCode
+		}
+		cfg.onRetry(info)
+	}
+	c.log(slog.LevelInfo, "idempotency: retrying", resp, err, slog.Duration("wait", wait))
+	return true
+}
+
+// prepare checks that another attempt is allowed and possible, and prepares
+// its body and its wait. It returns why not otherwise.
+func (c *call) prepare(resp *http.Response, err error) (time.Duration, error) {
+	cfg := c.cfg
+	switch {
+	case !c.retryable:
+		return 0, ErrNotIdempotent
+	case !c.body.replayable():
+		return 0, ErrBodyNotReplayable
+	case c.attempts >= cfg.maxAttempts:
+		return 0, ErrAttemptsExhausted
+	}
+
+	wait, ok := time.Duration(0), false
+	if resp != nil {
+		wait, ok = retryAfter(resp.Header, time.Now(), cfg.maxRetryAfter)
+	}
+	if !ok {
+		wait = backoff(c.attempts-1, cfg.baseDelay, cfg.maxDelay, cfg.rand)
+	}
+	if deadline, ok := c.Context.Deadline(); ok && time.Now().Add(wait).After(deadline) {
+		return 0, ErrDeadline
+	}
+
+	body, berr := c.body.next()
+	if berr != nil {
+		return 0, berr
+	}
+	cost := int64(retryCost)
+	if isTimeout(err) {
+		cost = timeoutRetryCost
+	}
+	if !cfg.budget.take(cost) {
+		if body != nil {
+			body.Close()
+		}
+		return 0, ErrBudgetExhausted
+	}
+	c.spent += cost
+	c.nextBody, c.hasNext = body, true
+	return wait, nil
+}
+
+// backoff is the engine's Backoff: the wait that checkRetry chose.
+func (c *call) backoff(_, _ time.Duration, _ int, _ *http.Response) time.Duration {
+	return c.wait
+}
+
+// prepareRetry is the engine's PrepareRetry, called with a fresh shallow
+// copy of the request before each retry: it gives the copy its own body.
+func (c *call) prepareRetry(req *http.Request) error {
+	if c.hasNext {
+		if c.nextBody != nil {
+			req.Body = c.nextBody
+		}
+		c.nextBody, c.hasNext = nil, false
+	}
+	return nil
+}
+
+// giveUp is the engine's ErrorHandler, called when checkRetry said no to an
+// attempt that has no usable response.
+func (c *call) giveUp(resp *http.Response, err error, _ int) (*http.Response, error) {
+	if resp != nil && resp.Body != nil {
+		// Only a refused redirect comes with a response, already closed.
+		resp.Body.Close()
+	}
+	if c.viaTransport {
+		// The http.Client calling the RoundTripper adds its own.
+		if ue, ok := err.(*url.Error); ok {
+			err = ue.Err
+		}
+	}
+	return nil, &RetryError{Key: c.key, Attempts: c.attempts, Err: err, Stopped: c.stopped}
+}
+
+func (c *call) log(level slog.Level, msg string, resp *http.Response, err error, extra slog.Attr) {
+	l := c.cfg.logger
+	if l == nil || !l.Enabled(c.Context, level) {
+		return
+	}
+	u := url.URL{Scheme: c.url.Scheme, Host: c.url.Host, Path: c.url.Path}
+	attrs := make([]slog.Attr, 0, 7)
+	if c.key != "" {
+		attrs = append(attrs, slog.String("key", c.key))
+	}
+	attrs = append(attrs,
+		slog.String("method", c.method),
+		slog.String("url", u.String()),
+		slog.Int("attempt", c.attempts),
+	)
+	if resp != nil {
+		attrs = append(attrs, slog.Int("status", resp.StatusCode))
+	}
+	if err != nil {
+		// Not the *url.Error's own text, which has the query.
+		if ue, ok := err.(*url.Error); ok {
+			err = ue.Err
+		}
+		attrs = append(attrs, slog.String("error", err.Error()))
+	}
+	attrs = append(attrs, extra)
+	l.LogAttrs(c.Context, level, msg, attrs...)
+}

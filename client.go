@@ -1,0 +1,274 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"sync"
+
+	"github.com/idemkit/idempotency/internal/keyfield"
+)
+
+// Client sends HTTP requests with an idempotency key and retries them when
+// that is safe; see the package documentation for what it does and
+// guarantees.
+//
+// A Client is safe for concurrent use by multiple goroutines, and should be
+// made once and reused: its retry budget is shared by its requests. Its
+// configuration is fixed by NewClient. The zero value is a Client with the
+// defaults, sending with http.DefaultTransport; a Client must not be copied
+// after first use.
+type Client struct {
+	once sync.Once
+	cfg  *config
+}
+
+// NewClient returns a Client configured by opts. Options that are not given
+// keep their defaults, documented with each option.
+func NewClient(opts ...Option) *Client {
+	return &Client{cfg: newConfig(opts)}
+}
+
+func (c *Client) config() *config {
+	c.once.Do(func() {
+		if c.cfg == nil {
+			c.cfg = newConfig(nil)
+		}
+	})
+	return c.cfg
+}
+
+// Do sends req, retrying it as the package documentation describes, and
+// returns the last attempt's response. Like http.Client.Do, it returns a
+// response with a nil error whatever its status, and the caller must close
+// its body; OutcomeOf tells which key was used, how many attempts were made
+// and whether the response is a replay. When no attempt produced a
+// response, Do returns a *RetryError.
+//
+// If req's method gets a key (POST and PATCH by default) and req has none in
+// its header, Do uses the key in req's context (WithKey) or else makes a new
+// one, and sends it on every attempt. A request is retried only if its
+// method is idempotent (GET, HEAD, PUT, DELETE, OPTIONS, TRACE) or it has a
+// key: a POST without a key is sent once.
+//
+// Do does not modify req. Like http.Client.Do, it closes req.Body, even on
+// errors. It returns an error before any attempt for a nil request
+// (ErrNilRequest), a URL that is not an absolute http or https URL with a
+// host (ErrInvalidURL), an invalid key (ErrInvalidKey) and a body that
+// cannot be read.
+func (c *Client) Do(req *http.Request) (*http.Response, error) {
+	cfg := c.config()
+	return cfg.do(req, cfg.doClient, false)
+}
+
+// Post sends a POST request to url with the given content type and body,
+// through Do, so that it gets a key and is retried with it.
+func (c *Client) Post(ctx context.Context, url, contentType string, body io.Reader) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, body)
+	if err != nil {
+		return nil, postError(err)
+	}
+	req.Header.Set("Content-Type", contentType)
+	return c.Do(req)
+}
+
+func postError(err error) error {
+	if _, ok := errors.AsType[*url.Error](err); ok {
+		return fmt.Errorf("%w: %w", ErrInvalidURL, err)
+	}
+	return fmt.Errorf("idempotency: %w", err)
+}
+
+// StandardClient returns an *http.Client whose requests go through the
+// Client, for code that accepts an *http.Client, such as a generated API
+// client. Its Transport is the one Transport returns; it follows redirects
+// with the CheckRedirect and Jar of the http.Client given to WithHTTPClient,
+// if any. The Client's options, including that http.Client's Timeout (which
+// bounds each attempt), apply to each request the returned client sends.
+func (c *Client) StandardClient() *http.Client {
+	cfg := c.config()
+	hc := &http.Client{Transport: cfg.transport}
+	if cfg.httpClient != nil {
+		hc.CheckRedirect = cfg.httpClient.CheckRedirect
+		hc.Jar = cfg.httpClient.Jar
+	}
+	return hc
+}
+
+// Transport returns an http.RoundTripper that sends each request as Do does,
+// with a key and retries, except that it does not follow redirects: as any
+// RoundTripper, it returns them to the http.Client that called it. The
+// request with which that http.Client follows a redirect is a new request to
+// the RoundTripper, so it gets a new key unless the first request carried
+// one in its header. The RoundTripper is safe for concurrent use.
+func (c *Client) Transport() http.RoundTripper {
+	return c.config().transport
+}
+
+type roundTripper struct {
+	cfg *config
+}
+
+var _ http.RoundTripper = (*roundTripper)(nil)
+
+func (rt *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
+	return rt.cfg.do(req, rt.cfg.rtClient, true)
+}
+
+// do is Do, with hc to send each attempt.
+func (cfg *config) do(req *http.Request, hc *http.Client, viaTransport bool) (*http.Response, error) {
+	if req == nil {
+		return nil, ErrNilRequest
+	}
+	if err := checkURL(req.URL); err != nil {
+		closeBody(req)
+		return nil, err
+	}
+	method := req.Method
+	if method == "" {
+		method = http.MethodGet
+	}
+	key, wire, err := cfg.keyFor(req, method)
+	if err != nil {
+		closeBody(req)
+		return nil, err
+	}
+
+	c := &call{
+		cfg:          cfg,
+		Context:      req.Context(),
+		method:       method,
+		url:          req.URL,
+		key:          key,
+		retryable:    key != "" || idempotent(method),
+		viaTransport: viaTransport,
+	}
+	clone := req.WithContext(c)
+	if wire != "" {
+		clone.Header = cloneWith(req.Header, cfg.header, wire)
+	}
+	if err := c.body.prepare(req, clone, cfg.maxBuffered); err != nil {
+		return nil, err
+	}
+	return c.run(clone, hc)
+}
+
+// keyFor returns the request's key and, if the Client must add it to the
+// header, its value there.
+func (cfg *config) keyFor(req *http.Request, method string) (key, wire string, err error) {
+	if vs := req.Header[cfg.header]; len(vs) > 0 {
+		if len(vs) > 1 {
+			return "", "", fmt.Errorf("%w: %d %s header fields", ErrInvalidKey, len(vs), cfg.header)
+		}
+		key, err := keyfield.Parse(vs[0])
+		if err != nil {
+			return "", "", fmt.Errorf("%w: %w", ErrInvalidKey, err)
+		}
+		return key, "", nil
+	}
+	if !cfg.keyedMethod(method) {
+		return "", "", nil
+	}
+	key, ok := KeyFromContext(req.Context())
+	if !ok {
+		if key, err = cfg.keyFunc(); err != nil {
+			return "", "", fmt.Errorf("idempotency: making a key: %w", err)
+		}
+	}
+	if err := keyfield.Validate(key); err != nil {
+		return "", "", fmt.Errorf("%w: %w", ErrInvalidKey, err)
+	}
+	if cfg.quoted {
+		return key, keyfield.Quote(key), nil
+	}
+	return key, key, nil
+}
+
+func (cfg *config) keyedMethod(method string) bool {
+	for _, m := range cfg.keyed {
+		if m == method {
+			return true
+		}
+	}
+	return false
+}
+
+// cloneWith returns a copy of h with name set to value, making one slice
+// for all the values, as http.Header.Clone does.
+func cloneWith(h http.Header, name, value string) http.Header {
+	n := 1
+	for _, vs := range h {
+		n += len(vs)
+	}
+	all := make([]string, n)
+	all[0] = value
+	c := make(http.Header, len(h)+1)
+	c[name] = all[:1:1]
+	all = all[1:]
+	for k, vs := range h {
+		if k == name {
+			continue
+		}
+		if vs == nil {
+			// Tells net/http not to send a header it would add.
+			c[k] = nil
+			continue
+		}
+		m := copy(all, vs)
+		c[k] = all[:m:m]
+		all = all[m:]
+	}
+	return c
+}
+
+func closeBody(req *http.Request) {
+	if req.Body != nil {
+		req.Body.Close()
+	}
+}
+
+// Outcome describes how a response was obtained; see OutcomeOf.
+type Outcome struct {
+	// Key is the idempotency key sent on every attempt, or "" if the
+	// request carried none.
+	Key string
+
+	// Attempts is the number of attempts made, from 1. (net/http's
+	// Transport may itself resend a request once, on a keep-alive
+	// connection that the server closed before reading it; that is not
+	// counted.)
+	Attempts int
+
+	// Replayed reports whether the server said, with the header
+	// Idempotent-Replayed: true (see WithReplayedHeader), that this is the
+	// stored response of an earlier attempt rather than a new execution.
+	Replayed bool
+
+	// Stopped is why no further attempt was made although this response's
+	// status is one that is retried (one of ErrAttemptsExhausted,
+	// ErrNotIdempotent, ErrBodyNotReplayable, ErrDeadline,
+	// ErrBudgetExhausted), or nil.
+	Stopped error
+}
+
+// OutcomeOf returns the Outcome of a response returned by a Client's Do or
+// Post, or by an http.Client using its StandardClient or Transport. It
+// reports false for any other response.
+func OutcomeOf(resp *http.Response) (Outcome, bool) {
+	if resp == nil || resp.Request == nil {
+		return Outcome{}, false
+	}
+	c, ok := resp.Request.Context().Value(callKey{}).(*call)
+	if !ok {
+		return Outcome{}, false
+	}
+	return Outcome{
+		Key:      c.key,
+		Attempts: c.attempts,
+		Replayed: resp.Header.Get(c.cfg.replayHeader) == "true",
+		Stopped:  c.stopped,
+	}, true
+}

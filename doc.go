@@ -1,0 +1,78 @@
+// Package idempotency makes retried HTTP requests safe: its Client sends an
+// Idempotency-Key with each POST and PATCH and retries the request with the
+// same key, so that a server honouring the key (such as one using the
+// middleware of package server) runs the operation at most once, however
+// many attempts reach it.
+//
+// # The problem
+//
+// A client that sends "charge 10 euros" and sees its connection drop cannot
+// know whether the server charged: the request may have been lost on the
+// way, or only the response on the way back. Sending it again may charge
+// twice; not sending it may not charge at all. An idempotency key resolves
+// this: the client makes a unique key once per operation, before the first
+// attempt, and sends it on every attempt. The server records each key with
+// the response it produced, and answers a repeated key with the recorded
+// response, marked Idempotent-Replayed: true, instead of running the
+// operation again.
+//
+// # What the Client does
+//
+// Client.Do (and Post, StandardClient and Transport, which go through it):
+//
+//   - adds a key to every request of a keyed method (POST and PATCH by
+//     default) that has none: the key from the request's context if
+//     WithKey put one there, or else a new random UUID (NewKey). A key
+//     already in the header is kept. The same key is sent on every
+//     attempt. The caller's request is never modified.
+//   - retries transient failures (see DefaultPolicy): transport errors and
+//     attempt timeouts, where the response may have been lost, and the
+//     statuses 408, 409, 425, 429, 500, 502, 503 and 504. It never retries
+//     the caller's own cancellation or deadline, certificate errors,
+//     refused redirects, 422 or other client errors.
+//   - retries only requests that are safe to repeat: those whose method is
+//     idempotent by HTTP semantics (GET, HEAD, PUT, DELETE, OPTIONS,
+//     TRACE) and those with a key. A POST without a key is sent once,
+//     whatever happens, because repeating it is how orders get placed
+//     twice.
+//   - waits between attempts with exponential backoff and full jitter
+//     (WithBackoff), or as long as a Retry-After header asks, in either
+//     form, up to a limit (WithMaxRetryAfter). It does not start a wait
+//     that would end after the context's deadline: it returns the last
+//     result at once.
+//   - bounds each attempt's wait for response headers (WithAttemptTimeout),
+//     separately from the context, which bounds the whole call.
+//   - draws retries from a retry budget shared by the Client's requests
+//     (Budget), so that a failing server does not get several times its
+//     usual traffic.
+//   - replays the request body on retries from GetBody or from a copy kept
+//     in memory, up to a limit (WithMaxBufferedBody); a larger body without
+//     GetBody is sent once and not retried.
+//   - returns the last response, whatever its status, as net/http does, and
+//     an error (*RetryError) only when there is no response. OutcomeOf
+//     tells from the response which key was sent, how many attempts were
+//     made, whether the response is a replay, and why retrying stopped if
+//     it stopped early.
+//
+// It is quiet: it logs only to a logger given with WithLogger, and reports
+// retries to a hook given with WithOnRetry. Responses of failed attempts
+// are drained (up to 4 KiB) and closed, so that their connections can be
+// reused; idle connections of the Transport, which may be shared, are never
+// closed. Attempts are run by github.com/hashicorp/go-retryablehttp,
+// configured so that the decisions above are this package's.
+//
+// # Limits
+//
+// The key protects against duplicates only if the server honours it, and
+// only for as long as it keeps the key (commonly 24 hours). A key lives in
+// memory for one call to Do: an operation that must survive a crash of the
+// client needs a key stored with the operation and given to every try
+// through WithKey. Reusing a key for a different request is an error that a
+// careful server answers with 422, which is not retried. The server may
+// answer 409 while an earlier attempt with the same key is still running;
+// that is retried, after the Retry-After it gives.
+//
+// The Client keys POST and PATCH requests and not PUT or DELETE, which are
+// idempotent by definition and retried without a key; WithKeyedMethods
+// changes the set.
+package idempotency

@@ -1,0 +1,148 @@
+package idempotency
+
+import (
+	"errors"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Errors for bad input, returned by Do before any attempt is made. The
+// returned error wraps one of them and says what is wrong.
+var (
+	// ErrNilRequest is returned by Do when the request is nil.
+	ErrNilRequest = errors.New("idempotency: nil request")
+
+	// ErrInvalidURL is returned for a request whose URL is missing, relative,
+	// not http or https, or has no host. It is also the error of an attempt
+	// redirected to such a URL, which is never retried.
+	ErrInvalidURL = errors.New("idempotency: invalid request URL")
+
+	// ErrInvalidKey is returned for a key that the caller supplied (in the
+	// header or through WithKey) or that a key function made, when it is not
+	// a valid idempotency key: empty, over 255 bytes, or with characters
+	// outside printable ASCII. It wraps the reason.
+	ErrInvalidKey = errors.New("idempotency: invalid key")
+)
+
+// Errors that describe one attempt.
+var (
+	// ErrAttemptTimeout matches (with errors.Is) the error of an attempt whose
+	// response headers did not arrive within the attempt timeout (see
+	// WithAttemptTimeout). Such an attempt is retried.
+	ErrAttemptTimeout = errors.New("idempotency: attempt timed out")
+
+	// ErrRedirect matches the error of an attempt whose redirect was refused
+	// by the CheckRedirect policy (the default one stops after 10 redirects).
+	// It wraps the policy's error. Such an attempt is not retried.
+	ErrRedirect = errors.New("idempotency: redirect refused")
+)
+
+// Reasons why no further attempt was made although the last result was
+// retryable. They are reported in Outcome.Stopped and RetryError.Stopped.
+var (
+	// ErrAttemptsExhausted means that the maximum number of attempts was made
+	// (see WithMaxAttempts).
+	ErrAttemptsExhausted = errors.New("idempotency: attempts exhausted")
+
+	// ErrNotIdempotent means that the request has a method that is not
+	// idempotent (such as POST) and carries no idempotency key, so a retry
+	// could perform the operation twice.
+	ErrNotIdempotent = errors.New("idempotency: request is neither idempotent nor keyed")
+
+	// ErrBodyNotReplayable means that the request body cannot be sent again:
+	// it was larger than the buffer limit (see WithMaxBufferedBody) and the
+	// request has no GetBody, or GetBody failed (then it is wrapped too).
+	ErrBodyNotReplayable = errors.New("idempotency: request body cannot be replayed")
+
+	// ErrDeadline means that the wait before the next attempt would have
+	// ended after the deadline of the request's context, so the last result
+	// was returned at once instead of waiting in vain.
+	ErrDeadline = errors.New("idempotency: next attempt would start after the context deadline")
+
+	// ErrBudgetExhausted means that the retry budget had too few tokens left
+	// (see Budget).
+	ErrBudgetExhausted = errors.New("idempotency: retry budget exhausted")
+)
+
+// RetryError is the error returned by Do when there is no response to
+// return: every attempt failed without one, or the caller's context ended,
+// or the last attempt's error is not retryable. When an attempt did produce a
+// response, Do returns that response and a nil error instead, as net/http
+// does: a status is not an error.
+//
+// RetryError unwraps to both Err and Stopped, so errors.Is and errors.As
+// find the last attempt's error (for example context.Canceled or an
+// *url.Error) as well as the reason retrying stopped (for example
+// ErrBudgetExhausted).
+type RetryError struct {
+	// Key is the idempotency key sent on every attempt, or "" if the
+	// request carried none.
+	Key string
+
+	// Attempts is the number of attempts made.
+	Attempts int
+
+	// Err is the last attempt's error, or the context's error when the
+	// context ended while waiting for the next attempt. From Do it is
+	// usually an *url.Error, as http.Client.Do returns.
+	Err error
+
+	// Stopped is why no further attempt was made although Err was
+	// retryable (one of ErrAttemptsExhausted, ErrNotIdempotent,
+	// ErrBodyNotReplayable, ErrDeadline, ErrBudgetExhausted), or nil.
+	Stopped error
+}
+
+// Error reports the attempts, the key, the stop reason and the last error.
+func (e *RetryError) Error() string {
+	var b strings.Builder
+	b.WriteString("idempotency: ")
+	b.WriteString(strconv.Itoa(e.Attempts))
+	if e.Attempts == 1 {
+		b.WriteString(" attempt")
+	} else {
+		b.WriteString(" attempts")
+	}
+	if e.Key != "" {
+		b.WriteString(" with key ")
+		b.WriteString(strconv.Quote(e.Key))
+	}
+	if e.Stopped != nil {
+		b.WriteString(", then ")
+		b.WriteString(strings.TrimPrefix(e.Stopped.Error(), "idempotency: "))
+	}
+	if e.Err != nil {
+		b.WriteString(": ")
+		b.WriteString(e.Err.Error())
+	}
+	return b.String()
+}
+
+// Unwrap returns Err and Stopped, leaving out those that are nil.
+func (e *RetryError) Unwrap() []error {
+	errs := make([]error, 0, 2)
+	if e.Err != nil {
+		errs = append(errs, e.Err)
+	}
+	if e.Stopped != nil {
+		errs = append(errs, e.Stopped)
+	}
+	return errs
+}
+
+// attemptTimeoutError is the error of an attempt cut short by the attempt
+// timeout. It reports itself as a timeout, as net errors do, so that
+// url.Error.Timeout is true, but it does not match context.Canceled: the
+// caller did not cancel anything.
+type attemptTimeoutError struct {
+	d time.Duration
+}
+
+func (e *attemptTimeoutError) Error() string {
+	return "idempotency: attempt timed out after " + e.d.String() + " awaiting response headers"
+}
+
+func (e *attemptTimeoutError) Is(target error) bool { return target == ErrAttemptTimeout }
+func (e *attemptTimeoutError) Timeout() bool        { return true }
+func (e *attemptTimeoutError) Temporary() bool      { return true }

@@ -1,0 +1,101 @@
+package idempotency_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemkit/idempotency"
+)
+
+// An order endpoint that is unavailable at the first attempt.
+func ExampleClient_Do() {
+	var calls atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) == 1 {
+			w.Header().Set("Retry-After", "0")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"order":"o-1"}`)
+	}))
+	defer srv.Close()
+
+	c := idempotency.NewClient(idempotency.WithHTTPClient(srv.Client()))
+	req, err := http.NewRequestWithContext(context.Background(), http.MethodPost, srv.URL+"/orders",
+		strings.NewReader(`{"amount":10}`))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	o, _ := idempotency.OutcomeOf(resp)
+	fmt.Println(resp.Status, string(body))
+	fmt.Println("attempts:", o.Attempts, "key sent:", o.Key != "")
+	// Output:
+	// 201 Created {"order":"o-1"}
+	// attempts: 2 key sent: true
+}
+
+// An operation whose key is stored with it, so that a retry after a restart
+// of the process sends the same key; the server answers it with the stored
+// response.
+func ExampleOutcomeOf() {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get(idempotency.HeaderKey) == "order-2026-0042" {
+			w.Header().Set(idempotency.HeaderReplayed, "true")
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer srv.Close()
+
+	c := idempotency.NewClient(idempotency.WithHTTPClient(srv.Client()))
+	ctx := idempotency.WithKey(context.Background(), "order-2026-0042")
+	resp, err := c.Post(ctx, srv.URL+"/orders", "application/json", strings.NewReader(`{"amount":10}`))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	resp.Body.Close()
+	o, ok := idempotency.OutcomeOf(resp)
+	fmt.Println(ok, o.Key, o.Attempts, o.Replayed)
+	// Output:
+	// true order-2026-0042 1 true
+}
+
+// A Client behind an API client that takes an *http.Client.
+func ExampleClient_StandardClient() {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, len(r.Header.Get(idempotency.HeaderKey)))
+	}))
+	defer srv.Close()
+
+	c := idempotency.NewClient(
+		idempotency.WithHTTPClient(srv.Client()),
+		idempotency.WithMaxAttempts(5),
+		idempotency.WithAttemptTimeout(10*time.Second),
+	)
+	hc := c.StandardClient()
+	resp, err := hc.Post(srv.URL, "text/plain", strings.NewReader("hello"))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	fmt.Println("key length:", string(body))
+	// Output:
+	// key length: 36
+}

@@ -1,0 +1,181 @@
+package idempotency
+
+import (
+	"bytes"
+	"io"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"testing/iotest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestBackoffCeiling(t *testing.T) {
+	top := func(n int64) int64 { return n - 1 }
+	bottom := func(int64) int64 { return 0 }
+	const base, limit = 250 * time.Millisecond, 8 * time.Second
+	tests := []struct {
+		n    int
+		want time.Duration
+	}{
+		{0, 250 * time.Millisecond},
+		{1, 500 * time.Millisecond},
+		{2, time.Second},
+		{4, 4 * time.Second},
+		{5, 8 * time.Second},
+		{6, 8 * time.Second},
+		{62, 8 * time.Second},
+		{63, 8 * time.Second},
+		{1000, 8 * time.Second},
+	}
+	for _, tt := range tests {
+		assert.Equal(t, tt.want, backoff(tt.n, base, limit, top), "backoff(%d) with the largest draw", tt.n)
+		assert.Zero(t, backoff(tt.n, base, limit, bottom), "backoff(%d) with the smallest draw", tt.n)
+	}
+	assert.Equal(t, time.Duration(math.MaxInt64-1), backoff(70, time.Second, math.MaxInt64, top), "no overflow")
+	assert.Zero(t, backoff(3, 0, limit, top), "base 0")
+	assert.Zero(t, backoff(-1, base, limit, top), "negative n")
+}
+
+func TestBackoffFullJitter(t *testing.T) {
+	// With the real source: every wait within [0, ceiling], and spread over
+	// the whole range rather than bunched at its top.
+	const base, limit = 100 * time.Millisecond, time.Second
+	for n := range 6 {
+		ceiling := min(base<<n, limit)
+		var low, high int
+		for range 2000 {
+			d := backoff(n, base, limit, rand.Int64N)
+			require.GreaterOrEqual(t, d, time.Duration(0))
+			require.LessOrEqual(t, d, ceiling)
+			if d < ceiling/4 {
+				low++
+			}
+			if d > ceiling*3/4 {
+				high++
+			}
+		}
+		assert.Greater(t, low, 300, "n=%d: waits in the lowest quarter", n)
+		assert.Greater(t, high, 300, "n=%d: waits in the highest quarter", n)
+	}
+}
+
+func TestRetryAfterParse(t *testing.T) {
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	const limit = 30 * time.Second
+	tests := []struct {
+		value string
+		want  time.Duration
+		ok    bool
+	}{
+		{"", 0, false},
+		{"0", 0, true},
+		{"7", 7 * time.Second, true},
+		{" 7 ", 7 * time.Second, true},
+		{"30", 30 * time.Second, true},
+		{"31", limit, true},
+		{"9223372036854775807", limit, true},
+		{"99999999999999999999999", limit, true},
+		{"-1", 0, false},
+		{"1.5", 0, false},
+		{"7s", 0, false},
+		{"soon", 0, false},
+		{now.Add(10 * time.Second).Format(http.TimeFormat), 10 * time.Second, true},
+		{now.Add(time.Hour).Format(http.TimeFormat), limit, true},
+		{now.Add(-time.Hour).Format(http.TimeFormat), 0, true},
+		{now.Add(12 * time.Second).Format(time.RFC850), 12 * time.Second, true},
+		{now.Add(5 * time.Second).Format(time.ANSIC), 5 * time.Second, true},
+		{"Sun, 01 Mar 2026 12:00:10 +0100", 0, false},
+	}
+	for _, tt := range tests {
+		h := http.Header{}
+		if tt.value != "" {
+			h.Set("Retry-After", tt.value)
+		}
+		got, ok := retryAfter(h, now, limit)
+		assert.Equal(t, tt.ok, ok, "retryAfter(%q) ok", tt.value)
+		assert.Equal(t, tt.want, got, "retryAfter(%q)", tt.value)
+	}
+	_, ok := retryAfter(http.Header{"Retry-After": {"5"}}, now, 0)
+	assert.False(t, ok, "limit 0")
+}
+
+func TestBudgetConcurrent(t *testing.T) {
+	b := NewBudget(1000)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	taken := 0
+	for range 50 {
+		wg.Go(func() {
+			for range 100 {
+				if b.take(retryCost) {
+					mu.Lock()
+					taken++
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	assert.Equal(t, 200, taken, "retries granted from 1000 tokens")
+	assert.Zero(t, b.Available())
+
+	for range 50 {
+		wg.Go(func() {
+			for range 100 {
+				b.refund(1)
+			}
+		})
+	}
+	wg.Wait()
+	assert.Equal(t, 1000, b.Available(), "refunds stop at the capacity")
+
+	b.succeeded(3, 10)
+	assert.Equal(t, 1000, b.Available())
+	var none *Budget
+	assert.True(t, none.take(10), "a nil budget permits everything")
+}
+
+func TestReadUpTo(t *testing.T) {
+	payload := strings.Repeat("0123456789", 100) // 1000 bytes
+	tests := []struct {
+		name     string
+		limit    int64
+		hint     int64
+		complete bool
+	}{
+		{"well under the limit", 4096, 0, true},
+		{"with a size hint", 4096, 1000, true},
+		{"with a wrong small hint", 4096, 10, true},
+		{"exactly the limit", 1000, 0, true},
+		{"one byte over", 999, 0, false},
+		{"far over", 10, 0, false},
+		{"limit zero", 0, 0, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for _, r := range []io.Reader{strings.NewReader(payload), iotest.OneByteReader(strings.NewReader(payload)), iotest.DataErrReader(strings.NewReader(payload))} {
+				buf, complete, err := readUpTo(r, tt.limit, tt.hint)
+				require.NoError(t, err)
+				assert.Equal(t, tt.complete, complete)
+				if complete {
+					assert.Equal(t, payload, string(buf))
+				} else {
+					assert.Equal(t, payload[:tt.limit+1], string(buf), "what was read")
+					rest, _ := io.ReadAll(r)
+					assert.Equal(t, payload, string(buf)+string(rest), "nothing lost")
+				}
+			}
+		})
+	}
+	buf, complete, err := readUpTo(bytes.NewReader(nil), 10, 0)
+	assert.NoError(t, err)
+	assert.True(t, complete)
+	assert.Empty(t, buf)
+}

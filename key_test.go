@@ -1,0 +1,254 @@
+package idempotency_test
+
+import (
+	"errors"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/internal/keyfield"
+)
+
+func TestConcurrentKeys(t *testing.T) {
+	s := newScript(status(http.StatusCreated))
+	srv := newServer(t, s)
+	c := newClient(srv)
+
+	const n = 100
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for range n {
+		wg.Go(func() {
+			resp, err := c.Post(t.Context(), srv.URL, "application/json", strings.NewReader("{}"))
+			if err != nil {
+				errs <- err
+				return
+			}
+			resp.Body.Close()
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	distinct := make(map[string]bool)
+	for _, k := range s.keysSeen() {
+		require.NotEmpty(t, k)
+		distinct[k] = true
+	}
+	assert.Len(t, distinct, n, "distinct keys")
+}
+
+func TestKeyPrecedence(t *testing.T) {
+	tests := []struct {
+		name      string
+		header    string
+		ctxKey    string
+		wantKey   string
+		wantWire  string
+		generated bool
+	}{
+		{name: "generated", generated: true},
+		{name: "context", ctxKey: "order-42", wantKey: "order-42", wantWire: "order-42"},
+		{name: "header wins over context", header: "caller-1", ctxKey: "order-42", wantKey: "caller-1", wantWire: "caller-1"},
+		{name: "quoted header kept as is", header: `"caller-2"`, wantKey: "caller-2", wantWire: `"caller-2"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newScript(status(http.StatusServiceUnavailable), status(http.StatusCreated))
+			srv := newServer(t, s)
+			c := newClient(srv)
+			ctx := t.Context()
+			if tt.ctxKey != "" {
+				ctx = idempotency.WithKey(ctx, tt.ctxKey)
+			}
+			req := post(t, ctx, srv.URL, "x")
+			if tt.header != "" {
+				req.Header.Set(idempotency.HeaderKey, tt.header)
+			}
+
+			resp, err := c.Do(req)
+			require.NoError(t, err)
+			resp.Body.Close()
+			o := outcome(t, resp)
+			keys := s.keysSeen()
+			require.Len(t, keys, 2)
+			assert.Equal(t, keys[0], keys[1])
+			if tt.generated {
+				assert.NoError(t, uuid.Validate(o.Key))
+				assert.Equal(t, o.Key, keys[0])
+				return
+			}
+			assert.Equal(t, tt.wantKey, o.Key)
+			assert.Equal(t, tt.wantWire, keys[0])
+		})
+	}
+}
+
+func TestKeyFromContext(t *testing.T) {
+	_, ok := idempotency.KeyFromContext(t.Context())
+	assert.False(t, ok)
+	k, ok := idempotency.KeyFromContext(idempotency.WithKey(t.Context(), "abc"))
+	assert.True(t, ok)
+	assert.Equal(t, "abc", k)
+}
+
+func TestNewKey(t *testing.T) {
+	a, b := idempotency.NewKey(), idempotency.NewKey()
+	assert.NotEqual(t, a, b)
+	u, err := uuid.Parse(a)
+	require.NoError(t, err)
+	assert.Equal(t, uuid.Version(4), u.Version())
+}
+
+func TestKeyVersion7(t *testing.T) {
+	s := newScript(status(http.StatusCreated))
+	srv := newServer(t, s)
+	c := newClient(srv, idempotency.WithKeyVersion7())
+
+	resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
+	require.NoError(t, err)
+	resp.Body.Close()
+	u, err := uuid.Parse(outcome(t, resp).Key)
+	require.NoError(t, err)
+	assert.Equal(t, uuid.Version(7), u.Version())
+}
+
+func TestKeyFunc(t *testing.T) {
+	srv := newServer(t, newScript(status(http.StatusCreated)))
+
+	c := newClient(srv, idempotency.WithKeyFunc(func() (string, error) { return "fixed", nil }))
+	resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, "fixed", outcome(t, resp).Key)
+
+	boom := errors.New("no entropy")
+	c = newClient(srv, idempotency.WithKeyFunc(func() (string, error) { return "", boom }))
+	_, err = c.Do(post(t, t.Context(), srv.URL, "x"))
+	assert.ErrorIs(t, err, boom)
+}
+
+func TestQuotedKey(t *testing.T) {
+	s := newScript(status(http.StatusCreated))
+	srv := newServer(t, s)
+	c := newClient(srv, idempotency.WithQuotedKey())
+
+	resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
+	require.NoError(t, err)
+	resp.Body.Close()
+	wire := s.keysSeen()[0]
+	assert.True(t, strings.HasPrefix(wire, `"`) && strings.HasSuffix(wire, `"`), "header = %s, want a quoted string", wire)
+	key, err := keyfield.Parse(wire)
+	require.NoError(t, err)
+	assert.Equal(t, outcome(t, resp).Key, key)
+}
+
+func TestCustomHeaderNames(t *testing.T) {
+	got := make(chan string, 1)
+	srv := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got <- r.Header.Get("X-Request-Key")
+		w.Header().Set("X-Replayed", "true")
+		w.WriteHeader(http.StatusOK)
+	}))
+	c := newClient(srv, idempotency.WithHeader("x-request-key"), idempotency.WithReplayedHeader("x-replayed"))
+
+	resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
+	require.NoError(t, err)
+	resp.Body.Close()
+	o := outcome(t, resp)
+	assert.Equal(t, o.Key, <-got)
+	assert.True(t, o.Replayed)
+}
+
+func TestKeyedMethods(t *testing.T) {
+	tests := []struct {
+		method string
+		keyed  bool
+	}{
+		{http.MethodPost, true},
+		{http.MethodPatch, true},
+		{http.MethodGet, false},
+		{http.MethodHead, false},
+		{http.MethodPut, false},
+		{http.MethodDelete, false},
+		{http.MethodOptions, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.method, func(t *testing.T) {
+			s := newScript(status(http.StatusServiceUnavailable), status(http.StatusOK))
+			srv := newServer(t, s)
+			c := newClient(srv)
+			req, err := http.NewRequestWithContext(t.Context(), tt.method, srv.URL, nil)
+			require.NoError(t, err)
+
+			resp, err := c.Do(req)
+			require.NoError(t, err)
+			resp.Body.Close()
+			o := outcome(t, resp)
+			// Every method here is retried: with a key, or idempotent.
+			assert.Equal(t, http.StatusOK, resp.StatusCode)
+			assert.Equal(t, 2, o.Attempts)
+			keys := s.keysSeen()
+			if tt.keyed {
+				assert.NotEmpty(t, o.Key)
+				assert.Equal(t, []string{o.Key, o.Key}, keys)
+			} else {
+				assert.Empty(t, o.Key)
+				assert.Equal(t, []string{"", ""}, keys)
+			}
+		})
+	}
+}
+
+func TestUnkeyedPostNotRetried(t *testing.T) {
+	t.Run("status", func(t *testing.T) {
+		s := newScript(status(http.StatusServiceUnavailable), status(http.StatusCreated))
+		srv := newServer(t, s)
+		c := newClient(srv, idempotency.WithKeyedMethods(http.MethodPatch))
+
+		resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+		o := outcome(t, resp)
+		assert.Equal(t, 1, o.Attempts)
+		assert.Empty(t, o.Key)
+		assert.ErrorIs(t, o.Stopped, idempotency.ErrNotIdempotent)
+		assert.Equal(t, []string{""}, s.keysSeen())
+	})
+	t.Run("lost response", func(t *testing.T) {
+		s := newScript(lost, status(http.StatusCreated))
+		srv := newServer(t, s)
+		c := newClient(srv, idempotency.WithKeyedMethods())
+
+		_, err := c.Do(post(t, t.Context(), srv.URL, "x"))
+		require.Error(t, err)
+		assert.ErrorIs(t, err, idempotency.ErrNotIdempotent)
+		var re *idempotency.RetryError
+		require.ErrorAs(t, err, &re)
+		assert.Equal(t, 1, re.Attempts)
+		assert.EqualValues(t, 1, s.hits.Load(), "server hits")
+	})
+}
+
+func TestContextKeyOnlyForKeyedMethods(t *testing.T) {
+	s := newScript(status(http.StatusOK))
+	srv := newServer(t, s)
+	c := newClient(srv)
+	req, err := http.NewRequestWithContext(idempotency.WithKey(t.Context(), "order-42"), http.MethodGet, srv.URL, nil)
+	require.NoError(t, err)
+
+	resp, err := c.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Empty(t, outcome(t, resp).Key)
+	assert.Equal(t, []string{""}, s.keysSeen())
+}

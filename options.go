@@ -1,0 +1,267 @@
+package idempotency
+
+import (
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"net/textproto"
+	"time"
+)
+
+// Defaults of a Client; each has an Option to change it.
+const (
+	defaultMaxAttempts    = 4
+	defaultBaseDelay      = 250 * time.Millisecond
+	defaultMaxDelay       = 8 * time.Second
+	defaultMaxRetryAfter  = 30 * time.Second
+	defaultAttemptTimeout = 30 * time.Second
+	defaultMaxBuffered    = 1 << 20
+)
+
+// An Option configures a Client; see NewClient.
+type Option func(*config)
+
+// config is a Client's configuration. It is not changed after newConfig
+// returns, so it is shared by concurrent calls without locking.
+type config struct {
+	httpClient *http.Client
+
+	header       string // canonical form
+	replayHeader string // canonical form
+	quoted       bool
+	keyFunc      func() (string, error)
+	keyed        []string
+
+	policy         Policy
+	maxAttempts    int
+	baseDelay      time.Duration
+	maxDelay       time.Duration
+	maxRetryAfter  time.Duration
+	attemptTimeout time.Duration
+	budget         *Budget
+	noBudget       bool
+	maxBuffered    int64
+
+	logger  *slog.Logger
+	onRetry func(RetryInfo)
+	rand    func(n int64) int64 // returns a number in [0, n)
+
+	// Built by newConfig.
+	doClient  *http.Client // for Do: follows redirects
+	rtClient  *http.Client // for Transport: leaves redirects to its caller
+	transport *roundTripper
+}
+
+func newConfig(opts []Option) *config {
+	cfg := &config{
+		header:         HeaderKey,
+		replayHeader:   HeaderReplayed,
+		keyFunc:        newKeyV4,
+		keyed:          []string{http.MethodPost, http.MethodPatch},
+		policy:         DefaultPolicy,
+		maxAttempts:    defaultMaxAttempts,
+		baseDelay:      defaultBaseDelay,
+		maxDelay:       defaultMaxDelay,
+		maxRetryAfter:  defaultMaxRetryAfter,
+		attemptTimeout: defaultAttemptTimeout,
+		maxBuffered:    defaultMaxBuffered,
+		rand:           rand.Int64N,
+	}
+	for _, opt := range opts {
+		if opt != nil {
+			opt(cfg)
+		}
+	}
+	cfg.header = textproto.CanonicalMIMEHeaderKey(cfg.header)
+	cfg.replayHeader = textproto.CanonicalMIMEHeaderKey(cfg.replayHeader)
+	if cfg.budget == nil && !cfg.noBudget {
+		cfg.budget = NewBudget(defaultBudgetCapacity)
+	}
+
+	hc := cfg.httpClient
+	if hc == nil {
+		hc = &http.Client{}
+	}
+	base := hc.Transport
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	// The engine calls CloseIdleConnections on the http.Client after a
+	// failure; attemptTransport does not implement it, so those calls never
+	// reach base, which may be shared with the rest of the program.
+	at := &attemptTransport{
+		base:    base,
+		timeout: cfg.attemptTimeout,
+		cause:   &attemptTimeoutError{d: cfg.attemptTimeout},
+	}
+	cfg.doClient = &http.Client{
+		Transport:     at,
+		CheckRedirect: checkRedirect(hc.CheckRedirect),
+		Jar:           hc.Jar,
+		Timeout:       hc.Timeout,
+	}
+	cfg.rtClient = &http.Client{
+		Transport:     at,
+		CheckRedirect: useLastResponse,
+		Timeout:       hc.Timeout,
+	}
+	cfg.transport = &roundTripper{cfg: cfg}
+	return cfg
+}
+
+// WithHTTPClient makes the Client send its attempts with hc's Transport,
+// CheckRedirect, Jar and Timeout (nil fields mean net/http's defaults, as in
+// an http.Client). They are read once, by NewClient. hc's Timeout bounds each
+// attempt, including the reading of its response body, not the whole
+// sequence of attempts: use the request's context for that. Errors of its
+// CheckRedirect are wrapped so that they match ErrRedirect (and are not
+// retried); http.ErrUseLastResponse keeps its meaning.
+//
+// The Transport is shared, not owned: the Client never closes its idle
+// connections.
+func WithHTTPClient(hc *http.Client) Option {
+	return func(c *config) { c.httpClient = hc }
+}
+
+// WithHeader sets the name of the request header that carries the key
+// (HeaderKey by default). An empty name keeps the default.
+func WithHeader(name string) Option {
+	return func(c *config) {
+		if name != "" {
+			c.header = name
+		}
+	}
+}
+
+// WithReplayedHeader sets the name of the response header whose value
+// "true" means that the server replayed a stored response
+// (HeaderReplayed by default); see Outcome.Replayed. An empty name keeps the
+// default.
+func WithReplayedHeader(name string) Option {
+	return func(c *config) {
+		if name != "" {
+			c.replayHeader = name
+		}
+	}
+}
+
+// WithQuotedKey makes the Client send the keys it adds as Structured Field
+// strings (RFC 8941), "…" with quotes, which is the form the IETF
+// Idempotency-Key draft specifies. By default keys are sent bare, the form
+// most APIs expect. A key already in the request header is sent as it is.
+func WithQuotedKey() Option {
+	return func(c *config) { c.quoted = true }
+}
+
+// WithKeyFunc sets the function that makes a key for a keyed request that
+// has none. By default the key is a random (version 4) UUID. If fn fails, Do
+// returns its error before any attempt; if it returns an invalid key, Do
+// returns an error wrapping ErrInvalidKey. A nil fn keeps the default.
+func WithKeyFunc(fn func() (string, error)) Option {
+	return func(c *config) {
+		if fn != nil {
+			c.keyFunc = fn
+		}
+	}
+}
+
+// WithKeyVersion7 makes the Client's keys time-ordered (version 7) UUIDs,
+// whose first 48 bits are a millisecond timestamp and the rest random, so
+// that keys stored in a B-tree index are inserted near each other.
+func WithKeyVersion7() Option {
+	return WithKeyFunc(newKeyV7)
+}
+
+// WithKeyedMethods sets the methods whose requests get a key: POST and PATCH
+// by default. Methods are compared exactly, so give them in upper case. With
+// no methods at all, no request gets a key from the Client, and so a POST is
+// never retried unless its caller puts a key in the header.
+func WithKeyedMethods(methods ...string) Option {
+	return func(c *config) { c.keyed = append([]string(nil), methods...) }
+}
+
+// WithRetryPolicy replaces DefaultPolicy, which decides which results are
+// retried. A nil policy keeps the default.
+func WithRetryPolicy(p Policy) Option {
+	return func(c *config) {
+		if p != nil {
+			c.policy = p
+		}
+	}
+}
+
+// WithMaxAttempts sets the largest number of attempts per request,
+// including the first: 4 by default. A number below 1 is taken as 1, which
+// turns retrying off.
+func WithMaxAttempts(n int) Option {
+	return func(c *config) { c.maxAttempts = max(n, 1) }
+}
+
+// WithBackoff sets the exponential backoff: before retry n (from 0) Do waits
+// a random duration between 0 and min(limit, base·2ⁿ), 250ms and 8s by
+// default. A negative base is taken as 0, which means no wait; a limit below
+// base is taken as base.
+func WithBackoff(base, limit time.Duration) Option {
+	return func(c *config) {
+		c.baseDelay = max(base, 0)
+		c.maxDelay = max(limit, c.baseDelay)
+	}
+}
+
+// WithMaxRetryAfter sets the longest wait that a Retry-After response header
+// can ask for: 30s by default. A longer request is cut to d. A d of 0 or
+// less makes the Client ignore Retry-After and use its backoff.
+func WithMaxRetryAfter(d time.Duration) Option {
+	return func(c *config) { c.maxRetryAfter = d }
+}
+
+// WithAttemptTimeout bounds how long one attempt waits for its response
+// headers: 30s by default. An attempt that runs out of time fails with an
+// error matching ErrAttemptTimeout and is retried. The timer stops when the
+// headers arrive, so a long response body is not cut. A d of 0 or less
+// turns the attempt timeout off. It is distinct from the deadline of the
+// request's context, which bounds all attempts and the waits between them.
+func WithAttemptTimeout(d time.Duration) Option {
+	return func(c *config) { c.attemptTimeout = max(d, 0) }
+}
+
+// WithBudget makes the Client draw its retries from b, which may be shared
+// with other clients so that they limit their retries together. A nil b
+// turns the budget off, like WithoutBudget.
+func WithBudget(b *Budget) Option {
+	return func(c *config) {
+		c.budget = b
+		c.noBudget = b == nil
+	}
+}
+
+// WithoutBudget turns the retry budget off: retries are then limited only by
+// the number of attempts and the request's context.
+func WithoutBudget() Option {
+	return WithBudget(nil)
+}
+
+// WithMaxBufferedBody sets how many bytes of a request body without GetBody
+// the Client keeps in memory to send again on a retry: 1 MiB by default. A
+// larger body is streamed to the first attempt and never retried (see
+// ErrBodyNotReplayable). A request with GetBody (as http.NewRequest sets for
+// bytes.Buffer, bytes.Reader and strings.Reader bodies) is not buffered at
+// all. A negative n is taken as 0.
+func WithMaxBufferedBody(n int64) Option {
+	return func(c *config) { c.maxBuffered = max(n, 0) }
+}
+
+// WithLogger makes the Client log each retry at level Info, and each result
+// that was retryable but was not retried at level Warn, with the key, the
+// method, the URL without its query, the attempt, the wait and the status or
+// error. Request headers and bodies are never logged. Without it the Client
+// logs nothing.
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) { c.logger = l }
+}
+
+// WithOnRetry makes the Client call fn before each wait for a retry. fn is
+// called on the goroutine that called Do, so it should return quickly.
+func WithOnRetry(fn func(RetryInfo)) Option {
+	return func(c *config) { c.onRetry = fn }
+}

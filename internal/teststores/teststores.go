@@ -75,7 +75,7 @@ func PostgresPool(t testing.TB, maxConns int32) *pgxpool.Pool {
 // migrated, and dropped when t ends.
 func Postgres(t testing.TB, opts ...pgstore.Option) *pgstore.Store {
 	t.Helper()
-	return PostgresOn(t, PostgresPool(t, 64), "idempotency_t_"+randomHex(t, 6), opts...)
+	return PostgresOn(t, PostgresPool(t, 64), UniqueName(t, "idempotency_t_"), opts...)
 }
 
 // PostgresOn returns a pgstore on table in pool, migrated; the table is
@@ -125,7 +125,7 @@ func RedisClient(t testing.TB) *redis.Client {
 func Redis(t testing.TB, opts ...redisstore.Option) *redisstore.Store {
 	t.Helper()
 	c := RedisClient(t)
-	return RedisOn(t, c, "idempotency-t:"+randomHex(t, 6)+":", opts...)
+	return RedisOn(t, c, UniqueName(t, "idempotency-t:")+":", opts...)
 }
 
 // RedisOn returns a redisstore on client under prefix; the keys under prefix
@@ -152,6 +152,10 @@ func RedisOn(t testing.TB, client *redis.Client, prefix string, opts ...redissto
 	})
 	return s
 }
+
+// UniqueName returns prefix followed by random letters, for a table or key
+// prefix that no other test or run uses.
+func UniqueName(t testing.TB, prefix string) string { return prefix + randomHex(t, 6) }
 
 func randomHex(t testing.TB, n int) string {
 	b := make([]byte, n)

@@ -359,10 +359,12 @@ func (ex *exchange) run() {
 	case rec.streaming:
 		// Already sent, in part or in whole; record that it ran.
 		ex.complete(&Response{Status: status, Header: ex.keptHeader(), BodyOmitted: true})
-		if !rec.hijacked {
-			m.cfg.logger.LogAttrs(ex.r.Context(), slog.LevelInfo, "idempotent response streamed; stored without its body",
-				slog.String("key", ex.lease.Key), slog.Int("status", status))
+		how := "streamed"
+		if rec.hijacked {
+			how = "hijacked"
 		}
+		m.cfg.logger.LogAttrs(ex.r.Context(), slog.LevelInfo, "idempotent response passed through and stored without its body",
+			slog.String("key", ex.lease.Key), slog.Int("status", status), slog.String("how", how))
 	case !m.cfg.storeStatus(status):
 		ex.release("status " + strconv.Itoa(status) + " is not stored")
 		rec.send()

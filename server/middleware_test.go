@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -723,4 +724,37 @@ func TestInFlightUnknownFingerprint(t *testing.T) {
 	close(h.release)
 	assert.Equal(t, http.StatusCreated, (<-first).status)
 	assert.Equal(t, http.StatusUnprocessableEntity, post(t, srv.URL, "k", "other body").status)
+}
+
+func TestHijackingHandler(t *testing.T) {
+	var calls atomic.Int64
+	var logs bytes.Buffer
+	var mu sync.Mutex
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		conn, rw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		defer conn.Close()
+		rw.WriteString("HTTP/1.1 202 Accepted\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+		rw.Flush()
+	})
+	logger := slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return logs.Write(p)
+	}), nil))
+	srv, _ := fixture(t, h, server.WithLogger(logger))
+	first := post(t, srv.URL, "k", "x")
+	assert.Equal(t, http.StatusAccepted, first.status)
+	assert.Equal(t, "ok", first.body)
+	second := post(t, srv.URL, "k", "x")
+	assert.Equal(t, int64(1), calls.Load(), "a hijacked exchange still runs once")
+	assert.Equal(t, "true", second.header.Get("Idempotent-Replayed"))
+	assert.Equal(t, "true", second.header.Get("Idempotent-Body-Omitted"))
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Contains(t, logs.String(), "how=hijacked")
 }

@@ -66,6 +66,7 @@ var (
 type Store struct {
 	shards     [shardCount]shard
 	seed       maphash.Seed
+	epoch      time.Time
 	maxRecords int64
 	maxBytes   int64
 	records    atomic.Int64
@@ -87,11 +88,19 @@ type shard struct {
 	_  [40]byte // keep neighbouring shards' locks off one cache line
 }
 
+// mono is a point in time on the store's monotonic clock: nanoseconds since
+// the store was made. It keeps records small.
+type mono int64
+
+func (s *Store) now() mono { return mono(time.Since(s.epoch)) }
+
+func (t mono) add(d time.Duration) mono { return t + mono(d) }
+
 type record struct {
 	fingerprint string
 	token       server.Token
-	leaseUntil  time.Time
-	expiresAt   time.Time
+	leaseUntil  mono             // the lease ends
+	expiresAt   mono             // the record ends
 	resp        *server.Response // nil while in flight
 	size        int64
 }
@@ -151,6 +160,7 @@ func New(opts ...Option) *Store {
 	}
 	s := &Store{
 		seed:       maphash.MakeSeed(),
+		epoch:      time.Now(),
 		maxRecords: c.maxRecords,
 		maxBytes:   c.maxBytes,
 		stop:       make(chan struct{}),
@@ -216,9 +226,9 @@ func (s *Store) claim(id server.ID, fingerprint string, lease, ttl time.Duration
 	sh := s.shard(id)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	now := time.Now()
+	now := s.now()
 	r, ok := sh.m[id]
-	if ok && !now.Before(r.expiresAt) {
+	if ok && now >= r.expiresAt {
 		s.remove(sh, id, r)
 		ok = false
 	}
@@ -232,15 +242,15 @@ func (s *Store) claim(id server.ID, fingerprint string, lease, ttl time.Duration
 		s.bytes.Add(r.size)
 	case r.resp != nil:
 		return server.Claim{Status: server.Completed, Fingerprint: r.fingerprint, Response: r.resp}, false
-	case now.Before(r.leaseUntil):
-		return server.Claim{Status: server.InFlight, Fingerprint: r.fingerprint, RetryAfter: r.leaseUntil.Sub(now)}, false
+	case now < r.leaseUntil:
+		return server.Claim{Status: server.InFlight, Fingerprint: r.fingerprint, RetryAfter: time.Duration(r.leaseUntil - now)}, false
 	case r.fingerprint != fingerprint:
 		return server.Claim{Status: server.InFlight, Fingerprint: r.fingerprint}, false
 	}
 	// A new record, or the takeover of an abandoned one.
 	r.token = server.Token(s.token.Add(1))
-	r.leaseUntil = now.Add(lease)
-	r.expiresAt = now.Add(max(ttl, lease))
+	r.leaseUntil = now.add(lease)
+	r.expiresAt = now.add(max(ttl, lease))
 	sh.m[id] = r
 	return server.Claim{Status: server.Acquired, Token: r.token}, false
 }
@@ -254,7 +264,7 @@ func (s *Store) sweepAtBound() bool {
 	if now.UnixNano()-last < int64(boundSweepInterval) || !s.lastBoundSweep.CompareAndSwap(last, now.UnixNano()) {
 		return false
 	}
-	s.sweepAll(now)
+	s.sweepAll(s.now())
 	return true
 }
 
@@ -278,11 +288,11 @@ func (s *Store) Complete(ctx context.Context, id server.ID, token server.Token, 
 		size = int64(resp.Size())
 		s.bytes.Add(size)
 	}
-	now := time.Now()
+	now := s.now()
 	r.resp = resp
 	r.size += size
 	r.leaseUntil = now
-	r.expiresAt = now.Add(ttl)
+	r.expiresAt = now.add(ttl)
 	sh.m[id] = r
 	return nil
 }
@@ -315,11 +325,8 @@ func (s *Store) Extend(ctx context.Context, id server.ID, token server.Token, le
 	if err != nil {
 		return fmt.Errorf("memstore: extend: %w", err)
 	}
-	now := time.Now()
-	r.leaseUntil = now.Add(lease)
-	if r.expiresAt.Before(r.leaseUntil) {
-		r.expiresAt = r.leaseUntil
-	}
+	r.leaseUntil = s.now().add(lease)
+	r.expiresAt = max(r.expiresAt, r.leaseUntil)
 	sh.m[id] = r
 	return nil
 }
@@ -327,7 +334,7 @@ func (s *Store) Extend(ctx context.Context, id server.ID, token server.Token, le
 // current returns the in-flight record that token holds. sh.mu is held.
 func (s *Store) current(sh *shard, id server.ID, token server.Token) (record, error) {
 	r, ok := sh.m[id]
-	if !ok || r.token != token || r.resp != nil || !time.Now().Before(r.expiresAt) {
+	if !ok || r.token != token || r.resp != nil || s.now() >= r.expiresAt {
 		return record{}, server.ErrLeaseLost
 	}
 	return r, nil
@@ -341,15 +348,15 @@ func (s *Store) remove(sh *shard, id server.ID, r record) {
 }
 
 // sweepShard removes the expired records of one shard. sh.mu is held.
-func (s *Store) sweepShard(sh *shard, now time.Time) {
+func (s *Store) sweepShard(sh *shard, now mono) {
 	for id, r := range sh.m {
-		if !now.Before(r.expiresAt) {
+		if now >= r.expiresAt {
 			s.remove(sh, id, r)
 		}
 	}
 }
 
-func (s *Store) sweepAll(now time.Time) {
+func (s *Store) sweepAll(now mono) {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
@@ -366,8 +373,8 @@ func (s *Store) sweepLoop(every time.Duration) {
 		select {
 		case <-s.stop:
 			return
-		case now := <-t.C:
-			s.sweepAll(now)
+		case <-t.C:
+			s.sweepAll(s.now())
 		}
 	}
 }

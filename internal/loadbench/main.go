@@ -34,6 +34,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"sync"
@@ -58,6 +59,7 @@ func main() {
 		store    = flag.String("store", "memory", "store: memory, postgres or redis")
 		conc     = flag.Int("c", 32, "concurrent clients")
 		duration = flag.Duration("d", 5*time.Second, "duration of each phase")
+		profile  = flag.String("cpuprofile", "", "write a CPU profile of the first phase to this file")
 	)
 	flag.Parse()
 	if *loadgen {
@@ -66,7 +68,7 @@ func main() {
 		}
 		return
 	}
-	if err := run(*store, *conc, *duration); err != nil {
+	if err := run(*store, *conc, *duration, *profile); err != nil {
 		log.Fatal(err)
 	}
 }
@@ -186,7 +188,7 @@ func serve(h http.Handler) (string, func(), error) {
 	return "http://" + ln.Addr().String() + "/orders", func() { srv.Close() }, nil
 }
 
-func run(kind string, conc int, d time.Duration) error {
+func run(kind string, conc int, d time.Duration, profile string) error {
 	ctx := context.Background()
 	store, cleanup, err := openStore(ctx, kind, conc)
 	if err != nil {
@@ -213,7 +215,18 @@ func run(kind string, conc int, d time.Duration) error {
 	if err != nil {
 		return err
 	}
+	if profile != "" {
+		f, err := os.Create(profile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+	}
 	first, err := load(mwURL, "", conc, d)
+	pprof.StopCPUProfile()
 	if err != nil {
 		return err
 	}
@@ -317,7 +330,9 @@ func raw(ctx context.Context, store server.Store, conc int, d time.Duration, rep
 func openStore(ctx context.Context, kind string, conc int) (server.Store, func(), error) {
 	switch kind {
 	case "memory":
-		s := memstore.New()
+		// Bounds far above what a run stores: the raw phase alone
+		// stores over a million records.
+		s := memstore.New(memstore.WithMaxRecords(1<<26), memstore.WithMaxBytes(16<<30))
 		return s, func() { s.Close() }, nil
 	case "postgres":
 		cfg, err := pgxpool.ParseConfig(env("IDEMPOTENCY_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"))

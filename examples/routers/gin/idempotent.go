@@ -31,6 +31,12 @@ import (
 // afterwards, panics included, so that the handlers before this one (a
 // logger, gin.Recovery) see the response that was actually sent and write
 // to it.
+//
+// Handlers should take their context from c.Request.Context(), not from c:
+// the lease (server.LeaseFromContext), the transaction of pgstore's
+// transactional mode (pgstore.TxFromContext) and the cancellation that
+// follows a lost lease are in the request's context, which *gin.Context
+// reaches only when the engine's ContextWithFallback is set.
 func idempotent(mw *server.Middleware) gin.HandlerFunc {
 	return func(c *gin.Context) {
 		sent, req := c.Writer, c.Request

@@ -110,6 +110,25 @@ func TestAdapterHandsOverTheRequest(t *testing.T) {
 	assert.Equal(t, "k-1 hello", got.body)
 }
 
+// With ContextWithFallback, *gin.Context itself reaches the lease too.
+func TestAdapterLeaseThroughGinContext(t *testing.T) {
+	store := memstore.New()
+	t.Cleanup(func() { store.Close() })
+	mw, err := server.New(store)
+	require.NoError(t, err)
+	r := gin.New()
+	r.ContextWithFallback = true
+	r.POST("/r", idempotent(mw), func(c *gin.Context) {
+		lease, ok := server.LeaseFromContext(c)
+		c.String(http.StatusCreated, "%s %v", lease.Key, ok)
+	})
+	srv := httptest.NewServer(r)
+	t.Cleanup(srv.Close)
+
+	got := send(t, srv, "k-1", "x")
+	assert.Equal(t, "k-1 true", got.body)
+}
+
 // A refusal aborts the chain; handlers before the adapter see, in c.Writer,
 // the response that was sent, whoever wrote it.
 func TestAdapterOuterHandlersSeeTheResponseSent(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkit/idempotency/server"
 	"github.com/idemkit/idempotency/server/pgstore"
 )
 
@@ -40,9 +41,15 @@ func Example() {
 		log.Fatal(err)
 	}
 
-	// The middleware of package server takes the store:
-	//
-	//	http.ListenAndServe(":8080", server.New(store)(mux))
+	// The middleware of package server takes the store.
+	var createOrder http.Handler // the application's
+	mw, err := server.New(store)
+	if err != nil {
+		log.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("POST /orders", mw.Handler(createOrder))
+	log.Fatal(http.ListenAndServe(":8080", mux))
 }
 
 // In transactional mode the handler writes its order in the transaction of
@@ -74,8 +81,11 @@ func ExampleTxFromContext() {
 		fmt.Fprintf(w, `{"id":%d}`, id)
 	})
 
-	// http.ListenAndServe(":8080", server.New(store)(createOrder))
-	_ = createOrder
+	mw, err := server.New(store)
+	if err != nil {
+		log.Fatal(err)
+	}
+	log.Fatal(http.ListenAndServe(":8080", mw.Handler(createOrder)))
 }
 
 // A scheduled job sweeps expired records for every instance.

@@ -33,6 +33,12 @@ func serveAdapter(t *testing.T, outer []gin.HandlerFunc, handler gin.HandlerFunc
 }
 
 // send posts body to /r with the idempotency key, if any.
+type reply struct {
+	status int
+	header http.Header
+	body   string
+}
+
 func send(t *testing.T, srv *httptest.Server, key, body string) reply {
 	t.Helper()
 	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL+"/r", strings.NewReader(body))

@@ -1,20 +1,13 @@
 package main
 
 import (
-	"encoding/json"
-	"io"
-	"mime"
-	"net/http"
-	"net/http/httptest"
-	"strings"
 	"testing"
 
 	"github.com/gin-gonic/gin"
-	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/idemkit/idempotency/idemtest"
+	"github.com/idemkit/idempotency/internal/exampletest"
 	"github.com/idemkit/idempotency/server/memstore"
 )
 
@@ -23,136 +16,16 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// newTestServer serves the API on loopback, as main does.
-func newTestServer(t *testing.T) (*httptest.Server, *orderBook) {
-	t.Helper()
-	store := memstore.New()
-	t.Cleanup(func() { store.Close() })
-	book := &orderBook{}
-	h, err := newHandler(store, book, demoAccounts)
-	require.NoError(t, err)
-	srv := httptest.NewServer(h)
-	t.Cleanup(srv.Close)
-	return srv, book
-}
-
-type reply struct {
-	status int
-	header http.Header
-	body   string
-}
-
-// post sends POST /orders with the API key and, if not empty, the
-// idempotency key.
-func post(t *testing.T, srv *httptest.Server, apiKey, idemKey, body string) reply {
-	t.Helper()
-	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL+"/orders", strings.NewReader(body))
-	require.NoError(t, err)
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("X-API-Key", apiKey)
-	if idemKey != "" {
-		req.Header.Set("Idempotency-Key", idemKey)
-	}
-	resp, err := srv.Client().Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	return reply{resp.StatusCode, resp.Header, string(b)}
-}
-
-func orderID(t *testing.T, r reply) string {
-	t.Helper()
-	var o order
-	require.NoError(t, json.Unmarshal([]byte(r.body), &o), "body %q", r.body)
-	return o.ID
-}
-
-const book1 = `{"item":"book","quantity":1}`
-
-func TestSameKeyRunsOnceAndReplays(t *testing.T) {
-	srv, book := newTestServer(t)
-
-	first := post(t, srv, "alice-key-1", "order-1", book1)
-	require.Equal(t, http.StatusCreated, first.status, first.body)
-	assert.Empty(t, first.header.Get("Idempotent-Replayed"))
-
-	again := post(t, srv, "alice-key-1", "order-1", book1)
-	assert.Equal(t, http.StatusCreated, again.status)
-	assert.Equal(t, "true", again.header.Get("Idempotent-Replayed"))
-	assert.Equal(t, first.body, again.body)
-	assert.Equal(t, first.header.Get("Location"), again.header.Get("Location"))
-
-	// The account's other API key is the same caller.
-	rotated := post(t, srv, "alice-key-2", "order-1", book1)
-	assert.Equal(t, "true", rotated.header.Get("Idempotent-Replayed"))
-	assert.Equal(t, first.body, rotated.body)
-
-	assert.Equal(t, 1, book.count("acct_alice"), "orders created")
-
-	// The order is there, under the path value of its Location.
-	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, srv.URL+first.header.Get("Location"), nil)
-	require.NoError(t, err)
-	req.Header.Set("X-API-Key", "alice-key-1")
-	resp, err := srv.Client().Do(req)
-	require.NoError(t, err)
-	resp.Body.Close()
-	assert.Equal(t, http.StatusOK, resp.StatusCode)
-}
-
-func TestSameKeyOtherAccountRunsSeparately(t *testing.T) {
-	srv, book := newTestServer(t)
-
-	alice := post(t, srv, "alice-key-1", "order-1", book1)
-	require.Equal(t, http.StatusCreated, alice.status, alice.body)
-	bob := post(t, srv, "bob-key", "order-1", book1)
-	require.Equal(t, http.StatusCreated, bob.status, bob.body)
-
-	assert.Empty(t, bob.header.Get("Idempotent-Replayed"), "Bob was served a replay")
-	assert.NotEqual(t, orderID(t, alice), orderID(t, bob))
-	assert.Contains(t, bob.body, `"account":"acct_bob"`)
-	assert.Equal(t, 1, book.count("acct_alice"))
-	assert.Equal(t, 1, book.count("acct_bob"))
-}
-
-func TestRefusals(t *testing.T) {
-	for _, tc := range []struct {
-		name        string
-		apiKey, key string
-		body        string
-		status      int
-		contentType string
-	}{
-		{"missing key", "alice-key-1", "", book1, http.StatusBadRequest, "application/problem+json"},
-		{"key reused for another order", "alice-key-1", "order-1", `{"item":"pen","quantity":2}`, http.StatusUnprocessableEntity, "application/problem+json"},
-		{"unknown API key", "mallory-key", "order-2", book1, http.StatusUnauthorized, "application/json"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			srv, book := newTestServer(t)
-			first := post(t, srv, "alice-key-1", "order-1", book1)
-			require.Equal(t, http.StatusCreated, first.status, first.body)
-
-			got := post(t, srv, tc.apiKey, tc.key, tc.body)
-			assert.Equal(t, tc.status, got.status, got.body)
-			mediaType, _, _ := mime.ParseMediaType(got.header.Get("Content-Type"))
-			assert.Equal(t, tc.contentType, mediaType)
-			assert.Equal(t, 1, book.count("acct_alice"), "orders created")
-		})
-	}
-}
-
-// TestContract runs the protocol checks of idemtest against the endpoint,
-// Bob being the second caller.
-func TestContract(t *testing.T) {
-	srv, _ := newTestServer(t)
-	report, err := idemtest.Check(t.Context(), idemtest.Target{
-		URL:              srv.URL,
-		Path:             "/orders",
-		Header:           http.Header{"X-API-Key": {"alice-key-1"}, "Content-Type": {"application/json"}},
-		Body:             idemtest.BodyTemplate(`{"item":"book {{variant}}","quantity":1}`),
-		SecondCredential: http.Header{"X-API-Key": {"bob-key"}},
+// TestAPI checks the API as main serves it, over real loopback connections:
+// one order per key and account, replays, refusals, and the protocol checks
+// of idemtest.
+func TestAPI(t *testing.T) {
+	exampletest.Run(t, func(t *testing.T) exampletest.API {
+		store := memstore.New()
+		t.Cleanup(func() { store.Close() })
+		book := &orderBook{}
+		h, err := newHandler(store, book, demoAccounts)
+		require.NoError(t, err)
+		return exampletest.API{Handler: h, Orders: book.count}
 	})
-	require.NoError(t, err)
-	assert.NoError(t, report.Err())
-	t.Log(report.Summary())
 }

@@ -20,9 +20,10 @@ import (
 // Create one with New and wrap handlers with its Handler method. It is
 // immutable and safe for concurrent use.
 type Middleware struct {
-	store  Store
-	binder Binder
-	cfg    config
+	store      Store
+	binder     Binder
+	cfg        config
+	replayable map[string]struct{} // cfg.replayHeaders
 }
 
 // New returns middleware that protects requests with store. The options are
@@ -38,7 +39,10 @@ func New(store Store, opts ...Option) (*Middleware, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	m := &Middleware{store: store, cfg: cfg}
+	m := &Middleware{store: store, cfg: cfg, replayable: make(map[string]struct{}, len(cfg.replayHeaders))}
+	for _, name := range cfg.replayHeaders {
+		m.replayable[name] = struct{}{}
+	}
 	m.binder, _ = store.(Binder)
 	return m, nil
 }
@@ -385,17 +389,17 @@ func (ex *exchange) run() {
 // storeContext is for writes that must happen even when the client has gone:
 // a dropped connection is exactly when the retry will come. The handler's
 // goroutine makes one such write per exchange.
-func (ex *exchange) storeContext() (*detached, func()) {
+func (ex *exchange) storeContext() *detached {
 	ex.sctx = detached{}
 	ex.sctx.init(ex.r.Context(), ex.m.cfg.storeTimeout)
-	return &ex.sctx, ex.sctx.stop
+	return &ex.sctx
 }
 
 // complete stores the response. An error is logged here; the caller looks
 // only for ErrNotCommitted.
 func (ex *exchange) complete(resp *Response) error {
-	ctx, cancel := ex.storeContext()
-	defer cancel()
+	ctx := ex.storeContext()
+	defer ctx.stop()
 	err := ex.m.store.Complete(ctx, ex.lease.ID, ex.lease.Token, resp, ex.m.cfg.ttl)
 	switch {
 	case errors.Is(err, ErrNotCommitted):
@@ -409,8 +413,8 @@ func (ex *exchange) complete(resp *Response) error {
 }
 
 func (ex *exchange) release(why string) {
-	ctx, cancel := ex.storeContext()
-	defer cancel()
+	ctx := ex.storeContext()
+	defer ctx.stop()
 	if err := ex.m.store.Release(ctx, ex.lease.ID, ex.lease.Token); err != nil {
 		ex.m.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idempotency claim not released; retries get 409 until its lease expires",
 			slog.String("key", ex.lease.Key), slog.String("reason", why), slog.Any("error", err))
@@ -421,23 +425,25 @@ func (ex *exchange) release(why string) {
 // the stored values never share memory with the live response.
 func (ex *exchange) keptHeader() http.Header {
 	h := ex.w.Header()
-	n := 0
-	for _, name := range ex.m.cfg.replayHeaders {
-		n += len(h[name])
+	var names [16]string
+	kept, n := names[:0], 0
+	for name, vs := range h {
+		if _, ok := ex.m.replayable[name]; ok && len(vs) > 0 {
+			kept = append(kept, name)
+			n += len(vs)
+		}
 	}
 	if n == 0 {
 		return nil
 	}
 	values := make([]string, 0, n)
-	kept := make(http.Header, n)
-	for _, name := range ex.m.cfg.replayHeaders {
-		if vs := h[name]; len(vs) > 0 {
-			start := len(values)
-			values = append(values, vs...)
-			kept[name] = values[start:len(values):len(values)]
-		}
+	out := make(http.Header, len(kept))
+	for _, name := range kept {
+		start := len(values)
+		values = append(values, h[name]...)
+		out[name] = values[start:len(values):len(values)]
 	}
-	return kept
+	return out
 }
 
 // trueValue is a header value shared by every replay; the full slice

@@ -1,7 +1,7 @@
 // Command loadbench measures the middleware under load over loopback, side
 // by side in one run with the bare handler and with the store alone:
 //
-//	go run ./internal/loadbench -store memory|postgres|redis [-c 32] [-d 5s]
+//	go run ./internal/loadbench -store memory|postgres|redis [-c 32] [-d 3s] [-rounds 3]
 //
 // The HTTP load comes from a separate process (this program, re-executed
 // with -loadgen), so that the load generator's work is not counted against
@@ -21,6 +21,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -58,8 +59,9 @@ func main() {
 		key      = flag.String("key", "", "load generator: send this key on every request (default: a new key each)")
 		store    = flag.String("store", "memory", "store: memory, postgres or redis")
 		conc     = flag.Int("c", 32, "concurrent clients")
-		duration = flag.Duration("d", 5*time.Second, "duration of each phase")
-		profile  = flag.String("cpuprofile", "", "write a CPU profile of the first phase to this file")
+		duration = flag.Duration("d", 3*time.Second, "duration of each phase")
+		rounds   = flag.Int("rounds", 3, "rounds of the phases; each phase is reported by its median")
+		profile  = flag.String("cpuprofile", "", "write a CPU profile of the first round's first phase to this file")
 	)
 	flag.Parse()
 	if *loadgen {
@@ -68,7 +70,10 @@ func main() {
 		}
 		return
 	}
-	if err := run(*store, *conc, *duration, *profile); err != nil {
+	if *rounds < 1 {
+		log.Fatal("loadbench: -rounds must be at least 1")
+	}
+	if err := run(*store, *conc, *duration, *rounds, *profile); err != nil {
 		log.Fatal(err)
 	}
 }
@@ -188,7 +193,7 @@ func serve(h http.Handler) (string, func(), error) {
 	return "http://" + ln.Addr().String() + "/orders", func() { srv.Close() }, nil
 }
 
-func run(kind string, conc int, d time.Duration, profile string) error {
+func run(kind string, conc int, d time.Duration, rounds int, profile string) error {
 	ctx := context.Background()
 	store, cleanup, err := openStore(ctx, kind, conc)
 	if err != nil {
@@ -209,46 +214,60 @@ func run(kind string, conc int, d time.Duration, profile string) error {
 		return err
 	}
 	defer stopMW()
-
-	fmt.Printf("store %s, %d concurrent clients, %v per phase, 1 KiB bodies\n\n", kind, conc, d)
-	bare, err := load(bareURL, "", conc, d)
-	if err != nil {
-		return err
-	}
-	if profile != "" {
-		f, err := os.Create(profile)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-	}
-	first, err := load(mwURL, "", conc, d)
-	pprof.StopCPUProfile()
-	if err != nil {
-		return err
-	}
 	replayKey := "replay-" + randomHex(6)
 	if _, err := load(mwURL, replayKey, 1, 100*time.Millisecond); err != nil {
 		return err
 	}
-	replay, err := load(mwURL, replayKey, conc, d)
-	if err != nil {
-		return err
-	}
-	rawFirst, err := raw(ctx, store, conc, d, false)
-	if err != nil {
-		return err
-	}
-	rawReplay, err := raw(ctx, store, conc, d, true)
-	if err != nil {
-		return err
+
+	fmt.Printf("store %s, %d concurrent clients, %d rounds of %v per phase, 1 KiB bodies\n\n", kind, conc, rounds, d)
+	// The phases take turns, round after round, so that a drift of the
+	// machine (a checkpoint, another process) touches them all alike; each
+	// is reported by its median round.
+	var bare, first, replay []result
+	var rawFirst, rawReplay []float64
+	for round := range rounds {
+		r, err := load(bareURL, "", conc, d)
+		if err != nil {
+			return err
+		}
+		bare = append(bare, r)
+		if profile != "" && round == 0 {
+			f, err := os.Create(profile)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			if err := pprof.StartCPUProfile(f); err != nil {
+				return err
+			}
+		}
+		r, err = load(mwURL, "", conc, d)
+		pprof.StopCPUProfile()
+		if err != nil {
+			return err
+		}
+		first = append(first, r)
+		if r, err = load(mwURL, replayKey, conc, d); err != nil {
+			return err
+		}
+		replay = append(replay, r)
+		rf, err := raw(ctx, store, conc, d, false)
+		if err != nil {
+			return err
+		}
+		rawFirst = append(rawFirst, rf)
+		rr, err := raw(ctx, store, conc, d, true)
+		if err != nil {
+			return err
+		}
+		rawReplay = append(rawReplay, rr)
+		fmt.Printf("round %d: bare %.0f/s, first %.0f/s, replay %.0f/s, raw first %.0f/s, raw replay %.0f/s\n",
+			round+1, bare[round].rate(), first[round].rate(), replay[round].rate(), rf, rr)
 	}
 
-	fmt.Printf("%-12s %12s %10s %10s %s\n", "phase", "per second", "p50", "p99", "other")
-	row := func(name string, r result) {
+	fmt.Printf("\nmedians\n%-12s %12s %10s %10s %s\n", "phase", "per second", "p50", "p99", "other")
+	row := func(name string, rs []result) float64 {
+		r := medianResult(rs)
 		other := ""
 		for s, n := range r.Statuses {
 			if s != http.StatusCreated {
@@ -259,18 +278,30 @@ func run(kind string, conc int, d time.Duration, profile string) error {
 			other += fmt.Sprintf(" %d errors", r.Errors)
 		}
 		fmt.Printf("%-12s %12.0f %10v %10v%s\n", name, r.rate(), r.P50.Round(time.Microsecond), r.P99.Round(time.Microsecond), other)
+		return r.rate()
 	}
-	row("bare", bare)
-	row("first", first)
-	row("replay", replay)
-	fmt.Printf("%-12s %12.0f\n", "raw first", rawFirst)
-	fmt.Printf("%-12s %12.0f\n", "raw replay", rawReplay)
-	ceiling := func(raw float64) float64 { return 1 / (1/bare.rate() + 1/raw) }
+	b, f, rp := row("bare", bare), row("first", first), row("replay", replay)
+	rf, rr := median(rawFirst), median(rawReplay)
+	fmt.Printf("%-12s %12.0f\n", "raw first", rf)
+	fmt.Printf("%-12s %12.0f\n", "raw replay", rr)
+	ceiling := func(raw float64) float64 { return 1 / (1/b + 1/raw) }
 	fmt.Printf("\nfirst:  %.0f/s = %.0f%% of the combined ceiling %.0f/s (%.0f%% of bare)\n",
-		first.rate(), 100*first.rate()/ceiling(rawFirst), ceiling(rawFirst), 100*first.rate()/bare.rate())
+		f, 100*f/ceiling(rf), ceiling(rf), 100*f/b)
 	fmt.Printf("replay: %.0f/s = %.0f%% of the combined ceiling %.0f/s (%.0f%% of bare)\n",
-		replay.rate(), 100*replay.rate()/ceiling(rawReplay), ceiling(rawReplay), 100*replay.rate()/bare.rate())
+		rp, 100*rp/ceiling(rr), ceiling(rr), 100*rp/b)
 	return nil
+}
+
+func medianResult(rs []result) result {
+	sorted := slices.Clone(rs)
+	slices.SortFunc(sorted, func(a, b result) int { return cmp.Compare(a.rate(), b.rate()) })
+	return sorted[len(sorted)/2]
+}
+
+func median(xs []float64) float64 {
+	sorted := slices.Clone(xs)
+	slices.Sort(sorted)
+	return sorted[len(sorted)/2]
 }
 
 // raw drives the store alone: Claim+Complete of new keys, or Claim of a

@@ -56,6 +56,10 @@ func PostgresPool(t testing.TB, maxConns int32) *pgxpool.Pool {
 	if maxConns > 0 {
 		cfg.MaxConns = maxConns
 	}
+	// Tests need the store's semantics, not durability across a crash of
+	// the test server: not waiting for each commit's fsync keeps them fast
+	// on a shared disk. Nothing the stores decide depends on it.
+	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)

@@ -173,6 +173,13 @@ func (cfg *config) keyFor(req *http.Request, method string) (key, wire string, e
 		return "", "", nil
 	}
 	key, ok := KeyFromContext(req.Context())
+	if !ok && cfg.keyFunc == nil {
+		// A UUID: valid by construction.
+		if key, err = cfg.keys.newKey(cfg.keyV7); err != nil {
+			return "", "", fmt.Errorf("idempotency: making a key: %w", err)
+		}
+		return key, cfg.wireKey(key), nil
+	}
 	if !ok {
 		if key, err = cfg.keyFunc(); err != nil {
 			return "", "", fmt.Errorf("idempotency: making a key: %w", err)
@@ -181,10 +188,15 @@ func (cfg *config) keyFor(req *http.Request, method string) (key, wire string, e
 	if err := keyfield.Validate(key); err != nil {
 		return "", "", fmt.Errorf("%w: %w", ErrInvalidKey, err)
 	}
+	return key, cfg.wireKey(key), nil
+}
+
+// wireKey returns key as the Client sends it in the header.
+func (cfg *config) wireKey(key string) string {
 	if cfg.quoted {
-		return key, keyfield.Quote(key), nil
+		return keyfield.Quote(key)
 	}
-	return key, key, nil
+	return key
 }
 
 func (cfg *config) keyedMethod(method string) bool {

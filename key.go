@@ -2,6 +2,8 @@ package idempotency
 
 import (
 	"context"
+	"crypto/rand"
+	"sync"
 
 	"github.com/google/uuid"
 )
@@ -22,29 +24,66 @@ const (
 // 36-character text form, such as "f47ac10b-58cc-4372-a567-0e02b2c3d479".
 // Its 122 random bits come from crypto/rand.
 //
-// Do calls it for every keyed request that has no key yet, so most callers
-// never need it; use it to make a key that must outlive the process, store
-// it with the operation, and pass it to every try of that operation with
-// WithKey.
+// Do makes a key like it for every keyed request that has no key yet, so
+// most callers never need it; use it to make a key that must outlive the
+// process, store it with the operation, and pass it to every try of that
+// operation with WithKey.
 func NewKey() string {
 	return uuid.NewString()
 }
 
-// newKeyV4 is the default key function.
-func newKeyV4() (string, error) {
-	u, err := uuid.NewRandom()
-	if err != nil {
-		return "", err
-	}
-	return u.String(), nil
+// keySource makes a Client's keys. Every read of crypto/rand has a fixed
+// cost, a system call on most systems (and still about 100 ns where Linux
+// provides getrandom in the vDSO), which a key of 16 bytes would pay in
+// full; the source reads 4 KiB at a time and hands the bytes out, so that a
+// key pays little more than its share of the generation. The bytes are
+// crypto/rand's and each is handed out once, so keys stay unpredictable
+// and distinct. Each Client has its own source: nothing is shared between
+// Clients, and package uuid's global random pool (uuid.EnableRandPool) is
+// left alone.
+//
+// A keySource is safe for concurrent use. The zero value is ready to use.
+type keySource struct {
+	mu   sync.Mutex
+	left int // buf[len(buf)-left:] holds the bytes not yet handed out
+	buf  [4096]byte
 }
 
-// newKeyV7 makes a time-ordered (version 7) UUID key; see WithKeyVersion7.
-func newKeyV7() (string, error) {
-	u, err := uuid.NewV7()
-	if err != nil {
-		return "", err
+// Read fills p with random bytes. It never fails, as crypto/rand.Read never
+// does. The bytes it hands out are cleared from the buffer, so that the
+// buffer never holds a key that was already made.
+func (s *keySource) Read(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for n := 0; n < len(p); {
+		if s.left == 0 {
+			rand.Read(s.buf[:])
+			s.left = len(s.buf)
+		}
+		b := s.buf[len(s.buf)-s.left:]
+		m := copy(p[n:], b)
+		clear(b[:m])
+		s.left -= m
+		n += m
 	}
+	return len(p), nil
+}
+
+// newKey makes a version 4 key, or a version 7 one if v7.
+func (s *keySource) newKey(v7 bool) (string, error) {
+	if v7 {
+		u, err := uuid.NewV7FromReader(s)
+		if err != nil {
+			return "", err
+		}
+		return u.String(), nil
+	}
+	// What uuid.NewRandomFromReader does, without its allocation: through
+	// an io.Reader, the UUID would escape to the heap.
+	var u uuid.UUID
+	s.Read(u[:])
+	u[6] = u[6]&0x0f | 0x40 // version 4
+	u[8] = u[8]&0x3f | 0x80 // variant 10, RFC 9562's
 	return u.String(), nil
 }
 

@@ -22,14 +22,16 @@ const (
 type Option func(*config)
 
 // config is a Client's configuration. It is not changed after newConfig
-// returns, so it is shared by concurrent calls without locking.
+// returns, so it is shared by concurrent calls without locking; its key
+// source, which changes, locks itself.
 type config struct {
 	httpClient *http.Client
 
 	header       string // canonical form
 	replayHeader string // canonical form
 	quoted       bool
-	keyFunc      func() (string, error)
+	keyFunc      func() (string, error) // nil: keys from keys
+	keyV7        bool
 	keyed        []string
 
 	policy         Policy
@@ -50,13 +52,13 @@ type config struct {
 	doClient  *http.Client // for Do: follows redirects
 	rtClient  *http.Client // for Transport: leaves redirects to its caller
 	transport *roundTripper
+	keys      keySource
 }
 
 func newConfig(opts []Option) *config {
 	cfg := &config{
 		header:         HeaderKey,
 		replayHeader:   HeaderReplayed,
-		keyFunc:        newKeyV4,
 		keyed:          []string{http.MethodPost, http.MethodPatch},
 		policy:         DefaultPolicy,
 		maxAttempts:    defaultMaxAttempts,
@@ -167,9 +169,10 @@ func WithKeyFunc(fn func() (string, error)) Option {
 
 // WithKeyVersion7 makes the Client's keys time-ordered (version 7) UUIDs,
 // whose first 48 bits are a millisecond timestamp and the rest random, so
-// that keys stored in a B-tree index are inserted near each other.
+// that keys stored in a B-tree index are inserted near each other. It
+// replaces a key function given before it with WithKeyFunc.
 func WithKeyVersion7() Option {
-	return WithKeyFunc(newKeyV7)
+	return func(c *config) { c.keyFunc, c.keyV7 = nil, true }
 }
 
 // WithKeyedMethods sets the methods whose requests get a key: POST and PATCH

@@ -60,7 +60,9 @@ func (c *call) run(req *http.Request, hc *http.Client) (*http.Response, error) {
 	// The engine asks checkRetry after every attempt; its own count must
 	// never be what stops it, or it would drop the last response.
 	e.RetryMax = math.MaxInt
-	e.CheckRetry = c.checkRetry
+	// Not the method value c.checkRetry, which would cost an allocation
+	// per call: the engine passes the request's context, which is c.
+	e.CheckRetry = checkRetry
 	// Backoff, PrepareRetry and ErrorHandler are set by checkRetry when
 	// they are needed: the first attempt usually succeeds.
 
@@ -80,10 +82,22 @@ func (c *call) run(req *http.Request, hc *http.Client) (*http.Response, error) {
 	return resp, nil
 }
 
-// checkRetry is the engine's CheckRetry. It never returns an error, so that
-// when it says no the engine returns the attempt's response, or, if there is
-// none, calls giveUp.
-func (c *call) checkRetry(_ context.Context, resp *http.Response, err error) (bool, error) {
+// checkRetry is the engine's CheckRetry: c.checkRetry for the call that is
+// ctx, the context of the request.
+func checkRetry(ctx context.Context, resp *http.Response, err error) (bool, error) {
+	c, ok := ctx.(*call)
+	if !ok {
+		// The engine always passes the context of the request that run
+		// gave it, which is a call.
+		return false, nil
+	}
+	return c.checkRetry(resp, err)
+}
+
+// checkRetry decides after each attempt. It never returns an error, so
+// that when it says no the engine returns the attempt's response, or, if
+// there is none, calls giveUp.
+func (c *call) checkRetry(resp *http.Response, err error) (bool, error) {
 	retry := c.decide(resp, err)
 	if (retry || err != nil) && c.engine.ErrorHandler == nil {
 		// The engine reads these after CheckRetry returns. Set only now,

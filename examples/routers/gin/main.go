@@ -12,20 +12,14 @@
 //
 // # Who the key belongs to
 //
-// Records are kept per caller: the middleware addresses each one by (scope,
-// key), and the scope function names the caller. This API authenticates its
-// callers by the X-API-Key header, so the default scope, a hash of the
-// Authorization header, would put every caller in one empty scope, where one
-// account could be served another's order.
-//
-// Instead authenticate, the application's own gin middleware, runs first
-// and puts the caller's account ID in the context of the request,
-// c.Request.Context(), and the scope function given with server.WithScope,
-// scopeByAccount, reads it there. Not with c.Set: the scope function
-// receives the *http.Request, not the *gin.Context, so it never sees gin's
-// keys. Two accounts that send the same key never share a record; the two
-// API keys of one account do, so a retry made with a rotated key is still a
-// retry.
+// All of the API but its routing is package internal/exampleapp, shared by
+// the router examples; its doc says why the idempotency records are kept
+// per account. Here authenticate, the application's own gin middleware, runs
+// first and puts the caller's account ID in the context of the request,
+// c.Request.Context(), where the middleware's scope function,
+// exampleapp.Scope (given with server.WithScope), finds it. Not with c.Set:
+// the scope function receives the *http.Request, not the *gin.Context, so it
+// never sees gin's keys.
 //
 // gin.Recovery comes first of all: the idempotency middleware releases the
 // key of a handler that panics and lets the panic go on, for gin to answer
@@ -47,72 +41,28 @@
 package main
 
 import (
-	"context"
-	"errors"
 	"flag"
 	"log"
-	"net"
 	"net/http"
-	"os"
-	"os/signal"
-	"strconv"
-	"sync"
-	"syscall"
-	"time"
 
 	"github.com/gin-gonic/gin"
 
+	"github.com/idemkit/idempotency/internal/exampleapp"
 	"github.com/idemkit/idempotency/server"
-	"github.com/idemkit/idempotency/server/memstore"
 )
 
 func main() {
 	addr := flag.String("addr", "127.0.0.1:8080", "address to listen on")
 	flag.Parse()
-	if err := run(*addr); err != nil {
+	if err := exampleapp.Run(*addr, newHandler); err != nil {
 		log.Fatal(err)
 	}
 }
 
-// demoAccounts maps API keys to accounts. A real API looks up a hash of the
-// key in its database.
-var demoAccounts = map[string]string{
-	"alice-key-1": "acct_alice",
-	"alice-key-2": "acct_alice",
-	"bob-key":     "acct_bob",
-}
-
-func run(addr string) error {
-	store := memstore.New()
-	defer store.Close()
-	h, err := newHandler(store, &orderBook{}, demoAccounts)
-	if err != nil {
-		return err
-	}
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return err
-	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	log.Printf("orders API on http://%s (Ctrl-C stops it)", ln.Addr())
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-	}
-	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	return srv.Shutdown(shutdown)
-}
-
 // newHandler wires the API: recovery and authentication for every route, the
 // idempotency middleware for the route that creates orders.
-func newHandler(store server.Store, book *orderBook, accounts map[string]string) (http.Handler, error) {
-	mw, err := server.New(store, server.WithScope(scopeByAccount))
+func newHandler(store server.Store, book *exampleapp.Book, accounts map[string]string) (http.Handler, error) {
+	mw, err := server.New(store, server.WithScope(exampleapp.Scope))
 	if err != nil {
 		return nil, err
 	}
@@ -124,17 +74,9 @@ func newHandler(store server.Store, book *orderBook, accounts map[string]string)
 	return r, nil
 }
 
-// accountKey is the request-context key of the authenticated account ID.
-type accountKey struct{}
-
-func accountFrom(ctx context.Context) (string, bool) {
-	id, ok := ctx.Value(accountKey{}).(string)
-	return id, ok
-}
-
-// authenticate is the application's authentication: it answers 401 to an
-// unknown API key, and passes the caller's account on in the request's
-// context, where handlers and the scope function find it.
+// authenticate is the application's authentication, as gin middleware: it
+// answers 401 to an unknown API key, and passes the caller's account on in
+// the request's context, where handlers and the scope function find it.
 func authenticate(accounts map[string]string) gin.HandlerFunc {
 	return func(c *gin.Context) {
 		account, ok := accounts[c.GetHeader("X-API-Key")]
@@ -142,96 +84,33 @@ func authenticate(accounts map[string]string) gin.HandlerFunc {
 			c.AbortWithStatusJSON(http.StatusUnauthorized, gin.H{"error": "unknown or missing X-API-Key"})
 			return
 		}
-		c.Request = c.Request.WithContext(context.WithValue(c.Request.Context(), accountKey{}, account))
+		c.Request = c.Request.WithContext(exampleapp.WithAccount(c.Request.Context(), account))
 		c.Next()
 	}
 }
 
-// scopeByAccount is the middleware's scope function: idempotency records
-// belong to the authenticated account. Without one (a route protected but
-// not authenticated) the request is refused with 400 rather than put in a
-// scope shared by everyone.
-func scopeByAccount(r *http.Request) (string, error) {
-	account, ok := accountFrom(r.Context())
-	if !ok {
-		return "", errors.New("no authenticated account in the request context")
-	}
-	return "account:" + account, nil
-}
-
-type api struct{ book *orderBook }
-
-type orderRequest struct {
-	Item     string `json:"item"`
-	Quantity int    `json:"quantity"`
-}
+type api struct{ book *exampleapp.Book }
 
 func (a *api) createOrder(c *gin.Context) {
-	account, _ := accountFrom(c.Request.Context())
-	var req orderRequest
-	if err := c.ShouldBindJSON(&req); err != nil || req.Item == "" || req.Quantity < 1 {
+	account, _ := exampleapp.AccountFrom(c.Request.Context())
+	var req exampleapp.OrderRequest
+	if err := c.ShouldBindJSON(&req); err != nil || req.Validate() != nil {
 		// A 4xx is stored like a success: the same request would fail
 		// the same way again.
 		c.JSON(http.StatusBadRequest, gin.H{"error": "want an item and a positive quantity"})
 		return
 	}
-	o := a.book.add(account, req.Item, req.Quantity)
+	o := a.book.Add(account, req.Item, req.Quantity)
 	c.Header("Location", "/orders/"+o.ID)
 	c.JSON(http.StatusCreated, o)
 }
 
 func (a *api) getOrder(c *gin.Context) {
-	account, _ := accountFrom(c.Request.Context())
-	o, ok := a.book.get(account, c.Param("id"))
+	account, _ := exampleapp.AccountFrom(c.Request.Context())
+	o, ok := a.book.Get(account, c.Param("id"))
 	if !ok {
 		c.JSON(http.StatusNotFound, gin.H{"error": "no such order"})
 		return
 	}
 	c.JSON(http.StatusOK, o)
-}
-
-type order struct {
-	ID       string `json:"id"`
-	Account  string `json:"account"`
-	Item     string `json:"item"`
-	Quantity int    `json:"quantity"`
-}
-
-// orderBook holds the orders: the side effect that must happen once per
-// key. A real API keeps them in its database.
-type orderBook struct {
-	mu     sync.Mutex
-	orders []order
-}
-
-func (b *orderBook) add(account, item string, quantity int) order {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	o := order{ID: "ord_" + strconv.Itoa(len(b.orders)+1), Account: account, Item: item, Quantity: quantity}
-	b.orders = append(b.orders, o)
-	return o
-}
-
-func (b *orderBook) get(account, id string) (order, bool) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	for _, o := range b.orders {
-		if o.ID == id && o.Account == account {
-			return o, true
-		}
-	}
-	return order{}, false
-}
-
-// count returns how many orders account has.
-func (b *orderBook) count(account string) int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	n := 0
-	for _, o := range b.orders {
-		if o.Account == account {
-			n++
-		}
-	}
-	return n
 }

@@ -271,51 +271,43 @@ func (s *Store) sweepAtBound() bool {
 // Complete implements server.Store. At the byte bound it keeps the record
 // and drops the response body; see the package documentation.
 func (s *Store) Complete(ctx context.Context, id server.ID, token server.Token, resp *server.Response, ttl time.Duration) error {
-	if err := s.check(ctx, "complete"); err != nil {
-		return err
-	}
-	sh := s.shard(id)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	r, err := s.current(sh, id, token)
-	if err != nil {
-		return fmt.Errorf("memstore: complete: %w", err)
-	}
-	size := int64(resp.Size())
-	if s.bytes.Add(size) > s.maxBytes {
-		s.bytes.Add(-size)
-		resp = &server.Response{Status: resp.Status, Header: resp.Header, BodyOmitted: true}
-		size = int64(resp.Size())
-		s.bytes.Add(size)
-	}
-	now := s.now()
-	r.resp = resp
-	r.size += size
-	r.leaseUntil = now
-	r.expiresAt = now.add(ttl)
-	sh.m[id] = r
-	return nil
+	return s.withLease(ctx, "complete", id, token, func(sh *shard, r record) {
+		size := int64(resp.Size())
+		if s.bytes.Add(size) > s.maxBytes {
+			s.bytes.Add(-size)
+			resp = &server.Response{Status: resp.Status, Header: resp.Header, BodyOmitted: true}
+			size = int64(resp.Size())
+			s.bytes.Add(size)
+		}
+		now := s.now()
+		r.resp = resp
+		r.size += size
+		r.leaseUntil = now
+		r.expiresAt = now.add(ttl)
+		sh.m[id] = r
+	})
 }
 
 // Release implements server.Store.
 func (s *Store) Release(ctx context.Context, id server.ID, token server.Token) error {
-	if err := s.check(ctx, "release"); err != nil {
-		return err
-	}
-	sh := s.shard(id)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	r, err := s.current(sh, id, token)
-	if err != nil {
-		return fmt.Errorf("memstore: release: %w", err)
-	}
-	s.remove(sh, id, r)
-	return nil
+	return s.withLease(ctx, "release", id, token, func(sh *shard, r record) {
+		s.remove(sh, id, r)
+	})
 }
 
 // Extend implements server.Store.
 func (s *Store) Extend(ctx context.Context, id server.ID, token server.Token, lease time.Duration) error {
-	if err := s.check(ctx, "extend"); err != nil {
+	return s.withLease(ctx, "extend", id, token, func(sh *shard, r record) {
+		r.leaseUntil = s.now().add(lease)
+		r.expiresAt = max(r.expiresAt, r.leaseUntil)
+		sh.m[id] = r
+	})
+}
+
+// withLease runs fn, under the shard's lock, on the in-flight record that
+// token holds, or fails with ErrLeaseLost.
+func (s *Store) withLease(ctx context.Context, op string, id server.ID, token server.Token, fn func(*shard, record)) error {
+	if err := s.check(ctx, op); err != nil {
 		return err
 	}
 	sh := s.shard(id)
@@ -323,11 +315,9 @@ func (s *Store) Extend(ctx context.Context, id server.ID, token server.Token, le
 	defer sh.mu.Unlock()
 	r, err := s.current(sh, id, token)
 	if err != nil {
-		return fmt.Errorf("memstore: extend: %w", err)
+		return fmt.Errorf("memstore: %s: %w", op, err)
 	}
-	r.leaseUntil = s.now().add(lease)
-	r.expiresAt = max(r.expiresAt, r.leaseUntil)
-	sh.m[id] = r
+	fn(sh, r)
 	return nil
 }
 

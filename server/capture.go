@@ -115,6 +115,11 @@ func (rec *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 // features the recorder does not change (deadlines, full duplex).
 func (rec *recorder) Unwrap() http.ResponseWriter { return rec.w }
 
+// wrote reports whether the handler answered at all.
+func (rec *recorder) wrote() bool {
+	return rec.status != 0 || rec.streaming || len(rec.body) > 0
+}
+
 // finalStatus is the status the handler answered with.
 func (rec *recorder) finalStatus() int {
 	if rec.status == 0 {

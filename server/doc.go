@@ -18,8 +18,16 @@
 //     WithWait, a wait for the original's response.
 //   - A handler that answers 5xx, 408 or 429, or panics: the claim is
 //     released, so that a retry runs again (see WithStoreStatus).
-//   - A store that fails: 503 with Retry-After, and the handler does not run
-//     (unless WithFailOpen).
+//   - A handler that returns without answering because its context ended
+//     (the client went away): the claim is released, nothing is stored.
+//   - A store that fails or is slower than the store timeout: 503 with
+//     Retry-After, and the handler does not run (unless WithFailOpen).
+//   - A request body that cannot be read: 413 when it is too large (for the
+//     middleware's limit or an http.MaxBytesReader in front of it), 400
+//     otherwise; nothing is claimed.
+//
+// Every answer to a request with a valid key, the original, a replay or a
+// refusal, carries the key back in the Idempotency-Key header (WithEchoKey).
 //
 // Refusals are RFC 9457 problem+json documents by default (WithErrorWriter
 // changes that); each wraps an exported sentinel such as ErrKeyMismatch.
@@ -31,12 +39,17 @@
 // (scope, key): by default the scope is a hash of the Authorization header
 // (never the header itself), so one tenant is never served another's
 // response; WithScope lets the application use its own principal. The default
-// fingerprint is SHA-256 over method, path, query and body.
+// fingerprint is SHA-256 over method, escaped path, query and body.
 //
 // # Replays
 //
 // Only allow-listed headers are stored (WithReplayHeaders); Set-Cookie,
-// Authorization, Date and hop-by-hop headers never are. A response larger than
+// Authorization, Date and hop-by-hop headers never are. The default list
+// holds the headers that describe the stored body (Content-Type,
+// Content-Encoding, Content-Language, ETag, ...), so that a replay is the same
+// representation, byte for byte. Each replay's headers are a copy of the
+// record's: nothing a writer in front of the middleware does to them reaches
+// the record. A response larger than
 // the stored limit, or one the handler streams (Flush) or hijacks, is sent as
 // it is made and recorded without its body: the request still never runs
 // twice, and its replay carries the status and headers with
@@ -46,10 +59,36 @@
 //
 // Among concurrent requests with the same scope and key, exactly one runs the
 // handler, whatever the Store, because the claim is one atomic operation.
-// Completion and release are written on a context that the client's
-// disconnect does not cancel. A handler whose lease is lost (its process
-// stalled past the lease) has its context cancelled, and its fencing token
-// (LeaseFromContext) is refused by the store from then on.
+//
+// Every Store call runs on a context that the client's disconnect does not
+// cancel (a dropped connection is exactly when the retry will come), bounded
+// by the store timeout (WithStoreTimeout, 5 seconds): a Claim that fails,
+// hangs or is slower than that is answered with 503 and Retry-After, and the
+// handler does not run. The bound relies on the Store returning when its
+// context's deadline passes, as the stores of this module do.
+//
+// The lease is renewed every third of its length until the response is stored
+// or the claim released. The middleware knows when the lease ends: its length
+// after the Claim or Extend that last granted it was sent. If that moment,
+// less a tenth of the lease, passes without a successful renewal (the store
+// failed, was too slow, or said the lease was lost), the handler's context is
+// cancelled with a cause that wraps ErrLeaseLost (ErrLeaseExpired when the
+// renewals failed), before another request can take the key over. A holder
+// whose lease was lost cannot complete or release the record: its fencing
+// token (LeaseFromContext) is refused by the store, and can be checked by
+// downstream systems too. A handler that ignores its context can still run
+// past its lease.
+//
+// When Complete fails after the handler ran, it is retried within the store
+// timeout while the lease is kept alive. If it still fails, the handler's
+// response is sent anyway (the effect happened, and the client is told what it
+// was), the key is kept claimed rather than released, and an error is logged
+// with the key and scope. A retry then gets 409 until the lease ends, and runs
+// the request again after that. A failing Release is retried the same way; a
+// key that could not be released answers 409 until its lease ends.
+//
+// A 409 for a request in flight carries a short Retry-After, one second by
+// default (WithRetryAfter), never more than the lease has left.
 //
 // With a Store whose records live outside the handler's own database, the
 // handler's effects and the stored response are not one atomic write: if the

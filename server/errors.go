@@ -3,6 +3,7 @@ package server
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"time"
@@ -31,7 +32,22 @@ var (
 	// ErrStoreUnavailable: the Store failed, so the request could not be
 	// protected and was not run (503, with Retry-After).
 	ErrStoreUnavailable = errors.New("idempotency store unavailable")
+	// ErrBodyUnreadable: the request body could not be read to its end (a
+	// broken connection, a body shorter than its Content-Length, a failing
+	// decoder); nothing was claimed and the handler did not run (400).
+	ErrBodyUnreadable = errors.New("request body unreadable")
+	// ErrUnidentified: the scope or fingerprint function failed, so the
+	// request could not be identified (400).
+	ErrUnidentified = errors.New("request could not be identified")
 )
+
+// ErrLeaseExpired is the cause with which a handler's context is cancelled
+// when its lease ended without a successful renewal: the Store failed or
+// was too slow every time it was asked to extend it, and another request may
+// now take the key over. It wraps ErrLeaseLost, so that
+// errors.Is(context.Cause(ctx), ErrLeaseLost) holds however the lease was
+// lost.
+var ErrLeaseExpired = fmt.Errorf("idempotency lease ended without renewal: %w", ErrLeaseLost)
 
 // problemBase is where each problem type is documented.
 const problemBase = "https://pkg.go.dev/github.com/idemkit/idempotency/server#"

@@ -29,13 +29,15 @@ func AuthorizationScope(r *http.Request) (string, error) {
 }
 
 // Fingerprint is the default fingerprint function: SHA-256 over the method,
-// the path, the raw query and the SHA-256 of the body, each length-prefixed
-// so that no two different requests can be written the same way.
+// the escaped path, the raw query and the SHA-256 of the body, each
+// length-prefixed so that no two different requests can be written the same
+// way. The path is taken as the client escaped it, so that /items/a%2Fb and
+// /items/a/b, which name different resources, never share a record.
 func Fingerprint(r *http.Request, body []byte) (string, error) {
 	bodySum := sha256.Sum256(body)
 	var stack [256]byte
 	b := append(stack[:0], "idempotency fingerprint v1"...)
-	for _, s := range [...]string{r.Method, r.URL.Path, r.URL.RawQuery} {
+	for _, s := range [...]string{r.Method, r.URL.EscapedPath(), r.URL.RawQuery} {
 		b = strconv.AppendInt(b, int64(len(s)), 10)
 		b = append(b, ':')
 		b = append(b, s...)

@@ -10,7 +10,6 @@ import (
 	"maps"
 	"net/http"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/idemkit/idempotency/internal/keyfield"
@@ -41,7 +40,9 @@ func New(store Store, opts ...Option) (*Middleware, error) {
 	}
 	m := &Middleware{store: store, cfg: cfg, replayable: make(map[string]struct{}, len(cfg.replayHeaders))}
 	for _, name := range cfg.replayHeaders {
-		m.replayable[name] = struct{}{}
+		// net/http keeps headers under their canonical names: "Etag",
+		// not "ETag".
+		m.replayable[http.CanonicalHeaderKey(name)] = struct{}{}
 	}
 	m.binder, _ = store.(Binder)
 	return m, nil
@@ -66,7 +67,8 @@ type Lease struct {
 type leaseKey struct{}
 
 // LeaseFromContext returns the lease of the request being handled, if the
-// middleware protects it.
+// middleware protects it. The handler's context is cancelled when the lease
+// is lost or ends without renewal; context.Cause then wraps ErrLeaseLost.
 func LeaseFromContext(ctx context.Context) (Lease, bool) {
 	l, ok := ctx.Value(leaseKey{}).(*Lease)
 	if !ok {
@@ -110,13 +112,14 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			"Idempotency key invalid", "The "+m.cfg.header+" header is invalid: "+err.Error()+"."))
 		return
 	}
+	if m.cfg.echoKey {
+		// A slice of its own: nothing done to the response's headers may
+		// reach the request's.
+		w.Header()[m.cfg.header] = []string{values[0]}
+	}
 	body, err := m.readBody(r)
 	if err != nil {
-		if errors.Is(err, ErrBodyTooLarge) {
-			m.refuse(w, r, newError(http.StatusRequestEntityTooLarge, ErrBodyTooLarge, "ErrBodyTooLarge",
-				"Request body too large", "The request body is larger than "+strconv.FormatInt(m.cfg.maxBody, 10)+" bytes."))
-		}
-		// Otherwise the body could not be read: the client is gone.
+		m.bodyFailed(w, r, err)
 		return
 	}
 	scope, err := m.cfg.scope(r)
@@ -138,37 +141,78 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	ex.handle()
 }
 
-// ErrUnidentified: the scope or fingerprint function failed, so the request
-// could not be identified (400).
-var ErrUnidentified = errors.New("request could not be identified")
-
 func (m *Middleware) refuse(w http.ResponseWriter, r *http.Request, e *Error) {
 	m.cfg.errorWriter(w, r, e)
 }
 
-// readBody reads the whole request body, up to the limit.
+// bodyFailed answers a request whose body could not be read. Nothing has
+// been claimed, so nothing is left behind.
+func (m *Middleware) bodyFailed(w http.ResponseWriter, r *http.Request, err error) {
+	var tooLarge *http.MaxBytesError
+	switch {
+	case errors.Is(err, ErrBodyTooLarge):
+		m.refuse(w, r, newError(http.StatusRequestEntityTooLarge, ErrBodyTooLarge, "ErrBodyTooLarge",
+			"Request body too large", "The request body is larger than "+strconv.FormatInt(m.cfg.maxBody, 10)+" bytes."))
+	case errors.As(err, &tooLarge):
+		// A limit set in front of the middleware (http.MaxBytesReader).
+		e := newError(http.StatusRequestEntityTooLarge, ErrBodyTooLarge, "ErrBodyTooLarge",
+			"Request body too large", "The request body is larger than "+strconv.FormatInt(tooLarge.Limit, 10)+" bytes.")
+		e.cause = err
+		m.refuse(w, r, e)
+	default:
+		// Answered even when the request's context is done: net/http
+		// cancels it when the connection ends mid-body, yet a client
+		// that only closed its sending side still reads the answer, and
+		// silence would reach it as an empty 200.
+		e := newError(http.StatusBadRequest, ErrBodyUnreadable, "ErrBodyUnreadable",
+			"Request body unreadable", "The request body could not be read to its end.")
+		e.cause = err
+		m.refuse(w, r, e)
+	}
+}
+
+// bodyChunk is the most that readBody allocates ahead of the bytes that
+// arrive: a declared Content-Length is a promise, not a reason to reserve
+// memory.
+const bodyChunk = 32 << 10
+
+// readBody reads the whole request body, up to the limit. Its buffer grows as
+// bytes arrive, so that a client that declares a large body and sends little
+// holds little memory.
 func (m *Middleware) readBody(r *http.Request) ([]byte, error) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
 	}
-	if r.ContentLength > m.cfg.maxBody {
+	limit := m.cfg.maxBody
+	if r.ContentLength > limit {
 		return nil, ErrBodyTooLarge
 	}
-	if r.ContentLength > 0 {
-		buf := make([]byte, r.ContentLength)
-		if _, err := io.ReadFull(r.Body, buf); err != nil {
+	size := bodyChunk
+	if r.ContentLength >= 0 && r.ContentLength < bodyChunk {
+		// The whole body, and one byte more to see its end without a
+		// second allocation.
+		size = int(r.ContentLength) + 1
+	}
+	buf := make([]byte, 0, min(int64(size), limit+1))
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := r.Body.Read(buf[len(buf):min(int64(cap(buf)), limit+1)])
+		buf = buf[:len(buf)+n]
+		if int64(len(buf)) > limit {
+			return nil, ErrBodyTooLarge
+		}
+		if err == io.EOF {
+			if len(buf) == 0 {
+				return nil, nil
+			}
+			return buf, nil
+		}
+		if err != nil {
 			return nil, err
 		}
-		return buf, nil
 	}
-	buf, err := io.ReadAll(io.LimitReader(r.Body, m.cfg.maxBody+1))
-	if err != nil {
-		return nil, err
-	}
-	if int64(len(buf)) > m.cfg.maxBody {
-		return nil, ErrBodyTooLarge
-	}
-	return buf, nil
 }
 
 // exchange is one protected request, from its claim to its answer. It holds
@@ -181,11 +225,14 @@ type exchange struct {
 	body  []byte
 	fp    string
 	lease Lease
-	rec   recorder
-	rn    renewal
-	br    bodyReader
-	lctx  leaseContext
-	sctx  detached
+	// claimed is when the Claim that acquired the lease was sent: the
+	// store's lease cannot have begun earlier.
+	claimed  time.Time
+	rec      recorder
+	rn       renewal
+	br       bodyReader
+	lctx     leaseContext
+	claimCtx detached
 }
 
 // bodyReader gives the handler the body the middleware read.
@@ -210,7 +257,7 @@ func (c *leaseContext) Value(key any) any {
 
 func (ex *exchange) handle() {
 	m, r := ex.m, ex.r
-	c, err := m.store.Claim(r.Context(), ex.lease.ID, ex.fp, m.cfg.lease, m.cfg.ttl)
+	c, err := ex.claim()
 	if err == nil && c.Status == InFlight && sameRequest(c, ex.fp) && m.cfg.wait > 0 {
 		c, err = ex.await(c)
 	}
@@ -224,6 +271,12 @@ func (ex *exchange) handle() {
 	switch c.Status {
 	case Acquired:
 		ex.lease.Token = c.Token
+		if r.Context().Err() != nil {
+			// The client left while the claim was made: nothing has
+			// run, so give the key back rather than leave it in flight.
+			ex.release("the client went away before the handler ran")
+			return
+		}
 		ex.run()
 	case Completed:
 		if c.Fingerprint != ex.fp {
@@ -238,11 +291,35 @@ func (ex *exchange) handle() {
 		}
 		e := newError(http.StatusConflict, ErrInFlight, "ErrInFlight", "Request in flight",
 			"A request with this idempotency key is still being processed; retry later.")
-		e.RetryAfter = max(c.RetryAfter, time.Second)
+		e.RetryAfter = m.cfg.retryAfter
+		if c.RetryAfter > 0 {
+			// Never longer than the holder's lease has left: by then
+			// the retry either gets the answer or takes the key over.
+			e.RetryAfter = min(e.RetryAfter, c.RetryAfter)
+		}
 		m.refuse(ex.w, r, e)
 	default:
 		ex.storeFailed(fmt.Errorf("server: Claim returned status %d", c.Status))
 	}
+}
+
+// claim asks the store for the lease, within the store timeout. Its context
+// ignores the client's disconnect, so that the answer is known: a claim
+// abandoned half-way could leave the key in flight until its lease ended.
+func (ex *exchange) claim() (Claim, error) {
+	m := ex.m
+	var ctx *detached
+	if ex.claimCtx.values == nil {
+		// The first claim's context lives in the exchange: one allocation
+		// fewer on every request. It is never reused.
+		ctx = &ex.claimCtx
+		ctx.init(ex.r.Context(), m.cfg.storeTimeout)
+	} else {
+		ctx = ex.storeContext(m.cfg.storeTimeout)
+	}
+	defer ctx.stop()
+	ex.claimed = time.Now()
+	return m.store.Claim(ctx, ex.lease.ID, ex.fp, m.cfg.lease, m.cfg.ttl)
 }
 
 // await claims again until the request in flight finishes or the wait ends.
@@ -270,7 +347,7 @@ func (ex *exchange) await(c Claim) (Claim, error) {
 		}
 		step = min(2*step, 250*time.Millisecond)
 		var err error
-		c, err = m.store.Claim(ctx, ex.lease.ID, ex.fp, m.cfg.lease, m.cfg.ttl)
+		c, err = ex.claim()
 		if err != nil {
 			return c, err
 		}
@@ -303,7 +380,7 @@ func (ex *exchange) storeFailed(err error) {
 func (ex *exchange) unavailable(err error) {
 	e := newError(http.StatusServiceUnavailable, ErrStoreUnavailable, "ErrStoreUnavailable",
 		"Idempotency store unavailable", "The request could not be protected against duplicates, so it was not processed; retry later.")
-	e.RetryAfter = time.Second
+	e.RetryAfter = ex.m.cfg.retryAfter
 	e.cause = err
 	ex.m.refuse(ex.w, ex.r, e)
 }
@@ -342,36 +419,51 @@ func (ex *exchange) run() {
 	if m.binder != nil {
 		before = ex.w.Header().Clone()
 	}
+	// The lease is renewed until the response is stored or the claim
+	// released, not only while the handler runs: a retry must not take
+	// the key over while the outcome is being written.
 	ex.rn.start(ex, cancel)
+	defer ex.rn.stop()
 
 	done := false
 	defer func() {
 		if !done {
 			// The handler panicked: give the key back, and let the
 			// panic go on to the server's recovery.
-			ex.rn.stop()
 			ex.release("handler panicked")
 		}
 	}()
 	ex.next.ServeHTTP(&ex.rec, r)
 	done = true
-	ex.rn.stop()
 
 	rec := &ex.rec
 	status := rec.finalStatus()
 	switch {
+	case !rec.wrote() && cctx.Err() != nil:
+		// The handler gave up without an answer because its context
+		// ended: the client went away, or the lease could not be kept.
+		// An empty 200 stored now would be replayed for the whole TTL.
+		cause := context.Cause(cctx)
+		ex.release("the handler returned without an answer after its context ended: " + cause.Error())
+		if ex.r.Context().Err() == nil {
+			ex.unavailable(cause)
+		}
+	case !m.cfg.storeStatus(status):
+		// Whatever its size, and even if part of it has gone out: a
+		// status that says "retry" must let the retry run.
+		ex.release("status " + strconv.Itoa(status) + " is not stored")
+		if !rec.streaming {
+			rec.send()
+		}
 	case rec.streaming:
 		// Already sent, in part or in whole; record that it ran.
-		ex.complete(&Response{Status: status, Header: ex.keptHeader(), BodyOmitted: true})
 		how := "streamed"
 		if rec.hijacked {
 			how = "hijacked"
 		}
-		m.cfg.logger.LogAttrs(ex.r.Context(), slog.LevelInfo, "idempotent response passed through and stored without its body",
+		m.cfg.logger.LogAttrs(ex.r.Context(), slog.LevelInfo, "idempotent response passed through; storing it without its body",
 			slog.String("key", ex.lease.Key), slog.Int("status", status), slog.String("how", how))
-	case !m.cfg.storeStatus(status):
-		ex.release("status " + strconv.Itoa(status) + " is not stored")
-		rec.send()
+		ex.complete(&Response{Status: status, Header: ex.keptHeader(), BodyOmitted: true})
 	default:
 		if err := ex.complete(&Response{Status: status, Header: ex.keptHeader(), Body: rec.body}); errors.Is(err, ErrNotCommitted) {
 			// The handler's effects were undone (or may have been):
@@ -382,42 +474,80 @@ func (ex *exchange) run() {
 			ex.unavailable(err)
 			return
 		}
+		// Stored, or not even after retrying: either way the effect
+		// happened once, and the client is told what it was.
 		rec.send()
 	}
 }
 
-// storeContext is for writes that must happen even when the client has gone:
-// a dropped connection is exactly when the retry will come. The handler's
-// goroutine makes one such write per exchange.
-func (ex *exchange) storeContext() *detached {
-	ex.sctx = detached{}
-	ex.sctx.init(ex.r.Context(), ex.m.cfg.storeTimeout)
-	return &ex.sctx
+// storeContext is for store calls that must finish even when the client has
+// gone: a dropped connection is exactly when the retry will come. Each call
+// has a context of its own: a Store may leave a goroutine watching the last
+// one for a while after it returned (a context derived from it, whose
+// cancellation propagates asynchronously).
+func (ex *exchange) storeContext(timeout time.Duration) *detached {
+	ctx := new(detached)
+	ctx.init(ex.r.Context(), timeout)
+	return ctx
 }
 
-// complete stores the response. An error is logged here; the caller looks
-// only for ErrNotCommitted.
-func (ex *exchange) complete(resp *Response) error {
-	ctx := ex.storeContext()
+// retryStore calls op until it succeeds, fails for good, or the store timeout
+// ends. ErrLeaseLost and ErrNotCommitted are final: trying again cannot
+// change them.
+func (ex *exchange) retryStore(op func(context.Context) error) error {
+	ctx := ex.storeContext(ex.m.cfg.storeTimeout)
 	defer ctx.stop()
-	err := ex.m.store.Complete(ctx, ex.lease.ID, ex.lease.Token, resp, ex.m.cfg.ttl)
+	var timer *time.Timer
+	for wait := 5 * time.Millisecond; ; wait = min(2*wait, 250*time.Millisecond) {
+		err := op(ctx)
+		if err == nil || errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrNotCommitted) {
+			return err
+		}
+		left := time.Until(ctx.deadline)
+		if left <= wait {
+			return err
+		}
+		if timer == nil {
+			timer = time.NewTimer(wait)
+			defer timer.Stop()
+		} else {
+			timer.Reset(wait)
+		}
+		<-timer.C
+	}
+}
+
+// complete stores the response, retrying within the store timeout while the
+// lease is kept alive. An error is logged here; the caller looks only for
+// ErrNotCommitted.
+func (ex *exchange) complete(resp *Response) error {
+	m := ex.m
+	err := ex.retryStore(func(ctx context.Context) error {
+		return m.store.Complete(ctx, ex.lease.ID, ex.lease.Token, resp, m.cfg.ttl)
+	})
 	switch {
+	case err == nil:
 	case errors.Is(err, ErrNotCommitted):
-		ex.m.cfg.logger.LogAttrs(ctx, slog.LevelError, "idempotent request not committed; answering 503",
-			slog.String("key", ex.lease.Key), slog.Any("error", err))
-	case err != nil:
-		ex.m.cfg.logger.LogAttrs(ctx, slog.LevelError, "idempotent response not stored; a retry may run the request again",
-			slog.String("key", ex.lease.Key), slog.Any("error", err))
+		m.cfg.logger.LogAttrs(ex.r.Context(), slog.LevelError, "idempotent request not committed; answering 503",
+			slog.String("key", ex.lease.Key), slog.String("scope", ex.lease.Scope), slog.Any("error", err))
+	default:
+		// The response goes to the client anyway, and the key stays
+		// claimed: retries get 409 until the lease ends, and run the
+		// request again after that.
+		m.cfg.logger.LogAttrs(ex.r.Context(), slog.LevelError, "idempotent response not stored; the key stays in flight until its lease ends, and a retry after that runs the request again",
+			slog.String("key", ex.lease.Key), slog.String("scope", ex.lease.Scope), slog.Any("error", err))
 	}
 	return err
 }
 
 func (ex *exchange) release(why string) {
-	ctx := ex.storeContext()
-	defer ctx.stop()
-	if err := ex.m.store.Release(ctx, ex.lease.ID, ex.lease.Token); err != nil {
-		ex.m.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idempotency claim not released; retries get 409 until its lease expires",
-			slog.String("key", ex.lease.Key), slog.String("reason", why), slog.Any("error", err))
+	m := ex.m
+	err := ex.retryStore(func(ctx context.Context) error {
+		return m.store.Release(ctx, ex.lease.ID, ex.lease.Token)
+	})
+	if err != nil {
+		m.cfg.logger.LogAttrs(ex.r.Context(), slog.LevelWarn, "idempotency claim not released; retries get 409 until its lease expires",
+			slog.String("key", ex.lease.Key), slog.String("scope", ex.lease.Scope), slog.String("reason", why), slog.Any("error", err))
 	}
 }
 
@@ -428,7 +558,7 @@ func (ex *exchange) keptHeader() http.Header {
 	var names [16]string
 	kept, n := names[:0], 0
 	for name, vs := range h {
-		if _, ok := ex.m.replayable[name]; ok && len(vs) > 0 {
+		if len(vs) > 0 && ex.m.replays(name) {
 			kept = append(kept, name)
 			n += len(vs)
 		}
@@ -446,21 +576,39 @@ func (ex *exchange) keptHeader() http.Header {
 	return out
 }
 
-// trueValue is a header value shared by every replay; the full slice
-// expression where it is used keeps any writer from appending to it in place.
-var trueValue = [1]string{"true"}
+// replays reports whether the response header name is on the replay list.
+// A handler that writes the header map directly may use a name that is not
+// canonical.
+func (m *Middleware) replays(name string) bool {
+	if _, ok := m.replayable[name]; ok {
+		return true
+	}
+	_, ok := m.replayable[http.CanonicalHeaderKey(name)]
+	return ok
+}
 
-// replay answers with a stored response.
+// replay answers with a stored response. The headers are copied: whatever a
+// writer in front of the middleware does to them must not reach the record.
 func (ex *exchange) replay(resp *Response) {
 	h := ex.w.Header()
-	for name, vs := range resp.Header {
-		// The full slice expression makes any append by a later writer
-		// copy, so the stored values are never written to.
-		h[name] = vs[:len(vs):len(vs)]
-	}
-	h[ex.m.cfg.replayHeader] = trueValue[:1:1]
+	n := 1
 	if resp.BodyOmitted {
-		h[HeaderBodyOmitted] = trueValue[:1:1]
+		n++
+	}
+	for _, vs := range resp.Header {
+		n += len(vs)
+	}
+	values := make([]string, 0, n)
+	for name, vs := range resp.Header {
+		start := len(values)
+		values = append(values, vs...)
+		h[name] = values[start:len(values):len(values)]
+	}
+	values = append(values, "true")
+	h[ex.m.cfg.replayHeader] = values[len(values)-1 : len(values) : len(values)]
+	if resp.BodyOmitted {
+		values = append(values, "true")
+		h[HeaderBodyOmitted] = values[len(values)-1 : len(values) : len(values)]
 	}
 	if needsLength(resp.Status, len(resp.Body)) {
 		h.Set("Content-Length", strconv.Itoa(len(resp.Body)))
@@ -469,53 +617,4 @@ func (ex *exchange) replay(resp *Response) {
 	if len(resp.Body) > 0 {
 		ex.w.Write(resp.Body)
 	}
-}
-
-// renewal extends the lease while the handler runs, every third of the lease.
-// It runs on a timer, not a goroutine of its own; stop waits for a renewal in
-// progress, so none happens after the handler has finished.
-type renewal struct {
-	ex      *exchange
-	cancel  context.CancelCauseFunc
-	mu      sync.Mutex
-	timer   *time.Timer
-	stopped bool
-}
-
-func (rn *renewal) start(ex *exchange, cancel context.CancelCauseFunc) {
-	rn.mu.Lock()
-	defer rn.mu.Unlock()
-	rn.ex, rn.cancel = ex, cancel
-	rn.timer = time.AfterFunc(ex.m.cfg.lease/3, rn.renew)
-}
-
-func (rn *renewal) renew() {
-	rn.mu.Lock()
-	defer rn.mu.Unlock()
-	if rn.stopped {
-		return
-	}
-	ex := rn.ex
-	ctx := new(detached)
-	ctx.init(ex.r.Context(), ex.m.cfg.storeTimeout)
-	err := ex.m.store.Extend(ctx, ex.lease.ID, ex.lease.Token, ex.m.cfg.lease)
-	ctx.stop()
-	switch {
-	case errors.Is(err, ErrLeaseLost):
-		ex.m.cfg.logger.LogAttrs(ctx, slog.LevelError, "idempotency lease lost while the handler ran; cancelling it",
-			slog.String("key", ex.lease.Key))
-		rn.cancel(err)
-		return
-	case err != nil:
-		ex.m.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idempotency lease not renewed; will try again",
-			slog.String("key", ex.lease.Key), slog.Any("error", err))
-	}
-	rn.timer.Reset(ex.m.cfg.lease / 3)
-}
-
-func (rn *renewal) stop() {
-	rn.mu.Lock()
-	rn.stopped = true
-	rn.timer.Stop()
-	rn.mu.Unlock()
 }

@@ -19,6 +19,7 @@ const (
 	DefaultMaxBody      = 1 << 20
 	DefaultMaxStored    = 1 << 20
 	DefaultStoreTimeout = 5 * time.Second
+	DefaultRetryAfter   = time.Second
 	// HeaderBodyOmitted marks a replay whose original body was not stored
 	// (too large, streamed or hijacked): the request ran once, and its
 	// status and headers are replayed without the body.
@@ -26,10 +27,15 @@ const (
 )
 
 // defaultReplayHeaders are the response headers stored and replayed by
-// default; WithReplayHeaders lists them.
+// default; WithReplayHeaders lists them. They are the headers that describe
+// the stored body, so that a replay is the same representation (type,
+// encoding, language, range, digest, validators), and those that describe
+// the result (Location, Link, caching, Allow, the challenge of a 401).
 var defaultReplayHeaders = []string{
-	"Cache-Control", "Content-Language", "Content-Location", "Content-Type",
-	"ETag", "Expires", "Last-Modified", "Link", "Location", "Retry-After", "Vary",
+	"Allow", "Cache-Control", "Content-Digest", "Content-Disposition", "Content-Encoding",
+	"Content-Language", "Content-Location", "Content-Range", "Content-Type", "Digest",
+	"ETag", "Expires", "Last-Modified", "Link", "Location", "Repr-Digest", "Retry-After",
+	"Vary", "WWW-Authenticate",
 }
 
 // neverReplayed are headers that must not be stored or replayed: credentials,
@@ -61,6 +67,8 @@ type config struct {
 	replayHeaders  []string
 	logger         *slog.Logger
 	storeTimeout   time.Duration
+	retryAfter     time.Duration
+	echoKey        bool
 	invalidOptions []error
 }
 
@@ -80,6 +88,8 @@ func defaultConfig() config {
 		replayHeaders: defaultReplayHeaders,
 		logger:        slog.New(slog.DiscardHandler),
 		storeTimeout:  DefaultStoreTimeout,
+		retryAfter:    DefaultRetryAfter,
+		echoKey:       true,
 	}
 }
 
@@ -152,9 +162,12 @@ func WithTTL(d time.Duration) Option {
 }
 
 // WithLease sets the lease that the handler holds while it runs, one minute by
-// default. The middleware renews it every third of its length for as long as
-// the handler runs; if this process dies, another request with the same key
-// may take the record over once the lease has expired.
+// default. The middleware renews it every third of its length (a tenth after
+// a failed renewal) until the response is stored. When the lease's end, less
+// a tenth of it, passes without a successful renewal, the handler's context
+// is cancelled with a cause that wraps ErrLeaseLost: from then on another
+// request with the same key may take the record over. If this process dies,
+// another request may take it over once the lease has expired.
 func WithLease(d time.Duration) Option {
 	return func(c *config) {
 		if d < 10*time.Millisecond {
@@ -304,8 +317,13 @@ func WithLogger(l *slog.Logger) Option {
 	}
 }
 
-// WithStoreTimeout bounds each Complete, Release and Extend, which run on a
-// context that the client's disconnect does not cancel, 5 seconds by default.
+// WithStoreTimeout bounds every Store call, 5 seconds by default: a Claim
+// that takes longer is answered with 503 and the handler does not run; a
+// Complete or Release that fails is retried until the timeout ends; an Extend
+// is given at most what is left of the lease. Store calls run on a context
+// that the client's disconnect does not cancel (a dropped connection is
+// exactly when the retry will come), so a Store must return when its
+// context's deadline passes: the bounds depend on it.
 func WithStoreTimeout(d time.Duration) Option {
 	return func(c *config) {
 		if d <= 0 {
@@ -314,4 +332,27 @@ func WithStoreTimeout(d time.Duration) Option {
 		}
 		c.storeTimeout = d
 	}
+}
+
+// WithRetryAfter sets the Retry-After of a 409 (a request with the same key
+// is in flight) and of a 503 (the store failed), one second by default. A
+// 409's is never longer than what is left of the lease of the request in
+// flight. Retry-After is sent in whole seconds, at least one.
+func WithRetryAfter(d time.Duration) Option {
+	return func(c *config) {
+		if d <= 0 {
+			c.invalid("Retry-After %v is not positive", d)
+			return
+		}
+		c.retryAfter = d
+	}
+}
+
+// WithEchoKey sets whether every answer to a request with a valid key, the
+// original, a replay or a refusal, carries the key back in the key header, as
+// the client sent it. It does by default, so that a client can tell which
+// operation an answer belongs to without reading its body (stripe-go reads
+// it into LastResponse.IdempotencyKey).
+func WithEchoKey(on bool) Option {
+	return func(c *config) { c.echoKey = on }
 }

@@ -127,6 +127,10 @@ var ErrLeaseLost = errors.New("idempotency lease lost")
 // answers them with 503 and never runs the handler unprotected unless it was
 // told to fail open.
 //
+// Every method must return once its context is done (its deadline passed):
+// the middleware bounds each call with its store timeout, on a context that
+// the client's disconnect does not cancel, and answers 503 when that passes.
+//
 // A Store must be safe for concurrent use. Run the conformance suite,
 // storetest.Run, against any implementation.
 type Store interface {
@@ -176,8 +180,8 @@ type Store interface {
 // The middleware then calls Complete or Release for that lease on every path,
 // a panicking handler included, after the handler has returned and before the
 // client sees the response; a Complete that fails with ErrNotCommitted makes
-// it answer 503. Extend may run concurrently with the handler, so a Binder
-// must not touch the bound state there.
+// it answer 503. Extend may run concurrently with the handler and with
+// Complete or Release, so a Binder must not touch the bound state there.
 type Binder interface {
 	Bind(ctx context.Context, id ID, token Token) context.Context
 }

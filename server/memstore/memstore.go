@@ -9,10 +9,12 @@
 //     never evicted to make room. Evicting one would let a retry of a request
 //     that already ran run again, which is the failure this module exists to
 //     prevent.
-//   - At the record bound, Claim for a new key fails with ErrFull (after first
-//     removing the expired records it can find), so the middleware answers
-//     503 and runs nothing: the API sheds load instead of losing its memory
-//     of what it did.
+//   - At the record bound, and when a new record's key and fingerprint would
+//     take the store past its byte bound, Claim for a new key fails with
+//     ErrFull (after first removing the expired records it can find), so the
+//     middleware answers 503 and runs nothing: the API sheds load instead of
+//     losing its memory of what it did. Records in flight count toward both
+//     bounds.
 //   - At the byte bound, Complete keeps the record but drops the response
 //     body (the stored Response has BodyOmitted set): the request still
 //     never runs twice; its replay says the body was not kept.
@@ -54,8 +56,8 @@ const (
 )
 
 var (
-	// ErrFull is returned, wrapped, by Claim when the store holds its
-	// maximum number of live records.
+	// ErrFull is returned, wrapped, by Claim when a new record would take
+	// the store past its bound on records or on bytes.
 	ErrFull = errors.New("memstore: full")
 	// ErrClosed is returned, wrapped, by every method after Close.
 	ErrClosed = errors.New("memstore: closed")
@@ -234,12 +236,18 @@ func (s *Store) claim(id server.ID, fingerprint string, lease, ttl time.Duration
 	}
 	switch {
 	case !ok:
+		r = record{fingerprint: fingerprint, size: int64(len(id.Scope)+len(id.Key)+len(fingerprint)) + recordOverhead}
 		if s.records.Add(1) > s.maxRecords {
 			s.records.Add(-1)
 			return server.Claim{}, true
 		}
-		r = record{fingerprint: fingerprint, size: int64(len(id.Scope)+len(id.Key)+len(fingerprint)) + recordOverhead}
-		s.bytes.Add(r.size)
+		if s.bytes.Add(r.size) > s.maxBytes {
+			// Claims count toward the byte bound too: without that,
+			// keys that are never completed would fill memory.
+			s.bytes.Add(-r.size)
+			s.records.Add(-1)
+			return server.Claim{}, true
+		}
 	case r.resp != nil:
 		return server.Claim{Status: server.Completed, Fingerprint: r.fingerprint, Response: r.resp}, false
 	case now < r.leaseUntil:

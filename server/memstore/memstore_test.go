@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -106,6 +107,38 @@ func TestByteBoundKeepsRecord(t *testing.T) {
 	}
 	if b := s.Bytes(); b > 64<<10 {
 		t.Errorf("Bytes() = %d, want at most %d", b, 64<<10)
+	}
+}
+
+// TestClaimsCountTowardByteBound: records in flight take memory too, so
+// claims that are never completed cannot take the store past its byte bound.
+func TestClaimsCountTowardByteBound(t *testing.T) {
+	ctx := context.Background()
+	const bound = 20_000
+	s := memstore.New(memstore.WithMaxBytes(bound))
+	defer s.Close()
+	key := strings.Repeat("k", 252)
+	acquired := 0
+	var full error
+	for i := range 200 {
+		c, err := s.Claim(ctx, server.ID{Key: key + fmt.Sprintf("%03d", i)}, "fp", time.Minute, time.Hour)
+		if err != nil {
+			full = err
+			break
+		}
+		if c.Status != server.Acquired {
+			t.Fatalf("Claim %d = %v, want acquired", i, c.Status)
+		}
+		acquired++
+	}
+	if !errors.Is(full, memstore.ErrFull) {
+		t.Fatalf("Claim past the byte bound error = %v after %d claims, want ErrFull", full, acquired)
+	}
+	if b := s.Bytes(); b > bound {
+		t.Errorf("Bytes() = %d, want at most %d", b, bound)
+	}
+	if got := s.Len(); got != acquired {
+		t.Errorf("Len() = %d, want %d: a refused claim keeps nothing", got, acquired)
 	}
 }
 

@@ -8,9 +8,11 @@ import (
 	"net/http/httptest"
 	"runtime"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/internal/teststores"
 	"github.com/idemkit/idempotency/server"
 	"github.com/idemkit/idempotency/server/memstore"
 )
@@ -25,7 +27,9 @@ import (
 //     the above plus the store's map and the collector's work on what it
 //     keeps (a fresh store every 65,536 keys, so that this is the same at
 //     every b.N);
-//   - replay: one key, answered from memstore every time.
+//   - replay: one key, answered from memstore every time;
+//   - first-redis, replay-redis: the same on redisstore, over loopback to the
+//     test Redis (skipped without one).
 //
 // The differences from bare are the middleware's cost.
 func BenchmarkMiddleware(b *testing.B) {
@@ -97,6 +101,19 @@ func BenchmarkMiddleware(b *testing.B) {
 		store := memstore.New()
 		defer store.Close()
 		h := protect(b, store)
+		run(b, func(int) http.Handler { return h }, func(int) string { return "key-0" })
+	})
+	// The same on Redis, whose client asks for the contexts' Done channels
+	// and deadlines: what the middleware's contexts cost on a network
+	// store. Unique keys across runs: b.N restarts from zero.
+	var redisRun atomic.Int64
+	b.Run("first-redis", func(b *testing.B) {
+		h := protect(b, teststores.Redis(b))
+		prefix := "r" + strconv.FormatInt(redisRun.Add(1), 10) + "-"
+		run(b, func(int) http.Handler { return h }, func(i int) string { return prefix + strconv.Itoa(i) })
+	})
+	b.Run("replay-redis", func(b *testing.B) {
+		h := protect(b, teststores.Redis(b))
 		run(b, func(int) http.Handler { return h }, func(int) string { return "key-0" })
 	})
 }

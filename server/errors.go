@@ -85,8 +85,31 @@ func (e *Error) Unwrap() []error {
 	return []error{e.kind}
 }
 
-func newError(status int, kind error, anchor, title, detail string) *Error {
-	return &Error{Status: status, Type: problemBase + anchor, Title: title, Detail: detail, kind: kind}
+// refusal is how the middleware answers one of its sentinels.
+type refusal struct {
+	status int
+	anchor string // the sentinel's name: the problem type's fragment
+	title  string
+}
+
+// refusals is every answer the middleware writes itself, by sentinel.
+var refusals = map[error]refusal{
+	ErrMissingKey:       {http.StatusBadRequest, "ErrMissingKey", "Idempotency key missing"},
+	ErrInvalidKey:       {http.StatusBadRequest, "ErrInvalidKey", "Idempotency key invalid"},
+	ErrUnidentified:     {http.StatusBadRequest, "ErrUnidentified", "Request not identified"},
+	ErrBodyUnreadable:   {http.StatusBadRequest, "ErrBodyUnreadable", "Request body unreadable"},
+	ErrBodyTooLarge:     {http.StatusRequestEntityTooLarge, "ErrBodyTooLarge", "Request body too large"},
+	ErrKeyMismatch:      {http.StatusUnprocessableEntity, "ErrKeyMismatch", "Idempotency key reused"},
+	ErrInFlight:         {http.StatusConflict, "ErrInFlight", "Request in flight"},
+	ErrStoreUnavailable: {http.StatusServiceUnavailable, "ErrStoreUnavailable", "Idempotency store unavailable"},
+}
+
+// problem makes the refusal of kind, one of the sentinels, with detail to
+// explain this occurrence and cause, if any, behind it (never shown to the
+// client).
+func problem(kind error, detail string, cause error) *Error {
+	r := refusals[kind]
+	return &Error{Status: r.status, Type: problemBase + r.anchor, Title: r.title, Detail: detail, kind: kind, cause: cause}
 }
 
 // An ErrorWriter answers a request that the middleware refuses. err is an

@@ -8,6 +8,42 @@ import (
 	"time"
 )
 
+// Lease describes the lease a protected handler runs under. The handler can
+// pass its Token to downstream systems so that they refuse writes from a
+// holder whose lease was lost.
+type Lease struct {
+	ID
+	Token Token
+}
+
+type leaseKey struct{}
+
+// LeaseFromContext returns the lease of the request being handled, if the
+// middleware protects it. The handler's context is cancelled when the lease
+// is lost or ends without renewal; context.Cause then wraps ErrLeaseLost.
+func LeaseFromContext(ctx context.Context) (Lease, bool) {
+	l, ok := ctx.Value(leaseKey{}).(*Lease)
+	if !ok {
+		return Lease{}, false
+	}
+	return *l, true
+}
+
+// leaseContext is the handler's context: the request's, cancelled if the
+// lease is lost, carrying the lease (one allocation fewer than
+// context.WithValue).
+type leaseContext struct {
+	context.Context
+	lease *Lease
+}
+
+func (c *leaseContext) Value(key any) any {
+	if _, ok := key.(leaseKey); ok {
+		return c.lease
+	}
+	return c.Context.Value(key)
+}
+
 // renewal keeps the lease alive from the claim until the response is stored
 // or the claim released, and knows when the lease ends.
 //

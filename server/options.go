@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"slices"
 	"strings"
 	"time"
 )
@@ -25,26 +24,6 @@ const (
 	// status and headers are replayed without the body.
 	HeaderBodyOmitted = "Idempotent-Body-Omitted"
 )
-
-// defaultReplayHeaders are the response headers stored and replayed by
-// default; WithReplayHeaders lists them. They are the headers that describe
-// the stored body, so that a replay is the same representation (type,
-// encoding, language, range, digest, validators), and those that describe
-// the result (Location, Link, caching, Allow, the challenge of a 401).
-var defaultReplayHeaders = []string{
-	"Allow", "Cache-Control", "Content-Digest", "Content-Disposition", "Content-Encoding",
-	"Content-Language", "Content-Location", "Content-Range", "Content-Type", "Digest",
-	"ETag", "Expires", "Last-Modified", "Link", "Location", "Repr-Digest", "Retry-After",
-	"Vary", "WWW-Authenticate",
-}
-
-// neverReplayed are headers that must not be stored or replayed: credentials,
-// cookies, hop-by-hop headers, and headers the replay sets itself.
-var neverReplayed = []string{
-	"Authorization", "Connection", "Content-Length", "Date", "Keep-Alive",
-	"Proxy-Authenticate", "Proxy-Authorization", "Proxy-Connection",
-	"Set-Cookie", "Set-Cookie2", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
-}
 
 // Option configures the middleware.
 type Option func(*config)
@@ -134,18 +113,6 @@ func WithHeader(name string) Option {
 			return
 		}
 		c.header = http.CanonicalHeaderKey(name)
-	}
-}
-
-// WithReplayHeader sets the name of the response header that marks a replay,
-// Idempotent-Replayed by default.
-func WithReplayHeader(name string) Option {
-	return func(c *config) {
-		if name == "" {
-			c.invalid("WithReplayHeader needs a header name")
-			return
-		}
-		c.replayHeader = http.CanonicalHeaderKey(name)
 	}
 }
 
@@ -281,26 +248,6 @@ func WithErrorWriter(fn ErrorWriter) Option {
 			return
 		}
 		c.errorWriter = fn
-	}
-}
-
-// WithReplayHeaders sets the response headers stored and replayed. Headers
-// not on the list are not stored. The default list is Cache-Control,
-// Content-Language, Content-Location, Content-Type, ETag, Expires,
-// Last-Modified, Link, Location, Retry-After and Vary. Set-Cookie,
-// Authorization, Date, Content-Length and hop-by-hop headers are never
-// stored: naming one is an error.
-func WithReplayHeaders(names ...string) Option {
-	return func(c *config) {
-		c.replayHeaders = make([]string, 0, len(names))
-		for _, n := range names {
-			n = http.CanonicalHeaderKey(n)
-			if slices.Contains(neverReplayed, n) {
-				c.invalid("header %s is never replayed", n)
-				continue
-			}
-			c.replayHeaders = append(c.replayHeaders, n)
-		}
 	}
 }
 

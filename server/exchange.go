@@ -1,0 +1,331 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// exchange is one protected request, from its claim to its answer. It holds
+// everything the request needs in one allocation.
+type exchange struct {
+	m           *Middleware
+	w           http.ResponseWriter
+	r           *http.Request
+	next        http.Handler
+	body        []byte // the whole request body, read before the claim
+	fingerprint string
+	lease       Lease
+	// claimed is when the Claim that acquired the lease was sent: the
+	// store's lease cannot have begun earlier.
+	claimed    time.Time
+	claimCtx   detached     // the first Claim's context
+	capture    recorder     // the handler's response, kept until stored
+	renewal    renewal      // keeps the lease alive
+	bodyReader bodyReader   // the handler's r.Body, over body
+	handlerCtx leaseContext // the handler's context
+}
+
+// bodyReader gives the handler the body the middleware read.
+type bodyReader struct{ bytes.Reader }
+
+func (*bodyReader) Close() error { return nil }
+
+func (ex *exchange) handle() {
+	m, r := ex.m, ex.r
+	c, err := ex.claim()
+	if err == nil && c.Status == InFlight && sameRequest(c, ex.fingerprint) && m.cfg.wait > 0 {
+		c, err = ex.await(c)
+	}
+	if err != nil {
+		if r.Context().Err() != nil {
+			return // the client is gone; nothing ran
+		}
+		ex.storeFailed(err)
+		return
+	}
+	switch c.Status {
+	case Acquired:
+		ex.lease.Token = c.Token
+		if r.Context().Err() != nil {
+			// The client left while the claim was made: nothing has
+			// run, so give the key back rather than leave it in flight.
+			ex.release("the client went away before the handler ran")
+			return
+		}
+		ex.run()
+	case Completed:
+		if c.Fingerprint != ex.fingerprint {
+			ex.mismatch()
+			return
+		}
+		ex.replay(c.Response)
+	case InFlight:
+		if c.Fingerprint != "" && c.Fingerprint != ex.fingerprint {
+			ex.mismatch()
+			return
+		}
+		e := problem(ErrInFlight, "A request with this idempotency key is still being processed; retry later.", nil)
+		e.RetryAfter = m.cfg.retryAfter
+		if c.RetryAfter > 0 {
+			// Never longer than the holder's lease has left: by then
+			// the retry either gets the answer or takes the key over.
+			e.RetryAfter = min(e.RetryAfter, c.RetryAfter)
+		}
+		m.refuse(ex.w, r, e)
+	default:
+		ex.storeFailed(fmt.Errorf("server: Claim returned status %d", c.Status))
+	}
+}
+
+// claim asks the store for the lease, within the store timeout. Its context
+// ignores the client's disconnect, so that the answer is known: a claim
+// abandoned half-way could leave the key in flight until its lease ended.
+func (ex *exchange) claim() (Claim, error) {
+	m := ex.m
+	var ctx *detached
+	if ex.claimCtx.values == nil {
+		// The first claim's context lives in the exchange: one allocation
+		// fewer on every request. It is never reused.
+		ctx = &ex.claimCtx
+		ctx.init(ex.r.Context(), m.cfg.storeTimeout)
+	} else {
+		ctx = ex.storeContext(m.cfg.storeTimeout)
+	}
+	defer ctx.stop()
+	ex.claimed = time.Now()
+	return m.store.Claim(ctx, ex.lease.ID, ex.fingerprint, m.cfg.lease, m.cfg.ttl)
+}
+
+// await claims again until the request in flight finishes or the wait ends.
+func (ex *exchange) await(c Claim) (Claim, error) {
+	m, ctx := ex.m, ex.r.Context()
+	deadline := time.Now().Add(m.cfg.wait)
+	step := 10 * time.Millisecond
+	var timer *time.Timer
+	for c.Status == InFlight && sameRequest(c, ex.fingerprint) {
+		left := time.Until(deadline)
+		if left <= 0 {
+			break
+		}
+		d := min(step, c.RetryAfter+time.Millisecond, left)
+		if timer == nil {
+			timer = time.NewTimer(d)
+			defer timer.Stop()
+		} else {
+			timer.Reset(d)
+		}
+		select {
+		case <-ctx.Done():
+			return c, ctx.Err()
+		case <-timer.C:
+		}
+		step = min(2*step, 250*time.Millisecond)
+		var err error
+		c, err = ex.claim()
+		if err != nil {
+			return c, err
+		}
+	}
+	return c, nil
+}
+
+// sameRequest reports whether an in-flight claim is for the request with
+// fingerprint fp, as far as the store can tell.
+func sameRequest(c Claim, fp string) bool {
+	return c.Fingerprint == "" || c.Fingerprint == fp
+}
+
+func (ex *exchange) storeFailed(err error) {
+	m := ex.m
+	if m.cfg.failOpen {
+		m.cfg.logger.LogAttrs(ex.r.Context(), slog.LevelError, "idempotency store failed; running unprotected",
+			slog.String("key", ex.lease.Key), slog.Any("error", err))
+		ex.r.Body = ex.requestBody()
+		ex.next.ServeHTTP(ex.w, ex.r)
+		return
+	}
+	m.cfg.logger.LogAttrs(ex.r.Context(), slog.LevelError, "idempotency store failed; request refused",
+		slog.String("key", ex.lease.Key), slog.Any("error", err))
+	ex.unavailable(err)
+}
+
+// unavailable answers 503: the request was not (or may not have been)
+// processed, and a retry is safe.
+func (ex *exchange) unavailable(err error) {
+	e := problem(ErrStoreUnavailable, "The request could not be protected against duplicates, so it was not processed; retry later.", err)
+	e.RetryAfter = ex.m.cfg.retryAfter
+	ex.m.refuse(ex.w, ex.r, e)
+}
+
+func (ex *exchange) mismatch() {
+	ex.m.refuse(ex.w, ex.r, problem(ErrKeyMismatch, "This idempotency key was already used for a different request.", nil))
+}
+
+func (ex *exchange) requestBody() io.ReadCloser {
+	if ex.body == nil {
+		return http.NoBody
+	}
+	ex.bodyReader.Reset(ex.body)
+	return &ex.bodyReader
+}
+
+// run runs the handler under the lease, then stores its response (or
+// releases the claim) before the client sees the response.
+func (ex *exchange) run() {
+	m := ex.m
+	cctx, cancel := context.WithCancelCause(ex.r.Context())
+	defer cancel(nil)
+	ex.handlerCtx = leaseContext{Context: cctx, lease: &ex.lease}
+	var ctx context.Context = &ex.handlerCtx
+	if m.binder != nil {
+		ctx = m.binder.Bind(ctx, ex.lease.ID, ex.lease.Token)
+	}
+	r := ex.r.WithContext(ctx)
+	r.Body = ex.requestBody()
+	ex.capture = recorder{w: ex.w, limit: m.cfg.maxStored}
+	// Only a Binder's Complete can undo the handler's work; keep the
+	// headers as they were so that its refusal carries none of the
+	// handler's (a cookie, a Location).
+	var before http.Header
+	if m.binder != nil {
+		before = ex.w.Header().Clone()
+	}
+	// The lease is renewed until the response is stored or the claim
+	// released, not only while the handler runs: a retry must not take
+	// the key over while the outcome is being written.
+	ex.renewal.start(ex, cancel)
+	defer ex.renewal.stop()
+
+	done := false
+	defer func() {
+		if !done {
+			// The handler panicked: give the key back, and let the
+			// panic go on to the server's recovery.
+			ex.release("handler panicked")
+		}
+	}()
+	ex.next.ServeHTTP(&ex.capture, r)
+	done = true
+
+	rec := &ex.capture
+	status := rec.finalStatus()
+	switch {
+	case !rec.wrote() && cctx.Err() != nil:
+		// The handler gave up without an answer because its context
+		// ended: the client went away, or the lease could not be kept.
+		// An empty 200 stored now would be replayed for the whole TTL.
+		cause := context.Cause(cctx)
+		ex.release("the handler returned without an answer after its context ended: " + cause.Error())
+		if ex.r.Context().Err() == nil {
+			ex.unavailable(cause)
+		}
+	case !m.cfg.storeStatus(status):
+		// Whatever its size, and even if part of it has gone out: a
+		// status that says "retry" must let the retry run.
+		ex.release("status " + strconv.Itoa(status) + " is not stored")
+		if !rec.streaming {
+			rec.send()
+		}
+	case rec.streaming:
+		// Already sent, in part or in whole; record that it ran.
+		how := "streamed"
+		if rec.hijacked {
+			how = "hijacked"
+		}
+		m.cfg.logger.LogAttrs(ex.r.Context(), slog.LevelInfo, "idempotent response passed through; storing it without its body",
+			slog.String("key", ex.lease.Key), slog.Int("status", status), slog.String("how", how))
+		ex.complete(&Response{Status: status, Header: ex.keptHeader(), BodyOmitted: true})
+	default:
+		if err := ex.complete(&Response{Status: status, Header: ex.keptHeader(), Body: rec.body}); errors.Is(err, ErrNotCommitted) {
+			// The handler's effects were undone (or may have been):
+			// its response must not reach the client.
+			h := ex.w.Header()
+			clear(h)
+			maps.Copy(h, before)
+			ex.unavailable(err)
+			return
+		}
+		// Stored, or not even after retrying: either way the effect
+		// happened once, and the client is told what it was.
+		rec.send()
+	}
+}
+
+// storeContext is for store calls that must finish even when the client has
+// gone: a dropped connection is exactly when the retry will come. Each call
+// has a context of its own: a Store may leave a goroutine watching the last
+// one for a while after it returned (a context derived from it, whose
+// cancellation propagates asynchronously).
+func (ex *exchange) storeContext(timeout time.Duration) *detached {
+	ctx := new(detached)
+	ctx.init(ex.r.Context(), timeout)
+	return ctx
+}
+
+// retryStore calls op until it succeeds, fails for good, or the store timeout
+// ends. ErrLeaseLost and ErrNotCommitted are final: trying again cannot
+// change them.
+func (ex *exchange) retryStore(op func(context.Context) error) error {
+	ctx := ex.storeContext(ex.m.cfg.storeTimeout)
+	defer ctx.stop()
+	var timer *time.Timer
+	for wait := 5 * time.Millisecond; ; wait = min(2*wait, 250*time.Millisecond) {
+		err := op(ctx)
+		if err == nil || errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrNotCommitted) {
+			return err
+		}
+		left := time.Until(ctx.deadline)
+		if left <= wait {
+			return err
+		}
+		if timer == nil {
+			timer = time.NewTimer(wait)
+			defer timer.Stop()
+		} else {
+			timer.Reset(wait)
+		}
+		<-timer.C
+	}
+}
+
+// complete stores the response, retrying within the store timeout while the
+// lease is kept alive. An error is logged here; the caller looks only for
+// ErrNotCommitted.
+func (ex *exchange) complete(resp *Response) error {
+	m := ex.m
+	err := ex.retryStore(func(ctx context.Context) error {
+		return m.store.Complete(ctx, ex.lease.ID, ex.lease.Token, resp, m.cfg.ttl)
+	})
+	switch {
+	case err == nil:
+	case errors.Is(err, ErrNotCommitted):
+		m.cfg.logger.LogAttrs(ex.r.Context(), slog.LevelError, "idempotent request not committed; answering 503",
+			slog.String("key", ex.lease.Key), slog.String("scope", ex.lease.Scope), slog.Any("error", err))
+	default:
+		// The response goes to the client anyway, and the key stays
+		// claimed: retries get 409 until the lease ends, and run the
+		// request again after that.
+		m.cfg.logger.LogAttrs(ex.r.Context(), slog.LevelError, "idempotent response not stored; the key stays in flight until its lease ends, and a retry after that runs the request again",
+			slog.String("key", ex.lease.Key), slog.String("scope", ex.lease.Scope), slog.Any("error", err))
+	}
+	return err
+}
+
+func (ex *exchange) release(why string) {
+	m := ex.m
+	err := ex.retryStore(func(ctx context.Context) error {
+		return m.store.Release(ctx, ex.lease.ID, ex.lease.Token)
+	})
+	if err != nil {
+		m.cfg.logger.LogAttrs(ex.r.Context(), slog.LevelWarn, "idempotency claim not released; retries get 409 until its lease expires",
+			slog.String("key", ex.lease.Key), slog.String("scope", ex.lease.Scope), slog.String("reason", why), slog.Any("error", err))
+	}
+}

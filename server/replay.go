@@ -1,0 +1,127 @@
+package server
+
+import (
+	"net/http"
+	"slices"
+	"strconv"
+)
+
+// defaultReplayHeaders are the response headers stored and replayed by
+// default; WithReplayHeaders lists them. They are the headers that describe
+// the stored body, so that a replay is the same representation (type,
+// encoding, language, range, digest, validators), and those that describe
+// the result (Location, Link, caching, Allow, the challenge of a 401).
+var defaultReplayHeaders = []string{
+	"Allow", "Cache-Control", "Content-Digest", "Content-Disposition", "Content-Encoding",
+	"Content-Language", "Content-Location", "Content-Range", "Content-Type", "Digest",
+	"ETag", "Expires", "Last-Modified", "Link", "Location", "Repr-Digest", "Retry-After",
+	"Vary", "WWW-Authenticate",
+}
+
+// neverReplayed are headers that must not be stored or replayed: credentials,
+// cookies, hop-by-hop headers, and headers the replay sets itself.
+var neverReplayed = []string{
+	"Authorization", "Connection", "Content-Length", "Date", "Keep-Alive",
+	"Proxy-Authenticate", "Proxy-Authorization", "Proxy-Connection",
+	"Set-Cookie", "Set-Cookie2", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
+}
+
+// WithReplayHeader sets the name of the response header that marks a replay,
+// Idempotent-Replayed by default.
+func WithReplayHeader(name string) Option {
+	return func(c *config) {
+		if name == "" {
+			c.invalid("WithReplayHeader needs a header name")
+			return
+		}
+		c.replayHeader = http.CanonicalHeaderKey(name)
+	}
+}
+
+// WithReplayHeaders sets the response headers stored and replayed. Headers
+// not on the list are not stored. The default list is Cache-Control,
+// Content-Language, Content-Location, Content-Type, ETag, Expires,
+// Last-Modified, Link, Location, Retry-After and Vary. Set-Cookie,
+// Authorization, Date, Content-Length and hop-by-hop headers are never
+// stored: naming one is an error.
+func WithReplayHeaders(names ...string) Option {
+	return func(c *config) {
+		c.replayHeaders = make([]string, 0, len(names))
+		for _, n := range names {
+			n = http.CanonicalHeaderKey(n)
+			if slices.Contains(neverReplayed, n) {
+				c.invalid("header %s is never replayed", n)
+				continue
+			}
+			c.replayHeaders = append(c.replayHeaders, n)
+		}
+	}
+}
+
+// keptHeader returns the response headers on the replay list, copied so that
+// the stored values never share memory with the live response.
+func (ex *exchange) keptHeader() http.Header {
+	h := ex.w.Header()
+	var names [16]string
+	kept, n := names[:0], 0
+	for name, vs := range h {
+		if len(vs) > 0 && ex.m.replays(name) {
+			kept = append(kept, name)
+			n += len(vs)
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	values := make([]string, 0, n)
+	out := make(http.Header, len(kept))
+	for _, name := range kept {
+		start := len(values)
+		values = append(values, h[name]...)
+		out[name] = values[start:len(values):len(values)]
+	}
+	return out
+}
+
+// replays reports whether the response header name is on the replay list.
+// A handler that writes the header map directly may use a name that is not
+// canonical.
+func (m *Middleware) replays(name string) bool {
+	if _, ok := m.replayable[name]; ok {
+		return true
+	}
+	_, ok := m.replayable[http.CanonicalHeaderKey(name)]
+	return ok
+}
+
+// replay answers with a stored response. The headers are copied: whatever a
+// writer in front of the middleware does to them must not reach the record.
+func (ex *exchange) replay(resp *Response) {
+	h := ex.w.Header()
+	n := 1
+	if resp.BodyOmitted {
+		n++
+	}
+	for _, vs := range resp.Header {
+		n += len(vs)
+	}
+	values := make([]string, 0, n)
+	for name, vs := range resp.Header {
+		start := len(values)
+		values = append(values, vs...)
+		h[name] = values[start:len(values):len(values)]
+	}
+	values = append(values, "true")
+	h[ex.m.cfg.replayHeader] = values[len(values)-1 : len(values) : len(values)]
+	if resp.BodyOmitted {
+		values = append(values, "true")
+		h[HeaderBodyOmitted] = values[len(values)-1 : len(values) : len(values)]
+	}
+	if needsLength(resp.Status, len(resp.Body)) {
+		h.Set("Content-Length", strconv.Itoa(len(resp.Body)))
+	}
+	ex.w.WriteHeader(resp.Status)
+	if len(resp.Body) > 0 {
+		ex.w.Write(resp.Body)
+	}
+}

@@ -119,8 +119,7 @@ func TestLeaseEndsWhenRenewalFails(t *testing.T) {
 		}
 	})
 	srv := fixtureWith(t, store, h, server.WithLease(lease), server.WithStoreTimeout(50*time.Millisecond))
-	first := make(chan reply, 1)
-	go func() { first <- post(t, srv.URL, "k", "x") }()
+	first := postAsync(srv.URL, "k", "x")
 
 	cause := recv(t, causes, "the handler to be cancelled")
 	assert.ErrorIs(t, cause, server.ErrLeaseExpired)
@@ -205,8 +204,7 @@ func TestExtendHangs(t *testing.T) {
 	})
 	srv := fixtureWith(t, store, h, server.WithLease(lease), server.WithStoreTimeout(time.Minute))
 	began := time.Now()
-	got := make(chan reply, 1)
-	go func() { got <- post(t, srv.URL, "k", "x") }()
+	got := postAsync(srv.URL, "k", "x")
 	assert.ErrorIs(t, recv(t, causes, "the handler to be cancelled"), server.ErrLeaseExpired)
 	assert.Less(t, time.Since(began), lease+time.Second)
 	assert.Equal(t, http.StatusServiceUnavailable, recv(t, got, "the answer").status,
@@ -283,8 +281,7 @@ func TestInFlightRetryAfter(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newBlocking()
 			srv, _ := fixture(t, h, tc.opts...)
-			first := make(chan reply, 1)
-			go func() { first <- post(t, srv.URL, "k", "x") }()
+			first := postAsync(srv.URL, "k", "x")
 			<-h.started
 			got := post(t, srv.URL, "k", "x")
 			assert.Equal(t, http.StatusConflict, got.status)
@@ -328,7 +325,13 @@ func TestRetryStatusesReleasedWhateverTheirShape(t *testing.T) {
 			})
 			srv, _ := fixture(t, h, server.WithMaxStored(1024))
 			first := post(t, srv.URL, "k", "x")
-			second := post(t, srv.URL, "k", "x")
+			// Streamed, the answer may arrive before the key is released
+			// (or the exchange stored).
+			var second reply
+			waitFor(t, "the key to be released or stored", func() bool {
+				second = post(t, srv.URL, "k", "x")
+				return second.status != http.StatusConflict
+			})
 			if first.status == http.StatusOK {
 				// A flush before any status is a 200, which is stored.
 				assert.Equal(t, "true", second.header.Get("Idempotent-Replayed"))

@@ -134,8 +134,7 @@ func newMem(t *testing.T) *memstore.Store {
 func TestKeyEchoed(t *testing.T) {
 	h := newBlocking()
 	srv, _ := fixture(t, h)
-	first := make(chan reply, 1)
-	go func() { first <- post(t, srv.URL, `"quoted"`, "x") }()
+	first := postAsync(srv.URL, `"quoted"`, "x")
 	<-h.started
 	inFlight := post(t, srv.URL, `"quoted"`, "x")
 	assert.Equal(t, http.StatusConflict, inFlight.status)

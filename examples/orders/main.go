@@ -378,7 +378,7 @@ func openStore(ctx context.Context, o options) (server.Store, func(), error) {
 		}
 		if err != nil {
 			client.Close()
-			return nil, nil, fmt.Errorf("Redis: %w", err)
+			return nil, nil, fmt.Errorf("redis: %w", err)
 		}
 		return s, func() { client.Close() }, nil
 	}

@@ -1,0 +1,176 @@
+package idemtest
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+)
+
+// probe is a malformed key and what to call it in a report.
+type probe struct {
+	q    request
+	name string // "the empty key"
+}
+
+// malformedProbes returns keys that the draft's syntax forbids but that an
+// HTTP parser lets through to the application, each as long as the kit's
+// valid keys in the target's key form, so that a target that takes keys of
+// one length only judges them by what they contain. With Target.MaxKeyLen,
+// a valid key one byte too long joins them.
+func (r *runner) malformedProbes() []probe {
+	quoted := r.t.KeyForm == KeyQuoted
+	form := func(inner string) string {
+		if quoted {
+			return `"` + inner + `"`
+		}
+		return inner
+	}
+	k := newKey()
+	tab := k[:8] + "\t" + k[9:]
+	nonASCII := k[:8] + "é" + k[10:] // two bytes in UTF-8
+	unclosed := `"` + k[1:]
+	if quoted {
+		// As long as a valid quoted key, with a character after the
+		// closing quote.
+		unclosed = `"` + k[:keyLen-1] + `"x`
+	}
+	unclosedText := " (no closing quote)"
+	if quoted {
+		unclosedText = " (a character after the closing quote)"
+	}
+	probes := []probe{
+		r.probe("", "(empty)", "the empty key"),
+		r.probe(form(tab), " (a tab)", "the key with a tab"),
+		r.probe(form(nonASCII), " (é, in UTF-8)", "the key with a non-ASCII character"),
+		r.probe(unclosed, unclosedText, "the broken quoted string"),
+	}
+	if n := r.t.MaxKeyLen; n > 0 {
+		long := (k + strings.Repeat("k", max(n+1-len(k), 0)))[:n+1]
+		p := r.probe(form(long), "", fmt.Sprintf("the %d-byte key", n+1))
+		p.q.keyText = quote([]byte(form(long[:min(len(long), keyLen)]))) + fmt.Sprintf("... (%d bytes, one over the limit of %d)", n+1, n)
+		probes = append(probes, p)
+	}
+	return probes
+}
+
+// probe returns a probe whose key header is value, shown in reports as the
+// value and then note (or as note alone when value is empty).
+func (r *runner) probe(value, note, name string) probe {
+	q := r.withValue(0, value)
+	q.keyText = note
+	if value != "" {
+		q.keyText = quote([]byte(value)) + note
+	}
+	return probe{q, name}
+}
+
+func (r *runner) malformedKey() Result {
+	want := "400 Bad Request for each"
+	if r.t.KeysOptional {
+		want += ", or, keys being optional, a request that runs as if it had no key (a second one with the same key runs again)"
+	}
+	var sent, got, bad, other, notes []string
+	for _, p := range r.malformedProbes() {
+		a := r.send(p.q)
+		r.saw(CheckMalformedKey, p.q, a)
+		sent = append(sent, r.describe(p.q))
+		line := r.describeAnswer(a)
+		switch {
+		case a.status == http.StatusBadRequest && a.err == nil:
+		case a.ok() && r.t.KeysOptional:
+			// Ignored as a field that does not parse, or used as a key?
+			b := r.send(p.q)
+			r.saw(CheckMalformedKey, p.q, b)
+			line += "; then " + r.describeAnswer(b)
+			switch {
+			case r.marked(b) || b.err == nil && (b.status == http.StatusConflict || b.status == http.StatusUnprocessableEntity):
+				bad = append(bad, p.name+" was used as a key: a second request with it got "+strconv.Itoa(b.status)+" instead of running")
+			case b.same(a) && r.distinct == yes:
+				bad = append(bad, p.name+" was used as a key: a second request with it got the first's answer")
+			case b.ok() && (!b.same(a) || r.marks == yes):
+				notes = append(notes, p.name+" was ignored: two requests with it both ran, as requests without a key do")
+			case b.ok():
+				notes = append(notes, p.name+" was accepted twice with equal, unmarked answers: the kit cannot tell whether it was ignored or used as a key")
+			default:
+				bad = append(bad, p.name+" was accepted, but a second request with it got "+r.describeAnswer(b))
+			}
+		case a.ok():
+			bad = append(bad, p.name+" ran")
+		case refused(a):
+			other = append(other, fmt.Sprintf("%s was refused with %d", p.name, a.status))
+		case a.err == nil && a.status >= 500:
+			bad = append(bad, fmt.Sprintf("%s got %d, a server error, which tells a client to retry a request that can never succeed", p.name, a.status))
+		default:
+			bad = append(bad, p.name+" was not refused with 400")
+		}
+		got = append(got, line)
+	}
+	res := pass(strings.Join(sent, "\n"), strings.Join(got, "\n"), want, "")
+	switch {
+	case len(bad) > 0:
+		res = fail(res.Sent, res.Got, want, capitalize(strings.Join(append(bad, other...), "; "))+".")
+	case len(other) > 0:
+		res = advise(res.Sent, res.Got, want, capitalize(strings.Join(other, "; "))+": refused, but not with the 400 that a malformed request gets.")
+	}
+	if len(notes) > 0 {
+		res.Detail = strings.TrimSpace(res.Detail + " " + capitalize(strings.Join(notes, "; ")) + ".")
+	}
+	return res
+}
+
+// withForm returns the request for variant with key written bare or
+// quoted.
+func (r *runner) withForm(variant int, key string, quoted bool) request {
+	value := key
+	if quoted {
+		value = `"` + key + `"`
+	}
+	q := r.withValue(variant, value)
+	q.key = key
+	return q
+}
+
+func (r *runner) keyForms() Result {
+	if r.t.KeyForm != KeyBoth {
+		return notApplicable("The target is not declared to take keys both bare and quoted (Target.KeyForm KeyBoth, idemcheck -key-form both).")
+	}
+	const want = "the second form of each key gets the first form's answer, replayed"
+	formName := map[bool]string{false: "bare", true: "quoted"}
+	var sent, got, bad, unsure []string
+	for _, quotedFirst := range []bool{false, true} {
+		key := newKey()
+		first, second := r.withForm(0, key, quotedFirst), r.withForm(0, key, !quotedFirst)
+		sent = append(sent, r.describe(first)+"; then "+r.describe(second))
+		a := r.send(first)
+		if !a.ok() {
+			got = append(got, r.describeAnswer(a))
+			bad = append(bad, "the request with a "+formName[quotedFirst]+" key did not succeed")
+			continue
+		}
+		b, conflicts := r.settle(second)
+		r.saw(CheckKeyForms, second, b)
+		got = append(got, r.describeAnswer(a)+"; then "+conflictsThen(conflicts)+r.describeAnswer(b))
+		what := fmt.Sprintf("the %s form after the %s one", formName[!quotedFirst], formName[quotedFirst])
+		switch {
+		case b.same(a) && (r.marked(b) || r.distinct == yes):
+		case b.same(a):
+			unsure = append(unsure, what+" got an equal answer, not marked as a replay")
+		case b.ok():
+			bad = append(bad, what+" ran the request again: the two forms are two keys")
+		case b.err == nil && b.status == http.StatusBadRequest:
+			bad = append(bad, what+" was refused with 400: the target does not take both forms")
+		default:
+			bad = append(bad, what+" did not get the first's answer")
+		}
+	}
+	res := pass(strings.Join(sent, "\n"), strings.Join(got, "\n"), want, "")
+	switch {
+	case len(bad) > 0:
+		res = fail(res.Sent, res.Got, want, capitalize(strings.Join(bad, "; "))+".")
+	case len(unsure) > 0:
+		res.Detail = capitalize(strings.Join(unsure, "; ")) +
+			": two executions under different keys answer equally too, so the kit cannot tell a replay from a second execution."
+	}
+	return res
+}

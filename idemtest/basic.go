@@ -1,6 +1,7 @@
 package idemtest
 
 import (
+	"bytes"
 	"fmt"
 	"maps"
 	"mime"
@@ -164,8 +165,11 @@ func (r *runner) keyMismatch() Result {
 	case b.status == http.StatusUnprocessableEntity && b.err == nil:
 		return pass(sent, got, want, "")
 	case b.ok() && (b.same(a) || r.marked(b)):
-		return fail(sent, got, want, "The different request got the first request's answer: the target does not compare the requests it sees under one key. "+
-			"(If the target fingerprints parsed JSON and the two bodies differ only in white space, give the body a "+Placeholder+" placeholder.)")
+		detail := "The different request got the first request's answer: the target does not compare the requests it sees under one key."
+		if bytes.Equal(bytes.TrimSpace(r.body[0]), bytes.TrimSpace(r.body[1])) {
+			detail += " (The two bodies differ only in white space: if the target fingerprints parsed JSON, give the body a " + Placeholder + " placeholder.)"
+		}
+		return fail(sent, got, want, detail)
 	case b.ok():
 		return fail(sent, got, want, "The different request ran under a key already used.")
 	case refused(b):

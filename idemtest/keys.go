@@ -70,7 +70,8 @@ func (r *runner) malformedKey() Result {
 	if r.t.KeysOptional {
 		want += ", or, keys being optional, a request that runs as if it had no key (a second one with the same key runs again)"
 	}
-	var sent, got, bad, other, notes []string
+	var sent, got []string
+	var bad, other, notes outcomes
 	for _, p := range r.malformedProbes() {
 		a := r.send(p.q)
 		r.saw(CheckMalformedKey, p.q, a)
@@ -84,39 +85,69 @@ func (r *runner) malformedKey() Result {
 			r.saw(CheckMalformedKey, p.q, b)
 			line += "; then " + r.describeAnswer(b)
 			switch {
-			case r.marked(b) || b.err == nil && (b.status == http.StatusConflict || b.status == http.StatusUnprocessableEntity):
-				bad = append(bad, p.name+" was used as a key: a second request with it got "+strconv.Itoa(b.status)+" instead of running")
-			case b.same(a) && r.distinct == yes:
-				bad = append(bad, p.name+" was used as a key: a second request with it got the first's answer")
+			case r.marked(b) || b.same(a) && r.distinct == yes:
+				bad.add("Used as a key (a second request with it got the first's answer)", p.name)
+			case b.err == nil && (b.status == http.StatusConflict || b.status == http.StatusUnprocessableEntity):
+				bad.add(fmt.Sprintf("Used as a key (a second request with it got %d instead of running)", b.status), p.name)
 			case b.ok() && (!b.same(a) || r.marks == yes):
-				notes = append(notes, p.name+" was ignored: two requests with it both ran, as requests without a key do")
+				notes.add("Ignored, as RFC 8941 allows of a field that does not parse (two requests with it both ran, as requests without a key do)", p.name)
 			case b.ok():
-				notes = append(notes, p.name+" was accepted twice with equal, unmarked answers: the kit cannot tell whether it was ignored or used as a key")
+				notes.add("Accepted twice with equal answers, not marked as replays (the kit cannot tell whether it was ignored or used as a key)", p.name)
 			default:
-				bad = append(bad, p.name+" was accepted, but a second request with it got "+r.describeAnswer(b))
+				bad.add("Accepted, but a second request with it was not", p.name)
 			}
 		case a.ok():
-			bad = append(bad, p.name+" ran")
+			bad.add("Ran, not refused", p.name)
 		case refused(a):
-			other = append(other, fmt.Sprintf("%s was refused with %d", p.name, a.status))
+			other.add("Refused, but not with the 400 that a malformed request gets", fmt.Sprintf("%s (%d)", p.name, a.status))
 		case a.err == nil && a.status >= 500:
-			bad = append(bad, fmt.Sprintf("%s got %d, a server error, which tells a client to retry a request that can never succeed", p.name, a.status))
+			bad.add("Answered with a server error, which tells a client to retry a request that can never succeed",
+				fmt.Sprintf("%s (%d)", p.name, a.status))
 		default:
-			bad = append(bad, p.name+" was not refused with 400")
+			bad.add("Not refused with 400", p.name)
 		}
 		got = append(got, line)
 	}
 	res := pass(strings.Join(sent, "\n"), strings.Join(got, "\n"), want, "")
 	switch {
 	case len(bad) > 0:
-		res = fail(res.Sent, res.Got, want, capitalize(strings.Join(append(bad, other...), "; "))+".")
+		res = fail(res.Sent, res.Got, want, append(bad, other...).String())
 	case len(other) > 0:
-		res = advise(res.Sent, res.Got, want, capitalize(strings.Join(other, "; "))+": refused, but not with the 400 that a malformed request gets.")
+		res = advise(res.Sent, res.Got, want, other.String())
 	}
 	if len(notes) > 0 {
-		res.Detail = strings.TrimSpace(res.Detail + " " + capitalize(strings.Join(notes, "; ")) + ".")
+		res.Detail = strings.TrimSpace(res.Detail + " " + notes.String())
 	}
 	return res
+}
+
+// outcomes groups the probes of a check by what happened to them, in the
+// order first seen.
+type outcomes []outcome
+
+type outcome struct {
+	what  string
+	names []string
+}
+
+func (o *outcomes) add(what, name string) {
+	for i := range *o {
+		if (*o)[i].what == what {
+			(*o)[i].names = append((*o)[i].names, name)
+			return
+		}
+	}
+	*o = append(*o, outcome{what, []string{name}})
+}
+
+// String writes a sentence per outcome: "Ran, not refused: the empty key,
+// the key with a tab."
+func (o outcomes) String() string {
+	sentences := make([]string, len(o))
+	for i, c := range o {
+		sentences[i] = c.what + ": " + strings.Join(c.names, ", ") + "."
+	}
+	return strings.Join(sentences, " ")
 }
 
 // withForm returns the request for variant with key written bare or
@@ -145,7 +176,7 @@ func (r *runner) keyForms() Result {
 		a := r.send(first)
 		if !a.ok() {
 			got = append(got, r.describeAnswer(a))
-			bad = append(bad, "the request with a "+formName[quotedFirst]+" key did not succeed")
+			bad = append(bad, fmt.Sprintf("the request with a %s key did not succeed (%s)", formName[quotedFirst], shortAnswer(a)))
 			continue
 		}
 		b, conflicts := r.settle(second)
@@ -161,7 +192,7 @@ func (r *runner) keyForms() Result {
 		case b.err == nil && b.status == http.StatusBadRequest:
 			bad = append(bad, what+" was refused with 400: the target does not take both forms")
 		default:
-			bad = append(bad, what+" did not get the first's answer")
+			bad = append(bad, fmt.Sprintf("%s got %s, not the first's answer", what, shortAnswer(b)))
 		}
 	}
 	res := pass(strings.Join(sent, "\n"), strings.Join(got, "\n"), want, "")
@@ -173,4 +204,12 @@ func (r *runner) keyForms() Result {
 			": two executions under different keys answer equally too, so the kit cannot tell a replay from a second execution."
 	}
 	return res
+}
+
+// shortAnswer names a's status, or the error that stood for an answer.
+func shortAnswer(a answer) string {
+	if a.status == 0 {
+		return "no answer"
+	}
+	return strconv.Itoa(a.status)
 }

@@ -215,7 +215,7 @@ func TestNoncompliantServers(t *testing.T) {
 				idemtest.CheckMalformedKey: idemtest.StatusPass,
 				idemtest.CheckMissingKey:   idemtest.StatusNotApplicable,
 			},
-			detail: map[string]string{idemtest.CheckMalformedKey: "The empty key was ignored: two requests with it both ran"},
+			detail: map[string]string{idemtest.CheckMalformedKey: "Ignored, as RFC 8941 allows of a field that does not parse (two requests with it both ran, as requests without a key do): the empty key."},
 		},
 		{
 			name: "treats an empty key as none, keys required",
@@ -224,7 +224,7 @@ func TestNoncompliantServers(t *testing.T) {
 			},
 			mustFail: []string{idemtest.CheckMissingKey, idemtest.CheckMalformedKey},
 			exact:    true,
-			detail:   map[string]string{idemtest.CheckMalformedKey: "The empty key ran."},
+			detail:   map[string]string{idemtest.CheckMalformedKey: "Ran, not refused: the empty key."},
 		},
 		{
 			name: "one request at a time, quickly",
@@ -266,7 +266,7 @@ func TestNoncompliantServers(t *testing.T) {
 			edit:     func(tg *idemtest.Target) { tg.MaxKeyLen = 100 },
 			mustFail: []string{idemtest.CheckMalformedKey},
 			exact:    true,
-			detail:   map[string]string{idemtest.CheckMalformedKey: "The 101-byte key ran."},
+			detail:   map[string]string{idemtest.CheckMalformedKey: "Ran, not refused: the 101-byte key."},
 		},
 		{
 			name:    "quoted and bare keys are two keys",
@@ -448,4 +448,24 @@ func TestIndistinguishableExecutions(t *testing.T) {
 	assert.Contains(t, report.Results[2].Detail, "which the kit could not see")
 	assert.NoError(t, report.Err())
 	assert.GreaterOrEqual(t, h.created.Load(), int64(4), "it did run the concurrent requests more than once")
+}
+
+// TestKeyMismatchHint: the hint about white space comes only when the two
+// bodies differ only in white space.
+func TestKeyMismatchHint(t *testing.T) {
+	for _, tc := range []struct {
+		body string
+		hint bool
+	}{
+		{`{"sku":"A1","note":"{{variant}}"}`, false},
+		{`{"sku":"A1"}`, true},
+	} {
+		tg := target("")
+		tg.Handler = newCheckThenInsert(0)
+		tg.Body = idemtest.BodyTemplate(tc.body)
+		tg.Checks = []string{idemtest.CheckKeyMismatch}
+		res := check(t, tg).Results[0]
+		assert.Equal(t, idemtest.StatusFail, res.Status, tc.body)
+		assert.Equal(t, tc.hint, strings.Contains(res.Detail, "differ only in white space"), "%s: %s", tc.body, res.Detail)
+	}
 }

@@ -84,14 +84,15 @@ func headerChanges(first, replay answer) []string {
 	var changes []string
 	for _, name := range replayedHeaders {
 		was, now := first.header.Values(name), replay.header.Values(name)
+		before, after := clip(strings.Join(was, ", ")), clip(strings.Join(now, ", "))
 		switch {
 		case len(was) == 0 && len(now) == 0:
 		case len(now) == 0:
-			changes = append(changes, name+" "+strings.Join(was, ", ")+" was dropped")
+			changes = append(changes, name+" "+before+" was dropped")
 		case len(was) == 0:
-			changes = append(changes, name+" "+strings.Join(now, ", ")+" was added")
+			changes = append(changes, name+" "+after+" was added")
 		case !sameHeader(name, was, now):
-			changes = append(changes, name+" "+strings.Join(was, ", ")+" became "+strings.Join(now, ", "))
+			changes = append(changes, name+" "+before+" became "+after)
 		}
 	}
 	return changes

@@ -77,11 +77,14 @@ func (r *runner) concurrent() Result {
 	for i, c := range conns {
 		wg.Go(func() {
 			<-release
-			if _, err := c.Write(raw[len(raw)-1:]); err != nil {
-				answers[i] = answer{err: fmt.Errorf("writing the request: %w", err)}
-				return
+			_, werr := c.Write(raw[len(raw)-1:])
+			// A target may answer before the last byte, and close: its
+			// answer is still to be read.
+			a := readAnswer(bufio.NewReader(c), req)
+			if werr != nil && a.status == 0 {
+				a.err = fmt.Errorf("writing the request: %w", werr)
 			}
-			answers[i] = readAnswer(bufio.NewReader(c), req)
+			answers[i] = a
 		})
 	}
 	released := time.Now()

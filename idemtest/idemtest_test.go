@@ -673,3 +673,28 @@ func TestQuotedKeys(t *testing.T) {
 	}
 	assert.Equal(t, idemtest.KeyQuoted, report.Policy.KeyForm)
 }
+
+// TestAnswersShownOneWay: bodies are shown between backquotes, with escapes,
+// whatever their last byte; long bodies and header values are cut short.
+func TestAnswersShownOneWay(t *testing.T) {
+	for _, tc := range []struct {
+		body, location, want string
+	}{
+		{`{"order":1}`, "/orders/1", "Location: /orders/1, body `{\"order\":1}`"},
+		{"{\"order\":1}\n", "/orders/1", "body `{\"order\":1}\\n`"},
+		{" padded ", "/orders/1", "body ` padded `"},
+		{"\x00\xff", "/orders/1", "body `\\x00\\xff`"},
+		{strings.Repeat("a", 200), "/" + strings.Repeat("b", 300), "Location: /" + strings.Repeat("b", 159) + "... (301 bytes), body `" + strings.Repeat("a", 160) + "`... (200 bytes)"},
+	} {
+		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Location", tc.location)
+			w.WriteHeader(http.StatusCreated)
+			io.WriteString(w, tc.body)
+		})
+		tg := target("")
+		tg.Handler = h
+		tg.Checks = []string{idemtest.CheckFirstRequest}
+		res := check(t, tg).Results[0]
+		assert.Contains(t, res.Got, tc.want)
+	}
+}

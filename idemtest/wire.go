@@ -376,13 +376,13 @@ func (r *runner) describeAnswer(a answer) string {
 	}
 	for _, name := range [...]string{"Content-Type", "Location"} {
 		if v := a.header.Values(name); len(v) > 0 {
-			b.WriteString(", " + name + ": " + strings.Join(v, ", "))
+			b.WriteString(", " + name + ": " + clip(strings.Join(v, ", ")))
 		}
 	}
 	if name := r.marker(a); name != "" {
-		b.WriteString(", " + name + ": " + a.header.Get(name))
+		b.WriteString(", " + name + ": " + clip(a.header.Get(name)))
 	} else if v := a.header.Get(r.t.ReplayHeader); v != "" {
-		b.WriteString(", " + r.t.ReplayHeader + ": " + v)
+		b.WriteString(", " + r.t.ReplayHeader + ": " + clip(v))
 	}
 	b.WriteString(", body ")
 	b.WriteString(quote(a.body))
@@ -392,40 +392,53 @@ func (r *runner) describeAnswer(a answer) string {
 	return b.String()
 }
 
+// showLimit is how many bytes of a body or a header value a report shows.
+const showLimit = 160
+
+// clip shows a header value in a report, as quote shows a body but without
+// the backquotes.
+func clip(v string) string {
+	text, cut := escape([]byte(v))
+	return text + cut
+}
+
 // quote shows a body in a report, always in one way, whatever its bytes:
 // between backquotes, with a Go escape (\n, \t, \x01) for each control
 // character and each byte that is not UTF-8, and cut short if long.
 func quote(body []byte) string {
-	const limit = 160
 	if len(body) == 0 {
 		return "(empty)"
 	}
-	shown, cut := body, len(body) > limit
-	if cut {
-		shown = shown[:limit]
+	text, cut := escape(body)
+	return "`" + text + "`" + cut
+}
+
+// escape returns the first showLimit bytes of b with a Go escape for each
+// control character and each byte that is not UTF-8, and, if b is longer,
+// a note that says how long.
+func escape(b []byte) (text, cut string) {
+	shown := b
+	if len(b) > showLimit {
+		shown = b[:showLimit]
+		cut = fmt.Sprintf("... (%d bytes)", len(b))
 	}
-	var b strings.Builder
-	b.WriteByte('`')
+	var sb strings.Builder
 	for len(shown) > 0 {
 		c, size := utf8.DecodeRune(shown)
 		switch {
 		case c == utf8.RuneError && size <= 1:
-			if cut && !utf8.FullRune(shown) {
+			if cut != "" && !utf8.FullRune(shown) {
 				shown = nil // a character cut in two by the limit
 				continue
 			}
-			fmt.Fprintf(&b, `\x%02x`, shown[0])
+			fmt.Fprintf(&sb, `\x%02x`, shown[0])
 		case c < 0x20 || c == 0x7f:
 			q := strconv.QuoteRune(c)
-			b.WriteString(q[1 : len(q)-1])
+			sb.WriteString(q[1 : len(q)-1])
 		default:
-			b.WriteRune(c)
+			sb.WriteRune(c)
 		}
 		shown = shown[size:]
 	}
-	b.WriteByte('`')
-	if cut {
-		fmt.Fprintf(&b, "... (%d bytes)", len(body))
-	}
-	return b.String()
+	return sb.String(), cut
 }

@@ -53,7 +53,7 @@ func parseArgs(args []string, stdout io.Writer) (options, error) {
 		keyHeader    = fs.String("key-header", idemtest.DefaultKeyHeader, "the request header that carries the key")
 		replayHeader = fs.String("replay-header", idemtest.DefaultReplayHeader, "the response header that marks a replay")
 		keysOptional = fs.Bool("keys-optional", false, "the endpoint runs requests without a key (the missing-key check does not apply, and a malformed key may be ignored)")
-		keyForm      = fs.String("key-form", string(idemtest.KeyBare), "how keys are written: `form` bare, quoted (an RFC 8941 string, as the draft defines), or both (sent bare, and the key-forms check)")
+		keyForm      = fs.String("key-form", string(idemtest.KeyBare), "the key `form`: bare, quoted (an RFC 8941 string, as the draft defines keys), or both (keys sent bare, and the key-forms check)")
 		maxKeyLen    = fs.Int("max-key-len", 0, "the longest key the endpoint accepts, in `bytes`: a key one byte longer must be refused (default: no limit probed, the draft sets none)")
 		release5xx   = fs.Bool("require-5xx-release", false, "require policy release-5xx: a retry after a 5xx runs again (default: a stored 5xx is advisory, as the draft allows it)")
 		timeout      = fs.Duration("timeout", idemtest.DefaultTimeout, "the longest each request may take")

@@ -43,12 +43,6 @@ func (r *runner) concurrent() Result {
 			c.Close()
 		}
 	}()
-	stop := context.AfterFunc(ctx, func() {
-		for _, c := range conns {
-			c.SetDeadline(time.Now())
-		}
-	})
-	defer stop()
 	var dialled time.Duration
 	for range n {
 		start := time.Now()
@@ -61,6 +55,12 @@ func (r *runner) concurrent() Result {
 		}
 		conns = append(conns, c)
 	}
+	stop := context.AfterFunc(ctx, func() {
+		for _, c := range conns {
+			c.SetDeadline(time.Now())
+		}
+	})
+	defer stop()
 	raw, req, err := r.wire(ctx, q)
 	if err != nil {
 		return fail(sent, err.Error(), "", "The request could not be written.")

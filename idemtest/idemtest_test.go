@@ -637,7 +637,7 @@ func TestMalformedKeysReachTheHandler(t *testing.T) {
 			assert.Len(t, strings.Trim(seen[4], `"`), 41, "one byte over the limit")
 			sent := report.Results[0].Sent
 			assert.Contains(t, sent, `\t`, "the tab is shown escaped")
-			assert.Contains(t, sent, "(41 bytes, one over the limit of 40)")
+			assert.Contains(t, sent, "(41 bytes, one over the limit of 40")
 		})
 	}
 }

@@ -48,7 +48,11 @@ func (r *runner) malformedProbes() []probe {
 	if n := r.t.MaxKeyLen; n > 0 {
 		long := (k + strings.Repeat("k", max(n+1-len(k), 0)))[:n+1]
 		p := r.probe(form(long), "", fmt.Sprintf("the %d-byte key", n+1))
-		p.q.keyText = quote([]byte(form(long[:min(len(long), keyLen)]))) + fmt.Sprintf("... (%d bytes, one over the limit of %d)", n+1, n)
+		how := ""
+		if quoted {
+			how = ", between quotes"
+		}
+		p.q.keyText = quote([]byte(long[:min(len(long), keyLen)])) + fmt.Sprintf("... (%d bytes, one over the limit of %d%s)", n+1, n, how)
 		probes = append(probes, p)
 	}
 	return probes

@@ -1,8 +1,12 @@
 package idemtest
 
 import (
+	"bytes"
 	"fmt"
+	"maps"
+	"mime"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -36,11 +40,13 @@ func (r *runner) replay() Result {
 		r.distinct = triOf(!a.same(*r.first))
 	}
 	b, conflicts := r.settle(q)
+	r.saw(CheckReplay, q, b)
 	got := r.describeAnswer(a) + "; then " + conflictsThen(conflicts) + r.describeAnswer(b)
 	if !b.same(a) {
 		detail := "The repeat did not get the first answer back."
 		switch {
-		case b.ok() && b.status == a.status:
+		case b.ok() && b.status == a.status && !r.marked(b):
+			r.ranAgain = true
 			detail = "The repeat got another body: the request ran again."
 		case b.status == http.StatusConflict:
 			detail = fmt.Sprintf("The key was still in flight after %v, long after the first answer came.", r.t.Patience)
@@ -49,6 +55,14 @@ func (r *runner) replay() Result {
 	}
 	r.original, r.replayed = &a, &b
 	r.marks = triOf(r.marked(b))
+	if r.marks == yes || r.distinct == yes {
+		r.keyEffect = true
+	}
+	if changes := headerChanges(a, b); len(changes) > 0 {
+		return fail(sent, got+"\n"+strings.Join(changes, "\n"), wantReplay,
+			"The replay's headers differ from the first answer's: "+strings.Join(changes, "; ")+
+				". A client that reads them (the Location of what it created, the ETag of what it got) gets them only if its first attempt's answer reached it.")
+	}
 	detail := ""
 	if r.marks == no && r.distinct == no {
 		detail = "The answers are equal, but so were the answers to two requests under different keys, and the repeat is not marked as a replay: " +
@@ -57,15 +71,63 @@ func (r *runner) replay() Result {
 	return pass(sent, got, wantReplay, detail)
 }
 
-// conflictsThen describes the 409s that settle waited out.
-func conflictsThen(n int) string {
-	switch n {
-	case 0:
-		return ""
-	case 1:
-		return "409 Conflict (in flight), then "
+// replayedHeaders are the headers a replay must carry as the first answer
+// did: where the created resource is, and the representation metadata and
+// validators of the body (RFC 9110, sections 8 and 10.2).
+var replayedHeaders = [...]string{
+	"Location", "Content-Location", "Content-Type", "Content-Encoding", "Content-Language", "ETag", "Last-Modified",
+}
+
+// headerChanges describes how the replayedHeaders of replay differ from
+// those of first.
+func headerChanges(first, replay answer) []string {
+	var changes []string
+	for _, name := range replayedHeaders {
+		was, now := first.header.Values(name), replay.header.Values(name)
+		before, after := clip(strings.Join(was, ", ")), clip(strings.Join(now, ", "))
+		switch {
+		case len(was) == 0 && len(now) == 0:
+		case len(now) == 0:
+			changes = append(changes, name+" "+before+" was dropped")
+		case len(was) == 0:
+			changes = append(changes, name+" "+after+" was added")
+		case !sameHeader(name, was, now):
+			changes = append(changes, name+" "+before+" became "+after)
+		}
 	}
-	return strconv.Itoa(n) + " × 409 Conflict (in flight), then "
+	return changes
+}
+
+// sameHeader compares two values of a header: a media type by its type and
+// parameters, which are not case-sensitive but for the parameters' values,
+// and other headers as written.
+func sameHeader(name string, a, b []string) bool {
+	if name != "Content-Type" || len(a) != 1 || len(b) != 1 {
+		return slices.Equal(a, b)
+	}
+	ta, pa, erra := mime.ParseMediaType(a[0])
+	tb, pb, errb := mime.ParseMediaType(b[0])
+	if erra != nil || errb != nil {
+		return a[0] == b[0]
+	}
+	return ta == tb && maps.Equal(pa, pb)
+}
+
+// conflictsThen describes the 409s that settle waited out, if any, before
+// the answer that follows.
+func conflictsThen(n int) string {
+	if n == 0 {
+		return ""
+	}
+	return conflictsSeen(n) + ", then "
+}
+
+// conflictsSeen describes n 409s.
+func conflictsSeen(n int) string {
+	if n == 1 {
+		return "409 Conflict (in flight)"
+	}
+	return strconv.Itoa(n) + " × 409 Conflict (in flight)"
 }
 
 func (r *runner) replayMarked() Result {
@@ -78,10 +140,14 @@ func (r *runner) replayMarked() Result {
 	case r.marked(*r.original):
 		return fail("", got, want, "The first answer, which ran the request, is marked as a replay.")
 	case !r.marked(*r.replayed):
-		return fail("", got, want, "The replay is not marked with "+r.t.ReplayHeader+
+		return fail("", got, want, "The replay is not marked with "+r.t.ReplayHeader+" or one of its common spellings"+
 			": a client cannot tell whether its retry ran the request or got the stored answer.")
 	}
-	return pass("", got, want, "")
+	name := r.marker(*r.replayed)
+	if name != r.t.ReplayHeader {
+		return pass("", got, want, "The replay is marked with "+name+", not "+r.t.ReplayHeader+".")
+	}
+	return pass("", got, want, "The replay is marked with "+name+".")
 }
 
 func (r *runner) keyMismatch() Result {
@@ -100,12 +166,29 @@ func (r *runner) keyMismatch() Result {
 	case b.status == http.StatusUnprocessableEntity && b.err == nil:
 		return pass(sent, got, want, "")
 	case b.ok() && (b.same(a) || r.marked(b)):
-		return fail(sent, got, want, "The different request got the first request's answer: the target does not compare the requests it sees under one key. "+
-			"(If the target fingerprints parsed JSON and the two bodies differ only in white space, give the body a "+Placeholder+" placeholder.)")
+		detail := "The different request got the first request's answer: the target does not compare the requests it sees under one key."
+		if bytes.Equal(bytes.TrimSpace(r.body[0]), bytes.TrimSpace(r.body[1])) {
+			detail += " (The two bodies differ only in white space: if the target fingerprints parsed JSON, give the body a " + Placeholder + " placeholder.)"
+		}
+		return fail(sent, got, want, detail)
 	case b.ok():
 		return fail(sent, got, want, "The different request ran under a key already used.")
+	case refused(b):
+		r.keyEffect = true
+		return advise(sent, got, want, fmt.Sprintf("The different request was refused, but with %d, not the 422 that the draft recommends.", b.status))
 	}
 	return fail(sent, got, want, "The different request was not refused with 422.")
+}
+
+// refused reports whether a is a client error: the request was refused and
+// should not be retried as it is. 408, 409, 425 and 429 are not refusals:
+// they ask for a retry.
+func refused(a answer) bool {
+	switch a.status {
+	case http.StatusRequestTimeout, http.StatusConflict, http.StatusTooEarly, http.StatusTooManyRequests:
+		return false
+	}
+	return a.err == nil && a.status >= 400 && a.status < 500
 }
 
 func (r *runner) missingKey() Result {
@@ -122,52 +205,11 @@ func (r *runner) missingKey() Result {
 		return pass(sent, got, want, "")
 	case a.ok():
 		return fail(sent, got, want, "The request ran without a key. If keys are optional for this target, say so (Target.KeysOptional, idemcheck -keys-optional).")
+	case refused(a) && a.status != http.StatusUnauthorized && a.status != http.StatusForbidden:
+		r.keyEffect = true
+		return advise(sent, got, want, fmt.Sprintf("The request without a key was refused, but with %d, not the 400 that the draft recommends.", a.status))
 	}
 	return fail(sent, got, want, "The request without a key was not refused with 400.")
-}
-
-func (r *runner) malformedKey() Result {
-	long := newKey()
-	long += strings.Repeat("k", 256-len(long))
-	probes := []struct {
-		q   request
-		raw bool
-	}{
-		{r.withKey(0, ""), false},
-		{r.withKey(0, long), false},
-		{r.withKey(0, "idemtest\x01"+newKey()), true},
-	}
-	probes[0].q.keyText = "(empty)"
-	probes[1].q.keyText = long[:36] + "kkk... (256 bytes)"
-	probes[2].q.keyText = strconv.Quote(probes[2].q.key) + " (on a raw connection)"
-
-	var sent, got, bad []string
-	for _, p := range probes {
-		var a answer
-		if p.raw {
-			// Not evidence for problem-json: many HTTP servers refuse
-			// a control character themselves, before any handler.
-			a = r.sendRaw(p.q)
-		} else {
-			a = r.send(p.q)
-			r.saw(CheckMalformedKey, p.q, a)
-		}
-		sent = append(sent, r.describe(p.q))
-		got = append(got, r.describeAnswer(a))
-		if a.status != http.StatusBadRequest || a.err != nil {
-			what := "was not refused with 400"
-			if a.ok() {
-				what = "ran"
-			}
-			bad = append(bad, fmt.Sprintf("the request with the %s key %s", []string{"empty", "256-byte", "control-character"}[len(sent)-1], what))
-		}
-	}
-	const want = "400 Bad Request for each"
-	res := pass(strings.Join(sent, "\n"), strings.Join(got, "\n"), want, "")
-	if len(bad) > 0 {
-		res = fail(res.Sent, res.Got, want, capitalize(strings.Join(bad, "; "))+".")
-	}
-	return res
 }
 
 func capitalize(s string) string {

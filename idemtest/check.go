@@ -3,6 +3,7 @@ package idemtest
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -10,6 +11,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"time"
 )
 
 // Check runs the checks against the target, one after another, and reports
@@ -17,10 +19,12 @@ import (
 // keys of its own, so that the checks are independent of each other and of
 // earlier runs against the same target.
 //
-// The error is for a target that cannot be checked (no URL, a malformed one,
-// an invalid header, an unknown check name) or for the end of ctx, in which
-// case the report holds the checks that ran. A target that breaks the
-// protocol is not an error: see Report.Err.
+// The error is for a target that cannot be checked: a Target that is not
+// valid (no URL, a malformed one, an invalid header, an unknown check name),
+// with a nil report; a URL whose host cannot be reached, an error wrapping
+// ErrUnreachable, with a nil report; or the end of ctx, in which case the
+// report holds the checks that ran. A target that breaks the protocol is not
+// an error: see Report.Err.
 func Check(ctx context.Context, target Target) (*Report, error) {
 	t, err := target.withDefaults()
 	if err != nil {
@@ -44,7 +48,20 @@ func Check(ctx context.Context, target Target) (*Report, error) {
 	}
 	defer r.close()
 
-	report := &Report{Target: r.endpoint}
+	report := &Report{Target: r.endpoint, Policy: Policy{
+		KeysOptional: t.KeysOptional,
+		KeyForm:      t.KeyForm,
+		MaxKeyLen:    t.MaxKeyLen,
+		Release5xx:   t.Require5xxRelease,
+	}}
+	if t.Handler == nil {
+		if err := r.reach(); err != nil {
+			if ctxErr := ctx.Err(); ctxErr != nil {
+				return report, fmt.Errorf("idemtest: %w", ctxErr)
+			}
+			return nil, err
+		}
+	}
 	firstFailed := false
 	for _, c := range checks() {
 		if len(t.Checks) > 0 && !slices.Contains(t.Checks, c.Name) {
@@ -72,7 +89,41 @@ func Check(ctx context.Context, target Target) (*Report, error) {
 		}
 		report.Results = append(report.Results, res)
 	}
+	report.Notes = r.notes()
 	return report, nil
+}
+
+// ErrUnreachable is wrapped by the error that Check returns for a target
+// whose host cannot be reached: no connection could be opened to it.
+var ErrUnreachable = errors.New("target unreachable")
+
+// reach opens a connection to the target and closes it, so that a target
+// that cannot be reached is reported once, as such, rather than by every
+// check.
+func (r *runner) reach() error {
+	ctx, cancel := context.WithTimeout(r.ctx, r.t.Timeout)
+	defer cancel()
+	conn, _, err := r.dial(ctx)
+	if err != nil {
+		return fmt.Errorf("idemtest: %w: %s: %w", ErrUnreachable, r.addr, err)
+	}
+	conn.Close()
+	return nil
+}
+
+// notes says what the kit noticed about the target as a whole.
+func (r *runner) notes() []string {
+	var notes []string
+	if r.markedWith != "" && r.markedWith != r.t.ReplayHeader {
+		notes = append(notes, "Replays are marked with "+r.markedWith+", not "+r.t.ReplayHeader+
+			": the kit recognised it (Target.ReplayHeader, idemcheck -replay-header, names it).")
+	}
+	if r.ranAgain && !r.keyEffect {
+		notes = append(notes, "Every request ran as if it had no key: no answer was a replay, a 409, a 422 or a refusal of a key. "+
+			"The target may read the key from another header than "+r.t.KeyHeader+" (X-Idempotency-Key is a common one; "+
+			"Target.KeyHeader, idemcheck -key-header, names it), or not protect this endpoint.")
+	}
+	return notes
 }
 
 // serve starts h on a loopback port. Unlike httptest.NewServer, it returns
@@ -126,6 +177,19 @@ type runner struct {
 	distinct tri
 	// problems are the refusals seen, for the problem-json check.
 	problems []seen
+
+	// markers are the names of the headers that mark a replay:
+	// Target.ReplayHeader and its common spellings.
+	markers []string
+	// markedWith is the first of them seen marking a replay.
+	markedWith string
+	// quickest is the quickest whole answer a request got from the target.
+	quickest time.Duration
+	// ranAgain: the replay check's repeat ran the request again.
+	ranAgain bool
+	// keyEffect: some answer showed that the target reads the key: a
+	// replay, 409, 422, or the refusal of a missing or malformed key.
+	keyEffect bool
 }
 
 // seen is an answer that a check got, kept as evidence for another check.
@@ -150,6 +214,12 @@ func newRunner(ctx context.Context, t Target, base string) (*runner, error) {
 		endpoint: endpoint,
 		display:  t.Method + " " + u.RequestURI(),
 		body:     [2][]byte{t.Body(0), t.Body(1)},
+		markers:  []string{t.ReplayHeader},
+	}
+	for _, name := range commonReplayHeaders {
+		if name != t.ReplayHeader {
+			r.markers = append(r.markers, name)
+		}
 	}
 	if string(r.body[0]) == string(r.body[1]) {
 		return nil, fmt.Errorf("idemtest: Target.Body returns the same body for variants 0 and 1")
@@ -197,6 +267,10 @@ func (r *runner) close() {
 // saw keeps a refusal as evidence for the problem-json check: the first of
 // each status per check.
 func (r *runner) saw(check string, q request, a answer) {
+	if a.err == nil && (a.status == http.StatusConflict || a.status == http.StatusUnprocessableEntity ||
+		a.status == http.StatusBadRequest && check != CheckFirstRequest) {
+		r.keyEffect = true
+	}
 	switch a.status {
 	case http.StatusBadRequest, http.StatusConflict, http.StatusUnprocessableEntity:
 	default:
@@ -219,6 +293,14 @@ func pass(sent, got, want, detail string) Result {
 
 func fail(sent, got, want, detail string) Result {
 	return Result{Status: StatusFail, Sent: sent, Got: got, Want: want, Detail: detail}
+}
+
+func advise(sent, got, want, detail string) Result {
+	return Result{Status: StatusAdvisory, Sent: sent, Got: got, Want: want, Detail: detail}
+}
+
+func inconclusive(sent, got, want, detail string) Result {
+	return Result{Status: StatusInconclusive, Sent: sent, Got: got, Want: want, Detail: detail}
 }
 
 func notApplicable(detail string) Result {

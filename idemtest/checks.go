@@ -9,12 +9,17 @@ const (
 	CheckKeyMismatch     = "key-mismatch"
 	CheckMissingKey      = "missing-key"
 	CheckMalformedKey    = "malformed-key"
+	CheckKeyForms        = "key-forms"
 	CheckConcurrent      = "concurrent"
 	CheckDroppedResponse = "dropped-response"
 	CheckCrossTenant     = "cross-tenant"
 	Check5xxNotCached    = "5xx-not-cached"
 	CheckProblemJSON     = "problem-json"
 )
+
+// PolicyRelease5xx is the policy that the 5xx-not-cached check judges: a
+// retry after a 5xx runs again. Target.Require5xxRelease makes it required.
+const PolicyRelease5xx = "release-5xx"
 
 // CheckInfo describes one check.
 type CheckInfo struct {
@@ -25,6 +30,12 @@ type CheckInfo struct {
 	// Advisory is true for a check of a recommendation: its failure is
 	// reported with StatusAdvisory and does not make Report.Err fail.
 	Advisory bool
+	// Policy, when not empty, names the server policy that the check
+	// judges, a behaviour that the draft leaves to the server: the check
+	// reports a target without it as advisory unless the Target requires
+	// the policy. A breach of the protocol that the check finds on the way
+	// is a failure all the same.
+	Policy string
 }
 
 // check is a CheckInfo and the function that runs it.
@@ -48,38 +59,41 @@ func Checks() []CheckInfo {
 
 func checks() []check {
 	return []check{
-		{CheckInfo{CheckFirstRequest,
-			"A request with a fresh key succeeds (2xx). Most other checks need it to.", false},
+		{CheckInfo{Name: CheckFirstRequest,
+			Description: "A request with a fresh key succeeds (2xx). Most other checks need it to."},
 			false, (*runner).firstRequest},
-		{CheckInfo{CheckReplay,
-			"The request is sent twice with the same key; the second answer has the first's status and body.", false},
+		{CheckInfo{Name: CheckReplay,
+			Description: "The request is sent twice with the same key; the second answer has the first's status and body, and the same Location, Content-Location, Content-Type, Content-Encoding, Content-Language, ETag and Last-Modified headers."},
 			true, (*runner).replay},
-		{CheckInfo{CheckReplayMarked,
-			"The replay seen by the replay check carries the replay header (Idempotent-Replayed: true), and the first answer does not.", true},
+		{CheckInfo{Name: CheckReplayMarked, Advisory: true,
+			Description: "The replay seen by the replay check carries a replay header (Idempotent-Replayed: true, or one of its common spellings), and the first answer does not."},
 			false, (*runner).replayMarked},
-		{CheckInfo{CheckKeyMismatch,
-			"A key already used is sent with a different body (variant 1); the answer is 422 and nothing runs.", false},
+		{CheckInfo{Name: CheckKeyMismatch,
+			Description: "A key already used is sent with a different body (variant 1); the request does not run, and is refused with 422 (another 4xx is advisory: the draft recommends 422)."},
 			true, (*runner).keyMismatch},
-		{CheckInfo{CheckMissingKey,
-			"The request without a key is refused with 400. Not applicable when keys are optional.", false},
+		{CheckInfo{Name: CheckMissingKey,
+			Description: "The request without a key is refused with 400 (another 4xx is advisory). Not applicable when keys are optional."},
 			false, (*runner).missingKey},
-		{CheckInfo{CheckMalformedKey,
-			"Malformed keys are refused with 400: an empty key, a 256-byte key, and a key with a control character (written on a raw connection).", false},
+		{CheckInfo{Name: CheckMalformedKey,
+			Description: "Keys that break the syntax of the draft's Structured Field string, each as long as a valid key: an empty key, one with a tab, one with a non-ASCII character, and an unclosed quoted string; and, with a key length limit, a key one byte over it. Each is refused with 400; where keys are optional, it may instead be ignored (the request runs as if it had no key), but never used as a key."},
 			false, (*runner).malformedKey},
-		{CheckInfo{CheckConcurrent,
-			"N identical requests with one key are sent at once, on N raw connections opened beforehand; they have one effect: every success has the same status and body (the rest are 409), and where replays are marked, at most one success is unmarked.", false},
+		{CheckInfo{Name: CheckKeyForms,
+			Description: "For a target that accepts keys both bare and quoted: a key sent bare and then quoted, and another sent quoted and then bare, are one key each: the second request gets the first's answer. Not applicable unless both forms are declared (-key-form both)."},
+			true, (*runner).keyForms},
+		{CheckInfo{Name: CheckConcurrent,
+			Description: "N identical requests with one key are written at once on N raw connections, the last byte of each held until all are written; they have one effect: every success has the same status and body (the rest are 409), and where replays are marked, at most one success is unmarked. Inconclusive when no request was seen in flight (no 409, and no answer held back until the first was done)."},
 			true, (*runner).concurrent},
-		{CheckInfo{CheckDroppedResponse,
-			"The request is sent on a raw connection, which is closed after a short wait (DropAfter, -drop-after) without the answer being read; a retry with the same key, repeated while it gets 409, then gets the first request's answer, or runs it if the first never ran, and a further retry gets the same answer.", false},
+		{CheckInfo{Name: CheckDroppedResponse,
+			Description: "The request is sent on a raw connection, which is closed after a short wait (DropAfter, -drop-after) without the answer being read; a retry with the same key, repeated while it gets 409, then gets the first request's answer, or runs it if the first never ran, and a further retry gets the same answer."},
 			true, (*runner).droppedResponse},
-		{CheckInfo{CheckCrossTenant,
-			"The same key and body are sent as two callers (the usual headers, then the second credential); the second runs afresh rather than getting the first caller's answer, and the first still gets its own. Not applicable without a second credential.", false},
+		{CheckInfo{Name: CheckCrossTenant,
+			Description: "The same key and body are sent as two callers (the usual headers, then the second credential); the second runs afresh rather than getting the first caller's answer, and the first still gets its own. Not applicable without a second credential."},
 			true, (*runner).crossTenant},
-		{CheckInfo{Check5xxNotCached,
-			"The request is made to fail (a 5xx) with the fail-trigger header, then sent again with the same key without it; the retry runs and succeeds rather than replaying the 5xx. Not applicable without a fail trigger.", false},
+		{CheckInfo{Name: Check5xxNotCached, Policy: PolicyRelease5xx,
+			Description: "The request is made to fail (a 5xx) with the fail-trigger header, then sent again with the same key without it. The key must not stay in flight (409) once the failure is answered. Policy release-5xx: the retry runs and succeeds rather than getting the 5xx replayed; advisory unless required (-require-5xx-release), since the draft lets a server store errors. Not applicable without a fail trigger."},
 			true, (*runner).fiveXXNotCached},
-		{CheckInfo{CheckProblemJSON,
-			"The 400, 409 and 422 answers seen by the other checks are RFC 9457 problem documents: Content-Type application/problem+json, with type, title and a status equal to the answer's.", true},
+		{CheckInfo{Name: CheckProblemJSON, Advisory: true,
+			Description: "The 400, 409 and 422 answers seen by the other checks are RFC 9457 problem documents: Content-Type application/problem+json, with type, title and a status equal to the answer's."},
 			false, (*runner).problemJSON},
 	}
 }

@@ -1,6 +1,7 @@
 package idemtest
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"net"
@@ -12,14 +13,28 @@ import (
 	"time"
 )
 
+// heldMargin is how much longer than twice the quickest answer of the run
+// the first answer of the concurrent check must take for the kit to count
+// the others, which came after it, as held back until it was done: more than
+// a scheduler's or a network's hiccup.
+const heldMargin = 25 * time.Millisecond
+
 // concurrent sends Concurrency identical requests at once. It opens a
-// connection for each first, then writes every request as soon as all are
-// open, so that they reach the target together rather than as fast as a
-// client's pool would dial.
+// connection for each first, writes each request but its last byte, and
+// then writes every last byte together, so that the requests reach the
+// target's code together rather than as fast as a client would write them.
+//
+// A target that answers quickly may still handle them one after another;
+// the check then saw nothing in flight, and says so rather than passing.
+// It counts as seen in flight a 409, and answers held back until the first
+// was done: the first answer came late enough after the release (by
+// heldMargin more than twice the quickest answer of the run) that the
+// others, sent before, would have been answered already had they not
+// waited for it.
 func (r *runner) concurrent() Result {
 	n := r.t.Concurrency
 	q := r.keyed(0)
-	sent := strconv.Itoa(n) + " at once, each on a raw connection opened beforehand: " + r.describe(q)
+	sent := strconv.Itoa(n) + " at once, each on a raw connection opened beforehand, the last byte of each held until all were written: " + r.describe(q)
 	ctx, cancel := context.WithTimeout(r.ctx, r.t.Timeout)
 	defer cancel()
 	conns := make([]net.Conn, 0, n)
@@ -28,10 +43,15 @@ func (r *runner) concurrent() Result {
 			c.Close()
 		}
 	}()
+	var dialled time.Duration
 	for range n {
+		start := time.Now()
 		c, _, err := r.dial(ctx)
 		if err != nil {
 			return fail(sent, "no connection: "+err.Error(), "", fmt.Sprintf("Could not open %d connections to the target.", n))
+		}
+		if d := time.Since(start); dialled == 0 || d < dialled {
+			dialled = d
 		}
 		conns = append(conns, c)
 	}
@@ -41,22 +61,39 @@ func (r *runner) concurrent() Result {
 		}
 	})
 	defer stop()
+	raw, req, err := r.wire(ctx, q)
+	if err != nil {
+		return fail(sent, err.Error(), "", "The request could not be written.")
+	}
+	for _, c := range conns {
+		if _, err := c.Write(raw[:len(raw)-1]); err != nil {
+			return fail(sent, "writing the request: "+err.Error(), "", "The request could not be sent on a raw connection.")
+		}
+	}
 
 	answers := make([]answer, n)
-	start := make(chan struct{})
+	release := make(chan struct{})
 	var wg sync.WaitGroup
 	for i, c := range conns {
 		wg.Go(func() {
-			<-start
-			answers[i] = r.exchange(ctx, c, q)
+			<-release
+			_, werr := c.Write(raw[len(raw)-1:])
+			// A target may answer before the last byte, and close: its
+			// answer is still to be read.
+			a := readAnswer(bufio.NewReader(c), req)
+			if werr != nil && a.status == 0 {
+				a.err = fmt.Errorf("writing the request: %w", werr)
+			}
+			answers[i] = a
 		})
 	}
-	close(start)
+	released := time.Now()
+	close(release)
 	wg.Wait()
 
 	const want = "one effect: successes that all have the same status and body (a single one where replays are marked), and 409 Conflict for the others"
 	var successes []answer
-	unmarked := 0
+	unmarked, conflicts := 0, 0
 	var other []string
 	for _, a := range answers {
 		r.saw(CheckConcurrent, q, a)
@@ -67,6 +104,7 @@ func (r *runner) concurrent() Result {
 				unmarked++
 			}
 		case a.err == nil && a.status == http.StatusConflict:
+			conflicts++
 		default:
 			other = append(other, r.describeAnswer(a))
 		}
@@ -88,11 +126,34 @@ func (r *runner) concurrent() Result {
 	case len(successes) == 0:
 		return fail(sent, got, want, "No request succeeded.")
 	}
-	detail := ""
+
+	unsure := ""
 	if unmarked > 1 && r.distinct != yes {
-		detail = fmt.Sprintf("%d equal successes, not marked as replays: they are replays only if two executions of the request would answer differently, which the kit could not see.", unmarked)
+		unsure = fmt.Sprintf(" %d equal successes, not marked as replays: they are replays only if two executions of the request would answer differently, which the kit could not see.", unmarked)
 	}
-	return pass(sent, got, want, detail)
+	if conflicts > 0 {
+		return pass(sent, got, want, fmt.Sprintf("%d of %d requests were answered 409 while the first was in flight.", conflicts, n)+unsure)
+	}
+	firstAt := successes[0].at
+	for _, a := range successes[1:] {
+		if a.at.Before(firstAt) {
+			firstAt = a.at
+		}
+	}
+	took := firstAt.Sub(released)
+	quickest := r.quickest
+	if quickest == 0 {
+		quickest = dialled // no answer yet: the network's round trip
+	}
+	held := took >= 2*quickest+heldMargin
+	took, quickest = took.Round(10*time.Microsecond), quickest.Round(10*time.Microsecond)
+	if held {
+		return pass(sent, got, want, fmt.Sprintf("No 409, but the first answer took %v, and the others came after it: they waited for it (the quickest answer in this run took %v).", took, quickest)+unsure)
+	}
+	return inconclusive(sent, got, want, fmt.Sprintf("No request was seen in flight: none was answered 409, and the first answer came %v after the release, "+
+		"too soon to show that the others waited for it (the quickest answer in this run took %v). The target may have handled them one after another, "+
+		"so concurrent duplicates were not tested. Slow the endpoint down (a handler that takes %v or more) or raise the concurrency (Target.Concurrency, idemcheck -n), and run again.",
+		took, quickest, (2*quickest+heldMargin).Round(time.Millisecond))+unsure)
 }
 
 func sameAsAny(a answer, others []answer) bool {

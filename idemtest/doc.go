@@ -9,35 +9,56 @@
 // # The checks
 //
 // Each check has a stable name (the Check... constants; Checks describes
-// them) and ends as pass, fail, not applicable (Result.Detail says why) or,
-// for the two checks of recommendations, advisory. Each uses fresh random
-// keys of its own.
+// them) and ends as pass, fail, not applicable (Result.Detail says why),
+// advisory (a recommendation, or a policy the Target does not require, that
+// the target does not follow), or inconclusive (the check ran but could not
+// tell; Result.Detail says what would make it tell). Only a fail makes
+// Report.Err fail. Each check uses fresh random keys of its own.
 //
 //   - first-request: a request with a fresh key succeeds (2xx). The checks
 //     that need a success are skipped when it fails.
 //   - replay: the same key and body again get the first answer's status and
-//     body back.
+//     body back, and its Location, Content-Location, Content-Type,
+//     Content-Encoding, Content-Language, ETag and Last-Modified headers.
 //   - replay-marked (advisory): that replay carries Idempotent-Replayed:
-//     true, and the first answer does not.
-//   - key-mismatch: the same key with a different body (Body(1)) gets 422.
-//   - missing-key: no key gets 400, unless Target.KeysOptional.
-//   - malformed-key: an empty key, a 256-byte key and a key with a control
-//     character each get 400.
-//   - concurrent: Target.Concurrency identical requests sent at once have
-//     one effect: every success has the same status and body, the others
-//     are 409.
+//     true (or Idempotency-Replayed, X-Idempotent-Replayed,
+//     X-Idempotency-Replayed, which the report names), and the first answer
+//     does not.
+//   - key-mismatch: the same key with a different body (Body(1)) does not
+//     run, and gets 422 (another 4xx is advisory).
+//   - missing-key: no key gets 400 (another 4xx is advisory), unless
+//     Target.KeysOptional.
+//   - malformed-key: keys that break the draft's syntax but that HTTP
+//     parsers let through (empty, with a tab, with a non-ASCII character, an
+//     unclosed quoted string), each as long as a valid key, and with
+//     Target.MaxKeyLen a key one byte too long, each get 400. Where keys are
+//     optional, a malformed key may instead be ignored, as RFC 8941 says of
+//     a field that does not parse, but not used as a key.
+//   - key-forms: with Target.KeyForm KeyBoth, a key sent bare and then
+//     quoted (and another the other way round) is one key.
+//   - concurrent: Target.Concurrency identical requests, released together,
+//     have one effect: every success has the same status and body, the
+//     others are 409. Inconclusive when no request was seen in flight.
 //   - dropped-response: the kit sends the request, closes the connection
 //     after Target.DropAfter without reading the answer, and retries (again
 //     while it gets 409, for up to Target.Patience): the retry gets the
 //     first's answer, or runs the request if the first never ran, and the
-//     key settles on one answer.
+//     key settles on one answer. The detail says what the answers show.
 //   - cross-tenant: with Target.SecondCredential, the same key and body sent
 //     as another caller run afresh instead of getting the first caller's
 //     answer.
 //   - 5xx-not-cached: with Target.FailHeader, a request made to fail with a
-//     5xx, retried with the same key without the trigger, runs and succeeds.
+//     5xx is retried with the same key without the trigger. A key left in
+//     flight is a failure; a replayed 5xx is advisory unless
+//     Target.Require5xxRelease (policy release-5xx), since the draft lets a
+//     server store errors.
 //   - problem-json (advisory): the 400, 409 and 422 answers seen are RFC 9457
 //     problem+json documents with type, title and status.
+//
+// Report.Policy records the choices the target was judged by, and
+// Report.Notes what the kit noticed about the target as a whole, such as
+// every request running as if it had no key (a key header of another
+// name?).
 //
 // # From a Go test
 //
@@ -71,7 +92,7 @@
 //		-fail-header 'X-Test-Fail: 1' -d '{"sku":"A1","note":"{{variant}}"}' https://staging.example.com/orders
 //
 // prints a table of the checks and a summary line, or JSON with -json, and
-// exits with status 0 only when every required check passes.
+// exits with status 0 only when no check fails.
 //
 // # What the kit can see
 //
@@ -82,14 +103,20 @@
 // replays can run a request twice unseen; Result.Detail says so when the kit
 // could not tell.
 //
+// Concurrent requests test nothing if the target handles them one after
+// another, as a fast endpoint may: the concurrent check then reports
+// inconclusive rather than pass. A test endpoint that takes some time (tens
+// of milliseconds, as a write to a database does) makes them overlap.
+//
 // # Before you point it at a server
 //
 // The checks create what the endpoint creates: about one resource per check
 // against a compliant target (more if the target runs duplicates, up to
 // Target.Concurrency for the concurrent check). Run the kit against a test or
-// staging deployment. The malformed-key, concurrent and dropped-response
-// checks write their requests on raw connections of the kit's own, dialled
-// to the URL's host (with TLS for https, using the TLS settings of
-// Target.Client's transport) and speaking HTTP/1.1; they do not go through a
-// proxy.
+// staging deployment. Check first opens a connection to the URL's host, and
+// reports a host it cannot reach with ErrUnreachable. The concurrent and
+// dropped-response checks write their requests on raw connections of the
+// kit's own, dialled to the URL's host (with TLS for https, using the TLS
+// settings of Target.Client's transport) and speaking HTTP/1.1; they do not
+// go through a proxy.
 package idemtest

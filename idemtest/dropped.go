@@ -59,9 +59,25 @@ func (r *runner) droppedResponse() Result {
 		return fail(sent, got, want, "The retry did not succeed.")
 	case !c.same(b):
 		return fail(sent, got, want, "The next retry did not get the retry's answer: the request ran again.")
-	case r.marked(b):
-		return pass(sent, got, want, "The request ran although its client went away, and the retry got its answer.")
 	}
-	return pass(sent, got, want, "The retry ran the request. Either the first never reached the code that runs it (the target saw its client go first, which is allowed), "+
-		"or the target forgot it when its client went away, and then it ran twice: the kit cannot tell which from outside. Look for key "+q.key+" in the target's records.")
+	look := " Look for key " + q.key + " in the target's records to tell."
+	waited := "The first request was still in flight when the retry came (" + conflictsSeen(conflicts) + ")"
+	switch {
+	case r.marked(b) && conflicts > 0:
+		return pass(sent, got, want, waited+", and the retries then got its answer, marked as a replay: the request ran once.")
+	case r.marked(b):
+		return pass(sent, got, want, "The retries got the first request's answer, marked as a replay: the request ran once, although its client went away.")
+	case conflicts > 0 && r.marks == yes:
+		return pass(sent, got, want, waited+"; then the retry ran the request afresh (its answer is not marked as a replay, and this target marks its replays): "+
+			"the target released the key of the request whose client went away. If that request had done its work before it stopped, the request ran twice."+look)
+	case conflicts > 0:
+		return pass(sent, got, want, waited+"; then the retries got a success, the same twice, not marked as a replay. "+
+			"It is the first request's answer, or a second execution after the target released the key: without a replay header the kit cannot tell."+look)
+	case r.marks == yes:
+		return pass(sent, got, want, "The retry ran the request (its answer is not marked as a replay, and this target marks its replays), and no 409 came first. "+
+			"Either the first request never reached the code that runs it (the target saw its client go first, which is allowed), "+
+			"or the target forgot it when its client went away, and the request ran twice."+look)
+	}
+	return pass(sent, got, want, "The retries got a success, the same twice, not marked as a replay, and no 409 came first: "+
+		"it is the first request's answer, or a second execution, and without a replay header the kit cannot tell which."+look)
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"sync/atomic"
+	"time"
 
 	"github.com/idemkit/idempotency/idemtest"
 	"github.com/idemkit/idempotency/server"
@@ -13,7 +14,8 @@ import (
 
 // Check an orders endpoint behind the server package's middleware. Every
 // check applies: the target has a second credential for the cross-tenant
-// check and a header that makes it fail for the 5xx check.
+// check and a header that makes it fail for the 5xx check, and it takes keys
+// both bare and quoted.
 func ExampleCheck() {
 	var created atomic.Int64
 	orders := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -21,6 +23,9 @@ func ExampleCheck() {
 			http.Error(w, "induced failure", http.StatusInternalServerError)
 			return
 		}
+		// The work takes a moment, as a write to a database does, so
+		// that the concurrent check's requests overlap.
+		time.Sleep(50 * time.Millisecond)
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"order":%d}`, created.Add(1))
@@ -40,6 +45,10 @@ func ExampleCheck() {
 		Body:             idemtest.BodyTemplate(`{"sku":"A1","note":"{{variant}}"}`),
 		SecondCredential: http.Header{"Authorization": {"Bearer bob"}},
 		FailHeader:       http.Header{"X-Test-Fail": {"1"}},
+		KeyForm:          idemtest.KeyBoth,
+		MaxKeyLen:        255,
+		// The middleware releases a key after a 5xx: require it.
+		Require5xxRelease: true,
 	})
 	if err != nil {
 		fmt.Println(err)
@@ -49,6 +58,7 @@ func ExampleCheck() {
 		fmt.Printf("%-16s %s\n", res.Name, res.Status)
 	}
 	fmt.Println(report.Summary())
+	fmt.Println("policy:", report.Policy)
 	fmt.Println("error:", report.Err())
 	// Output:
 	// first-request    pass
@@ -57,12 +67,14 @@ func ExampleCheck() {
 	// key-mismatch     pass
 	// missing-key      pass
 	// malformed-key    pass
+	// key-forms        pass
 	// concurrent       pass
 	// dropped-response pass
 	// cross-tenant     pass
 	// 5xx-not-cached   pass
 	// problem-json     pass
-	// 11 passed, 0 failed
+	// 12 passed, 0 failed
+	// policy: keys required, sent bare and quoted; keys of at most 255 bytes; release after 5xx required
 	// error: <nil>
 }
 
@@ -90,5 +102,5 @@ func ExampleReport_Failed() {
 	// malformed-key
 	// concurrent
 	// dropped-response
-	// 1 passed, 6 failed, 4 not applicable
+	// 1 passed, 6 failed, 5 not applicable
 }

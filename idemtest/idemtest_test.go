@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -44,14 +45,79 @@ func (o *orders) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	fmt.Fprintf(w, `{"order":%d,"request":%q}`, n, body)
 }
 
-// protect puts our middleware, with a fresh memory store, in front of h.
+// protect puts our middleware, with a fresh memory store, in front of h,
+// which takes up to overlapWindow per request (see overlap).
 func protect(t *testing.T, h http.Handler, opts ...server.Option) http.Handler {
 	t.Helper()
 	store := memstore.New()
 	t.Cleanup(func() { store.Close() })
 	mw, err := server.New(store, opts...)
 	require.NoError(t, err)
-	return mw.Handler(h)
+	return newOverlap(overlapWindow).around(mw.Handler, h)
+}
+
+// overlapWindow is how long a handler behind overlap runs at most.
+const overlapWindow = 50 * time.Millisecond
+
+// overlap holds each run of a handler behind a middleware until a duplicate
+// of its request (one with the same key) has been answered, or for the
+// window at most. The handler of a real endpoint takes time, and this makes
+// the concurrent check's requests overlap without depending on the
+// scheduler: while the first runs, a duplicate can only be answered 409.
+// Behind a middleware that makes duplicates wait (server.WithWait), the
+// handler runs for the whole window, and holds the duplicates as long.
+type overlap struct {
+	window time.Duration
+
+	mu      sync.Mutex
+	running map[string]chan struct{} // per key: closed when a duplicate is answered
+}
+
+type ranKey struct{}
+
+func newOverlap(window time.Duration) *overlap {
+	return &overlap{window: window, running: map[string]chan struct{}{}}
+}
+
+// around returns h behind the middleware mw, held as overlap says.
+func (o *overlap) around(mw func(http.Handler) http.Handler, h http.Handler) http.Handler {
+	protected := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if ran, ok := r.Context().Value(ranKey{}).(*atomic.Bool); ok {
+			ran.Store(true)
+		}
+		key := r.Header.Get("Idempotency-Key")
+		answered := make(chan struct{})
+		o.mu.Lock()
+		o.running[key] = answered
+		o.mu.Unlock()
+		timer := time.NewTimer(o.window)
+		select {
+		case <-answered:
+		case <-timer.C:
+		case <-r.Context().Done():
+		}
+		timer.Stop()
+		o.mu.Lock()
+		if o.running[key] == answered {
+			delete(o.running, key)
+		}
+		o.mu.Unlock()
+		h.ServeHTTP(w, r)
+	}))
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ran := new(atomic.Bool)
+		protected.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ranKey{}, ran)))
+		if ran.Load() {
+			return
+		}
+		key := r.Header.Get("Idempotency-Key")
+		o.mu.Lock()
+		if answered := o.running[key]; answered != nil {
+			close(answered)
+			delete(o.running, key)
+		}
+		o.mu.Unlock()
+	})
 }
 
 // start serves h on loopback until the test ends.
@@ -132,17 +198,25 @@ func TestOurServerPasses(t *testing.T) {
 			h := &orders{}
 			mw, err := server.New(newStore(t))
 			require.NoError(t, err)
-			srv := start(t, mw.Handler(h))
-			report := check(t, target(srv.URL))
+			srv := start(t, newOverlap(overlapWindow).around(mw.Handler, h))
+			tg := target(srv.URL)
+			tg.KeyForm = idemtest.KeyBoth
+			tg.MaxKeyLen = 255
+			tg.Require5xxRelease = true
+			report := check(t, tg)
 			assertAll(t, report, idemtest.StatusPass)
 			assert.NoError(t, report.Err())
 			assert.Equal(t, srv.URL+"/orders", report.Target)
 			n := len(idemtest.Checks())
 			assert.Equal(t, fmt.Sprintf("%d passed, 0 failed", n), report.Summary().String())
 			// Few resources: one order per check that needs a success,
-			// one for the concurrent check, one per caller in
-			// cross-tenant.
-			assert.LessOrEqual(t, h.created.Load(), int64(n))
+			// one per key in key-forms, one for the concurrent check,
+			// one per caller in cross-tenant.
+			assert.LessOrEqual(t, h.created.Load(), int64(n+1))
+			res, _ := report.Result(idemtest.CheckConcurrent)
+			assert.Contains(t, res.Detail, "answered 409 while the first was in flight")
+			assert.Equal(t, idemtest.Policy{KeyForm: idemtest.KeyBoth, MaxKeyLen: 255, Release5xx: true}, report.Policy)
+			assert.Empty(t, report.Notes)
 		})
 	}
 }
@@ -150,6 +224,7 @@ func TestOurServerPasses(t *testing.T) {
 func TestHandlerInProcess(t *testing.T) {
 	tg := target("")
 	tg.Handler = protect(t, &orders{})
+	tg.KeyForm = idemtest.KeyBoth
 	report := check(t, tg)
 	assertAll(t, report, idemtest.StatusPass)
 	assert.True(t, strings.HasPrefix(report.Target, "http://127.0.0.1:"), report.Target)
@@ -157,10 +232,21 @@ func TestHandlerInProcess(t *testing.T) {
 
 func TestWaitingServerPasses(t *testing.T) {
 	// With WithWait, concurrent duplicates wait and get the replay
-	// instead of 409.
-	srv := start(t, protect(t, &orders{}, server.WithWait(5*time.Second)))
-	report := check(t, target(srv.URL))
-	assertAll(t, report, idemtest.StatusPass)
+	// instead of 409: the first answer's delay shows that they waited.
+	store := memstore.New()
+	t.Cleanup(func() { store.Close() })
+	mw, err := server.New(store, server.WithWait(5*time.Second))
+	require.NoError(t, err)
+	srv := start(t, newOverlap(200*time.Millisecond).around(mw.Handler, &orders{}))
+	tg := target(srv.URL)
+	tg.Checks = []string{idemtest.CheckFirstRequest, idemtest.CheckReplay, idemtest.CheckConcurrent, idemtest.CheckDroppedResponse}
+	report := check(t, tg)
+	for _, res := range report.Results {
+		assert.Equal(t, idemtest.StatusPass, res.Status, "%s: %s\n%s", res.Name, res.Detail, res.Got)
+	}
+	res, _ := report.Result(idemtest.CheckConcurrent)
+	assert.Contains(t, res.Detail, "No 409, but the first answer took")
+	assert.Contains(t, res.Got, "9 × 201 Created", "the replays")
 }
 
 func TestNotApplicable(t *testing.T) {
@@ -173,14 +259,17 @@ func TestNotApplicable(t *testing.T) {
 	assert.NoError(t, report.Err())
 	for name, status := range statuses(report) {
 		want := idemtest.StatusPass
-		if name == idemtest.CheckMissingKey || name == idemtest.CheckCrossTenant || name == idemtest.Check5xxNotCached {
+		switch name {
+		case idemtest.CheckMissingKey, idemtest.CheckCrossTenant, idemtest.Check5xxNotCached, idemtest.CheckKeyForms:
 			want = idemtest.StatusNotApplicable
 		}
 		assert.Equal(t, want, status, name)
 	}
 	res, _ := report.Result(idemtest.CheckCrossTenant)
 	assert.Contains(t, res.Detail, "second credential")
-	assert.Equal(t, "8 passed, 0 failed, 3 not applicable", report.Summary().String())
+	res, _ = report.Result(idemtest.CheckKeyForms)
+	assert.Contains(t, res.Detail, "-key-form both")
+	assert.Equal(t, "8 passed, 0 failed, 4 not applicable", report.Summary().String())
 }
 
 func TestAdvisories(t *testing.T) {
@@ -199,7 +288,7 @@ func TestAdvisories(t *testing.T) {
 	res, _ := report.Result(idemtest.CheckProblemJSON)
 	assert.Contains(t, res.Detail, "the 400 answer seen by missing-key is not application/problem+json")
 	assert.Contains(t, res.Detail, "The 422 answer seen by key-mismatch")
-	assert.Equal(t, "9 passed, 0 failed, 2 advisory", report.Summary().String())
+	assert.Equal(t, "9 passed, 0 failed, 1 not applicable, 2 advisory", report.Summary().String())
 
 	// With the replay header named, replays are marked.
 	tg := target(srv.URL)
@@ -255,28 +344,88 @@ func TestOnlyNamedChecks(t *testing.T) {
 	assert.Equal(t, idemtest.StatusNotApplicable, report.Results[0].Status, "it needs the replay check's evidence")
 }
 
-// TestDroppedWhileInFlight drops the connection while the handler runs: the
-// handler finishes only once its client has gone, so the retry first finds
-// the key in flight, then gets the replay.
-func TestDroppedWhileInFlight(t *testing.T) {
+// dropped serves orders behind our middleware for the dropped-response
+// check, in a set order. The first run of the handler waits until its
+// client has gone; then, with inFlight, until a retry has been answered 409
+// (the first is still in flight); without, the retries wait outside the
+// middleware until the first run has been answered (the first is done).
+func dropped(t *testing.T, inFlight bool, opts ...server.Option) (http.Handler, *orders) {
+	t.Helper()
 	h := &orders{}
-	var calls atomic.Int64
-	slow := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if calls.Add(1) == 1 {
+	conflict, firstDone := make(chan struct{}), make(chan struct{})
+	var sawConflict sync.Once
+	var runs, requests atomic.Int64
+	inner := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if runs.Add(1) == 1 {
 			<-r.Context().Done()
+			if inFlight {
+				timer := time.NewTimer(10 * time.Second)
+				select {
+				case <-conflict:
+				case <-timer.C:
+				}
+				timer.Stop()
+			}
 		}
 		h.ServeHTTP(w, r)
 	})
-	srv := start(t, protect(t, slow))
-	tg := target(srv.URL)
-	tg.Checks = []string{idemtest.CheckDroppedResponse}
-	tg.DropAfter = 300 * time.Millisecond // time enough for the handler to start
-	report := check(t, tg)
-	res := report.Results[0]
-	assert.Equal(t, idemtest.StatusPass, res.Status, "%s\n%s", res.Detail, res.Got)
-	assert.Contains(t, res.Got, "nothing before the close")
-	assert.Contains(t, res.Detail, "although its client went away")
-	assert.Equal(t, int64(1), h.created.Load())
+	protected := protect(t, inner, opts...)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if requests.Add(1) == 1 {
+			defer close(firstDone)
+			protected.ServeHTTP(w, r)
+			return
+		}
+		if !inFlight {
+			select {
+			case <-firstDone:
+			case <-r.Context().Done():
+				return
+			}
+		}
+		rec := &statusRecorder{ResponseWriter: w}
+		protected.ServeHTTP(rec, r)
+		if rec.status == http.StatusConflict {
+			sawConflict.Do(func() { close(conflict) })
+		}
+	}), h
+}
+
+// TestDroppedWording: what the dropped-response check says follows what it
+// saw: whether the retry found the first in flight, and whether the answer
+// it got was marked as a replay.
+func TestDroppedWording(t *testing.T) {
+	unknown := server.WithReplayHeader("X-Unknown") // not one the kit recognises
+	for _, tc := range []struct {
+		name      string
+		inFlight  bool
+		opts      []server.Option
+		want      string
+		notWanted string
+	}{
+		{"in flight, marked", true, nil,
+			"The first request was still in flight when the retry came (409 Conflict (in flight)), and the retries then got its answer, marked as a replay: the request ran once.", "cannot tell"},
+		{"done, marked", false, nil,
+			"The retries got the first request's answer, marked as a replay: the request ran once, although its client went away.", "in flight"},
+		{"in flight, unmarked", true, []server.Option{unknown},
+			"The first request was still in flight when the retry came (409 Conflict (in flight)); then the retries got a success, the same twice, not marked as a replay. It is the first request's answer, or a second execution after the target released the key", "ran once"},
+		{"done, unmarked", false, []server.Option{unknown},
+			"no 409 came first: it is the first request's answer, or a second execution, and without a replay header the kit cannot tell which.", "in flight"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h, orders := dropped(t, tc.inFlight, tc.opts...)
+			srv := start(t, h)
+			tg := target(srv.URL)
+			tg.Checks = []string{idemtest.CheckDroppedResponse}
+			report := check(t, tg)
+			res := report.Results[0]
+			assert.Equal(t, idemtest.StatusPass, res.Status, "%s\n%s", res.Detail, res.Got)
+			assert.Contains(t, res.Got, "nothing before the close")
+			assert.Contains(t, res.Detail, tc.want)
+			assert.NotContains(t, res.Detail, tc.notWanted)
+			assert.Equal(t, int64(1), orders.created.Load())
+		})
+	}
 }
 
 // TestDroppedAndStuck: a target that never finishes a request whose client
@@ -316,7 +465,10 @@ func TestTargetErrors(t *testing.T) {
 		"key in header": {func(tg *idemtest.Target) { tg.Header.Set("idempotency-key", "x") }, "contains the key header"},
 		"header value":  {func(tg *idemtest.Target) { tg.FailHeader = http.Header{"X-Fail": {"a\nb"}} }, "FailHeader: header X-Fail has an invalid value"},
 		"header name":   {func(tg *idemtest.Target) { tg.KeyHeader = "Key:" }, "not a valid header name"},
-		"unknown check": {func(tg *idemtest.Target) { tg.Checks = []string{"replay", "nope"} }, `no check is named "nope"`},
+		"unknown check": {func(tg *idemtest.Target) { tg.Checks = []string{"replay", "nope"} }, `no check is named "nope"; the checks are first-request, replay, `},
+		"key form":      {func(tg *idemtest.Target) { tg.KeyForm = "shouted" }, `Target.KeyForm "shouted" is not "bare", "quoted" or "both"`},
+		"key length":    {func(tg *idemtest.Target) { tg.MaxKeyLen = -1 }, "MaxKeyLen -1 is negative"},
+		"huge key":      {func(tg *idemtest.Target) { tg.MaxKeyLen = 1 << 20 }, "MaxKeyLen 1048576 is over 4096"},
 		"credentials":   {func(tg *idemtest.Target) { tg.URL = "http://u:secret@127.0.0.1:1" }, "credentials in it"},
 		"same caller":   {func(tg *idemtest.Target) { tg.SecondCredential = http.Header{"authorization": {"Bearer alice"}} }, "needs another caller"},
 		"same variants": {func(tg *idemtest.Target) { tg.Body = func(int) []byte { return []byte("x") } }, "same body for variants 0 and 1"},
@@ -386,12 +538,10 @@ func TestUnreachable(t *testing.T) {
 	srv.Close()
 	tg := target(url)
 	tg.Timeout = 2 * time.Second
-	report := check(t, tg)
-	for _, res := range report.Results {
-		assert.NotEqual(t, idemtest.StatusPass, res.Status, res.Name)
-	}
-	res, _ := report.Result(idemtest.CheckFirstRequest)
-	assert.Contains(t, res.Got, "no answer")
+	report, err := idemtest.Check(t.Context(), tg)
+	assert.Nil(t, report, "no checks ran")
+	require.ErrorIs(t, err, idemtest.ErrUnreachable)
+	assert.Contains(t, err.Error(), "idemtest: target unreachable: "+strings.TrimPrefix(url, "http://")+": dial tcp")
 }
 
 func TestBodyTemplate(t *testing.T) {
@@ -446,4 +596,105 @@ func TestChecksDescribed(t *testing.T) {
 	}
 	advisory := slices.DeleteFunc(slices.Clone(infos), func(c idemtest.CheckInfo) bool { return !c.Advisory })
 	assert.Equal(t, []string{idemtest.CheckReplayMarked, idemtest.CheckProblemJSON}, names(advisory))
+	policies := slices.DeleteFunc(slices.Clone(infos), func(c idemtest.CheckInfo) bool { return c.Policy == "" })
+	assert.Equal(t, []string{idemtest.Check5xxNotCached}, names(policies))
+	assert.Equal(t, idemtest.PolicyRelease5xx, policies[0].Policy)
+}
+
+// TestMalformedKeysReachTheHandler: the malformed keys are ones that an
+// HTTP server lets through to the application, as long as a valid key, so
+// that a refusal comes from the code that reads keys, not from the parser.
+func TestMalformedKeysReachTheHandler(t *testing.T) {
+	for _, form := range []idemtest.KeyForm{idemtest.KeyBare, idemtest.KeyQuoted} {
+		t.Run(string(form), func(t *testing.T) {
+			var mu sync.Mutex
+			var seen []string
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				mu.Lock()
+				seen = append(seen, r.Header.Values("Idempotency-Key")...)
+				mu.Unlock()
+				http.Error(w, "invalid key", http.StatusBadRequest)
+			})
+			srv := start(t, h)
+			tg := target(srv.URL)
+			tg.KeyForm = form
+			tg.MaxKeyLen = 40
+			tg.Checks = []string{idemtest.CheckMalformedKey}
+			report := check(t, tg)
+			assert.Equal(t, idemtest.StatusPass, report.Results[0].Status, report.Results[0].Detail)
+			mu.Lock()
+			defer mu.Unlock()
+			require.Len(t, seen, 5, "every probe reached the handler")
+			assert.Equal(t, "", seen[0])
+			valid := 36
+			if form == idemtest.KeyQuoted {
+				valid = 38
+			}
+			for i, want := range []string{"\t", "é", `"`} {
+				assert.Contains(t, seen[i+1], want)
+				assert.Len(t, seen[i+1], valid, "probe %d is as long as a valid key", i+1)
+			}
+			assert.Len(t, strings.Trim(seen[4], `"`), 41, "one byte over the limit")
+			sent := report.Results[0].Sent
+			assert.Contains(t, sent, `\t`, "the tab is shown escaped")
+			assert.Contains(t, sent, "(41 bytes, one over the limit of 40")
+		})
+	}
+}
+
+// TestQuotedKeys: keys sent as Structured Field strings, as the draft
+// writes them, are keys to our server like bare ones.
+func TestQuotedKeys(t *testing.T) {
+	var mu sync.Mutex
+	keys := map[string]bool{}
+	h := &orders{}
+	seen := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		keys[r.Header.Get("Idempotency-Key")] = true
+		mu.Unlock()
+		h.ServeHTTP(w, r)
+	})
+	srv := start(t, protect(t, seen))
+	tg := target(srv.URL)
+	tg.KeyForm = idemtest.KeyQuoted
+	report := check(t, tg)
+	for _, res := range report.Results {
+		want := idemtest.StatusPass
+		if res.Name == idemtest.CheckKeyForms {
+			want = idemtest.StatusNotApplicable
+		}
+		assert.Equal(t, want, res.Status, "%s: %s", res.Name, res.Detail)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	require.NotEmpty(t, keys)
+	for key := range keys {
+		assert.Regexp(t, `^"[0-9a-f-]{36}"$`, key)
+	}
+	assert.Equal(t, idemtest.KeyQuoted, report.Policy.KeyForm)
+}
+
+// TestAnswersShownOneWay: bodies are shown between backquotes, with escapes,
+// whatever their last byte; long bodies and header values are cut short.
+func TestAnswersShownOneWay(t *testing.T) {
+	for _, tc := range []struct {
+		body, location, want string
+	}{
+		{`{"order":1}`, "/orders/1", "Location: /orders/1, body `{\"order\":1}`"},
+		{"{\"order\":1}\n", "/orders/1", "body `{\"order\":1}\\n`"},
+		{" padded ", "/orders/1", "body ` padded `"},
+		{"\x00\xff", "/orders/1", "body `\\x00\\xff`"},
+		{strings.Repeat("a", 200), "/" + strings.Repeat("b", 300), "Location: /" + strings.Repeat("b", 159) + "... (301 bytes), body `" + strings.Repeat("a", 160) + "`... (200 bytes)"},
+	} {
+		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Location", tc.location)
+			w.WriteHeader(http.StatusCreated)
+			io.WriteString(w, tc.body)
+		})
+		tg := target("")
+		tg.Handler = h
+		tg.Checks = []string{idemtest.CheckFirstRequest}
+		res := check(t, tg).Results[0]
+		assert.Contains(t, res.Got, tc.want)
+	}
 }

@@ -6,15 +6,18 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idempotency/idemtest"
 	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/server/memstore"
 )
 
 // checkThenInsert is the handler of the seed documents: it looks the key up
@@ -109,14 +112,23 @@ func (s *checkThenInsert) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // TestNoncompliantServers runs the kit against servers that each break the
-// protocol in a known way, and asserts that it names the checks they fail.
+// protocol, or take a liberty that the draft allows, in a known way, and
+// asserts the verdict it must give: the checks that fail (all of them, where
+// exact), and the status of others.
 func TestNoncompliantServers(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		handler func(t *testing.T) http.Handler
+		edit    func(tg *idemtest.Target)
 		// mustFail must all fail; with exact, nothing else may.
 		mustFail []string
 		exact    bool
+		// want are the statuses of other checks.
+		want map[string]idemtest.Status
+		// detail and note are in the named check's detail, and in the
+		// report's notes.
+		detail map[string]string
+		note   string
 	}{
 		{
 			name:    "check-then-insert",
@@ -132,6 +144,19 @@ func TestNoncompliantServers(t *testing.T) {
 			mustFail: []string{idemtest.CheckReplay, idemtest.CheckKeyMismatch, idemtest.CheckMissingKey,
 				idemtest.CheckMalformedKey, idemtest.CheckConcurrent, idemtest.CheckDroppedResponse, idemtest.CheckCrossTenant},
 			exact: true,
+			note:  "Every request ran as if it had no key",
+		},
+		{
+			name: "reads the key from another header",
+			handler: func(t *testing.T) http.Handler {
+				return protect(t, &orders{}, server.WithHeader("X-Idempotency-Key"), server.WithKeyOptional())
+			},
+			edit: func(tg *idemtest.Target) { tg.KeysOptional = true },
+			// Keys being optional, the malformed ones may be ignored.
+			mustFail: []string{idemtest.CheckReplay, idemtest.CheckKeyMismatch, idemtest.CheckConcurrent,
+				idemtest.CheckDroppedResponse, idemtest.CheckCrossTenant},
+			exact: true,
+			note:  "X-Idempotency-Key is a common one; Target.KeyHeader, idemcheck -key-header, names it",
 		},
 		{
 			name: "replays across tenants",
@@ -140,35 +165,160 @@ func TestNoncompliantServers(t *testing.T) {
 			},
 			mustFail: []string{idemtest.CheckCrossTenant},
 			exact:    true,
+			detail:   map[string]string{idemtest.CheckCrossTenant: "keys are not scoped to the caller"},
 		},
 		{
-			name: "caches 5xx",
+			name: "drops Location on replay",
+			handler: func(t *testing.T) http.Handler {
+				return protect(t, &orders{}, server.WithReplayHeaders("Content-Type"))
+			},
+			mustFail: []string{idemtest.CheckReplay},
+			exact:    true,
+			want:     map[string]idemtest.Status{idemtest.CheckReplayMarked: idemtest.StatusPass},
+			detail:   map[string]string{idemtest.CheckReplay: "The replay's headers differ from the first answer's: Location /orders/"},
+		},
+		{
+			name: "stores 5xx, as the draft allows",
 			handler: func(t *testing.T) http.Handler {
 				return protect(t, &orders{}, server.WithStoreStatus(func(int) bool { return true }))
 			},
+			exact:  true,
+			want:   map[string]idemtest.Status{idemtest.Check5xxNotCached: idemtest.StatusAdvisory},
+			detail: map[string]string{idemtest.Check5xxNotCached: "The 5xx was stored and replayed: a retry with this key gets the error, never a success. Policy release-5xx, advisory"},
+		},
+		{
+			name: "stores 5xx, release-5xx required",
+			handler: func(t *testing.T) http.Handler {
+				return protect(t, &orders{}, server.WithStoreStatus(func(int) bool { return true }))
+			},
+			edit:     func(tg *idemtest.Target) { tg.Require5xxRelease = true },
 			mustFail: []string{idemtest.Check5xxNotCached},
 			exact:    true,
+			detail:   map[string]string{idemtest.Check5xxNotCached: "Policy release-5xx, required"},
+		},
+		{
+			name:     "stuck key after a 5xx",
+			handler:  func(t *testing.T) http.Handler { return stuckAfter5xx(protect(t, &orders{})) },
+			edit:     func(tg *idemtest.Target) { tg.Patience = 300 * time.Millisecond },
+			mustFail: []string{idemtest.Check5xxNotCached},
+			exact:    true,
+			detail:   map[string]string{idemtest.Check5xxNotCached: "This is a failure whatever the policy"},
+		},
+		{
+			name: "treats an empty key as none, keys optional",
+			handler: func(t *testing.T) http.Handler {
+				return emptyKeyIsNone(protect(t, &orders{}, server.WithKeyOptional()))
+			},
+			edit:  func(tg *idemtest.Target) { tg.KeysOptional = true },
+			exact: true,
+			want: map[string]idemtest.Status{
+				idemtest.CheckMalformedKey: idemtest.StatusPass,
+				idemtest.CheckMissingKey:   idemtest.StatusNotApplicable,
+			},
+			detail: map[string]string{idemtest.CheckMalformedKey: "Ignored, as RFC 8941 allows of a field that does not parse (two requests with it both ran, as requests without a key do): the empty key."},
+		},
+		{
+			name: "treats an empty key as none, keys required",
+			handler: func(t *testing.T) http.Handler {
+				return emptyKeyIsNone(protect(t, &orders{}, server.WithKeyOptional()))
+			},
+			mustFail: []string{idemtest.CheckMissingKey, idemtest.CheckMalformedKey},
+			exact:    true,
+			detail:   map[string]string{idemtest.CheckMalformedKey: "Ran, not refused: the empty key."},
+		},
+		{
+			name: "one request at a time, quickly",
+			handler: func(t *testing.T) http.Handler {
+				store := memstore.New()
+				t.Cleanup(func() { store.Close() })
+				mw, err := server.New(store)
+				require.NoError(t, err)
+				return oneAtATime(mw.Handler(&orders{}))
+			},
+			exact:  true,
+			want:   map[string]idemtest.Status{idemtest.CheckConcurrent: idemtest.StatusInconclusive},
+			detail: map[string]string{idemtest.CheckConcurrent: "No request was seen in flight: none was answered 409, and the first answer came"},
+		},
+		{
+			name: "marks replays with a common spelling",
+			handler: func(t *testing.T) http.Handler {
+				return protect(t, &orders{}, server.WithReplayHeader("X-Idempotent-Replayed"))
+			},
+			exact:  true,
+			want:   map[string]idemtest.Status{idemtest.CheckReplayMarked: idemtest.StatusPass},
+			detail: map[string]string{idemtest.CheckReplayMarked: "The replay is marked with X-Idempotent-Replayed, not Idempotent-Replayed."},
+			note:   "Replays are marked with X-Idempotent-Replayed, not Idempotent-Replayed",
+		},
+		{
+			name: "a key length limit under the declared one",
+			handler: func(t *testing.T) http.Handler {
+				return protect(t, &orders{})
+			},
+			edit:  func(tg *idemtest.Target) { tg.MaxKeyLen = 300 },
+			exact: true,
+			want:  map[string]idemtest.Status{idemtest.CheckMalformedKey: idemtest.StatusPass},
+		},
+		{
+			name: "a key length limit over the declared one",
+			handler: func(t *testing.T) http.Handler {
+				return protect(t, &orders{})
+			},
+			edit:     func(tg *idemtest.Target) { tg.MaxKeyLen = 100 },
+			mustFail: []string{idemtest.CheckMalformedKey},
+			exact:    true,
+			detail:   map[string]string{idemtest.CheckMalformedKey: "Ran, not refused: the 101-byte key."},
+		},
+		{
+			name:    "quoted and bare keys are two keys",
+			handler: func(*testing.T) http.Handler { return newCheckThenInsert(0) },
+			edit: func(tg *idemtest.Target) {
+				tg.KeyForm = idemtest.KeyBoth
+				tg.Checks = []string{idemtest.CheckFirstRequest, idemtest.CheckReplay, idemtest.CheckKeyForms}
+			},
+			mustFail: []string{idemtest.CheckKeyForms},
+			exact:    true,
+			detail: map[string]string{idemtest.CheckKeyForms: "The quoted form after the bare one ran the request again: the two forms are two keys; " +
+				"the bare form after the quoted one ran the request again"},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := start(t, tc.handler(t))
-			report := check(t, target(srv.URL))
+			tg := target(srv.URL)
+			if tc.edit != nil {
+				tc.edit(&tg)
+			}
+			report := check(t, tg)
 			var failed []string
 			for _, res := range report.Failed() {
 				failed = append(failed, res.Name)
 			}
 			err := report.Err()
-			if !assert.Error(t, err) {
-				return
+			if len(tc.mustFail) > 0 {
+				assert.Error(t, err)
 			}
 			for _, name := range tc.mustFail {
 				assert.Contains(t, failed, name)
-				assert.Contains(t, err.Error(), "\n"+name+": ", "the error names %s", name)
+				if err != nil {
+					assert.Contains(t, err.Error(), "\n"+name+": ", "the error names %s", name)
+				}
 			}
 			if tc.exact {
 				slices.Sort(failed)
 				want := slices.Sorted(slices.Values(tc.mustFail))
 				assert.Equal(t, want, failed, "failed checks")
+			}
+			got := statuses(report)
+			for name, want := range tc.want {
+				assert.Equal(t, want, got[name], name)
+			}
+			for name, want := range tc.detail {
+				res, _ := report.Result(name)
+				assert.Contains(t, res.Detail, want, name)
+			}
+			if tc.note != "" {
+				assert.Contains(t, strings.Join(report.Notes, "\n"), tc.note)
+			} else {
+				assert.Empty(t, report.Notes)
 			}
 			if t.Failed() {
 				b, _ := json.MarshalIndent(report, "", "  ")
@@ -176,6 +326,64 @@ func TestNoncompliantServers(t *testing.T) {
 			}
 		})
 	}
+}
+
+// stuckAfter5xx answers 409, as for a request in flight, to every request
+// whose key once got a 5xx: the flaw of a server that claims a key and, when
+// the handler fails, neither stores the failure nor releases the key.
+func stuckAfter5xx(h http.Handler) http.Handler {
+	var mu sync.Mutex
+	stuck := map[string]bool{}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key := r.Header.Get("Idempotency-Key")
+		mu.Lock()
+		inFlight := stuck[key]
+		mu.Unlock()
+		if inFlight {
+			w.Header().Set("Retry-After", "1")
+			http.Error(w, "A request with this key is in progress.", http.StatusConflict)
+			return
+		}
+		rec := &statusRecorder{ResponseWriter: w}
+		h.ServeHTTP(rec, r)
+		if rec.status >= 500 && key != "" {
+			mu.Lock()
+			stuck[key] = true
+			mu.Unlock()
+		}
+	})
+}
+
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (s *statusRecorder) WriteHeader(status int) {
+	s.status = status
+	s.ResponseWriter.WriteHeader(status)
+}
+
+// emptyKeyIsNone drops an empty key header, as a server that reads the key
+// with a lookup that cannot tell empty from absent does.
+func emptyKeyIsNone(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if vs := r.Header.Values("Idempotency-Key"); len(vs) == 1 && vs[0] == "" {
+			r.Header.Del("Idempotency-Key")
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// oneAtATime handles one request at a time, as a server whose handlers end
+// before the next request is read does: concurrent requests never overlap.
+func oneAtATime(h http.Handler) http.Handler {
+	var mu sync.Mutex
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		h.ServeHTTP(w, r)
+	})
 }
 
 // TestCheckThenInsertRace isolates the concurrent check against the seed's
@@ -222,7 +430,7 @@ func TestConcurrentUnmarkedDuplicates(t *testing.T) {
 
 // TestIndistinguishableExecutions: a target that answers every execution
 // the same way and marks nothing cannot be caught running a request twice;
-// the kit passes it, and says what it could not tell.
+// the kit does not fail it, and says what it could not tell.
 func TestIndistinguishableExecutions(t *testing.T) {
 	h := newCheckThenInsert(100 * time.Millisecond)
 	h.static = true
@@ -230,10 +438,34 @@ func TestIndistinguishableExecutions(t *testing.T) {
 	tg.Handler = h
 	tg.Checks = []string{idemtest.CheckFirstRequest, idemtest.CheckReplay, idemtest.CheckConcurrent}
 	report := check(t, tg)
-	for _, res := range report.Results {
+	for _, res := range report.Results[:2] {
 		assert.Equal(t, idemtest.StatusPass, res.Status, "%s: %s", res.Name, res.Detail)
 	}
 	assert.Contains(t, report.Results[1].Detail, "a replay cannot be told from a second execution")
+	// The duplicates ran together and quickly: nothing showed them in
+	// flight, and nothing told them from replays.
+	assert.Equal(t, idemtest.StatusInconclusive, report.Results[2].Status)
 	assert.Contains(t, report.Results[2].Detail, "which the kit could not see")
+	assert.NoError(t, report.Err())
 	assert.GreaterOrEqual(t, h.created.Load(), int64(4), "it did run the concurrent requests more than once")
+}
+
+// TestKeyMismatchHint: the hint about white space comes only when the two
+// bodies differ only in white space.
+func TestKeyMismatchHint(t *testing.T) {
+	for _, tc := range []struct {
+		body string
+		hint bool
+	}{
+		{`{"sku":"A1","note":"{{variant}}"}`, false},
+		{`{"sku":"A1"}`, true},
+	} {
+		tg := target("")
+		tg.Handler = newCheckThenInsert(0)
+		tg.Body = idemtest.BodyTemplate(tc.body)
+		tg.Checks = []string{idemtest.CheckKeyMismatch}
+		res := check(t, tg).Results[0]
+		assert.Equal(t, idemtest.StatusFail, res.Status, tc.body)
+		assert.Equal(t, tc.hint, strings.Contains(res.Detail, "differ only in white space"), "%s: %s", tc.body, res.Detail)
+	}
 }

@@ -18,9 +18,15 @@ const (
 	// StatusNotApplicable: the check could not be run against this target;
 	// Result.Detail says why.
 	StatusNotApplicable Status = "not-applicable"
-	// StatusAdvisory: the target does not follow a recommendation. It does
-	// not make Report.Err fail.
+	// StatusAdvisory: the target does not follow a recommendation, or a
+	// policy that the Target does not require. It does not make Report.Err
+	// fail.
 	StatusAdvisory Status = "advisory"
+	// StatusInconclusive: the check ran, but what it saw does not show
+	// whether the target meets the requirement, such as concurrent
+	// requests that never overlapped; Result.Detail says what to change to
+	// make the check tell. It does not make Report.Err fail.
+	StatusInconclusive Status = "inconclusive"
 )
 
 // Result is the outcome of one check, with the evidence for it.
@@ -46,8 +52,53 @@ type Result struct {
 type Report struct {
 	// Target is the URL of the endpoint checked.
 	Target string `json:"target"`
+	// Policy is what the target was judged by where the draft leaves the
+	// choice to the server.
+	Policy Policy `json:"policy"`
 	// Results holds one Result per check run.
 	Results []Result `json:"results"`
+	// Notes are what the kit noticed about the target as a whole: that
+	// replays are marked with a header of another name than
+	// Target.ReplayHeader, or that every request ran as if it had no key.
+	Notes []string `json:"notes,omitempty"`
+}
+
+// Policy is what Check judged a target by where the draft leaves the choice
+// to the server: the Target's declarations, as Check applied them.
+type Policy struct {
+	// KeysOptional: requests without a key may run (Target.KeysOptional).
+	KeysOptional bool `json:"keys_optional"`
+	// KeyForm is how the keys were written (Target.KeyForm).
+	KeyForm KeyForm `json:"key_form"`
+	// MaxKeyLen is the key length limit that was probed, 0 for none
+	// (Target.MaxKeyLen).
+	MaxKeyLen int `json:"max_key_len"`
+	// Release5xx is true when a retry after a 5xx had to run again, and
+	// false when a stored 5xx was only advisory
+	// (Target.Require5xxRelease).
+	Release5xx bool `json:"release_5xx_required"`
+}
+
+// String describes the policy in a line, such as "keys required, sent bare;
+// no key length limit probed; release after 5xx advisory".
+func (p Policy) String() string {
+	keys := "keys required"
+	if p.KeysOptional {
+		keys = "keys optional"
+	}
+	form := map[KeyForm]string{KeyBare: "sent bare", KeyQuoted: "sent quoted", KeyBoth: "sent bare and quoted"}[p.KeyForm]
+	if form == "" {
+		form = "sent " + string(p.KeyForm)
+	}
+	limit := "no key length limit probed"
+	if p.MaxKeyLen > 0 {
+		limit = "keys of at most " + strconv.Itoa(p.MaxKeyLen) + " bytes"
+	}
+	release := "release after 5xx advisory"
+	if p.Release5xx {
+		release = "release after 5xx required"
+	}
+	return keys + ", " + form + "; " + limit + "; " + release
 }
 
 // Result returns the result of the named check, if it ran.
@@ -71,8 +122,8 @@ func (r *Report) Failed() []Result {
 	return failed
 }
 
-// Err returns nil when no check failed (advisories and checks that do not
-// apply are not failures), and otherwise an error that lists every failed
+// Err returns nil when no check failed (advisories, inconclusive checks and
+// checks that do not apply are not failures), and otherwise an error that lists every failed
 // check with what was sent, what came back and what was expected, in the
 // manner of testing/fstest.TestFS.
 func (r *Report) Err() error {
@@ -104,6 +155,7 @@ type Summary struct {
 	Failed        int `json:"failed"`
 	NotApplicable int `json:"not_applicable"`
 	Advisory      int `json:"advisory"`
+	Inconclusive  int `json:"inconclusive"`
 }
 
 // Summary counts the report's results by status.
@@ -119,6 +171,8 @@ func (r *Report) Summary() Summary {
 			s.NotApplicable++
 		case StatusAdvisory:
 			s.Advisory++
+		case StatusInconclusive:
+			s.Inconclusive++
 		}
 	}
 	return s
@@ -133,6 +187,9 @@ func (s Summary) String() string {
 	}
 	if s.Advisory > 0 {
 		out += ", " + strconv.Itoa(s.Advisory) + " advisory"
+	}
+	if s.Inconclusive > 0 {
+		out += ", " + strconv.Itoa(s.Inconclusive) + " inconclusive"
 	}
 	return out
 }

@@ -29,6 +29,11 @@ const (
 	DefaultBody = `{"idemtest_variant":` + Placeholder + `}`
 )
 
+// maxKeyProbe bounds Target.MaxKeyLen, well under the header size that HTTP
+// servers accept (8 KiB and more), so that the over-long key is refused, if
+// it is, for its length rather than for the size of the header.
+const maxKeyProbe = 4096
+
 // Target is the endpoint that Check examines, and how to make a valid request
 // to it. The zero value of every field but URL or Handler has a default.
 //
@@ -83,16 +88,39 @@ type Target struct {
 	FailHeader http.Header
 
 	// KeysOptional says that the target runs requests that come without a
-	// key, unprotected, so that the missing-key check does not apply.
+	// key, unprotected, so that the missing-key check does not apply. A
+	// malformed key may then also be ignored, as RFC 8941 says of a field
+	// that does not parse: the malformed-key check accepts a request that
+	// runs as if it had no key, but not one whose malformed key is used as
+	// a key.
 	KeysOptional bool
 
 	// KeyHeader is the request header that carries the key,
 	// Idempotency-Key by default.
 	KeyHeader string
 
+	// KeyForm is how keys are written in the key header: KeyBare by
+	// default, KeyQuoted, or KeyBoth for a target that accepts both forms.
+	KeyForm KeyForm
+
+	// MaxKeyLen, when set, is the longest key the target accepts, in
+	// bytes: the malformed-key check then also sends a key one byte longer
+	// and expects it refused. The draft sets no limit, so zero, the
+	// default, sends no over-long key.
+	MaxKeyLen int
+
+	// Require5xxRelease makes the release-5xx policy a requirement: after
+	// a 5xx, a retry with the same key runs again, as it does behind this
+	// module's server. The draft also lets a server store the error and
+	// answer the retry with it, as Stripe does, so by default the
+	// 5xx-not-cached check reports a stored 5xx as advisory.
+	Require5xxRelease bool
+
 	// ReplayHeader is the response header that marks a replay,
-	// Idempotent-Replayed by default. The values "true" and "?1" (a
-	// structured-field boolean) mark a replay.
+	// Idempotent-Replayed by default. The kit also recognises the common
+	// spellings Idempotency-Replayed, X-Idempotent-Replayed and
+	// X-Idempotency-Replayed, and reports which one it saw. The values
+	// "true", "1" and "?1" (a structured-field boolean) mark a replay.
 	ReplayHeader string
 
 	// Concurrency is how many identical requests the concurrent check
@@ -121,6 +149,24 @@ type Target struct {
 	// for the names.
 	Checks []string
 }
+
+// KeyForm is how the kit writes a key in the key header.
+type KeyForm string
+
+// The forms of a key on the wire.
+const (
+	// KeyBare sends the key as it is, the form most APIs take:
+	// Idempotency-Key: 8e03978e-40d5-43e8-bc93-6894a57f9324.
+	KeyBare KeyForm = "bare"
+	// KeyQuoted sends the key as a Structured Field string (RFC 8941),
+	// the form the IETF draft defines:
+	// Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324".
+	KeyQuoted KeyForm = "quoted"
+	// KeyBoth is for a target that accepts both forms: keys are sent bare,
+	// and the key-forms check sends each of two keys in both forms,
+	// expecting the two forms of a key to be one key.
+	KeyBoth KeyForm = "both"
+)
 
 // BodyTemplate returns a Body function that makes each variant from tmpl by
 // replacing every Placeholder with the variant's number, such as
@@ -182,6 +228,19 @@ func (t Target) withDefaults() (Target, error) {
 	if t.ReplayHeader == "" {
 		t.ReplayHeader = DefaultReplayHeader
 	}
+	switch t.KeyForm {
+	case "":
+		t.KeyForm = KeyBare
+	case KeyBare, KeyQuoted, KeyBoth:
+	default:
+		bad("Target.KeyForm %q is not %q, %q or %q", t.KeyForm, KeyBare, KeyQuoted, KeyBoth)
+	}
+	if t.MaxKeyLen < 0 {
+		bad("Target.MaxKeyLen %d is negative", t.MaxKeyLen)
+	}
+	if t.MaxKeyLen > maxKeyProbe {
+		bad("Target.MaxKeyLen %d is over %d: a longer key would be refused for the size of the header, not for its length", t.MaxKeyLen, maxKeyProbe)
+	}
 	for _, name := range []string{t.KeyHeader, t.ReplayHeader} {
 		if !validToken(name) {
 			bad("%q is not a valid header name", name)
@@ -234,13 +293,13 @@ func (t Target) withDefaults() (Target, error) {
 			*d.v = d.def
 		}
 	}
-	known := make(map[string]bool)
+	var all []string
 	for _, c := range Checks() {
-		known[c.Name] = true
+		all = append(all, c.Name)
 	}
 	for _, name := range t.Checks {
-		if !known[name] {
-			bad("no check is named %q", name)
+		if !slices.Contains(all, name) {
+			bad("no check is named %q; the checks are %s", name, strings.Join(all, ", "))
 		}
 	}
 	return t, errors.Join(errs...)

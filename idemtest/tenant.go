@@ -59,7 +59,11 @@ func (r *runner) fiveXXNotCached() Result {
 	q := r.keyed(0)
 	failing := overlay(q, r.t.FailHeader, "with the fail trigger (its "+headerNames(r.t.FailHeader)+")")
 	sent := r.describe(failing) + "\nthen " + r.describe(q)
-	const want = "a 5xx, then a success that ran the request (not marked as a replay)"
+	policy := "Policy " + PolicyRelease5xx + ", advisory: the draft lets a server answer a retry with the stored error, as Stripe does; Target.Require5xxRelease (idemcheck -require-5xx-release) makes it required."
+	if r.t.Require5xxRelease {
+		policy = "Policy " + PolicyRelease5xx + ", required (Target.Require5xxRelease, idemcheck -require-5xx-release)."
+	}
+	const want = "a 5xx, then a success that ran the request (not marked as a replay); at the least, not a key left in flight"
 	a := r.send(failing)
 	if a.err != nil || a.status < 500 || a.status > 599 {
 		return fail(sent, r.describeAnswer(a), want, "The fail trigger did not make the target answer 5xx: check Target.FailHeader (idemcheck -fail-header).")
@@ -69,9 +73,14 @@ func (r *runner) fiveXXNotCached() Result {
 	got := r.describeAnswer(a) + "\nthen " + conflictsThen(conflicts) + r.describeAnswer(b)
 	switch {
 	case b.err == nil && b.status >= 500 && b.status <= 599 && (b.same(a) || r.marked(b)):
-		return fail(sent, got, want, "The 5xx was stored and replayed: a retry after a server error can never succeed.")
+		res := advise(sent, got, want, "The 5xx was stored and replayed: a retry with this key gets the error, never a success. "+policy)
+		if r.t.Require5xxRelease {
+			res.Status = StatusFail
+		}
+		return res
 	case b.err == nil && b.status == http.StatusConflict:
-		return fail(sent, got, want, fmt.Sprintf("The key was still in flight %v after the 5xx: the target did not release it.", r.t.Patience))
+		return fail(sent, got, want, fmt.Sprintf("The key was still in flight %v after the 5xx was answered: the target neither stored the failure nor released the key, "+
+			"so a retry can neither run nor learn the outcome until the key expires. This is a failure whatever the policy: 409 says that the first request is still running, and it is not.", r.t.Patience))
 	case b.err == nil && b.status == http.StatusUnprocessableEntity:
 		return fail(sent, got, want, "The retry was refused as a different request: either the target counts the fail trigger's headers in its fingerprint (it must not, for this check), or it keeps the failed attempt.")
 	case b.ok() && r.marked(b):
@@ -79,5 +88,5 @@ func (r *runner) fiveXXNotCached() Result {
 	case !b.ok():
 		return fail(sent, got, want, "The retry without the fail trigger did not succeed.")
 	}
-	return pass(sent, got, want, "")
+	return pass(sent, got, want, "The retry ran and succeeded. "+policy)
 }

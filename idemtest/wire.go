@@ -27,7 +27,8 @@ type request struct {
 	header  http.Header // every header, the key's included
 	body    []byte
 	variant int
-	key     string // as sent, when hasKey
+	key     string // the key, unquoted, when hasKey
+	value   string // the key header's value, as sent
 	hasKey  bool
 	// keyText describes the key in reports when it is not plain text.
 	keyText string
@@ -35,13 +36,19 @@ type request struct {
 	as string
 }
 
+// keyLen is the length of the keys the kit makes, and of the malformed keys
+// it makes from them: a target that takes only keys of one length, such as
+// a UUID's, refuses the malformed ones for what they contain, not for their
+// length.
+const keyLen = 36
+
 // newKey returns a fresh random key in the form of a version 4 UUID.
 func newKey() string {
 	var b [16]byte
 	rand.Read(b[:]) // never fails; see its documentation
 	b[6] = b[6]&0x0f | 0x40
 	b[8] = b[8]&0x3f | 0x80
-	var s [36]byte
+	var s [keyLen]byte
 	hex.Encode(s[0:8], b[0:4])
 	s[8] = '-'
 	hex.Encode(s[9:13], b[4:6])
@@ -54,16 +61,35 @@ func newKey() string {
 	return string(s[:])
 }
 
+// written returns key as the target's key form writes it: quoted for
+// KeyQuoted, bare otherwise (KeyBoth sends keys bare but in the key-forms
+// check).
+func (r *runner) written(key string) string {
+	if r.t.KeyForm == KeyQuoted {
+		return `"` + key + `"`
+	}
+	return key
+}
+
 // keyed returns the request for variant with a fresh key.
 func (r *runner) keyed(variant int) request {
 	return r.withKey(variant, newKey())
 }
 
-// withKey returns the request for variant with the given key.
+// withKey returns the request for variant with the given key, written in
+// the target's key form. The kit's keys need no escaping when quoted.
 func (r *runner) withKey(variant int, key string) request {
+	q := r.withValue(variant, r.written(key))
+	q.key = key
+	return q
+}
+
+// withValue returns the request for variant with the key header set to
+// value, as it is.
+func (r *runner) withValue(variant int, value string) request {
 	q := r.keyless(variant)
-	q.header[r.t.KeyHeader] = []string{key}
-	q.key, q.hasKey = key, true
+	q.header[r.t.KeyHeader] = []string{value}
+	q.key, q.value, q.hasKey = value, value, true
 	return q
 }
 
@@ -94,6 +120,8 @@ type answer struct {
 	header http.Header
 	body   []byte
 	err    error // no answer, or a broken one
+	// at is when the whole answer had come.
+	at time.Time
 }
 
 func (a answer) ok() bool { return a.err == nil && a.status >= 200 && a.status < 300 }
@@ -103,13 +131,34 @@ func (a answer) same(b answer) bool {
 	return a.err == nil && b.err == nil && a.status == b.status && bytes.Equal(a.body, b.body)
 }
 
-// marked reports whether a carries the replay header.
-func (r *runner) marked(a answer) bool {
+// commonReplayHeaders are the spellings of the replay header that servers
+// use, recognised besides Target.ReplayHeader.
+var commonReplayHeaders = [...]string{
+	"Idempotent-Replayed", "Idempotency-Replayed", "X-Idempotent-Replayed", "X-Idempotency-Replayed",
+}
+
+// marker returns the name of the header that marks a as a replay, or ""
+// when none does.
+func (r *runner) marker(a answer) string {
 	if a.err != nil {
-		return false
+		return ""
 	}
-	v := strings.TrimSpace(a.header.Get(r.t.ReplayHeader))
-	return strings.EqualFold(v, "true") || v == "?1"
+	for _, name := range r.markers {
+		switch v := strings.TrimSpace(a.header.Get(name)); {
+		case strings.EqualFold(v, "true"), v == "?1", v == "1":
+			return name
+		}
+	}
+	return ""
+}
+
+// marked reports whether a carries a replay header, and remembers which.
+func (r *runner) marked(a answer) bool {
+	name := r.marker(a)
+	if name != "" && r.markedWith == "" {
+		r.markedWith = name
+	}
+	return name != ""
 }
 
 // send sends q with the client and reads the answer.
@@ -120,6 +169,7 @@ func (r *runner) send(q request) answer {
 	if err != nil {
 		return answer{err: err}
 	}
+	start := time.Now()
 	resp, err := r.client.Do(req)
 	if err != nil {
 		return answer{err: err}
@@ -129,7 +179,18 @@ func (r *runner) send(q request) answer {
 	if err != nil {
 		err = fmt.Errorf("reading the body: %w", err)
 	}
-	return answer{status: resp.StatusCode, header: resp.Header, body: body, err: err}
+	a := answer{status: resp.StatusCode, header: resp.Header, body: body, err: err, at: time.Now()}
+	r.sawLatency(a.at.Sub(start))
+	return a
+}
+
+// sawLatency keeps the quickest whole answer the target gave, a measure of
+// the network and of the target's least work that the concurrent check
+// compares its answers with.
+func (r *runner) sawLatency(d time.Duration) {
+	if r.quickest == 0 || d < r.quickest {
+		r.quickest = d
+	}
 }
 
 func (r *runner) httpRequest(ctx context.Context, q request) (*http.Request, error) {
@@ -137,8 +198,7 @@ func (r *runner) httpRequest(ctx context.Context, q request) (*http.Request, err
 	if err != nil {
 		return nil, err
 	}
-	// Assigned, not Set, so that a key with a control character reaches
-	// a connection of the kit's own unchanged.
+	// Assigned, not Set: the key goes out exactly as the check wrote it.
 	req.Header = q.header.Clone()
 	if host := req.Header.Get("Host"); host != "" {
 		req.Host = host
@@ -159,6 +219,7 @@ func (r *runner) settle(q request) (answer, int) {
 		if a.err != nil || a.status != http.StatusConflict {
 			return a, conflicts
 		}
+		r.keyEffect = true
 		left := time.Until(deadline)
 		if left <= 0 {
 			return a, conflicts
@@ -194,44 +255,30 @@ func (r *runner) dial(ctx context.Context) (conn net.Conn, tcp *net.TCPConn, err
 	return tc, tcp, nil
 }
 
-// sendRaw sends q on a connection of the kit's own, so that it goes out as
-// it is: Go's client refuses to send a header with a control character.
-func (r *runner) sendRaw(q request) answer {
-	ctx, cancel := context.WithTimeout(r.ctx, r.t.Timeout)
-	defer cancel()
-	conn, _, err := r.dial(ctx)
+// wire returns q as the bytes of an HTTP/1.1 request that asks the target
+// to close the connection after its answer, for a connection of the kit's
+// own, and the request to read the answer with.
+func (r *runner) wire(ctx context.Context, q request) ([]byte, *http.Request, error) {
+	req, err := r.httpRequest(ctx, q)
 	if err != nil {
-		return answer{err: err}
+		return nil, nil, err
 	}
-	defer conn.Close()
-	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Now()) })
-	defer stop()
-	return r.exchange(ctx, conn, q)
-}
-
-// exchange sends q on conn and reads the answer. The caller bounds it by
-// setting conn's deadline when ctx ends.
-func (r *runner) exchange(ctx context.Context, conn net.Conn, q request) answer {
-	req, err := r.writeRaw(ctx, conn, q)
-	if err != nil {
-		return answer{err: err}
+	req.Close = true
+	var b bytes.Buffer
+	if err := req.Write(&b); err != nil {
+		return nil, nil, fmt.Errorf("writing the request: %w", err)
 	}
-	return readAnswer(bufio.NewReader(conn), req)
+	return b.Bytes(), req, nil
 }
 
 // writeRaw writes q on conn, asking the target to close the connection
 // after its answer.
 func (r *runner) writeRaw(ctx context.Context, conn net.Conn, q request) (*http.Request, error) {
-	req, err := r.httpRequest(ctx, q)
+	b, req, err := r.wire(ctx, q)
 	if err != nil {
 		return nil, err
 	}
-	req.Close = true
-	bw := bufio.NewWriter(conn)
-	if err := req.Write(bw); err != nil {
-		return nil, fmt.Errorf("writing the request: %w", err)
-	}
-	if err := bw.Flush(); err != nil {
+	if _, err := conn.Write(b); err != nil {
 		return nil, fmt.Errorf("writing the request: %w", err)
 	}
 	return req, nil
@@ -247,7 +294,7 @@ func readAnswer(br *bufio.Reader, req *http.Request) answer {
 	if err != nil {
 		err = fmt.Errorf("reading the body: %w", err)
 	}
-	return answer{status: resp.StatusCode, header: resp.Header, body: body, err: err}
+	return answer{status: resp.StatusCode, header: resp.Header, body: body, err: err, at: time.Now()}
 }
 
 // errNotAnswered is the answer of a dropped request that the target had not
@@ -300,7 +347,7 @@ func (r *runner) describe(q request) string {
 	case q.keyText != "":
 		b.WriteString(" with " + r.t.KeyHeader + ": " + q.keyText)
 	default:
-		b.WriteString(" with " + r.t.KeyHeader + ": " + q.key)
+		b.WriteString(" with " + r.t.KeyHeader + ": " + q.value)
 	}
 	b.WriteString(", body ")
 	b.WriteString(quote(q.body))
@@ -313,7 +360,8 @@ func (r *runner) describe(q request) string {
 	return b.String()
 }
 
-// describeAnswer says what a is, for a report.
+// describeAnswer says what a is, for a report: the status, the headers that
+// the checks compare, the replay header and the body.
 func (r *runner) describeAnswer(a answer) string {
 	if a.status == 0 {
 		if a.err == nil {
@@ -326,11 +374,15 @@ func (r *runner) describeAnswer(a answer) string {
 	if text := http.StatusText(a.status); text != "" {
 		b.WriteString(" " + text)
 	}
-	if ct := a.header.Get("Content-Type"); ct != "" {
-		b.WriteString(", Content-Type: " + ct)
+	for _, name := range [...]string{"Content-Type", "Location"} {
+		if v := a.header.Values(name); len(v) > 0 {
+			b.WriteString(", " + name + ": " + clip(strings.Join(v, ", ")))
+		}
 	}
-	if v := a.header.Get(r.t.ReplayHeader); v != "" {
-		b.WriteString(", " + r.t.ReplayHeader + ": " + v)
+	if name := r.marker(a); name != "" {
+		b.WriteString(", " + name + ": " + clip(a.header.Get(name)))
+	} else if v := a.header.Get(r.t.ReplayHeader); v != "" {
+		b.WriteString(", " + r.t.ReplayHeader + ": " + clip(v))
 	}
 	b.WriteString(", body ")
 	b.WriteString(quote(a.body))
@@ -340,24 +392,53 @@ func (r *runner) describeAnswer(a answer) string {
 	return b.String()
 }
 
-// quote shows a body in a report: as it is when it is printable text
-// without white space at either end, quoted otherwise; cut short if long.
+// showLimit is how many bytes of a body or a header value a report shows.
+const showLimit = 160
+
+// clip shows a header value in a report, as quote shows a body but without
+// the backquotes.
+func clip(v string) string {
+	text, cut := escape([]byte(v))
+	return text + cut
+}
+
+// quote shows a body in a report, always in one way, whatever its bytes:
+// between backquotes, with a Go escape (\n, \t, \x01) for each control
+// character and each byte that is not UTF-8, and cut short if long.
 func quote(body []byte) string {
-	const limit = 160
 	if len(body) == 0 {
 		return "(empty)"
 	}
-	s := string(body)
-	plain := utf8.ValidString(s) && s == strings.TrimSpace(s) && !strings.ContainsFunc(s, func(c rune) bool {
-		return c < 0x20 || c == 0x7f
-	})
-	cut := ""
-	if len(s) > limit {
-		s = strings.ToValidUTF8(s[:limit], "")
-		cut = fmt.Sprintf("... (%d bytes)", len(body))
+	text, cut := escape(body)
+	return "`" + text + "`" + cut
+}
+
+// escape returns the first showLimit bytes of b with a Go escape for each
+// control character and each byte that is not UTF-8, and, if b is longer,
+// a note that says how long.
+func escape(b []byte) (text, cut string) {
+	shown := b
+	if len(b) > showLimit {
+		shown = b[:showLimit]
+		cut = fmt.Sprintf("... (%d bytes)", len(b))
 	}
-	if plain {
-		return s + cut
+	var sb strings.Builder
+	for len(shown) > 0 {
+		c, size := utf8.DecodeRune(shown)
+		switch {
+		case c == utf8.RuneError && size <= 1:
+			if cut != "" && !utf8.FullRune(shown) {
+				shown = nil // a character cut in two by the limit
+				continue
+			}
+			fmt.Fprintf(&sb, `\x%02x`, shown[0])
+		case c < 0x20 || c == 0x7f:
+			q := strconv.QuoteRune(c)
+			sb.WriteString(q[1 : len(q)-1])
+		default:
+			sb.WriteRune(c)
+		}
+		shown = shown[size:]
 	}
-	return strconv.Quote(s) + cut
+	return sb.String(), cut
 }

@@ -52,7 +52,10 @@ func parseArgs(args []string, stdout io.Writer) (options, error) {
 		concurrency  = fs.Int("n", idemtest.DefaultConcurrency, "how many identical requests the concurrent check sends at once")
 		keyHeader    = fs.String("key-header", idemtest.DefaultKeyHeader, "the request header that carries the key")
 		replayHeader = fs.String("replay-header", idemtest.DefaultReplayHeader, "the response header that marks a replay")
-		keysOptional = fs.Bool("keys-optional", false, "the endpoint runs requests without a key (the missing-key check does not apply)")
+		keysOptional = fs.Bool("keys-optional", false, "the endpoint runs requests without a key (the missing-key check does not apply, and a malformed key may be ignored)")
+		keyForm      = fs.String("key-form", string(idemtest.KeyBare), "the key `form`: bare, quoted (an RFC 8941 string, as the draft defines keys), or both (keys sent bare, and the key-forms check)")
+		maxKeyLen    = fs.Int("max-key-len", 0, "the longest key the endpoint accepts, in `bytes`: a key one byte longer must be refused (default: no limit probed, the draft sets none)")
+		release5xx   = fs.Bool("require-5xx-release", false, "require policy release-5xx: a retry after a 5xx runs again (default: a stored 5xx is advisory, as the draft allows it)")
 		timeout      = fs.Duration("timeout", idemtest.DefaultTimeout, "the longest each request may take")
 		patience     = fs.Duration("patience", idemtest.DefaultPatience, "how long to keep retrying while the endpoint answers 409 (in flight)")
 		dropAfter    = fs.Duration("drop-after", idemtest.DefaultDropAfter, "when the dropped-response check closes its connection")
@@ -82,18 +85,21 @@ func parseArgs(args []string, stdout io.Writer) (options, error) {
 	}
 
 	t := idemtest.Target{
-		URL:              *rawURL,
-		Method:           *method,
-		Header:           header.h,
-		SecondCredential: second.h,
-		FailHeader:       failHeader.h,
-		KeysOptional:     *keysOptional,
-		KeyHeader:        *keyHeader,
-		ReplayHeader:     *replayHeader,
-		Concurrency:      *concurrency,
-		Timeout:          *timeout,
-		Patience:         *patience,
-		DropAfter:        *dropAfter,
+		URL:               *rawURL,
+		Method:            *method,
+		Header:            header.h,
+		SecondCredential:  second.h,
+		FailHeader:        failHeader.h,
+		KeysOptional:      *keysOptional,
+		KeyForm:           idemtest.KeyForm(*keyForm),
+		MaxKeyLen:         *maxKeyLen,
+		Require5xxRelease: *release5xx,
+		KeyHeader:         *keyHeader,
+		ReplayHeader:      *replayHeader,
+		Concurrency:       *concurrency,
+		Timeout:           *timeout,
+		Patience:          *patience,
+		DropAfter:         *dropAfter,
 	}
 	if t.Header == nil {
 		t.Header = http.Header{}
@@ -147,9 +153,18 @@ used: each `+idemtest.Placeholder+` in the body is replaced by 0 for the usual
 request and by 1 for the different one. A body without the placeholder gets a
 trailing space instead, which a server that fingerprints parsed JSON does not
 see as a different request: give it a placeholder. Without -d, the body is
-{"idemtest_variant":0}. The requests of the malformed-key, concurrent and
-dropped-response checks are written on raw connections to the URL's host,
-not through a proxy.
+{"idemtest_variant":0}. The requests of the concurrent and dropped-response
+checks are written on raw connections to the URL's host, not through a
+proxy.
+
+Where the draft leaves a choice to the server, the endpoint is judged by the
+policy that the flags declare, and the report says which: -keys-optional,
+-key-form, -max-key-len and -require-5xx-release.
+
+The concurrent check needs requests that overlap: against an endpoint that
+answers quickly, they may be handled one after another, and the check is
+then inconclusive. An endpoint that takes tens of milliseconds, or a larger
+-n, makes them overlap.
 
 Flags:
 `)
@@ -168,11 +183,13 @@ Flags:
 		}
 	}
 	fmt.Fprint(w, `
-Output: a table of the checks, the details of each failure and advisory, and
+Output: a table of the checks, the notes on the endpoint, the policy it was
+judged by, the details of each failure, advisory and inconclusive check, and
 a summary line; with -json, the report as a JSON document.
 
-Exit status: 0 when every required check passes or does not apply, 1 when a
-check fails, 2 for a usage error.
+Exit status: 0 when no check fails (advisory and inconclusive checks do not
+fail), 1 when a check fails, 2 for a usage error, 3 when the endpoint's host
+cannot be reached.
 `)
 }
 

@@ -15,12 +15,12 @@
 //
 // It prints a table of the checks, the details of each failure, and a
 // summary line, or the report as JSON with -json. The exit status is 0 when
-// every required check passes, 1 when one fails, and 2 for a usage error.
-// Run idemcheck -h for the flags and a description of each check.
+// no check fails, 1 when one fails, 2 for a usage error, and 3 when the
+// endpoint's host cannot be reached. Run idemcheck -h for the flags and a
+// description of each check.
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -30,7 +30,6 @@ import (
 	"os"
 	"os/signal"
 	"strings"
-	"text/tabwriter"
 
 	"github.com/idemkit/idempotency/idemtest"
 )
@@ -44,9 +43,10 @@ func main() {
 
 // Exit statuses.
 const (
-	exitOK     = 0
-	exitFailed = 1
-	exitUsage  = 2
+	exitOK          = 0
+	exitFailed      = 1
+	exitUsage       = 2
+	exitUnreachable = 3
 )
 
 // run is the whole command but for the process: it returns the exit status.
@@ -63,6 +63,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		defer c.CloseIdleConnections()
 	}
 	report, err := idemtest.Check(ctx, opts.target)
+	if errors.Is(err, idemtest.ErrUnreachable) {
+		fmt.Fprintf(stderr, "idemcheck: %v\n", err)
+		return exitUnreachable
+	}
 	if report == nil {
 		fmt.Fprintf(stderr, "idemcheck: %v\n", err)
 		return exitUsage
@@ -111,21 +115,48 @@ func label(s idemtest.Status) string {
 	return string(s)
 }
 
+// tableWidth is the width the table's notes are wrapped to.
+const tableWidth = 100
+
 func writeTable(w io.Writer, r *idemtest.Report) {
 	fmt.Fprintf(w, "Checked %s\n\n", r.Target)
-	var table bytes.Buffer
-	tw := tabwriter.NewWriter(&table, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "CHECK\tRESULT\tNOTE")
+	nameWidth, labelWidth := len("CHECK"), len("RESULT")
 	for _, res := range r.Results {
-		fmt.Fprintf(tw, "%s\t%s\t%s\n", res.Name, label(res.Status), firstSentence(res.Detail, 80))
+		nameWidth = max(nameWidth, len(res.Name))
+		labelWidth = max(labelWidth, len(label(res.Status)))
 	}
-	tw.Flush()
-	for line := range strings.Lines(table.String()) {
-		// An empty note leaves the padding of the column before it.
-		fmt.Fprintln(w, strings.TrimRight(line, " \n"))
-	}
+	indent := nameWidth + 2 + labelWidth + 2
+	noteWidth := max(tableWidth-indent, 40)
+	fmt.Fprintf(w, "%-*s  %-*s  NOTE\n", nameWidth, "CHECK", labelWidth, "RESULT")
 	for _, res := range r.Results {
-		if res.Status != idemtest.StatusFail && res.Status != idemtest.StatusAdvisory {
+		lines := wrap(res.Detail, noteWidth)
+		first := ""
+		if len(lines) > 0 {
+			first = lines[0]
+		}
+		// An empty note leaves no padding behind.
+		fmt.Fprintln(w, strings.TrimRight(fmt.Sprintf("%-*s  %-*s  %s", nameWidth, res.Name, labelWidth, label(res.Status), first), " "))
+		for _, line := range lines[min(1, len(lines)):] {
+			fmt.Fprintf(w, "%*s%s\n", indent, "", line)
+		}
+	}
+	if len(r.Notes) > 0 {
+		fmt.Fprintln(w)
+		for _, note := range r.Notes {
+			for i, line := range wrap(note, tableWidth-2) {
+				prefix := "  "
+				if i == 0 {
+					prefix = "* "
+				}
+				fmt.Fprintln(w, prefix+line)
+			}
+		}
+	}
+	fmt.Fprintf(w, "\nPolicy: %s.\n", r.Policy)
+	for _, res := range r.Results {
+		switch res.Status {
+		case idemtest.StatusFail, idemtest.StatusAdvisory, idemtest.StatusInconclusive:
+		default:
 			continue
 		}
 		fmt.Fprintf(w, "\n--- %s %s: %s\n", label(res.Status), res.Name, res.Detail)
@@ -136,15 +167,4 @@ func writeTable(w io.Writer, r *idemtest.Report) {
 		}
 	}
 	fmt.Fprintf(w, "\n%s\n", r.Summary())
-}
-
-// firstSentence returns the first sentence of s, cut to at most n bytes.
-func firstSentence(s string, n int) string {
-	if i := strings.Index(s, ". "); i >= 0 {
-		s = s[:i+1]
-	}
-	if len(s) > n {
-		s = s[:n-3] + "..."
-	}
-	return s
 }

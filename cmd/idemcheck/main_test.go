@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -40,6 +42,44 @@ func orders() http.Handler {
 	})
 }
 
+// protect puts mw in front of h, and holds each run of h until a duplicate
+// of its request (the same key) has been answered, or for 50ms at most: the
+// concurrent check's duplicates then meet the first in flight, as they
+// would a handler that takes time, without depending on the scheduler.
+func protect(mw func(http.Handler) http.Handler, h http.Handler) http.Handler {
+	var mu sync.Mutex
+	running := map[string]chan struct{}{}
+	type ranKey struct{}
+	protected := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if ran, ok := r.Context().Value(ranKey{}).(*atomic.Bool); ok {
+			ran.Store(true)
+		}
+		key, answered := r.Header.Get("Idempotency-Key"), make(chan struct{})
+		mu.Lock()
+		running[key] = answered
+		mu.Unlock()
+		timer := time.NewTimer(50 * time.Millisecond)
+		select {
+		case <-answered:
+		case <-timer.C:
+		}
+		timer.Stop()
+		h.ServeHTTP(w, r)
+	}))
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ran := new(atomic.Bool)
+		protected.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ranKey{}, ran)))
+		if !ran.Load() {
+			mu.Lock()
+			if answered := running[r.Header.Get("Idempotency-Key")]; answered != nil {
+				close(answered)
+				delete(running, r.Header.Get("Idempotency-Key"))
+			}
+			mu.Unlock()
+		}
+	})
+}
+
 func start(t *testing.T, h http.Handler) string {
 	t.Helper()
 	srv := httptest.NewUnstartedServer(h)
@@ -55,7 +95,7 @@ func compliant(t *testing.T) string {
 	t.Cleanup(func() { store.Close() })
 	mw, err := server.New(store)
 	require.NoError(t, err)
-	return start(t, mw.Handler(orders()))
+	return start(t, protect(mw.Handler, orders()))
 }
 
 // every is the flags that make every check applicable to our servers.
@@ -78,7 +118,7 @@ func runCmd(t *testing.T, args ...string) (code int, stdout, stderr string) {
 
 func TestCompliantServer(t *testing.T) {
 	url := compliant(t)
-	code, out, errOut := runCmd(t, every(url)...)
+	code, out, errOut := runCmd(t, append([]string{"-key-form", "both", "-max-key-len", "255", "-require-5xx-release"}, every(url)...)...)
 	assert.Equal(t, 0, code, out)
 	assert.Empty(t, errOut)
 	assert.Contains(t, out, "Checked "+url+"/orders\n")
@@ -86,7 +126,8 @@ func TestCompliantServer(t *testing.T) {
 	for _, c := range idemtest.Checks() {
 		assert.Regexp(t, `(?m)^`+c.Name+` +pass`, out)
 	}
-	assert.True(t, strings.HasSuffix(out, "\n11 passed, 0 failed\n"), out)
+	assert.Contains(t, out, "\nPolicy: keys required, sent bare and quoted; keys of at most 255 bytes; release after 5xx required.\n")
+	assert.True(t, strings.HasSuffix(out, "\n12 passed, 0 failed\n"), out)
 	assert.NotContains(t, out, "---", "no failures to detail")
 }
 
@@ -98,8 +139,37 @@ func TestNoncompliantServer(t *testing.T) {
 	assert.Contains(t, out, "\n--- FAIL concurrent: ")
 	assert.Contains(t, out, "\n    sent: 10 at once")
 	assert.Contains(t, out, "\n    want: one effect")
-	assert.Regexp(t, `(?m)^2 passed, 7 failed, 2 not applicable$`, out)
+	assert.Contains(t, out, "\n* Every request ran as if it had no key")
+	assert.Contains(t, out, "-key-header")
+	assert.Regexp(t, `(?m)^2 passed, 7 failed, 3 not applicable$`, out)
 	assert.NotContains(t, out, "Bearer alice", "credentials never appear")
+}
+
+// TestTableNotes: the notes are whole, wrapped under their column, and no
+// line of the table is longer than the table's width.
+func TestTableNotes(t *testing.T) {
+	url := start(t, orders())
+	code, out, _ := runCmd(t, every(url)...)
+	assert.Equal(t, 1, code)
+	table := out[strings.Index(out, "CHECK"):strings.Index(out, "\nPolicy:")]
+	for line := range strings.Lines(table) {
+		assert.LessOrEqual(t, len(strings.TrimRight(line, "\n")), tableWidth, line)
+	}
+	assert.NotContains(t, table, "...", "notes are not cut")
+	// The whole of the missing-key check's detail, its second sentence
+	// going on on a line of its own, indented under the note column.
+	assert.Regexp(t, `(?m)^missing-key +FAIL +The request ran without a key\. If keys are optional for this target, say\n {26}so \(Target\.KeysOptional, idemcheck -keys-optional\)\.$`, table)
+}
+
+func TestUnreachable(t *testing.T) {
+	srv := httptest.NewServer(http.NotFoundHandler())
+	url := srv.URL
+	srv.Close()
+	code, out, errOut := runCmd(t, every(url)...)
+	assert.Equal(t, 3, code)
+	assert.Empty(t, out, "no checks, no table")
+	assert.Equal(t, 1, strings.Count(errOut, "\n"), errOut)
+	assert.Contains(t, errOut, "idemcheck: idemtest: target unreachable: "+strings.TrimPrefix(url, "http://"))
 }
 
 func TestAdvisoryOnly(t *testing.T) {
@@ -107,12 +177,34 @@ func TestAdvisoryOnly(t *testing.T) {
 	t.Cleanup(func() { store.Close() })
 	mw, err := server.New(store, server.WithReplayHeader("X-Replayed"))
 	require.NoError(t, err)
-	url := start(t, mw.Handler(orders()))
+	url := start(t, protect(mw.Handler, orders()))
 	code, out, _ := runCmd(t, every(url)...)
 	assert.Equal(t, 0, code, "an advisory is not a failure:\n%s", out)
 	assert.Regexp(t, `(?m)^replay-marked +advisory +The replay is not marked`, out)
 	assert.Contains(t, out, "\n--- advisory replay-marked: ")
-	assert.Contains(t, out, "\n10 passed, 0 failed, 1 advisory\n")
+	assert.Contains(t, out, "\n10 passed, 0 failed, 1 not applicable, 1 advisory\n")
+}
+
+// TestPolicies: a server that stores 5xx, as the draft allows, is advised
+// by default and failed when release-5xx is required; the report says which
+// policy it was judged by.
+func TestPolicies(t *testing.T) {
+	store := memstore.New()
+	t.Cleanup(func() { store.Close() })
+	mw, err := server.New(store, server.WithStoreStatus(func(int) bool { return true }))
+	require.NoError(t, err)
+	url := start(t, protect(mw.Handler, orders()))
+	args := append([]string{"-checks", "first-request,5xx-not-cached"}, every(url)...)
+
+	code, out, _ := runCmd(t, args...)
+	assert.Equal(t, 0, code, out)
+	assert.Regexp(t, `(?m)^5xx-not-cached +advisory +The 5xx was stored and replayed`, out)
+	assert.Contains(t, out, "\nPolicy: keys required, sent bare; no key length limit probed; release after 5xx advisory.\n")
+
+	code, out, _ = runCmd(t, append([]string{"-require-5xx-release"}, args...)...)
+	assert.Equal(t, 1, code, out)
+	assert.Regexp(t, `(?m)^5xx-not-cached +FAIL +The 5xx was stored and replayed`, out)
+	assert.Contains(t, out, "release after 5xx required.\n")
 }
 
 func TestJSON(t *testing.T) {
@@ -141,7 +233,10 @@ func TestJSON(t *testing.T) {
 	assert.Equal(t, 0, code)
 	require.NoError(t, json.Unmarshal([]byte(out), &doc))
 	assert.True(t, doc.OK)
-	assert.Equal(t, idemtest.Summary{Passed: 11}, doc.Summary)
+	assert.Equal(t, idemtest.Summary{Passed: 11, NotApplicable: 1}, doc.Summary)
+	var policy struct{ Policy map[string]any }
+	require.NoError(t, json.Unmarshal([]byte(out), &policy))
+	assert.Equal(t, map[string]any{"keys_optional": false, "key_form": "bare", "max_key_len": 0.0, "release_5xx_required": false}, policy.Policy)
 }
 
 func TestHelp(t *testing.T) {
@@ -154,10 +249,12 @@ func TestHelp(t *testing.T) {
 		first := strings.Fields(c.Description)
 		assert.Contains(t, out, strings.Join(first[:3], " "), "the description of %s", c.Name)
 	}
-	for _, flag := range []string{"-H header", "-H2 header", "-fail-header header", "-d body", "-json", "-n int", "-keys-optional", "-timeout duration"} {
+	for _, flag := range []string{"-H header", "-H2 header", "-fail-header header", "-d body", "-json", "-n int", "-keys-optional", "-timeout duration",
+		"-key-form form", "-max-key-len bytes", "-require-5xx-release"} {
 		assert.Contains(t, out, "  "+flag+"\n")
 	}
 	assert.Contains(t, out, "Exit status: 0")
+	assert.Contains(t, out, "3 when the endpoint's host\ncannot be reached")
 }
 
 func TestUsageErrors(t *testing.T) {
@@ -175,6 +272,8 @@ func TestUsageErrors(t *testing.T) {
 		"bad duration":  {"-timeout", "soon", "http://a"},
 		"key in header": {"-H", "Idempotency-Key: x", "http://a"},
 		"negative wait": {"-patience", "-1s", "http://a"},
+		"key form":      {"-key-form", "shouted", "http://a"},
+		"key length":    {"-max-key-len", "-5", "http://a"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			code, out, errOut := runCmd(t, args...)
@@ -183,6 +282,13 @@ func TestUsageErrors(t *testing.T) {
 			assert.True(t, strings.HasPrefix(errOut, "idemcheck: "), errOut)
 		})
 	}
+	_, _, errOut := runCmd(t, "-checks", "replay,nope", "http://a")
+	assert.Contains(t, errOut, `no check is named "nope"; the checks are `+strings.Join(func() (names []string) {
+		for _, c := range idemtest.Checks() {
+			names = append(names, c.Name)
+		}
+		return names
+	}(), ", "))
 }
 
 func TestParseArgs(t *testing.T) {
@@ -193,6 +299,7 @@ func TestParseArgs(t *testing.T) {
 		"-H2", "Authorization: Bearer b", "-fail-header", "X-Fail: yes",
 		"-d", "@" + file, "-n", "4", "-key-header", "X-Key", "-replay-header", "X-Replay",
 		"-keys-optional", "-timeout", "3s", "-patience", "2s", "-drop-after", "50ms",
+		"-key-form", "quoted", "-max-key-len", "64", "-require-5xx-release",
 		"-checks", "replay, concurrent", "-json", "-url", "https://api.example.com/v1/orders?x=1",
 	}, io.Discard)
 	require.NoError(t, err)
@@ -210,6 +317,9 @@ func TestParseArgs(t *testing.T) {
 	assert.Equal(t, "X-Key", tg.KeyHeader)
 	assert.Equal(t, "X-Replay", tg.ReplayHeader)
 	assert.True(t, tg.KeysOptional)
+	assert.Equal(t, idemtest.KeyQuoted, tg.KeyForm)
+	assert.Equal(t, 64, tg.MaxKeyLen)
+	assert.True(t, tg.Require5xxRelease)
 	assert.Equal(t, 3*time.Second, tg.Timeout)
 	assert.Equal(t, 2*time.Second, tg.Patience)
 	assert.Equal(t, 50*time.Millisecond, tg.DropAfter)

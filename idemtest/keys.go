@@ -1,0 +1,219 @@
+package idemtest
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+)
+
+// probe is a malformed key and what to call it in a report.
+type probe struct {
+	q    request
+	name string // "the empty key"
+}
+
+// malformedProbes returns keys that the draft's syntax forbids but that an
+// HTTP parser lets through to the application, each as long as the kit's
+// valid keys in the target's key form, so that a target that takes keys of
+// one length only judges them by what they contain. With Target.MaxKeyLen,
+// a valid key one byte too long joins them.
+func (r *runner) malformedProbes() []probe {
+	quoted := r.t.KeyForm == KeyQuoted
+	form := func(inner string) string {
+		if quoted {
+			return `"` + inner + `"`
+		}
+		return inner
+	}
+	k := newKey()
+	tab := k[:8] + "\t" + k[9:]
+	nonASCII := k[:8] + "é" + k[10:] // two bytes in UTF-8
+	unclosed := `"` + k[1:]
+	if quoted {
+		// As long as a valid quoted key, with a character after the
+		// closing quote.
+		unclosed = `"` + k[:keyLen-1] + `"x`
+	}
+	unclosedText := " (no closing quote)"
+	if quoted {
+		unclosedText = " (a character after the closing quote)"
+	}
+	probes := []probe{
+		r.probe("", "(empty)", "the empty key"),
+		r.probe(form(tab), " (a tab)", "the key with a tab"),
+		r.probe(form(nonASCII), " (é, in UTF-8)", "the key with a non-ASCII character"),
+		r.probe(unclosed, unclosedText, "the broken quoted string"),
+	}
+	if n := r.t.MaxKeyLen; n > 0 {
+		long := (k + strings.Repeat("k", max(n+1-len(k), 0)))[:n+1]
+		p := r.probe(form(long), "", fmt.Sprintf("the %d-byte key", n+1))
+		how := ""
+		if quoted {
+			how = ", between quotes"
+		}
+		p.q.keyText = quote([]byte(long[:min(len(long), keyLen)])) + fmt.Sprintf("... (%d bytes, one over the limit of %d%s)", n+1, n, how)
+		probes = append(probes, p)
+	}
+	return probes
+}
+
+// probe returns a probe whose key header is value, shown in reports as the
+// value and then note (or as note alone when value is empty).
+func (r *runner) probe(value, note, name string) probe {
+	q := r.withValue(0, value)
+	q.keyText = note
+	if value != "" {
+		q.keyText = quote([]byte(value)) + note
+	}
+	return probe{q, name}
+}
+
+func (r *runner) malformedKey() Result {
+	want := "400 Bad Request for each"
+	if r.t.KeysOptional {
+		want += ", or, keys being optional, a request that runs as if it had no key (a second one with the same key runs again)"
+	}
+	var sent, got []string
+	var bad, other, notes outcomes
+	for _, p := range r.malformedProbes() {
+		a := r.send(p.q)
+		r.saw(CheckMalformedKey, p.q, a)
+		sent = append(sent, r.describe(p.q))
+		line := r.describeAnswer(a)
+		switch {
+		case a.status == http.StatusBadRequest && a.err == nil:
+		case a.ok() && r.t.KeysOptional:
+			// Ignored as a field that does not parse, or used as a key?
+			b := r.send(p.q)
+			r.saw(CheckMalformedKey, p.q, b)
+			line += "; then " + r.describeAnswer(b)
+			switch {
+			case r.marked(b) || b.same(a) && r.distinct == yes:
+				bad.add("Used as a key (a second request with it got the first's answer)", p.name)
+			case b.err == nil && (b.status == http.StatusConflict || b.status == http.StatusUnprocessableEntity):
+				bad.add(fmt.Sprintf("Used as a key (a second request with it got %d instead of running)", b.status), p.name)
+			case b.ok() && (!b.same(a) || r.marks == yes):
+				notes.add("Ignored, as RFC 8941 allows of a field that does not parse (two requests with it both ran, as requests without a key do)", p.name)
+			case b.ok():
+				notes.add("Accepted twice with equal answers, not marked as replays (the kit cannot tell whether it was ignored or used as a key)", p.name)
+			default:
+				bad.add("Accepted, but a second request with it was not", p.name)
+			}
+		case a.ok():
+			bad.add("Ran, not refused", p.name)
+		case refused(a):
+			other.add("Refused, but not with the 400 that a malformed request gets", fmt.Sprintf("%s (%d)", p.name, a.status))
+		case a.err == nil && a.status >= 500:
+			bad.add("Answered with a server error, which tells a client to retry a request that can never succeed",
+				fmt.Sprintf("%s (%d)", p.name, a.status))
+		default:
+			bad.add("Not refused with 400", p.name)
+		}
+		got = append(got, line)
+	}
+	res := pass(strings.Join(sent, "\n"), strings.Join(got, "\n"), want, "")
+	switch {
+	case len(bad) > 0:
+		res = fail(res.Sent, res.Got, want, append(bad, other...).String())
+	case len(other) > 0:
+		res = advise(res.Sent, res.Got, want, other.String())
+	}
+	if len(notes) > 0 {
+		res.Detail = strings.TrimSpace(res.Detail + " " + notes.String())
+	}
+	return res
+}
+
+// outcomes groups the probes of a check by what happened to them, in the
+// order first seen.
+type outcomes []outcome
+
+type outcome struct {
+	what  string
+	names []string
+}
+
+func (o *outcomes) add(what, name string) {
+	for i := range *o {
+		if (*o)[i].what == what {
+			(*o)[i].names = append((*o)[i].names, name)
+			return
+		}
+	}
+	*o = append(*o, outcome{what, []string{name}})
+}
+
+// String writes a sentence per outcome: "Ran, not refused: the empty key,
+// the key with a tab."
+func (o outcomes) String() string {
+	sentences := make([]string, len(o))
+	for i, c := range o {
+		sentences[i] = c.what + ": " + strings.Join(c.names, ", ") + "."
+	}
+	return strings.Join(sentences, " ")
+}
+
+// withForm returns the request for variant with key written bare or
+// quoted.
+func (r *runner) withForm(variant int, key string, quoted bool) request {
+	value := key
+	if quoted {
+		value = `"` + key + `"`
+	}
+	q := r.withValue(variant, value)
+	q.key = key
+	return q
+}
+
+func (r *runner) keyForms() Result {
+	if r.t.KeyForm != KeyBoth {
+		return notApplicable("The target is not declared to take keys both bare and quoted (Target.KeyForm KeyBoth, idemcheck -key-form both).")
+	}
+	const want = "the second form of each key gets the first form's answer, replayed"
+	formName := map[bool]string{false: "bare", true: "quoted"}
+	var sent, got, bad, unsure []string
+	for _, quotedFirst := range []bool{false, true} {
+		key := newKey()
+		first, second := r.withForm(0, key, quotedFirst), r.withForm(0, key, !quotedFirst)
+		sent = append(sent, r.describe(first)+"; then "+r.describe(second))
+		a := r.send(first)
+		if !a.ok() {
+			got = append(got, r.describeAnswer(a))
+			bad = append(bad, fmt.Sprintf("the request with a %s key did not succeed (%s)", formName[quotedFirst], shortAnswer(a)))
+			continue
+		}
+		b, conflicts := r.settle(second)
+		r.saw(CheckKeyForms, second, b)
+		got = append(got, r.describeAnswer(a)+"; then "+conflictsThen(conflicts)+r.describeAnswer(b))
+		what := fmt.Sprintf("the %s form after the %s one", formName[!quotedFirst], formName[quotedFirst])
+		switch {
+		case b.same(a) && (r.marked(b) || r.distinct == yes):
+		case b.same(a):
+			unsure = append(unsure, what+" got an equal answer, not marked as a replay")
+		case b.ok():
+			bad = append(bad, what+" ran the request again: the two forms are two keys")
+		case b.err == nil && b.status == http.StatusBadRequest:
+			bad = append(bad, what+" was refused with 400: the target does not take both forms")
+		default:
+			bad = append(bad, fmt.Sprintf("%s got %s, not the first's answer", what, shortAnswer(b)))
+		}
+	}
+	res := pass(strings.Join(sent, "\n"), strings.Join(got, "\n"), want, "")
+	switch {
+	case len(bad) > 0:
+		res = fail(res.Sent, res.Got, want, capitalize(strings.Join(bad, "; "))+".")
+	case len(unsure) > 0:
+		res.Detail = capitalize(strings.Join(unsure, "; ")) +
+			": two executions under different keys answer equally too, so the kit cannot tell a replay from a second execution."
+	}
+	return res
+}
+
+// shortAnswer names a's status, or the error that stood for an answer.
+func shortAnswer(a answer) string {
+	if a.status == 0 {
+		return "no answer"
+	}
+	return strconv.Itoa(a.status)
+}

@@ -60,6 +60,11 @@ func PostgresPool(t testing.TB, maxConns int32) *pgxpool.Pool {
 	// the test server: not waiting for each commit's fsync keeps them fast
 	// on a shared disk. Nothing the stores decide depends on it.
 	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
+	// pgx ends a statement whose context is cancelled by closing its
+	// connection; without this, PostgreSQL notices only when the statement
+	// ends, and holds its locks until then (what pgstore's documentation
+	// recommends for the transactional mode).
+	cfg.ConnConfig.RuntimeParams["client_connection_check_interval"] = "100ms"
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)

@@ -65,7 +65,12 @@
 //     it.
 //   - The transaction is the handler's only for the statements it runs with
 //     TxFromContext: a statement cancelled by its context breaks the
-//     connection, and so the transaction. A transaction left idle longer than
+//     connection, and so the transaction. pgx ends such a statement by
+//     closing its connection, which PostgreSQL notices only when the
+//     statement ends, holding the row lock (and answering duplicates 409)
+//     until then: set client_connection_check_interval (for example 100ms,
+//     in the pool's RuntimeParams) so that it notices sooner, or give pgx
+//     a CancelRequestContextWatcherHandler. A transaction left idle longer than
 //     the idle timeout (WithIdleTimeout) has its session ended by the server.
 //     Close rolls back what is still open.
 //   - Do not share a table between stores in different modes: a lease-mode

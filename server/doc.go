@@ -29,6 +29,13 @@
 // Every answer to a request with a valid key, the original, a replay or a
 // refusal, carries the key back in the Idempotency-Key header (WithEchoKey).
 //
+// WithObserver receives an Event for every protected request (executed,
+// replayed, in flight, mismatch, rejected, unavailable, released, not
+// stored, unprotected, client gone) with the time the claim, the handler and
+// the store write took, and one for every lease renewal or loss: what
+// metrics and traces are made of (the otel module of this repository turns
+// them into OpenTelemetry metrics and spans).
+//
 // Refusals are RFC 9457 problem+json documents by default (WithErrorWriter
 // changes that); each wraps an exported sentinel such as ErrKeyMismatch.
 //

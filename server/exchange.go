@@ -27,6 +27,7 @@ type exchange struct {
 	// store's lease cannot have begun earlier.
 	claimed    time.Time
 	claimCtx   detached     // the first Claim's context
+	timing     timing       // for the observer, if there is one
 	capture    recorder     // the handler's response, kept until stored
 	renewal    renewal      // keeps the lease alive
 	bodyReader bodyReader   // the handler's r.Body, over body
@@ -44,9 +45,12 @@ func (ex *exchange) handle() {
 	if err == nil && c.Status == InFlight && sameRequest(c, ex.fingerprint) && m.cfg.wait > 0 {
 		c, err = ex.await(c)
 	}
+	ex.timing.claimed(m)
 	if err != nil {
 		if r.Context().Err() != nil {
-			return // the client is gone; nothing ran
+			// The client is gone; nothing ran.
+			ex.emit(EventClientGone, 0, err)
+			return
 		}
 		ex.storeFailed(err)
 		return
@@ -58,6 +62,7 @@ func (ex *exchange) handle() {
 			// The client left while the claim was made: nothing has
 			// run, so give the key back rather than leave it in flight.
 			ex.release("the client went away before the handler ran")
+			ex.emit(EventClientGone, 0, nil)
 			return
 		}
 		ex.run()
@@ -67,6 +72,7 @@ func (ex *exchange) handle() {
 			return
 		}
 		ex.replay(c.Response)
+		ex.emit(EventReplayed, c.Response.Status, nil)
 	case InFlight:
 		if c.Fingerprint != "" && c.Fingerprint != ex.fingerprint {
 			ex.mismatch()
@@ -80,6 +86,7 @@ func (ex *exchange) handle() {
 			e.RetryAfter = min(e.RetryAfter, c.RetryAfter)
 		}
 		m.refuse(ex.w, r, e)
+		ex.emit(EventInFlight, e.Status, nil)
 	default:
 		ex.storeFailed(fmt.Errorf("server: Claim returned status %d", c.Status))
 	}
@@ -150,6 +157,7 @@ func (ex *exchange) storeFailed(err error) {
 			slog.String("key", ex.lease.Key), slog.Any("error", err))
 		ex.r.Body = ex.requestBody()
 		ex.next.ServeHTTP(ex.w, ex.r)
+		ex.emit(EventUnprotected, 0, err)
 		return
 	}
 	m.cfg.logger.LogAttrs(ex.r.Context(), slog.LevelError, "idempotency store failed; request refused",
@@ -163,10 +171,13 @@ func (ex *exchange) unavailable(err error) {
 	e := problem(ErrStoreUnavailable, "The request could not be protected against duplicates, so it was not processed; retry later.", err)
 	e.RetryAfter = ex.m.cfg.retryAfter
 	ex.m.refuse(ex.w, ex.r, e)
+	ex.emit(EventUnavailable, e.Status, err)
 }
 
 func (ex *exchange) mismatch() {
-	ex.m.refuse(ex.w, ex.r, problem(ErrKeyMismatch, "This idempotency key was already used for a different request.", nil))
+	e := problem(ErrKeyMismatch, "This idempotency key was already used for a different request.", nil)
+	ex.m.refuse(ex.w, ex.r, e)
+	ex.emit(EventMismatch, e.Status, nil)
 }
 
 func (ex *exchange) requestBody() io.ReadCloser {
@@ -209,11 +220,14 @@ func (ex *exchange) run() {
 		if !done {
 			// The handler panicked: give the key back, and let the
 			// panic go on to the server's recovery.
+			ex.timing.handled(m)
 			ex.release("handler panicked")
+			ex.emit(EventReleased, 0, nil)
 		}
 	}()
 	ex.next.ServeHTTP(&ex.capture, r)
 	done = true
+	ex.timing.handled(m)
 
 	rec := &ex.capture
 	status := rec.finalStatus()
@@ -226,7 +240,9 @@ func (ex *exchange) run() {
 		ex.release("the handler returned without an answer after its context ended: " + cause.Error())
 		if ex.r.Context().Err() == nil {
 			ex.unavailable(cause)
+			return
 		}
+		ex.emit(EventReleased, 0, cause)
 	case !m.cfg.storeStatus(status):
 		// Whatever its size, and even if part of it has gone out: a
 		// status that says "retry" must let the retry run.
@@ -234,6 +250,7 @@ func (ex *exchange) run() {
 		if !rec.streaming {
 			rec.send()
 		}
+		ex.emit(EventReleased, status, nil)
 	case rec.streaming:
 		// Already sent, in part or in whole; record that it ran.
 		how := "streamed"
@@ -242,9 +259,10 @@ func (ex *exchange) run() {
 		}
 		m.cfg.logger.LogAttrs(ex.r.Context(), slog.LevelInfo, "idempotent response passed through; storing it without its body",
 			slog.String("key", ex.lease.Key), slog.Int("status", status), slog.String("how", how))
-		ex.complete(&Response{Status: status, Header: ex.keptHeader(), BodyOmitted: true})
+		ex.completed(status, ex.complete(&Response{Status: status, Header: ex.keptHeader(), BodyOmitted: true}))
 	default:
-		if err := ex.complete(&Response{Status: status, Header: ex.keptHeader(), Body: rec.body}); errors.Is(err, ErrNotCommitted) {
+		err := ex.complete(&Response{Status: status, Header: ex.keptHeader(), Body: rec.body})
+		if errors.Is(err, ErrNotCommitted) {
 			// The handler's effects were undone (or may have been):
 			// its response must not reach the client.
 			h := ex.w.Header()
@@ -256,7 +274,17 @@ func (ex *exchange) run() {
 		// Stored, or not even after retrying: either way the effect
 		// happened once, and the client is told what it was.
 		rec.send()
+		ex.completed(status, err)
 	}
+}
+
+// completed reports the outcome of a response sent after Complete.
+func (ex *exchange) completed(status int, err error) {
+	if err != nil {
+		ex.emit(EventNotStored, status, err)
+		return
+	}
+	ex.emit(EventExecuted, status, nil)
 }
 
 // storeContext is for store calls that must finish even when the client has
@@ -304,6 +332,7 @@ func (ex *exchange) complete(resp *Response) error {
 	err := ex.retryStore(func(ctx context.Context) error {
 		return m.store.Complete(ctx, ex.lease.ID, ex.lease.Token, resp, m.cfg.ttl)
 	})
+	ex.timing.stored(m)
 	switch {
 	case err == nil:
 	case errors.Is(err, ErrNotCommitted):
@@ -324,6 +353,7 @@ func (ex *exchange) release(why string) {
 	err := ex.retryStore(func(ctx context.Context) error {
 		return m.store.Release(ctx, ex.lease.ID, ex.lease.Token)
 	})
+	ex.timing.stored(m)
 	if err != nil {
 		m.cfg.logger.LogAttrs(ex.r.Context(), slog.LevelWarn, "idempotency claim not released; retries get 409 until its lease expires",
 			slog.String("key", ex.lease.Key), slog.String("scope", ex.lease.Scope), slog.String("reason", why), slog.Any("error", err))

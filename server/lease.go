@@ -156,6 +156,7 @@ func (rn *renewal) tick() {
 	case err == nil:
 		rn.until = now.Add(m.cfg.lease)
 		rn.lastErr = nil
+		m.observe(ex.r, Event{Kind: EventLeaseRenewed, Scope: ex.lease.Scope, Key: ex.lease.Key, Start: now, Store: time.Since(now)})
 	case errors.Is(err, ErrLeaseLost):
 		rn.expire(err)
 		return
@@ -177,6 +178,7 @@ func (rn *renewal) expire(cause error) {
 	ex.m.cfg.logger.LogAttrs(ex.r.Context(), slog.LevelError, "idempotency lease lost while the request was handled; cancelling the handler",
 		slog.String("key", ex.lease.Key), slog.String("scope", ex.lease.Scope), slog.Any("cause", cause))
 	rn.cancel(cause)
+	ex.m.observe(ex.r, Event{Kind: EventLeaseLost, Scope: ex.lease.Scope, Key: ex.lease.Key, Start: time.Now(), Err: cause})
 }
 
 // stop ends the renewal. It does not wait for an Extend in progress, which

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/idemkit/idempotency/internal/keyfield"
 )
@@ -64,22 +65,27 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		next.ServeHTTP(w, r)
 		return
 	}
+	var start time.Time
+	if m.cfg.observer != nil {
+		start = time.Now()
+	}
 	values := r.Header[m.cfg.header]
 	if len(values) == 0 {
 		if m.cfg.optional {
 			next.ServeHTTP(w, r)
+			m.observe(r, Event{Kind: EventUnprotected, Start: start})
 			return
 		}
-		m.refuse(w, r, problem(ErrMissingKey, "This request requires the "+m.cfg.header+" header.", nil))
+		m.reject(w, r, start, ID{}, problem(ErrMissingKey, "This request requires the "+m.cfg.header+" header.", nil))
 		return
 	}
 	if len(values) > 1 {
-		m.refuse(w, r, problem(ErrInvalidKey, "The "+m.cfg.header+" header appears more than once.", nil))
+		m.reject(w, r, start, ID{}, problem(ErrInvalidKey, "The "+m.cfg.header+" header appears more than once.", nil))
 		return
 	}
 	key, err := keyfield.Parse(values[0])
 	if err != nil {
-		m.refuse(w, r, problem(ErrInvalidKey, "The "+m.cfg.header+" header is invalid: "+err.Error()+".", nil))
+		m.reject(w, r, start, ID{}, problem(ErrInvalidKey, "The "+m.cfg.header+" header is invalid: "+err.Error()+".", nil))
 		return
 	}
 	if m.cfg.echoKey {
@@ -89,20 +95,20 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	body, err := m.readBody(r)
 	if err != nil {
-		m.bodyFailed(w, r, err)
+		m.reject(w, r, start, ID{Key: key}, m.bodyFailed(err))
 		return
 	}
 	scope, err := m.cfg.scope(r)
 	if err != nil {
-		m.refuse(w, r, problem(ErrUnidentified, "The caller of this request could not be identified.", err))
+		m.reject(w, r, start, ID{Key: key}, problem(ErrUnidentified, "The caller of this request could not be identified.", err))
 		return
 	}
 	fp, err := m.cfg.fingerprint(r, body)
 	if err != nil {
-		m.refuse(w, r, problem(ErrUnidentified, "This request could not be fingerprinted.", err))
+		m.reject(w, r, start, ID{Scope: scope, Key: key}, problem(ErrUnidentified, "This request could not be fingerprinted.", err))
 		return
 	}
-	ex := &exchange{m: m, w: w, r: r, next: next, body: body, fingerprint: fp}
+	ex := &exchange{m: m, w: w, r: r, next: next, body: body, fingerprint: fp, timing: timing{start: start}}
 	ex.lease.ID = ID{Scope: scope, Key: key}
 	ex.handle()
 }
@@ -111,22 +117,34 @@ func (m *Middleware) refuse(w http.ResponseWriter, r *http.Request, e *Error) {
 	m.cfg.errorWriter(w, r, e)
 }
 
-// bodyFailed answers a request whose body could not be read. Nothing has
-// been claimed, so nothing is left behind.
-func (m *Middleware) bodyFailed(w http.ResponseWriter, r *http.Request, err error) {
+// reject refuses a request before any claim, and says so to the observer.
+func (m *Middleware) reject(w http.ResponseWriter, r *http.Request, start time.Time, id ID, e *Error) {
+	m.refuse(w, r, e)
+	m.observe(r, Event{Kind: EventRejected, Scope: id.Scope, Key: id.Key, Status: e.Status, Start: start, Err: e.cause})
+}
+
+// observe gives e to the observer, if there is one.
+func (m *Middleware) observe(r *http.Request, e Event) {
+	if m.cfg.observer != nil {
+		m.cfg.observer(r.Context(), e)
+	}
+}
+
+// bodyFailed is the refusal of a request whose body could not be read.
+// Nothing has been claimed, so nothing is left behind. It is answered even
+// when the request's context is done: net/http cancels it when the
+// connection ends mid-body, yet a client that only closed its sending side
+// still reads the answer, and silence would reach it as an empty 200.
+func (m *Middleware) bodyFailed(err error) *Error {
 	var tooLarge *http.MaxBytesError
 	switch {
 	case errors.Is(err, ErrBodyTooLarge):
-		m.refuse(w, r, problem(ErrBodyTooLarge, "The request body is larger than "+strconv.FormatInt(m.cfg.maxBody, 10)+" bytes.", nil))
+		return problem(ErrBodyTooLarge, "The request body is larger than "+strconv.FormatInt(m.cfg.maxBody, 10)+" bytes.", nil)
 	case errors.As(err, &tooLarge):
 		// A limit set in front of the middleware (http.MaxBytesReader).
-		m.refuse(w, r, problem(ErrBodyTooLarge, "The request body is larger than "+strconv.FormatInt(tooLarge.Limit, 10)+" bytes.", err))
+		return problem(ErrBodyTooLarge, "The request body is larger than "+strconv.FormatInt(tooLarge.Limit, 10)+" bytes.", err)
 	default:
-		// Answered even when the request's context is done: net/http
-		// cancels it when the connection ends mid-body, yet a client
-		// that only closed its sending side still reads the answer, and
-		// silence would reach it as an empty 200.
-		m.refuse(w, r, problem(ErrBodyUnreadable, "The request body could not be read to its end.", err))
+		return problem(ErrBodyUnreadable, "The request body could not be read to its end.", err)
 	}
 }
 

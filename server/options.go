@@ -48,6 +48,7 @@ type config struct {
 	storeTimeout   time.Duration
 	retryAfter     time.Duration
 	echoKey        bool
+	observer       Observer
 	invalidOptions []error
 }
 
@@ -302,4 +303,19 @@ func WithRetryAfter(d time.Duration) Option {
 // it into LastResponse.IdempotencyKey).
 func WithEchoKey(on bool) Option {
 	return func(c *config) { c.echoKey = on }
+}
+
+// WithObserver sets a function that receives an Event for every protected
+// request (what the middleware did, with the time each step took) and for
+// every lease renewal: the raw material for metrics and traces. The
+// middleware does none of that work, and allocates nothing for it, without
+// an observer.
+func WithObserver(fn Observer) Option {
+	return func(c *config) {
+		if fn == nil {
+			c.invalid("WithObserver needs a function")
+			return
+		}
+		c.observer = fn
+	}
 }

@@ -1,0 +1,159 @@
+package server
+
+import (
+	"context"
+	"time"
+)
+
+// An Event is what the middleware did with one request, or with the lease of
+// one, for an observer set with WithObserver: the raw material of metrics,
+// traces and logs. Every protected request yields exactly one event of a
+// final kind; lease renewals yield their own.
+type Event struct {
+	// Kind says what happened.
+	Kind EventKind
+	// Scope and Key name the record; empty when the request was refused
+	// before they were known. Scope is what the scope function returned:
+	// by default a hash of the Authorization header, never the header.
+	Scope, Key string
+	// Status is the status code the client was sent; 0 when no answer
+	// could be sent (the client had gone, the handler panicked).
+	Status int
+	// Start is when the middleware began with the request (for lease
+	// events, when the Extend began).
+	Start time.Time
+	// Claim is how long the Claim took, waits (WithWait) included.
+	Claim time.Duration
+	// Handler is how long the handler ran.
+	Handler time.Duration
+	// Store is how long the write after the handler took (Complete or
+	// Release, retries included), or the Extend of a lease event.
+	Store time.Duration
+	// Err is the store's error when one decided the outcome (Unavailable,
+	// NotStored, a lease lost), or the cause of a refusal; nil otherwise.
+	Err error
+}
+
+// EventKind says what the middleware did.
+type EventKind int
+
+// The kinds of Event. Each protected request ends with one of the first ten;
+// EventLeaseRenewed and EventLeaseLost come from the lease's renewal.
+const (
+	// EventExecuted: the handler ran for the first time and its response
+	// was stored.
+	EventExecuted EventKind = iota + 1
+	// EventReplayed: the stored response was replayed.
+	EventReplayed
+	// EventInFlight: refused with 409, the key being in flight.
+	EventInFlight
+	// EventMismatch: refused with 422, the key used for another request.
+	EventMismatch
+	// EventRejected: refused with 400 or 413 before any claim: the key
+	// missing or malformed, the body too large or unreadable, the request
+	// not identified.
+	EventRejected
+	// EventUnavailable: refused with 503 because the store failed or was
+	// too slow (or a transactional store could not commit).
+	EventUnavailable
+	// EventReleased: the handler ran, or began to, and the key was given
+	// back: a 5xx, 408 or 429, a panic, or no answer after its context
+	// ended. A retry runs again.
+	EventReleased
+	// EventNotStored: the handler ran and its response was sent, but
+	// Complete failed even when retried; the key stays in flight until its
+	// lease ends.
+	EventNotStored
+	// EventUnprotected: the handler ran without protection: no key while
+	// keys are optional, or the store failed with WithFailOpen.
+	EventUnprotected
+	// EventClientGone: the client went away before the handler ran;
+	// nothing ran and nothing is left claimed.
+	EventClientGone
+	// EventLeaseRenewed: the lease was extended while the request ran.
+	EventLeaseRenewed
+	// EventLeaseLost: the lease was lost, or ended without renewal, and
+	// the handler's context was cancelled; Err is the cause.
+	EventLeaseLost
+)
+
+var eventKindNames = [...]string{
+	EventExecuted:     "executed",
+	EventReplayed:     "replayed",
+	EventInFlight:     "in_flight",
+	EventMismatch:     "mismatch",
+	EventRejected:     "rejected",
+	EventUnavailable:  "unavailable",
+	EventReleased:     "released",
+	EventNotStored:    "not_stored",
+	EventUnprotected:  "unprotected",
+	EventClientGone:   "client_gone",
+	EventLeaseRenewed: "lease_renewed",
+	EventLeaseLost:    "lease_lost",
+}
+
+// String returns the kind's name, in snake case for use as a metric
+// attribute: "executed", "replayed", "in_flight", ...
+func (k EventKind) String() string {
+	if k > 0 && int(k) < len(eventKindNames) {
+		return eventKindNames[k]
+	}
+	return "unknown"
+}
+
+// An Observer receives the middleware's events. It is called on the
+// request's goroutine (on a timer's for lease events) before the middleware
+// returns, so it must be quick, and safe for concurrent use.
+type Observer func(ctx context.Context, e Event)
+
+// timing is when each step of an exchange ended, kept only for an observer.
+type timing struct {
+	start, claim, handler, store time.Time
+}
+
+func (t *timing) claimed(m *Middleware) {
+	if m.cfg.observer != nil {
+		t.claim = time.Now()
+	}
+}
+
+func (t *timing) handled(m *Middleware) {
+	if m.cfg.observer != nil {
+		t.handler = time.Now()
+	}
+}
+
+func (t *timing) stored(m *Middleware) {
+	if m.cfg.observer != nil {
+		t.store = time.Now()
+	}
+}
+
+// since is end - start, or zero when either is unknown.
+func since(start, end time.Time) time.Duration {
+	if start.IsZero() || end.IsZero() {
+		return 0
+	}
+	return end.Sub(start)
+}
+
+// emit tells the observer, if there is one, how the exchange ended.
+func (ex *exchange) emit(kind EventKind, status int, err error) {
+	observe := ex.m.cfg.observer
+	if observe == nil {
+		return
+	}
+	t := &ex.timing
+	if t.handler.IsZero() {
+		// Refused or replayed: nothing ran after the claim.
+		t.handler = t.claim
+	}
+	if t.store.IsZero() {
+		t.store = t.handler
+	}
+	observe(ex.r.Context(), Event{
+		Kind: kind, Scope: ex.lease.Scope, Key: ex.lease.Key, Status: status,
+		Start: t.start, Claim: since(t.start, t.claim), Handler: since(t.claim, t.handler), Store: since(t.handler, t.store),
+		Err: err,
+	})
+}

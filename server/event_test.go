@@ -1,0 +1,169 @@
+package server_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idempotency/internal/faultstore"
+	"github.com/idemkit/idempotency/server"
+)
+
+// events collects what an observer is told.
+type events struct {
+	mu  sync.Mutex
+	all []server.Event
+}
+
+func (e *events) observe(_ context.Context, ev server.Event) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.all = append(e.all, ev)
+}
+
+// take returns the events so far and forgets them.
+func (e *events) take() []server.Event {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := e.all
+	e.all = nil
+	return out
+}
+
+// last waits for the next final event (not a lease event) and returns it.
+func (e *events) last(t *testing.T) server.Event {
+	t.Helper()
+	var got server.Event
+	waitFor(t, "an event", func() bool {
+		for _, ev := range e.take() {
+			if ev.Kind != server.EventLeaseRenewed && ev.Kind != server.EventLeaseLost {
+				got = ev
+				return true
+			}
+		}
+		return false
+	})
+	return got
+}
+
+// TestEvents: each outcome of the protocol, through a real request, is told
+// to the observer with its kind, key, scope, status and timings.
+func TestEvents(t *testing.T) {
+	var ev events
+	store, _ := faulty(t)
+	var fail bool
+	var mu sync.Mutex
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		f := fail
+		mu.Unlock()
+		if f {
+			w.WriteHeader(http.StatusBadGateway)
+			return
+		}
+		time.Sleep(2 * time.Millisecond) // a handler that takes a measurable time
+		w.WriteHeader(http.StatusCreated)
+	})
+	srv := fixtureWith(t, store, h, server.WithObserver(ev.observe),
+		server.WithScope(func(*http.Request) (string, error) { return "acme", nil }))
+
+	check := func(kind server.EventKind, key string, status int) server.Event {
+		t.Helper()
+		e := ev.last(t)
+		assert.Equal(t, kind, e.Kind, "kind %s, want %s", e.Kind, kind)
+		assert.Equal(t, key, e.Key)
+		assert.Equal(t, status, e.Status)
+		assert.False(t, e.Start.IsZero(), "start")
+		return e
+	}
+	post(t, srv.URL, "k1", "x")
+	e := check(server.EventExecuted, "k1", http.StatusCreated)
+	assert.Equal(t, "acme", e.Scope)
+	assert.Positive(t, e.Claim)
+	assert.GreaterOrEqual(t, e.Handler, 2*time.Millisecond)
+	assert.Positive(t, e.Store)
+
+	post(t, srv.URL, "k1", "x")
+	e = check(server.EventReplayed, "k1", http.StatusCreated)
+	assert.Zero(t, e.Handler)
+
+	post(t, srv.URL, "k1", "other")
+	check(server.EventMismatch, "k1", http.StatusUnprocessableEntity)
+
+	post(t, srv.URL, "", "x")
+	e = check(server.EventRejected, "", http.StatusBadRequest)
+	assert.Empty(t, e.Scope)
+
+	post(t, srv.URL, strings.Repeat("k", 300), "x")
+	check(server.EventRejected, "", http.StatusBadRequest)
+
+	mu.Lock()
+	fail = true
+	mu.Unlock()
+	post(t, srv.URL, "k2", "x")
+	check(server.EventReleased, "k2", http.StatusBadGateway)
+	mu.Lock()
+	fail = false
+	mu.Unlock()
+
+	down := errors.New("down")
+	store.Set(faultstore.Claim, faultstore.Fault{Err: down})
+	post(t, srv.URL, "k3", "x")
+	e = check(server.EventUnavailable, "k3", http.StatusServiceUnavailable)
+	assert.ErrorIs(t, e.Err, down)
+	store.Clear(faultstore.Claim)
+
+	store.Set(faultstore.Complete, faultstore.Fault{Err: down})
+	post(t, srv.URL, "k4", "x")
+	e = check(server.EventNotStored, "k4", http.StatusCreated)
+	assert.ErrorIs(t, e.Err, down)
+	store.Clear(faultstore.Complete)
+
+	post(t, srv.URL, "k4", "x")
+	check(server.EventInFlight, "k4", http.StatusConflict)
+}
+
+func TestLeaseEvents(t *testing.T) {
+	var ev events
+	store, _ := faulty(t)
+	release := make(chan struct{})
+	started := make(chan struct{})
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(started)
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	})
+	srv := fixtureWith(t, store, h, server.WithObserver(ev.observe), server.WithLease(60*time.Millisecond))
+	got := postAsync(srv.URL, "k", "x")
+	<-started
+	var renewed bool
+	waitFor(t, "a renewal", func() bool {
+		for _, e := range ev.take() {
+			renewed = renewed || (e.Kind == server.EventLeaseRenewed && e.Key == "k")
+		}
+		return renewed
+	})
+	store.Set(faultstore.Extend, faultstore.Fault{Err: errFlaky})
+	var lost server.Event
+	waitFor(t, "the lease to be lost", func() bool {
+		for _, e := range ev.take() {
+			if e.Kind == server.EventLeaseLost {
+				lost = e
+				return true
+			}
+		}
+		return false
+	})
+	assert.ErrorIs(t, lost.Err, server.ErrLeaseLost)
+	close(release)
+	require.Equal(t, http.StatusServiceUnavailable, recv(t, got, "the answer").status)
+}

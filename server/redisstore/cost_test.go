@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -105,14 +106,51 @@ func (m *meter) run(ctx context.Context, cost *phaseCost, lo, hi int, fn func(i 
 	return nil
 }
 
-// serverCost is what n first executions and n replays cost the server,
-// through the store and through the plain commands.
-type serverCost struct {
-	n                          int
-	storeFirst, plainFirst     phaseCost
-	storeReplay, plainReplay   phaseCost
-	fingerprint, recordInBytes int
+// roundCost is what one round's first executions and replays cost the
+// server, through the store and through the plain commands.
+type roundCost struct {
+	ops                      int
+	storeFirst, plainFirst   phaseCost
+	storeReplay, plainReplay phaseCost
 }
+
+// serverCost is what every round cost.
+type serverCost struct {
+	rounds        []roundCost
+	recordInBytes int
+}
+
+// total adds up the rounds.
+func (c serverCost) total() roundCost {
+	var t roundCost
+	for _, r := range c.rounds {
+		t.ops += r.ops
+		for _, p := range [][2]*phaseCost{
+			{&t.storeFirst, &r.storeFirst}, {&t.plainFirst, &r.plainFirst},
+			{&t.storeReplay, &r.storeReplay}, {&t.plainReplay, &r.plainReplay},
+		} {
+			p[0].calls += p[1].calls
+			p[0].usec += p[1].usec
+		}
+	}
+	return t
+}
+
+// median returns the median over the rounds of f, so that a round that the
+// machine's other work slowed down moves it little.
+func (c serverCost) median(f func(roundCost) float64) float64 {
+	v := make([]float64, len(c.rounds))
+	for i, r := range c.rounds {
+		v[i] = f(r)
+	}
+	slices.Sort(v)
+	if n := len(v); n%2 == 0 {
+		return (v[n/2-1] + v[n/2]) / 2
+	}
+	return v[len(v)/2]
+}
+
+func ratio(a, b phaseCost) float64 { return float64(a.usec) / float64(max(1, b.usec)) }
 
 // measureServerCost starts a redis-server of its own and measures n first
 // executions (a Claim that acquires and a Complete of a 1 KiB response) and
@@ -162,7 +200,7 @@ func measureServerCost(t testing.TB, n, rounds int) serverCost {
 	counter := &commandCounter{}
 	c.AddHook(counter)
 	m := &meter{admin: admin, sent: counter}
-	cost := serverCost{n: n, fingerprint: len(fp), recordInBytes: len(record)}
+	cost := serverCost{recordInBytes: len(record)}
 	if b, ok := t.(*testing.B); ok {
 		b.ResetTimer()
 	}
@@ -170,7 +208,8 @@ func measureServerCost(t testing.TB, n, rounds int) serverCost {
 	plainKey := func(i int) string { return "plain:" + s.RecordKey(id(i)) }
 	for r := range rounds {
 		lo, hi := r*n/rounds, (r+1)*n/rounds
-		err := m.run(ctx, &cost.storeFirst, lo, hi, func(i int) error {
+		rc := roundCost{ops: hi - lo}
+		err := m.run(ctx, &rc.storeFirst, lo, hi, func(i int) error {
 			cl, err := s.Claim(ctx, id(i), fp, lease, ttl)
 			if err != nil || cl.Status != server.Acquired {
 				return fmt.Errorf("Claim = %v, %v; want acquired", cl.Status, err)
@@ -178,7 +217,7 @@ func measureServerCost(t testing.TB, n, rounds int) serverCost {
 			return s.Complete(ctx, id(i), cl.Token, resp, ttl)
 		})
 		if err == nil {
-			err = m.run(ctx, &cost.plainFirst, lo, hi, func(i int) error {
+			err = m.run(ctx, &rc.plainFirst, lo, hi, func(i int) error {
 				if ok, err := c.SetNX(ctx, plainKey(i), fp, lease).Result(); err != nil || !ok {
 					return fmt.Errorf("SET NX = %v, %v; want set", ok, err)
 				}
@@ -189,7 +228,7 @@ func measureServerCost(t testing.TB, n, rounds int) serverCost {
 			})
 		}
 		if err == nil {
-			err = m.run(ctx, &cost.storeReplay, lo, hi, func(i int) error {
+			err = m.run(ctx, &rc.storeReplay, lo, hi, func(i int) error {
 				cl, err := s.Claim(ctx, id(i), fp, lease, ttl)
 				if err != nil || cl.Status != server.Completed || len(cl.Response.Body) != len(resp.Body) {
 					return fmt.Errorf("Claim = %v, %v; want the completed response", cl.Status, err)
@@ -198,7 +237,7 @@ func measureServerCost(t testing.TB, n, rounds int) serverCost {
 			})
 		}
 		if err == nil {
-			err = m.run(ctx, &cost.plainReplay, lo, hi, func(i int) error {
+			err = m.run(ctx, &rc.plainReplay, lo, hi, func(i int) error {
 				if v, err := c.Get(ctx, plainKey(i)).Result(); err != nil || len(v) != len(record) {
 					return fmt.Errorf("GET = %d bytes, %v; want %d bytes", len(v), err, len(record))
 				}
@@ -208,6 +247,7 @@ func measureServerCost(t testing.TB, n, rounds int) serverCost {
 		if err != nil {
 			t.Fatalf("round %d: %v", r, err)
 		}
+		cost.rounds = append(cost.rounds, rc)
 	}
 	return cost
 }
@@ -216,7 +256,7 @@ func measureServerCost(t testing.TB, n, rounds int) serverCost {
 func TestServerCostMeasurement(t *testing.T) {
 	t.Parallel()
 	const n = 40
-	cost := measureServerCost(t, n, 2)
+	cost := measureServerCost(t, n, 2).total()
 	for _, tc := range []struct {
 		name  string
 		got   phaseCost
@@ -242,15 +282,22 @@ func TestServerCostMeasurement(t *testing.T) {
 //	go test -run '^$' -bench ServerCost -benchtime 20000x ./server/redisstore/
 //
 // Each of the b.N iterations is a first execution, a replay, a SET NX PX and
-// SET XX PX pair and a GET. ns/op is the client's time for all of them.
+// SET XX PX pair and a GET, in 20 rounds of b.N/20 (fewer when b.N is
+// small). The times, and the ratios first-x and replay-x, are totals over
+// the rounds; first-x-med and replay-x-med are the medians of the rounds'
+// ratios, which a round slowed down by the machine's other work moves less.
+// ns/op is the client's time for all of them.
 func BenchmarkServerCost(b *testing.B) {
 	b.ReportAllocs()
-	cost := measureServerCost(b, b.N, min(b.N, 10))
-	b.ReportMetric(cost.storeFirst.perOp(b.N), "store-µs/first")
-	b.ReportMetric(cost.plainFirst.perOp(b.N), "plain-µs/first")
-	b.ReportMetric(float64(cost.storeFirst.usec)/float64(max(1, cost.plainFirst.usec)), "first-ratio")
-	b.ReportMetric(cost.storeReplay.perOp(b.N), "store-µs/replay")
-	b.ReportMetric(cost.plainReplay.perOp(b.N), "get-µs/replay")
-	b.ReportMetric(float64(cost.storeReplay.usec)/float64(max(1, cost.plainReplay.usec)), "replay-ratio")
+	cost := measureServerCost(b, b.N, min(b.N, 20))
+	t := cost.total()
+	b.ReportMetric(t.storeFirst.perOp(b.N), "store-µs/first")
+	b.ReportMetric(t.plainFirst.perOp(b.N), "plain-µs/first")
+	b.ReportMetric(ratio(t.storeFirst, t.plainFirst), "first-x")
+	b.ReportMetric(cost.median(func(r roundCost) float64 { return ratio(r.storeFirst, r.plainFirst) }), "first-x-med")
+	b.ReportMetric(t.storeReplay.perOp(b.N), "store-µs/replay")
+	b.ReportMetric(t.plainReplay.perOp(b.N), "get-µs/replay")
+	b.ReportMetric(ratio(t.storeReplay, t.plainReplay), "replay-x")
+	b.ReportMetric(cost.median(func(r roundCost) float64 { return ratio(r.storeReplay, r.plainReplay) }), "replay-x-med")
 	b.ReportMetric(float64(cost.recordInBytes), "record-bytes")
 }

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -213,5 +214,45 @@ func TestFunctionsRefused(t *testing.T) {
 	}
 	if got := counter.take(); !slices.Equal(got, []string{"fcall", "function"}) {
 		t.Errorf("Claim sent %q, want one FCALL and one FUNCTION LOAD", got)
+	}
+}
+
+// Many calls that find a new server without the library at once all load it
+// and succeed; the server ends with one library.
+func TestConcurrentFirstCalls(t *testing.T) {
+	t.Parallel()
+	needRedisServer(t)
+	p := startRedis(t)
+	ctx := context.Background()
+	c := redis.NewClient(&redis.Options{Addr: p.Addr, ContextTimeoutEnabled: true, PoolSize: 32})
+	t.Cleanup(func() { c.Close() })
+	s, err := redisstore.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const callers = 32
+	start := make(chan struct{})
+	errs := make(chan error, callers)
+	var wg sync.WaitGroup
+	for i := range callers {
+		wg.Go(func() {
+			<-start
+			cl, err := s.Claim(ctx, server.ID{Key: strconv.Itoa(i)}, "fp", time.Minute, time.Hour)
+			if err == nil && cl.Status != server.Acquired {
+				err = errors.New("status " + cl.Status.String())
+			}
+			errs <- err
+		})
+	}
+	close(start)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Errorf("Claim on a server without the library error = %v", err)
+		}
+	}
+	if libs := libraries(t, c); len(libs) != 1 {
+		t.Errorf("server holds libraries %q, want one", libs)
 	}
 }

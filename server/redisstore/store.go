@@ -19,8 +19,10 @@ const DefaultPrefix = "idempotency:"
 // Store is a server.Store kept in Redis. Create one with New; it is safe for
 // concurrent use, and any number of Stores, in any number of processes, share
 // records when they share a Redis and a prefix. A Store starts no goroutines
-// and owns nothing: the client is the caller's to close. The zero Store has
-// no client: its methods fail.
+// and owns nothing: the client is the caller's to close. It keeps, in memory,
+// the fingerprint of each lease it granted until it completes or releases
+// it, a few thousand at most (see the package documentation, Functions). The
+// zero Store has no client: its methods fail.
 type Store struct {
 	client redis.UniversalClient
 	prefix string

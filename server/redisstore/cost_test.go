@@ -68,6 +68,24 @@ type phaseCost struct{ calls, usec int64 }
 
 func (p phaseCost) perOp(ops int) float64 { return float64(p.usec) / float64(ops) }
 
+// floorLibrary holds the least that functions can do for a first execution
+// and a replay, with none of the store's checks: a claim that is one SET NX
+// PX GET, a completion that is one SET PX of the whole record, a replay that
+// is one GET. It measures what calling a function, and passing the record
+// through Lua, costs by itself.
+const floorLibrary = `#!lua name=cost_floor
+redis.register_function('cost_floor_claim', function(keys, args)
+  return redis.call('SET', keys[1], args[1], 'NX', 'PX', args[2], 'GET') or 1
+end)
+redis.register_function('cost_floor_complete', function(keys, args)
+  redis.call('SET', keys[1], args[1], 'PX', args[2])
+  return 1
+end)
+redis.register_function('cost_floor_replay', function(keys, args)
+  return redis.call('GET', keys[1])
+end)
+`
+
 // meter runs phases on a client whose commands sent holds, and reads the
 // server's accounting through admin, whose own commands are not counted.
 type meter struct {
@@ -109,9 +127,9 @@ func (m *meter) run(ctx context.Context, cost *phaseCost, lo, hi int, fn func(i 
 // roundCost is what one round's first executions and replays cost the
 // server, through the store and through the plain commands.
 type roundCost struct {
-	ops                      int
-	storeFirst, plainFirst   phaseCost
-	storeReplay, plainReplay phaseCost
+	ops                                   int
+	storeFirst, plainFirst, floorFirst    phaseCost
+	storeReplay, plainReplay, floorReplay phaseCost
 }
 
 // serverCost is what every round cost.
@@ -126,8 +144,8 @@ func (c serverCost) total() roundCost {
 	for _, r := range c.rounds {
 		t.ops += r.ops
 		for _, p := range [][2]*phaseCost{
-			{&t.storeFirst, &r.storeFirst}, {&t.plainFirst, &r.plainFirst},
-			{&t.storeReplay, &r.storeReplay}, {&t.plainReplay, &r.plainReplay},
+			{&t.storeFirst, &r.storeFirst}, {&t.plainFirst, &r.plainFirst}, {&t.floorFirst, &r.floorFirst},
+			{&t.storeReplay, &r.storeReplay}, {&t.plainReplay, &r.plainReplay}, {&t.floorReplay, &r.floorReplay},
 		} {
 			p[0].calls += p[1].calls
 			p[0].usec += p[1].usec
@@ -196,6 +214,10 @@ func measureServerCost(t testing.TB, n, rounds int) serverCost {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := admin.FunctionLoad(ctx, floorLibrary).Err(); err != nil {
+		t.Fatal(err)
+	}
+	inFlight := record[:30+len(fp)] // an in-flight record's size
 
 	counter := &commandCounter{}
 	c.AddHook(counter)
@@ -206,18 +228,22 @@ func measureServerCost(t testing.TB, n, rounds int) serverCost {
 	}
 	id := func(i int) server.ID { return server.ID{Scope: "tenant-0123456789", Key: "order-" + strconv.Itoa(i)} }
 	plainKey := func(i int) string { return "plain:" + s.RecordKey(id(i)) }
+	floorKey := func(i int) string { return "floor:" + s.RecordKey(id(i)) }
 	for r := range rounds {
 		lo, hi := r*n/rounds, (r+1)*n/rounds
 		rc := roundCost{ops: hi - lo}
-		err := m.run(ctx, &rc.storeFirst, lo, hi, func(i int) error {
-			cl, err := s.Claim(ctx, id(i), fp, lease, ttl)
-			if err != nil || cl.Status != server.Acquired {
-				return fmt.Errorf("Claim = %v, %v; want acquired", cl.Status, err)
-			}
-			return s.Complete(ctx, id(i), cl.Token, resp, ttl)
-		})
-		if err == nil {
-			err = m.run(ctx, &rc.plainFirst, lo, hi, func(i int) error {
+		for _, phase := range []struct {
+			cost *phaseCost
+			op   func(i int) error
+		}{
+			{&rc.storeFirst, func(i int) error {
+				cl, err := s.Claim(ctx, id(i), fp, lease, ttl)
+				if err != nil || cl.Status != server.Acquired {
+					return fmt.Errorf("Claim = %v, %v; want acquired", cl.Status, err)
+				}
+				return s.Complete(ctx, id(i), cl.Token, resp, ttl)
+			}},
+			{&rc.plainFirst, func(i int) error {
 				if ok, err := c.SetNX(ctx, plainKey(i), fp, lease).Result(); err != nil || !ok {
 					return fmt.Errorf("SET NX = %v, %v; want set", ok, err)
 				}
@@ -225,27 +251,36 @@ func measureServerCost(t testing.TB, n, rounds int) serverCost {
 					return fmt.Errorf("SET XX = %v, %v; want set", ok, err)
 				}
 				return nil
-			})
-		}
-		if err == nil {
-			err = m.run(ctx, &rc.storeReplay, lo, hi, func(i int) error {
+			}},
+			{&rc.floorFirst, func(i int) error {
+				if err := c.FCall(ctx, "cost_floor_claim", []string{floorKey(i)}, inFlight, lease.Milliseconds()).Err(); err != nil {
+					return err
+				}
+				return c.FCall(ctx, "cost_floor_complete", []string{floorKey(i)}, record, ttl.Milliseconds()).Err()
+			}},
+			{&rc.storeReplay, func(i int) error {
 				cl, err := s.Claim(ctx, id(i), fp, lease, ttl)
 				if err != nil || cl.Status != server.Completed || len(cl.Response.Body) != len(resp.Body) {
 					return fmt.Errorf("Claim = %v, %v; want the completed response", cl.Status, err)
 				}
 				return nil
-			})
-		}
-		if err == nil {
-			err = m.run(ctx, &rc.plainReplay, lo, hi, func(i int) error {
+			}},
+			{&rc.plainReplay, func(i int) error {
 				if v, err := c.Get(ctx, plainKey(i)).Result(); err != nil || len(v) != len(record) {
 					return fmt.Errorf("GET = %d bytes, %v; want %d bytes", len(v), err, len(record))
 				}
 				return nil
-			})
-		}
-		if err != nil {
-			t.Fatalf("round %d: %v", r, err)
+			}},
+			{&rc.floorReplay, func(i int) error {
+				if v, err := c.FCall(ctx, "cost_floor_replay", []string{floorKey(i)}).Text(); err != nil || len(v) != len(record) {
+					return fmt.Errorf("cost_floor_replay = %d bytes, %v; want %d bytes", len(v), err, len(record))
+				}
+				return nil
+			}},
+		} {
+			if err := m.run(ctx, phase.cost, lo, hi, phase.op); err != nil {
+				t.Fatalf("round %d: %v", r, err)
+			}
 		}
 		cost.rounds = append(cost.rounds, rc)
 	}
@@ -264,8 +299,10 @@ func TestServerCostMeasurement(t *testing.T) {
 	}{
 		{"store, first executions", cost.storeFirst, 2 * n},
 		{"SET NX PX + SET XX PX", cost.plainFirst, 2 * n},
+		{"least functions, first executions", cost.floorFirst, 2 * n},
 		{"store, replays", cost.storeReplay, n},
 		{"GET", cost.plainReplay, n},
+		{"least function, replays", cost.floorReplay, n},
 	} {
 		if tc.got.calls != tc.calls || tc.got.usec <= 0 {
 			t.Errorf("%s: %d commands in %d µs, want %d commands in some time", tc.name, tc.got.calls, tc.got.usec, tc.calls)
@@ -282,10 +319,13 @@ func TestServerCostMeasurement(t *testing.T) {
 //	go test -run '^$' -bench ServerCost -benchtime 20000x ./server/redisstore/
 //
 // Each of the b.N iterations is a first execution, a replay, a SET NX PX and
-// SET XX PX pair and a GET, in 20 rounds of b.N/20 (fewer when b.N is
+// SET XX PX pair, a GET, and a first execution and a replay through the
+// least functions (floorLibrary), in 20 rounds of b.N/20 (fewer when b.N is
 // small). The times, and the ratios first-x and replay-x, are totals over
 // the rounds; first-x-med and replay-x-med are the medians of the rounds'
-// ratios, which a round slowed down by the machine's other work moves less.
+// ratios, which a round slowed down by the machine's other work moves less;
+// floor-first-x and floor-replay-x are the least functions' ratios to the
+// plain commands, the least that any store made of functions can reach.
 // ns/op is the client's time for all of them.
 func BenchmarkServerCost(b *testing.B) {
 	b.ReportAllocs()
@@ -299,5 +339,7 @@ func BenchmarkServerCost(b *testing.B) {
 	b.ReportMetric(t.plainReplay.perOp(b.N), "get-µs/replay")
 	b.ReportMetric(ratio(t.storeReplay, t.plainReplay), "replay-x")
 	b.ReportMetric(cost.median(func(r roundCost) float64 { return ratio(r.storeReplay, r.plainReplay) }), "replay-x-med")
+	b.ReportMetric(ratio(t.floorFirst, t.plainFirst), "floor-first-x")
+	b.ReportMetric(ratio(t.floorReplay, t.plainReplay), "floor-replay-x")
 	b.ReportMetric(float64(cost.recordInBytes), "record-bytes")
 }

@@ -51,7 +51,7 @@ func benchStore(b *testing.B) (*redisstore.Store, *roundTrips) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	// Load the scripts before counting.
+	// Load the functions before counting.
 	ctx := context.Background()
 	id := server.ID{Key: "warm-up"}
 	cl, err := s.Claim(ctx, id, "fp", time.Minute, time.Minute)

@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"fmt"
 	"os/exec"
 	"strings"
 	"sync"
@@ -68,15 +69,38 @@ func TestCluster(t *testing.T) {
 	// Enough keys to land on every master, each taken through a claim and a
 	// completion on its own node.
 	ctx := context.Background()
-	for i := range 64 {
-		id := server.ID{Scope: "spread", Key: string(rune('A' + i))}
-		cl, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
-		if err != nil || cl.Status != server.Acquired {
-			t.Fatalf("Claim(%q) = %v, %v; want acquired", id, cl.Status, err)
+	spread := func(scope string) {
+		t.Helper()
+		for i := range 64 {
+			id := server.ID{Scope: scope, Key: string(rune('A' + i))}
+			cl, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
+			if err != nil || cl.Status != server.Acquired {
+				t.Fatalf("Claim(%q) = %v, %v; want acquired", id, cl.Status, err)
+			}
+			if err := s.Complete(ctx, id, cl.Token, &server.Response{Status: 200}, time.Hour); err != nil {
+				t.Fatalf("Complete(%q) error = %v", id, err)
+			}
 		}
-		if err := s.Complete(ctx, id, cl.Token, &server.Response{Status: 200}, time.Hour); err != nil {
-			t.Fatalf("Complete(%q) error = %v", id, err)
+	}
+	spread("spread")
+	// Every master loses the functions; the next calls load them on every
+	// master again.
+	err = c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+		return m.FunctionFlush(ctx).Err()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spread("after-flush")
+	err = c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+		libs, err := m.FunctionList(ctx, redis.FunctionListQuery{}).Result()
+		if err == nil && len(libs) != 1 {
+			err = fmt.Errorf("master %s holds %d libraries, want the store's", m.Options().Addr, len(libs))
 		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 	var mu sync.Mutex
 	sizes := map[string]int64{}

@@ -96,7 +96,7 @@ func randomHex(t testing.TB, n int) string {
 // needRedisServer skips t where redis-server (and the other tools named) is
 // not installed, or fails it when services are required: t starts Redis
 // servers of its own.
-func needRedisServer(t *testing.T, tools ...string) {
+func needRedisServer(t testing.TB, tools ...string) {
 	t.Helper()
 	for _, tool := range append([]string{"redis-server"}, tools...) {
 		if _, err := exec.LookPath(tool); err != nil {
@@ -123,7 +123,7 @@ type redisProcess struct {
 // startRedis starts redis-server with args on a free loopback port (and, for
 // a Cluster node, a free bus port ten thousand above it), waits until it
 // answers PING, and kills it when t ends.
-func startRedis(t *testing.T, args ...string) *redisProcess {
+func startRedis(t testing.TB, args ...string) *redisProcess {
 	t.Helper()
 	var lastErr error
 	for range 5 {
@@ -138,7 +138,7 @@ func startRedis(t *testing.T, args ...string) *redisProcess {
 	return nil
 }
 
-func tryStartRedis(t *testing.T, port int, args ...string) (*redisProcess, error) {
+func tryStartRedis(t testing.TB, port int, args ...string) (*redisProcess, error) {
 	p := &redisProcess{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port, exited: make(chan struct{})}
 	full := append([]string{
 		"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
@@ -195,7 +195,7 @@ func (p *redisProcess) Kill() {
 
 // freePort returns a loopback port that is free, and whose Cluster bus port
 // (ten thousand above) is free too, at the time of asking.
-func freePort(t *testing.T) int {
+func freePort(t testing.TB) int {
 	t.Helper()
 	for range 100 {
 		l, err := net.Listen("tcp", "127.0.0.1:0")

@@ -111,7 +111,7 @@ func (p *lossyProxy) close() {
 
 // 1,000 orders through a connection that loses one reply in ten: each order
 // runs exactly once. The client's own retries send a lost claim or
-// completion again, and the script recognises it; when even those are lost,
+// completion again, and the function recognises it; when even those are lost,
 // the caller retries as the middleware's client would, and the record's
 // lease settles it.
 func TestLossyConnection(t *testing.T) {

@@ -6,39 +6,55 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/idemkit/idempotency/server"
 )
 
-// The record layout, version 1. The fixed header is what the scripts read
-// (with Lua's struct.unpack); the response that follows the fingerprint in a
-// completed record is opaque to them and decoded here. Integers are
-// big-endian.
+// The record layout. A record is one Redis string: a fixed header of 30
+// bytes, the fingerprint, and, once completed, the response. Integers are
+// big-endian. The functions (functions.go) read the header with string.byte,
+// string.sub and struct.unpack, and compare its first ten bytes (version,
+// state, token) with bytes built here; they never look inside the response,
+// which is decoded here.
 //
-//	offset  size  field
-//	0       1     version (1)
+//	offset  size  version 2 (written)            version 1 (read only)
+//	0       1     version                        version
 //	1       1     state: 1 in flight, 2 completed, 3 released
 //	2       8     fencing token
-//	10      8     lease end, µs since the epoch by the Redis server's clock
-//	18      8     nonce of the call that last changed the state
+//	10      8     nonce of the call that last    end of the lease, µs since
+//	              changed the state              the epoch, server's clock
+//	18      8     slack: ms that the record      nonce
+//	              outlives its lease (in flight)
 //	26      4     fingerprint length n
 //	30      n     fingerprint
-//	30+n          response (completed only):
+//	30+n          response (completed only, both versions):
 //	              2 status, 1 flags (bit 0: body omitted), 4 body length,
 //	              uvarint names, uvarint values, then per name: uvarint
 //	              length, name, uvarint count, per value: uvarint length,
 //	              value; then the body, to the end of the record.
+//
+// Version 2 keeps no time: an in-flight record expires (PX) at the end of its
+// lease plus its slack, so the lease has PTTL - slack milliseconds left, by
+// the server's own clock, read by no command. Version 2 writes header names
+// in increasing order, so that a response has one encoding and a record that
+// decodes re-encodes to the same bytes; version 1 wrote them in any order.
 const (
-	recordVersion  = 1
-	recordHeader   = 30
+	recordVersion = 2
+	// legacyVersion is the previous layout, written by earlier releases:
+	// still read, never written.
+	legacyVersion = 1
+	recordHeader  = 30
+
+	stateInFlight  = 1
 	stateCompleted = 2
+	stateReleased  = 3
 
 	flagBodyOmitted = 1 << 0
 	// responseFixed is the size of status, flags and body length.
 	responseFixed = 7
-	nonceLen      = 8
 )
 
 // ErrCorruptRecord is returned, wrapped, when a record cannot be decoded: an
@@ -47,6 +63,18 @@ const (
 // 503 for its ID until it expires or an operator deletes it (see
 // Store.RecordKey).
 var ErrCorruptRecord = errors.New("corrupt idempotency record")
+
+// record is a record decoded.
+type record struct {
+	version     byte
+	state       byte
+	token       server.Token
+	nonce       uint64
+	slack       int64 // version 2: ms the record outlives its lease
+	leaseEnd    int64 // version 1: the lease's end, µs since the epoch
+	fingerprint string
+	response    *server.Response // completed only
+}
 
 // recordKey encodes id after prefix as the scope's length in decimal, ":",
 // the scope, ":", the key. The length says where the scope ends whatever bytes
@@ -65,20 +93,62 @@ func recordKey(prefix string, id server.ID) string {
 	return b.String()
 }
 
-// encodeResponse encodes resp as it follows the fingerprint in a completed
-// record, in one allocation.
-func encodeResponse(resp *server.Response) ([]byte, error) {
-	if resp == nil {
-		return nil, errors.New("nil response")
+// appendHead appends the first 26 bytes of a version 2 header: all of it but
+// the fingerprint's length.
+func appendHead(b []byte, state byte, token server.Token, nonce uint64, slack int64) []byte {
+	b = append(b, recordVersion, state)
+	b = binary.BigEndian.AppendUint64(b, uint64(token))
+	b = binary.BigEndian.AppendUint64(b, nonce)
+	return binary.BigEndian.AppendUint64(b, uint64(slack))
+}
+
+// encodeRecord encodes r in its version's layout, in one allocation. Only
+// tests write version 1.
+func encodeRecord(r record) ([]byte, error) {
+	if uint64(len(r.fingerprint)) > math.MaxUint32 {
+		return nil, fmt.Errorf("fingerprint of %d bytes too large", len(r.fingerprint))
 	}
+	if (r.response != nil) != (r.state == stateCompleted) {
+		return nil, fmt.Errorf("a record in state %d with a response: %t", r.state, r.response != nil)
+	}
+	size := recordHeader + len(r.fingerprint)
+	if r.response != nil {
+		n, err := responseSize(r.response)
+		if err != nil {
+			return nil, err
+		}
+		size += n
+	}
+	b := make([]byte, 0, size)
+	switch r.version {
+	case recordVersion:
+		b = appendHead(b, r.state, r.token, r.nonce, r.slack)
+	case legacyVersion:
+		b = append(b, legacyVersion, r.state)
+		b = binary.BigEndian.AppendUint64(b, uint64(r.token))
+		b = binary.BigEndian.AppendUint64(b, uint64(r.leaseEnd))
+		b = binary.BigEndian.AppendUint64(b, r.nonce)
+	default:
+		return nil, fmt.Errorf("unknown record version %d", r.version)
+	}
+	b = binary.BigEndian.AppendUint32(b, uint32(len(r.fingerprint)))
+	b = append(b, r.fingerprint...)
+	if r.response != nil {
+		b = appendResponse(b, r.response)
+	}
+	return b, nil
+}
+
+// responseSize checks that resp can be encoded and returns its size.
+func responseSize(resp *server.Response) (int, error) {
 	if resp.Status < 0 || resp.Status > math.MaxUint16 {
-		return nil, fmt.Errorf("status %d out of range", resp.Status)
+		return 0, fmt.Errorf("status %d out of range", resp.Status)
 	}
 	if uint64(len(resp.Body)) > math.MaxUint32 {
-		return nil, fmt.Errorf("body of %d bytes too large", len(resp.Body))
+		return 0, fmt.Errorf("body of %d bytes too large", len(resp.Body))
 	}
 	values := 0
-	size := responseFixed + 2*binary.MaxVarintLen64 + len(resp.Body)
+	size := responseFixed + len(resp.Body)
 	for name, vs := range resp.Header {
 		values += len(vs)
 		size += uvarintLen(len(name)) + len(name) + uvarintLen(len(vs))
@@ -86,7 +156,25 @@ func encodeResponse(resp *server.Response) ([]byte, error) {
 			size += uvarintLen(len(v)) + len(v)
 		}
 	}
-	b := make([]byte, 0, size)
+	return size + uvarintLen(len(resp.Header)) + uvarintLen(values), nil
+}
+
+// encodeResponse encodes resp as it follows the fingerprint in a completed
+// record, in one allocation.
+func encodeResponse(resp *server.Response) ([]byte, error) {
+	if resp == nil {
+		return nil, errors.New("nil response")
+	}
+	size, err := responseSize(resp)
+	if err != nil {
+		return nil, err
+	}
+	return appendResponse(make([]byte, 0, size), resp), nil
+}
+
+// appendResponse appends resp, which responseSize accepted, names in
+// increasing order.
+func appendResponse(b []byte, resp *server.Response) []byte {
 	b = binary.BigEndian.AppendUint16(b, uint16(resp.Status))
 	var flags byte
 	if resp.BodyOmitted {
@@ -94,9 +182,17 @@ func encodeResponse(resp *server.Response) ([]byte, error) {
 	}
 	b = append(b, flags)
 	b = binary.BigEndian.AppendUint32(b, uint32(len(resp.Body)))
-	b = binary.AppendUvarint(b, uint64(len(resp.Header)))
-	b = binary.AppendUvarint(b, uint64(values))
+	values := 0
+	names := make([]string, 0, len(resp.Header))
 	for name, vs := range resp.Header {
+		names = append(names, name)
+		values += len(vs)
+	}
+	slices.Sort(names)
+	b = binary.AppendUvarint(b, uint64(len(names)))
+	b = binary.AppendUvarint(b, uint64(values))
+	for _, name := range names {
+		vs := resp.Header[name]
 		b = binary.AppendUvarint(b, uint64(len(name)))
 		b = append(b, name...)
 		b = binary.AppendUvarint(b, uint64(len(vs)))
@@ -105,7 +201,7 @@ func encodeResponse(resp *server.Response) ([]byte, error) {
 			b = append(b, v...)
 		}
 	}
-	return append(b, resp.Body...), nil
+	return append(b, resp.Body...)
 }
 
 func uvarintLen(n int) int {
@@ -116,52 +212,73 @@ func uvarintLen(n int) int {
 	return l
 }
 
-// decodeCompleted decodes a completed record, whole, as the claim script
-// returns it. The strings it returns do not share memory with rec, so that a
-// large record is not kept alive by its headers.
-func decodeCompleted(rec string) (fingerprint string, resp *server.Response, err error) {
+// decodeRecord decodes a record of either version, in any state. It accepts
+// exactly what encodeRecord writes: a record that decodes encodes to the same
+// bytes, but for the order of a version 1 record's header names. The strings
+// it returns do not share memory with rec, so that a large record is not kept
+// alive by its headers.
+func decodeRecord(rec string) (record, error) {
 	if len(rec) < recordHeader {
-		return "", nil, corrupt("truncated record header (%d bytes)", len(rec))
+		return record{}, corrupt("truncated record header (%d bytes)", len(rec))
 	}
-	if rec[0] != recordVersion {
-		return "", nil, corrupt("unknown record version %d", rec[0])
+	r := record{version: rec[0], state: rec[1], token: server.Token(beUint64(rec[2:]))}
+	switch r.version {
+	case recordVersion:
+		r.nonce, r.slack = beUint64(rec[10:]), int64(beUint64(rec[18:]))
+	case legacyVersion:
+		r.leaseEnd, r.nonce = int64(beUint64(rec[10:])), beUint64(rec[18:])
+	default:
+		return record{}, corrupt("unknown record version %d", r.version)
 	}
-	if rec[1] != stateCompleted {
-		return "", nil, corrupt("record state %d, want completed", rec[1])
+	if r.state < stateInFlight || r.state > stateReleased {
+		return record{}, corrupt("unknown record state %d", r.state)
 	}
 	fpLen := uint64(binary.BigEndian.Uint32([]byte(rec[26:30])))
-	if fpLen+responseFixed > uint64(len(rec)-recordHeader) {
-		return "", nil, corrupt("truncated record")
+	rest := uint64(len(rec) - recordHeader)
+	if r.state != stateCompleted {
+		if fpLen != rest {
+			return record{}, corrupt("malformed record in state %d", r.state)
+		}
+		r.fingerprint = strings.Clone(rec[recordHeader:])
+		return r, nil
+	}
+	if fpLen+responseFixed > rest {
+		return record{}, corrupt("truncated record")
 	}
 	fixed := rec[recordHeader+int(fpLen):]
 	bodyLen := uint64(binary.BigEndian.Uint32([]byte(fixed[3:7])))
 	if bodyLen > uint64(len(fixed)-responseFixed) {
-		return "", nil, corrupt("truncated response body")
+		return record{}, corrupt("truncated response body")
 	}
 	metaEnd := len(rec) - int(bodyLen)
 	// One copy of everything but the body, sliced below.
 	meta := strings.Clone(rec[recordHeader:metaEnd])
-	fingerprint, meta = meta[:fpLen], meta[fpLen:]
-	resp = &server.Response{
+	r.fingerprint, meta = meta[:fpLen], meta[fpLen:]
+	resp := &server.Response{
 		Status:      int(binary.BigEndian.Uint16([]byte(meta[0:2]))),
 		BodyOmitted: meta[2]&flagBodyOmitted != 0,
 	}
 	if meta[2]&^flagBodyOmitted != 0 {
-		return "", nil, corrupt("unknown response flags %#x", meta[2])
+		return record{}, corrupt("unknown response flags %#x", meta[2])
 	}
-	if resp.Header, err = decodeHeader(meta[responseFixed:]); err != nil {
-		return "", nil, err
+	var err error
+	if resp.Header, err = decodeHeader(meta[responseFixed:], r.version == recordVersion); err != nil {
+		return record{}, err
 	}
 	if bodyLen > 0 {
 		resp.Body = []byte(rec[metaEnd:])
 	}
-	return fingerprint, resp, nil
+	r.response = resp
+	return r, nil
 }
 
+func beUint64(s string) uint64 { return binary.BigEndian.Uint64([]byte(s[:8])) }
+
 // decodeHeader decodes the names and values of a response, which must take
-// all of s. The values share one backing array, each slice capped so that an
-// append to one cannot overwrite the next.
-func decodeHeader(s string) (http.Header, error) {
+// all of s; sorted requires the names in increasing order. The values share
+// one backing array, each slice capped so that an append to one cannot
+// overwrite the next.
+func decodeHeader(s string, sorted bool) (http.Header, error) {
 	d := decoder{s: s}
 	names, values := d.uvarint(), d.uvarint()
 	// Every name and value takes at least a byte: bound the allocations by
@@ -178,12 +295,17 @@ func decodeHeader(s string) (http.Header, error) {
 	h := make(http.Header, names)
 	all := make([]string, values)
 	used := uint64(0)
-	for range names {
+	prev := ""
+	for i := range names {
 		name := d.str()
 		n := d.uvarint()
 		if d.err != nil || n > values-used {
 			return nil, corrupt("malformed response header")
 		}
+		if sorted && i > 0 && name <= prev {
+			return nil, corrupt("response header %q out of order", name)
+		}
+		prev = name
 		vs := all[used : used+n : used+n]
 		for i := range vs {
 			vs[i] = d.str()
@@ -200,8 +322,8 @@ func decodeHeader(s string) (http.Header, error) {
 	return h, nil
 }
 
-// decoder reads uvarints and length-prefixed strings; after the first error
-// it returns zero values and keeps the error.
+// decoder reads uvarints in their shortest form and length-prefixed strings;
+// after the first error it returns zero values and keeps the error.
 type decoder struct {
 	s   string
 	err error
@@ -215,7 +337,9 @@ func (d *decoder) uvarint() uint64 {
 	for i := 0; i < len(d.s) && i < binary.MaxVarintLen64; i++ {
 		c := d.s[i]
 		if c < 0x80 {
-			if i == binary.MaxVarintLen64-1 && c > 1 {
+			// A last byte of zero after others is a longer form of a
+			// shorter number.
+			if i == binary.MaxVarintLen64-1 && c > 1 || i > 0 && c == 0 {
 				break
 			}
 			d.s = d.s[i+1:]

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -20,15 +19,15 @@ const DefaultPrefix = "idempotency:"
 // Store is a server.Store kept in Redis. Create one with New; it is safe for
 // concurrent use, and any number of Stores, in any number of processes, share
 // records when they share a Redis and a prefix. A Store starts no goroutines
-// and owns nothing: the client is the caller's to close. The zero Store has
-// no client: its methods fail.
+// and owns nothing: the client is the caller's to close. It keeps, in memory,
+// the fingerprint of each lease it granted until it completes or releases
+// it, a few thousand at most (see the package documentation, Functions). The
+// zero Store has no client: its methods fail.
 type Store struct {
-	client   redis.UniversalClient
-	prefix   string
-	claim    *redis.Script
-	complete *redis.Script
-	release  *redis.Script
-	extend   *redis.Script
+	client redis.UniversalClient
+	prefix string
+	lib    library
+	fps    *fingerprints
 }
 
 var _ server.Store = (*Store)(nil)
@@ -46,8 +45,9 @@ func WithPrefix(prefix string) Option {
 
 // New returns a Store that keeps its records in the Redis that client talks
 // to: a *redis.Client, a Sentinel-backed failover client or a
-// *redis.ClusterClient. New does no I/O; each script is sent to each server
-// once, on first use, and run by its SHA-1 digest afterwards.
+// *redis.ClusterClient. New does no I/O: the Store loads its function library
+// into a server (FUNCTION LOAD) the first time it finds the server without
+// it, and calls the functions (FCALL) afterwards.
 //
 // Give the client ContextTimeoutEnabled, so that a Redis that hangs fails the
 // request when its context ends rather than after the client's own timeouts,
@@ -57,14 +57,7 @@ func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 	if client == nil {
 		return nil, errors.New("redisstore: nil client")
 	}
-	s := &Store{
-		client:   client,
-		prefix:   DefaultPrefix,
-		claim:    redis.NewScript(claimLua),
-		complete: redis.NewScript(completeLua),
-		release:  redis.NewScript(releaseLua),
-		extend:   redis.NewScript(extendLua),
-	}
+	s := &Store{client: client, prefix: DefaultPrefix, lib: newLibrary(), fps: newFingerprints()}
 	for _, o := range opts {
 		o(s)
 	}
@@ -79,53 +72,79 @@ func (s *Store) RecordKey(id server.ID) string { return recordKey(s.prefix, id) 
 // Claim implements server.Store in one round trip. A completed record comes
 // back whole and is decoded here; one that cannot be decoded fails the call
 // with ErrCorruptRecord and is never replayed.
+//
+// The token of a new lease is proposed here, from this machine's clock in
+// microseconds, and written with the record; the function takes it when the
+// key has no record, and max(the record's token + 1, the proposal) when the
+// record is released or its lease expired.
 func (s *Store) Claim(ctx context.Context, id server.ID, fingerprint string, lease, ttl time.Duration) (server.Claim, error) {
 	if err := s.usable(ctx); err != nil {
 		return server.Claim{}, fmt.Errorf("redisstore: claim: %w", err)
 	}
-	reply, err := s.run(ctx, s.claim, id,
-		fingerprint, newNonce(), lease.Microseconds(), millis(max(ttl, lease)))
+	px := millis(max(ttl, lease))
+	proposed := server.Token(max(1, time.Now().UnixMicro()))
+	rec, err := encodeRecord(record{
+		version:     recordVersion,
+		state:       stateInFlight,
+		token:       proposed,
+		nonce:       rand.Uint64(),
+		slack:       px - millis(lease),
+		fingerprint: fingerprint,
+	})
 	if err != nil {
 		return server.Claim{}, fmt.Errorf("redisstore: claim: %w", err)
 	}
-	c, err := parseClaim(reply)
+	key := s.RecordKey(id)
+	reply, err := s.call(ctx, s.lib.claim, key, rec, px)
 	if err != nil {
 		return server.Claim{}, fmt.Errorf("redisstore: claim: %w", err)
+	}
+	c, err := parseClaim(reply, proposed)
+	if err != nil {
+		return server.Claim{}, fmt.Errorf("redisstore: claim: %w", err)
+	}
+	if c.Status == server.Acquired {
+		s.fps.put(leaseKey{key, c.Token}, fingerprint)
 	}
 	return c, nil
 }
 
-// parseClaim reads the claim script's answer.
-func parseClaim(reply []any) (server.Claim, error) {
-	switch code(reply) {
-	case replyAcquired:
-		if len(reply) == 2 {
-			if s, ok := reply[1].(string); ok {
-				if tok, err := strconv.ParseInt(s, 10, 64); err == nil {
+// parseClaim reads the claim function's answer to a call that proposed the
+// token proposed.
+func parseClaim(reply any, proposed server.Token) (server.Claim, error) {
+	switch r := reply.(type) {
+	case int64:
+		if r == replyAcquired {
+			return server.Claim{Status: server.Acquired, Token: proposed}, nil
+		}
+	case string:
+		rec, err := decodeRecord(r)
+		if err != nil {
+			return server.Claim{}, err
+		}
+		if rec.state != stateCompleted {
+			return server.Claim{}, corrupt("record in state %d, want completed", rec.state)
+		}
+		return server.Claim{Status: server.Completed, Fingerprint: rec.fingerprint, Response: rec.response}, nil
+	case []any:
+		switch code(r) {
+		case replyAcquired:
+			if len(r) == 2 {
+				if tok, ok := r[1].(int64); ok {
 					return server.Claim{Status: server.Acquired, Token: server.Token(tok)}, nil
 				}
 			}
-		}
-	case replyInFlight:
-		if len(reply) == 3 {
-			fp, ok1 := reply[1].(string)
-			left, ok2 := reply[2].(int64)
-			if ok1 && ok2 {
-				return server.Claim{Status: server.InFlight, Fingerprint: fp, RetryAfter: time.Duration(left) * time.Microsecond}, nil
-			}
-		}
-	case replyCompleted:
-		if len(reply) == 2 {
-			if rec, ok := reply[1].(string); ok {
-				fp, resp, err := decodeCompleted(rec)
-				if err != nil {
-					return server.Claim{}, err
+		case replyInFlight:
+			if len(r) == 3 {
+				fp, ok1 := r[1].(string)
+				left, ok2 := r[2].(int64)
+				if ok1 && ok2 {
+					return server.Claim{Status: server.InFlight, Fingerprint: fp, RetryAfter: time.Duration(left) * time.Millisecond}, nil
 				}
-				return server.Claim{Status: server.Completed, Fingerprint: fp, Response: resp}, nil
 			}
+		case replyCorrupt:
+			return server.Claim{}, corruptReply(r)
 		}
-	case replyCorrupt:
-		return server.Claim{}, corruptReply(reply)
 	}
 	return server.Claim{}, unexpected(reply)
 }
@@ -136,11 +155,23 @@ func (s *Store) Complete(ctx context.Context, id server.ID, token server.Token, 
 	if err := s.usable(ctx); err != nil {
 		return fmt.Errorf("redisstore: complete: %w", err)
 	}
-	enc, err := encodeResponse(resp)
+	if resp == nil {
+		return errors.New("redisstore: complete: nil response")
+	}
+	key := s.RecordKey(id)
+	fp, _ := s.fps.take(leaseKey{key, token})
+	rec, err := encodeRecord(record{
+		version:     recordVersion,
+		state:       stateCompleted,
+		token:       token,
+		nonce:       rand.Uint64(),
+		fingerprint: fp,
+		response:    resp,
+	})
 	if err != nil {
 		return fmt.Errorf("redisstore: complete: %w", err)
 	}
-	return s.update(ctx, "complete", s.complete, id, tokenArg(token), newNonce(), enc, millis(ttl))
+	return s.update(ctx, "complete", s.lib.complete, key, heldBy(token), rec, millis(ttl))
 }
 
 // Release implements server.Store in one round trip. The record becomes a
@@ -150,7 +181,10 @@ func (s *Store) Release(ctx context.Context, id server.ID, token server.Token) e
 	if err := s.usable(ctx); err != nil {
 		return fmt.Errorf("redisstore: release: %w", err)
 	}
-	return s.update(ctx, "release", s.release, id, tokenArg(token), newNonce())
+	key := s.RecordKey(id)
+	s.fps.take(leaseKey{key, token})
+	tomb := binary.BigEndian.AppendUint32(appendHead(make([]byte, 0, recordHeader), stateReleased, token, rand.Uint64(), 0), 0)
+	return s.update(ctx, "release", s.lib.release, key, heldBy(token), tomb)
 }
 
 // Extend implements server.Store in one round trip. The record's expiry is
@@ -159,7 +193,13 @@ func (s *Store) Extend(ctx context.Context, id server.ID, token server.Token, le
 	if err := s.usable(ctx); err != nil {
 		return fmt.Errorf("redisstore: extend: %w", err)
 	}
-	return s.update(ctx, "extend", s.extend, id, tokenArg(token), lease.Microseconds(), millis(lease))
+	return s.update(ctx, "extend", s.lib.extend, s.RecordKey(id), heldBy(token), millis(lease))
+}
+
+// heldBy returns the first ten bytes of a record in flight with token:
+// version, state and token, which the functions compare with the record's.
+func heldBy(token server.Token) []byte {
+	return binary.BigEndian.AppendUint64(append(make([]byte, 0, 10), recordVersion, stateInFlight), uint64(token))
 }
 
 // usable fails when the Store cannot make a call: it was not made by New, or
@@ -171,48 +211,89 @@ func (s *Store) usable(ctx context.Context) error {
 	return ctx.Err()
 }
 
-// update runs a script that answers done or lease lost.
-func (s *Store) update(ctx context.Context, op string, script *redis.Script, id server.ID, args ...any) error {
-	reply, err := s.run(ctx, script, id, args...)
+// update calls a function that answers done or lease lost.
+func (s *Store) update(ctx context.Context, op, fn, key string, args ...any) error {
+	reply, err := s.call(ctx, fn, key, args...)
 	if err == nil {
-		switch code(reply) {
-		case replyDone:
-			return nil
-		case replyLeaseLost:
-			err = server.ErrLeaseLost
-		case replyCorrupt:
-			err = corruptReply(reply)
-		default:
-			err = unexpected(reply)
+		switch r := reply.(type) {
+		case int64:
+			switch r {
+			case replyDone:
+				return nil
+			case replyLeaseLost:
+				return fmt.Errorf("redisstore: %s: %w", op, server.ErrLeaseLost)
+			}
+		case []any:
+			if code(r) == replyCorrupt {
+				return fmt.Errorf("redisstore: %s: %w", op, corruptReply(r))
+			}
 		}
+		err = unexpected(reply)
 	}
 	return fmt.Errorf("redisstore: %s: %w", op, err)
 }
 
-// run runs script on id's record: EVALSHA, and EVAL when the server does not
-// have the script yet, which loads it there.
-func (s *Store) run(ctx context.Context, script *redis.Script, id server.ID, args ...any) ([]any, error) {
-	reply, err := script.Run(ctx, s.client, []string{s.RecordKey(id)}, args...).Slice()
-	if err != nil {
-		// A deadline that passed while the client was busy is reported as
-		// the context's, whatever the client made of it.
-		if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
-			return nil, fmt.Errorf("%w: %w", cerr, err)
+// loadAttempts bounds how many times a call loads the library and tries
+// again: a Cluster that moves the key's slot meanwhile may send the call to
+// another node that lacks it.
+const loadAttempts = 3
+
+// call calls fn on the record at key: FCALL, and, when the server answers that it
+// has no such function (it restarted without persistence, its functions were
+// flushed, or it is a replica promoted without them), FUNCTION LOAD on the
+// node that owns the key and FCALL again. A function not found has not run,
+// so calling it again is safe.
+func (s *Store) call(ctx context.Context, fn, key string, args ...any) (any, error) {
+	for attempt := 0; ; attempt++ {
+		reply, err := s.client.FCall(ctx, fn, []string{key}, args...).Result()
+		if err == nil {
+			return reply, nil
 		}
-		return nil, err
+		if attempt < loadAttempts && functionMissing(err) {
+			if err := s.load(ctx, key); err != nil {
+				return nil, contextual(ctx, fmt.Errorf("loading the function library: %w", err))
+			}
+			continue
+		}
+		return nil, contextual(ctx, err)
 	}
-	return reply, nil
 }
 
-// newNonce returns 8 random bytes that mark one call, so that a script sent
-// again by the client after a lost reply recognises its own earlier effect.
-// The generator need not be unpredictable, only unlikely to repeat.
-func newNonce() []byte {
-	return binary.BigEndian.AppendUint64(make([]byte, 0, nonceLen), rand.Uint64())
+// functionMissing reports whether err is Redis's answer to a call of a
+// function that it does not have. Redis gives the error no code of its own,
+// only its text.
+func functionMissing(err error) bool {
+	return redis.HasErrorPrefix(err, "Function not found")
 }
 
-// tokenArg formats a token as the scripts compare it.
-func tokenArg(t server.Token) string { return strconv.FormatInt(int64(t), 10) }
+// load loads the library into the master that owns key.
+func (s *Store) load(ctx context.Context, key string) error {
+	var node redis.Cmdable = s.client
+	switch c := s.client.(type) {
+	case *redis.ClusterClient:
+		m, err := c.MasterForKey(ctx, key)
+		if err != nil {
+			return err
+		}
+		node = m
+	case *redis.Ring:
+		shard, err := c.GetShardClientForKey(key)
+		if err != nil {
+			return err
+		}
+		node = shard
+	}
+	return node.FunctionLoadReplace(ctx, s.lib.code).Err()
+}
+
+// contextual reports a deadline that passed while the client was busy as
+// the context's, whatever the client made of it.
+func contextual(ctx context.Context, err error) error {
+	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
+		return fmt.Errorf("%w: %w", cerr, err)
+	}
+	return err
+}
 
 // millis rounds d up to whole milliseconds, at least one: Redis deletes a key
 // given an expiry of zero.
@@ -240,6 +321,6 @@ func corruptReply(reply []any) error {
 	return corrupt("%s", why)
 }
 
-func unexpected(reply []any) error {
-	return fmt.Errorf("unexpected script reply of %d elements", len(reply))
+func unexpected(reply any) error {
+	return fmt.Errorf("unexpected function reply %T", reply)
 }

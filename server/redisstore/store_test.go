@@ -136,8 +136,8 @@ func TestOneRoundTripPerOperation(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	s, c := sharedStore(t)
-	// The first call of each script on a server may be EVALSHA, then EVAL
-	// to load it: do that before counting.
+	// The first call on a server without the functions is FCALL, FUNCTION
+	// LOAD and FCALL again: do that before counting.
 	warm := server.ID{Key: "warm-up"}
 	if cl, err := s.Claim(ctx, warm, "fp", time.Minute, time.Hour); err != nil {
 		t.Fatal(err)
@@ -181,21 +181,21 @@ func TestOneRoundTripPerOperation(t *testing.T) {
 		if err := op.fn(); err != nil {
 			t.Fatalf("%s error = %v", op.name, err)
 		}
-		if got := counter.take(); !slices.Equal(got, []string{"evalsha"}) {
-			t.Errorf("%s sent %q, want one EVALSHA", op.name, got)
+		if got := counter.take(); !slices.Equal(got, []string{"fcall"}) {
+			t.Errorf("%s sent %q, want one FCALL", op.name, got)
 		}
 	}
 }
 
-// repeater is a go-redis hook that sends every script twice, as the client
-// does when the reply to the first was lost.
+// repeater is a go-redis hook that sends every function call twice, as the
+// client does when the reply to the first was lost.
 type repeater struct{}
 
 func (repeater) DialHook(next redis.DialHook) redis.DialHook { return next }
 
 func (repeater) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if name := cmd.Name(); name == "evalsha" || name == "eval" {
+		if cmd.Name() == "fcall" {
 			if err := next(ctx, cmd); err != nil {
 				return err
 			}
@@ -284,11 +284,16 @@ func TestCorruptRecord(t *testing.T) {
 		{"garbage", setTo(c, "garbage"), true},
 		{"empty", setTo(c, ""), true},
 		{"unknown version", setTo(c, header(9, 2)+completed[30:]), true},
-		{"unknown state", setTo(c, header(1, 7)+completed[30:]), true},
+		{"version 0", setTo(c, header(0, 2)+completed[30:]), true},
+		{"unknown state", setTo(c, header(2, 7)+completed[30:]), true},
+		{"unknown state, version 1", setTo(c, header(1, 0)+completed[30:]), true},
 		{"truncated header", setTo(c, completed[:29]), true},
 		{"truncated body", setTo(c, completed[:len(completed)-1]), false},
 		{"truncated response", setTo(c, completed[:40]), false},
-		{"trailing bytes in flight", setTo(c, header(1, 1)+completed[30:]), false},
+		{"trailing bytes", setTo(c, completed+"x"), false},
+		{"trailing bytes in flight", setTo(c, header(2, 1)+completed[30:]), true},
+		{"trailing bytes in flight, version 1", setTo(c, header(1, 1)+completed[30:]), true},
+		{"trailing bytes released", setTo(c, header(2, 3)+completed[30:]), true},
 		{"a hash", func(key string) error { return c.HSet(ctx, key, "state", "completed").Err() }, true},
 		{"a list", func(key string) error { return c.RPush(ctx, key, "x").Err() }, true},
 	} {
@@ -484,5 +489,40 @@ func TestZeroStore(t *testing.T) {
 	}
 	if err := s.Extend(ctx, id, 1, time.Minute); err == nil {
 		t.Error("Extend on the zero Store error = nil, want an error")
+	}
+}
+
+// A lease completed by another Store than the one that granted it (which
+// does not know its fingerprint) stores the record's fingerprint.
+func TestCompleteByAnotherStore(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c := sharedClient(t)
+	prefix := testPrefix(t, c)
+	a, err := redisstore.New(c, redisstore.WithPrefix(prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := redisstore.New(c, redisstore.WithPrefix(prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := server.ID{Scope: "s", Key: "k"}
+	cl, err := a.Claim(ctx, id, "fp\x00\xff", time.Minute, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &server.Response{Status: http.StatusCreated, Header: http.Header{"Location": {"/orders/1"}}, Body: []byte(`{"id":1}`)}
+	if err := b.Complete(ctx, id, cl.Token, want, time.Hour); err != nil {
+		t.Fatalf("Complete by the other Store error = %v", err)
+	}
+	got, err := a.Claim(ctx, id, "other", time.Minute, time.Hour)
+	if err != nil || got.Status != server.Completed || got.Fingerprint != "fp\x00\xff" ||
+		string(got.Response.Body) != `{"id":1}` || got.Response.Header.Get("Location") != "/orders/1" {
+		t.Errorf("Claim = %+v, %v; want the completed response and fingerprint", got, err)
+	}
+	// The Store that granted the lease completes nothing twice.
+	if err := a.Complete(ctx, id, cl.Token, want, time.Hour); !errors.Is(err, server.ErrLeaseLost) {
+		t.Errorf("Complete by the granting Store after the other's error = %v, want ErrLeaseLost", err)
 	}
 }

@@ -1,0 +1,65 @@
+package redisstore
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemkit/idempotency/internal/servicetest"
+	"github.com/idemkit/idempotency/server"
+)
+
+func TestFingerprintsBounded(t *testing.T) {
+	f := newFingerprints()
+	for i := range maxFingerprints + 10 {
+		f.put(leaseKey{"k", server.Token(i)}, "fp")
+		if n := len(f.m); n > maxFingerprints {
+			t.Fatalf("after %d leases, %d remembered, want at most %d", i+1, n, maxFingerprints)
+		}
+	}
+	last := leaseKey{"k", server.Token(maxFingerprints + 9)}
+	if fp, ok := f.take(last); !ok || fp != "fp" {
+		t.Errorf("take(the last lease) = %q, %v; want %q, true", fp, ok, "fp")
+	}
+	if _, ok := f.take(last); ok {
+		t.Error("second take of a lease found it, want it forgotten")
+	}
+}
+
+// The fingerprint a Store remembers is a hint: when it is not the record's,
+// the completed record holds the record's all the same.
+func TestCompleteWithAWrongHint(t *testing.T) {
+	t.Parallel()
+	opt, err := redis.ParseURL(servicetest.RedisURL(t))
+	if err != nil {
+		t.Fatalf("%s is not a Redis URL", servicetest.EnvRedisURL)
+	}
+	c := redis.NewClient(opt)
+	t.Cleanup(func() { c.Close() })
+	s, err := New(c, WithPrefix("idempotency-test:hint:"+time.Now().Format(time.RFC3339Nano)+":"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, hint := range []string{"", "fp-other", "fp-longer-than-the-record's", "f"} {
+		id := server.ID{Key: hint}
+		cl, err := s.Claim(ctx, id, "fp-right", time.Minute, time.Minute)
+		if err != nil || cl.Status != server.Acquired {
+			t.Fatalf("Claim = %v, %v; want acquired", cl.Status, err)
+		}
+		key := s.RecordKey(id)
+		t.Cleanup(func() { c.Del(context.Background(), key) })
+		s.fps.put(leaseKey{key, cl.Token}, hint)
+		want := &server.Response{Status: http.StatusCreated, Body: []byte("body")}
+		if err := s.Complete(ctx, id, cl.Token, want, time.Minute); err != nil {
+			t.Fatalf("Complete with the hint %q error = %v", hint, err)
+		}
+		got, err := s.Claim(ctx, id, "x", time.Minute, time.Minute)
+		if err != nil || got.Status != server.Completed || got.Fingerprint != "fp-right" || string(got.Response.Body) != "body" {
+			t.Errorf("with the hint %q, Claim = %+v, %v; want completed %q with the body", hint, got, err, "fp-right")
+		}
+	}
+}

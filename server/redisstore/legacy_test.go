@@ -1,0 +1,136 @@
+package redisstore_test
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idempotency/server"
+)
+
+// version1 builds a record in the previous layout (version 1), as earlier
+// releases wrote it: the end of the lease in µs by the server's clock, the
+// nonce after it, then the fingerprint and the encoded response.
+func version1(state byte, token server.Token, leaseEnd int64, fp string, response []byte) string {
+	b := []byte{1, state}
+	b = binary.BigEndian.AppendUint64(b, uint64(token))
+	b = binary.BigEndian.AppendUint64(b, uint64(leaseEnd))
+	b = append(b, "nonce-v1"...)
+	b = binary.BigEndian.AppendUint32(b, uint32(len(fp)))
+	b = append(b, fp...)
+	return string(append(b, response...))
+}
+
+// version1Response is a response as version 1 encoded it, its header names
+// in no particular order: 201, Location: /orders/1, Content-Type:
+// application/json, {"id":1}.
+func version1Response() ([]byte, *server.Response) {
+	body := `{"id":1}`
+	b := []byte{0, 201, 0, 0, 0, 0, byte(len(body))}
+	b = append(b, 2, 2) // names, values
+	for _, h := range [][2]string{{"Location", "/orders/1"}, {"Content-Type", "application/json"}} {
+		b = append(b, byte(len(h[0])))
+		b = append(b, h[0]...)
+		b = append(b, 1, byte(len(h[1])))
+		b = append(b, h[1]...)
+	}
+	return append(b, body...), &server.Response{
+		Status: http.StatusCreated,
+		Header: http.Header{"Location": {"/orders/1"}, "Content-Type": {"application/json"}},
+		Body:   []byte(body),
+	}
+}
+
+// Records written by the previous release stay readable: a completed one is
+// replayed, an in-flight one is in flight until its lease ends by the
+// server's clock and is then taken over with a larger token, a released one
+// passes its token on. Complete, Release and Extend answer lease lost on
+// them: only the previous release can hold their leases.
+func TestVersion1Records(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, c := sharedStore(t)
+	now, err := c.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A token ahead of every clock, so that the next one can only be larger
+	// by coming from it.
+	ahead := server.Token(now.Add(time.Hour).UnixMicro())
+	encoded, want := version1Response()
+	write := func(name, value string) server.ID {
+		t.Helper()
+		id := server.ID{Scope: "version-1", Key: name}
+		if err := c.Set(ctx, s.RecordKey(id), value, time.Hour).Err(); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	lost := func(id server.ID, token server.Token) {
+		t.Helper()
+		for op, err := range map[string]error{
+			"Extend":   s.Extend(ctx, id, token, time.Minute),
+			"Release":  s.Release(ctx, id, token),
+			"Complete": s.Complete(ctx, id, token, &server.Response{Status: http.StatusOK}, time.Hour),
+		} {
+			if !errors.Is(err, server.ErrLeaseLost) {
+				t.Errorf("%s of a version 1 record error = %v, want ErrLeaseLost", op, err)
+			}
+		}
+	}
+
+	t.Run("completed", func(t *testing.T) {
+		id := write("completed", version1(2, ahead, 0, "fp-1", encoded))
+		got, err := s.Claim(ctx, id, "fp-2", time.Minute, time.Hour)
+		if err != nil || got.Status != server.Completed || got.Fingerprint != "fp-1" {
+			t.Fatalf("Claim = %v %q, %v; want completed %q", got.Status, got.Fingerprint, err, "fp-1")
+		}
+		if got.Response.Status != want.Status || string(got.Response.Body) != string(want.Body) ||
+			len(got.Response.Header) != 2 || got.Response.Header.Get("Location") != "/orders/1" ||
+			got.Response.Header.Get("Content-Type") != "application/json" {
+			t.Errorf("replayed %+v, want %+v", got.Response, want)
+		}
+		lost(id, ahead)
+	})
+	t.Run("in flight", func(t *testing.T) {
+		id := write("in-flight", version1(1, ahead, now.Add(time.Minute).UnixMicro(), "fp-1", nil))
+		for _, fp := range []string{"fp-1", "fp-2"} {
+			got, err := s.Claim(ctx, id, fp, time.Minute, time.Hour)
+			if err != nil || got.Status != server.InFlight || got.Fingerprint != "fp-1" {
+				t.Fatalf("Claim(%q) = %v %q, %v; want in flight %q", fp, got.Status, got.Fingerprint, err, "fp-1")
+			}
+			if got.RetryAfter < 50*time.Second || got.RetryAfter > time.Minute {
+				t.Errorf("Claim(%q) RetryAfter = %v, want about a minute", fp, got.RetryAfter)
+			}
+		}
+		lost(id, ahead)
+	})
+	t.Run("lease expired", func(t *testing.T) {
+		id := write("expired", version1(1, ahead, now.Add(-time.Second).UnixMicro(), "fp-1", nil))
+		got, err := s.Claim(ctx, id, "fp-2", time.Minute, time.Hour)
+		if err != nil || got.Status != server.InFlight || got.Fingerprint != "fp-1" || got.RetryAfter != 0 {
+			t.Fatalf("Claim with another fingerprint = %+v, %v; want in flight %q, RetryAfter 0", got, err, "fp-1")
+		}
+		got, err = s.Claim(ctx, id, "fp-1", time.Minute, time.Hour)
+		if err != nil || got.Status != server.Acquired || got.Token != ahead+1 {
+			t.Fatalf("Claim = %v %d, %v; want acquired with %d", got.Status, got.Token, err, ahead+1)
+		}
+		if v, err := c.GetRange(ctx, s.RecordKey(id), 0, 0).Result(); err != nil || v != "\x02" {
+			t.Errorf("taken over record's version = %q, %v; want 2", v, err)
+		}
+		if err := s.Complete(ctx, id, got.Token, want, time.Hour); err != nil {
+			t.Fatalf("Complete error = %v", err)
+		}
+	})
+	t.Run("released", func(t *testing.T) {
+		id := write("released", version1(3, ahead, 0, "", nil))
+		lost(id, ahead)
+		got, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
+		if err != nil || got.Status != server.Acquired || got.Token != ahead+1 {
+			t.Fatalf("Claim = %v %d, %v; want acquired with %d", got.Status, got.Token, err, ahead+1)
+		}
+	})
+}

@@ -466,7 +466,13 @@ func startServer(t *testing.T, h http.Handler) *httptest.Server {
 	srv := httptest.NewUnstartedServer(h)
 	srv.Config.ErrorLog = log.New(io.Discard, "", 0)
 	srv.Start()
-	t.Cleanup(srv.Close)
+	t.Cleanup(func() {
+		// Cut the connections first: a test that failed half-way may
+		// leave a handler waiting on its client, and Close would wait
+		// for it for ever.
+		srv.CloseClientConnections()
+		srv.Close()
+	})
 	return srv
 }
 

@@ -12,6 +12,12 @@ import (
 	"github.com/hashicorp/go-retryablehttp"
 )
 
+// Bounds of the drain of a response body that is discarded before a retry.
+const (
+	drainLimit   = 4 << 10
+	drainTimeout = 250 * time.Millisecond
+)
+
 // call is the state of one call to Do. The engine, go-retryablehttp, runs
 // the attempts; every decision is taken here, in checkRetry, and the engine
 // only carries it out.
@@ -99,6 +105,10 @@ func checkRetry(ctx context.Context, resp *http.Response, err error) (bool, erro
 // there is none, calls giveUp.
 func (c *call) checkRetry(resp *http.Response, err error) (bool, error) {
 	retry := c.decide(resp, err)
+	if retry && resp != nil {
+		// Not left to the engine, whose drain has no time limit.
+		c.discard(resp)
+	}
 	if (retry || err != nil) && c.engine.ErrorHandler == nil {
 		// The engine reads these after CheckRetry returns. Set only now,
 		// they cost nothing to the many requests whose first attempt
@@ -184,6 +194,29 @@ func (c *call) prepare(resp *http.Response, err error) (time.Duration, error) {
 	c.spent += cost
 	c.nextBody, c.hasNext = body, true
 	return wait, nil
+}
+
+// discard drains and closes the body of a response that is not returned,
+// so that its connection can be reused, and replaces it with http.NoBody.
+// It reads at most drainLimit bytes, for at most drainTimeout (or the
+// attempt timeout, if shorter): a body that stalls is closed unread, which
+// closes its connection, and the retry goes on.
+func (c *call) discard(resp *http.Response) {
+	body := resp.Body
+	resp.Body = http.NoBody
+	if body == nil || body == http.NoBody {
+		return
+	}
+	bound := drainTimeout
+	if t := c.cfg.attemptTimeout; t > 0 {
+		bound = min(bound, t)
+	}
+	// net/http's response bodies may be closed while a Read is blocked,
+	// which ends the Read.
+	timer := time.AfterFunc(bound, func() { body.Close() })
+	io.Copy(io.Discard, io.LimitReader(body, drainLimit))
+	timer.Stop()
+	body.Close()
 }
 
 // backoff is the engine's Backoff: the wait that checkRetry chose.

@@ -56,9 +56,10 @@
 //
 // It is quiet: it logs only to a logger given with WithLogger, and reports
 // retries to a hook given with WithOnRetry. Responses of failed attempts
-// are drained (up to 4 KiB) and closed, so that their connections can be
-// reused; idle connections of the Transport, which may be shared, are never
-// closed. Attempts are run by github.com/hashicorp/go-retryablehttp,
+// are drained (up to 4 KiB, for at most 250 ms or the attempt timeout if
+// shorter) and closed, so that their connections can be reused; a body that
+// stalls is closed unread, with its connection, and the retry goes on. Idle
+// connections of the Transport, which may be shared, are never closed. Attempts are run by github.com/hashicorp/go-retryablehttp,
 // configured so that the decisions above are this package's.
 //
 // # Limits

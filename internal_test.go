@@ -142,6 +142,16 @@ func TestBudgetConcurrent(t *testing.T) {
 	assert.True(t, none.take(10), "a nil budget permits everything")
 }
 
+func TestBudgetLargestCapacity(t *testing.T) {
+	b := NewBudget(math.MaxInt)
+	require.True(t, b.take(timeoutRetryCost))
+	b.refund(math.MaxInt64)
+	assert.Equal(t, math.MaxInt, b.Available(), "refund up to the capacity")
+	require.True(t, b.take(retryCost))
+	b.succeeded(2, 3*timeoutRetryCost)
+	assert.Equal(t, math.MaxInt, b.Available())
+}
+
 func TestReadUpTo(t *testing.T) {
 	payload := strings.Repeat("0123456789", 100) // 1000 bytes
 	tests := []struct {
@@ -157,6 +167,11 @@ func TestReadUpTo(t *testing.T) {
 		{"one byte over", 999, 0, false},
 		{"far over", 10, 0, false},
 		{"limit zero", 0, 0, false},
+		{"largest limit", math.MaxInt64, 0, true},
+		{"largest limit and hint", math.MaxInt64, math.MaxInt64, true},
+		{"hint past the limit", 10, math.MaxInt64, false},
+		{"hint of a terabyte", math.MaxInt64, 1 << 40, true},
+		{"negative limit", -5, 0, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -164,10 +179,11 @@ func TestReadUpTo(t *testing.T) {
 				buf, complete, err := readUpTo(r, tt.limit, tt.hint)
 				require.NoError(t, err)
 				assert.Equal(t, tt.complete, complete)
+				assert.LessOrEqual(t, cap(buf), max(2*len(payload), maxPrealloc+1), "capacity of the buffer")
 				if complete {
 					assert.Equal(t, payload, string(buf))
 				} else {
-					assert.Equal(t, payload[:tt.limit+1], string(buf), "what was read")
+					assert.Equal(t, payload[:max(tt.limit, 0)+1], string(buf), "what was read")
 					rest, _ := io.ReadAll(r)
 					assert.Equal(t, payload, string(buf)+string(rest), "nothing lost")
 				}

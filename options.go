@@ -249,7 +249,8 @@ func WithoutBudget() Option {
 // larger body is streamed to the first attempt and never retried (see
 // ErrBodyNotReplayable). A request with GetBody (as http.NewRequest sets for
 // bytes.Buffer, bytes.Reader and strings.Reader bodies) is not buffered at
-// all. A negative n is taken as 0.
+// all. A negative n is taken as 0. The buffer grows as the body is read, so
+// neither a large n nor a large ContentLength allocates memory in advance.
 func WithMaxBufferedBody(n int64) Option {
 	return func(c *config) { c.maxBuffered = max(n, 0) }
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strings"
 	"sync"
 
 	"github.com/idemkit/idempotency/internal/keyfield"
@@ -50,7 +51,12 @@ func (c *Client) config() *config {
 //
 // If req's method gets a key (POST and PATCH by default) and req has none in
 // its header, Do uses the key in req's context (WithKey) or else makes a new
-// one, and sends it on every attempt. A request is retried only if its
+// one, and sends it on every attempt. A key in req's header is found under
+// any letter case of the header's name (as in a header map filled by hand,
+// such as req.Header["idempotency-key"]), and is sent as it is, once, under
+// the canonical name; a header that holds two keys (two values, under one
+// spelling of the name or several) is refused with ErrInvalidKey rather than
+// sent. A request is retried only if its
 // method is idempotent (GET, HEAD, PUT, DELETE, OPTIONS, TRACE) or it has a
 // key: a POST without a key is sent once.
 //
@@ -156,16 +162,23 @@ func (cfg *config) do(req *http.Request, hc *http.Client, viaTransport bool) (*h
 	return c.run(clone, hc)
 }
 
-// keyFor returns the request's key and, if the Client must add it to the
-// header, its value there.
+// keyFor returns the request's key and, if the Client must set it in the
+// header, its value there. A key that the caller put in the header under a
+// spelling of its name other than the canonical one is set again, under the
+// canonical one, so that the request carries exactly one key.
 func (cfg *config) keyFor(req *http.Request, method string) (key, wire string, err error) {
-	if vs := req.Header[cfg.header]; len(vs) > 0 {
-		if len(vs) > 1 {
-			return "", "", fmt.Errorf("%w: %d %s header fields", ErrInvalidKey, len(vs), cfg.header)
-		}
-		key, err := keyfield.Parse(vs[0])
+	value, n, respelled := callerKey(req.Header, cfg.header)
+	if n > 1 {
+		// Two keys: which one the server would honour is anyone's guess.
+		return "", "", fmt.Errorf("%w: %d values in %s header fields", ErrInvalidKey, n, cfg.header)
+	}
+	if n == 1 {
+		key, err := keyfield.Parse(value)
 		if err != nil {
 			return "", "", fmt.Errorf("%w: %w", ErrInvalidKey, err)
+		}
+		if respelled {
+			return key, value, nil
 		}
 		return key, "", nil
 	}
@@ -191,6 +204,33 @@ func (cfg *config) keyFor(req *http.Request, method string) (key, wire string, e
 	return key, cfg.wireKey(key), nil
 }
 
+// callerKey returns the first of the values that h holds under name, a
+// canonical header name, in any letter case, as the header of a request
+// built by hand may have it; their number; and whether some are under
+// another spelling than name.
+func callerKey(h http.Header, name string) (value string, n int, respelled bool) {
+	if vs := h[name]; len(vs) > 0 {
+		value, n = vs[0], len(vs)
+	}
+	for k, vs := range h {
+		if len(vs) == 0 || !sameName(k, name) || k == name {
+			continue
+		}
+		if n == 0 {
+			value = vs[0]
+		}
+		n += len(vs)
+		respelled = true
+	}
+	return value, n, respelled
+}
+
+// sameName reports whether the header names a and b are equal but for
+// letter case.
+func sameName(a, b string) bool {
+	return len(a) == len(b) && strings.EqualFold(a, b)
+}
+
 // wireKey returns key as the Client sends it in the header.
 func (cfg *config) wireKey(key string) string {
 	if cfg.quoted {
@@ -208,7 +248,8 @@ func (cfg *config) keyedMethod(method string) bool {
 	return false
 }
 
-// cloneWith returns a copy of h with name set to value, making one slice
+// cloneWith returns a copy of h with name, in any letter case, set to value
+// under its canonical spelling only, making one slice
 // for all the values, as http.Header.Clone does.
 func cloneWith(h http.Header, name, value string) http.Header {
 	n := 1
@@ -221,7 +262,8 @@ func cloneWith(h http.Header, name, value string) http.Header {
 	c[name] = all[:1:1]
 	all = all[1:]
 	for k, vs := range h {
-		if k == name {
+		if sameName(k, name) {
+			// Replaced by name, in any spelling.
 			continue
 		}
 		if vs == nil {

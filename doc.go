@@ -23,8 +23,10 @@
 //   - adds a key to every request of a keyed method (POST and PATCH by
 //     default) that has none: the key from the request's context if
 //     WithKey put one there, or else a new random UUID (NewKey). A key
-//     already in the header is kept. The same key is sent on every
-//     attempt. The caller's request is never modified.
+//     already in the header, under any letter case of its name, is kept
+//     and sent once, under the canonical name; a header with two keys is
+//     refused (ErrInvalidKey). The same key is sent on every attempt. The
+//     caller's request is never modified.
 //   - retries transient failures (see DefaultPolicy): transport errors and
 //     attempt timeouts, where the response may have been lost, and the
 //     statuses 408, 409, 425, 429, 500, 502, 503 and 504. It never retries

@@ -199,3 +199,55 @@ func TestReadUpTo(t *testing.T) {
 	assert.True(t, complete)
 	assert.Empty(t, buf)
 }
+
+// FuzzReadUpTo checks readUpTo's contract on arbitrary bodies, limits, size
+// hints and read sizes, and that its buffer grows with the bytes read, not
+// with what the hint or the limit say.
+func FuzzReadUpTo(f *testing.F) {
+	f.Add([]byte("payload"), int64(100), int64(7), uint8(0))
+	f.Add([]byte("payload"), int64(7), int64(0), uint8(1))
+	f.Add([]byte("payload"), int64(6), int64(7), uint8(3))
+	f.Add([]byte(""), int64(0), int64(0), uint8(0))
+	f.Add([]byte("x"), int64(-1), int64(-1), uint8(0))
+	f.Add([]byte("payload"), int64(math.MaxInt64), int64(math.MaxInt64), uint8(0))
+	f.Add([]byte("payload"), int64(math.MaxInt64), int64(1<<40), uint8(2))
+	f.Add(bytes.Repeat([]byte("z"), 5000), int64(math.MaxInt64), int64(100), uint8(200))
+	f.Fuzz(func(t *testing.T, body []byte, limit, hint int64, chunk uint8) {
+		var r io.Reader = bytes.NewReader(body)
+		if chunk > 0 {
+			r = &limitedReads{r: r, n: int(chunk)}
+		}
+		buf, complete, err := readUpTo(r, limit, hint)
+		if err != nil {
+			t.Fatalf("readUpTo() error = %v", err)
+		}
+		if fits := int64(len(body)) <= max(limit, 0); complete != fits {
+			t.Fatalf("readUpTo(%d bytes, limit %d) complete = %v, want %v", len(body), limit, complete, fits)
+		}
+		if complete && !bytes.Equal(buf, body) {
+			t.Fatalf("readUpTo() = %d bytes, want the %d of the body", len(buf), len(body))
+		}
+		if !complete {
+			if int64(len(buf)) != max(limit, 0)+1 {
+				t.Fatalf("readUpTo(limit %d) read %d bytes, want limit+1", limit, len(buf))
+			}
+			rest, _ := io.ReadAll(r)
+			if !bytes.Equal(append(buf, rest...), body) {
+				t.Fatal("what was read and what is left are not the body")
+			}
+		}
+		if most := max(2*(maxPrealloc+1), 3*len(buf)); cap(buf) > most {
+			t.Fatalf("readUpTo(%d bytes, limit %d, hint %d) buffer capacity = %d, want at most %d", len(body), limit, hint, cap(buf), most)
+		}
+	})
+}
+
+// limitedReads returns at most n bytes per Read.
+type limitedReads struct {
+	r io.Reader
+	n int
+}
+
+func (l *limitedReads) Read(p []byte) (int, error) {
+	return l.r.Read(p[:min(len(p), l.n)])
+}

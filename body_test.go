@@ -22,11 +22,10 @@ import (
 // request's body, Content-Length and transfer encoding.
 type bodyRecorder struct {
 	*script
-	mu       sync.Mutex
-	bodies   []string
-	lengths  []int64
-	chunked  []bool
-	recorded atomic.Int64
+	mu      sync.Mutex
+	bodies  []string
+	lengths []int64
+	chunked []bool
 }
 
 func (b *bodyRecorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {

@@ -144,17 +144,19 @@ func (cfg *config) do(req *http.Request, hc *http.Client, viaTransport bool) (*h
 	}
 
 	c := &call{
+		ctx:          req.Context(),
 		cfg:          cfg,
-		Context:      req.Context(),
 		method:       method,
 		url:          req.URL,
 		key:          key,
 		retryable:    key != "" || idempotent(method),
 		viaTransport: viaTransport,
 	}
-	clone := req.WithContext(c)
+	c.first.init(c.ctx, c, cfg.attemptTimeout, 0)
+	clone := req.WithContext(&c.first)
 	if wire != "" {
-		clone.Header = cloneWith(req.Header, cfg.header, wire)
+		c.keyValue[0] = wire
+		clone.Header = cloneWith(req.Header, cfg.header, c.keyValue[:])
 	}
 	if err := c.body.prepare(req, clone, cfg.maxBuffered); err != nil {
 		return nil, err
@@ -248,32 +250,20 @@ func (cfg *config) keyedMethod(method string) bool {
 	return false
 }
 
-// cloneWith returns a copy of h with name, in any letter case, set to value
-// under its canonical spelling only, making one slice
-// for all the values, as http.Header.Clone does.
-func cloneWith(h http.Header, name, value string) http.Header {
-	n := 1
-	for _, vs := range h {
-		n += len(vs)
-	}
-	all := make([]string, n)
-	all[0] = value
+// cloneWith returns a copy of h with name, in any letter case, set to
+// value under its canonical spelling only. The copy shares the values of
+// h, capped so that an append to one of them copies it: neither net/http
+// nor the Client changes a request's header values in place.
+func cloneWith(h http.Header, name string, value []string) http.Header {
 	c := make(http.Header, len(h)+1)
-	c[name] = all[:1:1]
-	all = all[1:]
+	c[name] = value
 	for k, vs := range h {
 		if sameName(k, name) {
 			// Replaced by name, in any spelling.
 			continue
 		}
-		if vs == nil {
-			// Tells net/http not to send a header it would add.
-			c[k] = nil
-			continue
-		}
-		m := copy(all, vs)
-		c[k] = all[:m:m]
-		all = all[m:]
+		// A nil value tells net/http not to send a header it would add.
+		c[k] = vs[:len(vs):len(vs)]
 	}
 	return c
 }

@@ -1,3 +1,5 @@
+//go:build unix
+
 package idempotency_test
 
 import (
@@ -9,6 +11,7 @@ import (
 	"net/http/httptest"
 	"runtime"
 	"slices"
+	"syscall"
 	"testing"
 	"time"
 
@@ -19,8 +22,8 @@ import (
 
 var (
 	ratioRun      = flag.Bool("client.ratio", false, "measure the cost of a loopback POST through each client, in interleaved rounds (TestPostRatio)")
-	ratioRounds   = flag.Int("client.rounds", 21, "rounds of -client.ratio")
-	ratioPerRound = flag.Int("client.perround", 2000, "requests per client and round of -client.ratio")
+	ratioRounds   = flag.Int("client.rounds", 101, "rounds of -client.ratio")
+	ratioPerRound = flag.Int("client.perround", 200, "requests per client and round of -client.ratio")
 )
 
 // TestPostRatio measures one POST of 1 KiB answered 201 over a keep-alive
@@ -28,7 +31,10 @@ var (
 // and a stock go-retryablehttp client, in one process: the clients take
 // turns in rounds, in an order that rotates, so that the noise of a shared
 // machine falls on all of them alike. It reports the median time and
-// allocations per request of each, and their ratios. It asserts nothing
+// allocations per request of each (allocations of the process: the server's
+// included), and the medians of their ratios in each round. A fourth client,
+// bare+key, is the bare one sending a constant key header: it tells what the
+// header costs by itself. It asserts nothing
 // about time; it runs only with -client.ratio:
 //
 //	go test -run '^TestPostRatio$' -client.ratio -count=1 -v .
@@ -42,11 +48,10 @@ func TestPostRatio(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 	}))
 	defer srv.Close()
-	newTransport := func() *http.Transport {
-		tr := srv.Client().Transport.(*http.Transport).Clone()
-		t.Cleanup(tr.CloseIdleConnections)
-		return tr
-	}
+	// One Transport for all, so that they take turns on the same
+	// keep-alive connection: each connection has a speed of its own.
+	tr := srv.Client().Transport.(*http.Transport).Clone()
+	defer tr.CloseIdleConnections()
 	ctx := context.Background()
 	newRequest := func() *http.Request {
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, bytes.NewReader(payload))
@@ -67,17 +72,28 @@ func TestPostRatio(t *testing.T) {
 		}
 	}
 
-	hc := &http.Client{Transport: newTransport()}
-	ic := idempotency.NewClient(idempotency.WithHTTPClient(&http.Client{Transport: newTransport()}))
+	hc := &http.Client{Transport: tr}
+	hkc := &http.Client{Transport: tr}
+	keyValue := []string{idempotency.NewKey()}
+	ic := idempotency.NewClient(idempotency.WithHTTPClient(&http.Client{Transport: tr}))
+	ic0 := idempotency.NewClient(idempotency.WithHTTPClient(&http.Client{Transport: tr}), idempotency.WithAttemptTimeout(0))
 	rc := retryablehttp.NewClient()
 	rc.Logger = nil
-	rc.HTTPClient = &http.Client{Transport: newTransport()}
+	rc.HTTPClient = &http.Client{Transport: tr}
 	clients := []struct {
 		name string
 		post func()
 	}{
 		{"bare", func() { finish(hc.Do(newRequest())) }},
+		// What the key header costs by itself, on the wire and in the
+		// server: a bare client that sends one.
+		{"bare+key", func() {
+			req := newRequest()
+			req.Header[idempotency.HeaderKey] = keyValue
+			finish(hkc.Do(req))
+		}},
 		{"idempotency", func() { finish(ic.Do(newRequest())) }},
+		{"no-timeout", func() { finish(ic0.Do(newRequest())) }},
 		{"retryablehttp", func() {
 			req, err := retryablehttp.FromRequest(newRequest())
 			if err != nil {
@@ -87,8 +103,22 @@ func TestPostRatio(t *testing.T) {
 		}},
 	}
 
+	const bare, bareKey, ours, noTimeout, rh = 0, 1, 2, 3, 4
+	ratios := []struct {
+		name string
+		a, b int
+	}{
+		{"idempotency/bare", ours, bare},
+		{"retryablehttp/bare", rh, bare},
+		{"idempotency/retryablehttp", ours, rh},
+		{"bare+key/bare", bareKey, bare},
+		{"idempotency/bare+key", ours, bareKey},
+		{"no-timeout/bare", noTimeout, bare},
+	}
+
 	n := *ratioPerRound
 	nsPerOp := make([][]float64, len(clients))
+	cpuPerOp := make([][]float64, len(clients))
 	allocsPerOp := make([][]float64, len(clients))
 	for _, c := range clients {
 		for range 100 { // warm up connections and pools
@@ -101,36 +131,48 @@ func TestPostRatio(t *testing.T) {
 			i := (round + j) % len(clients)
 			runtime.ReadMemStats(&ms)
 			mallocs := ms.Mallocs
+			cpu := cpuTime(t)
 			start := time.Now()
 			for range n {
 				clients[i].post()
 			}
 			elapsed := time.Since(start)
+			cpu = cpuTime(t) - cpu
 			runtime.ReadMemStats(&ms)
 			nsPerOp[i] = append(nsPerOp[i], float64(elapsed.Nanoseconds())/float64(n))
+			cpuPerOp[i] = append(cpuPerOp[i], float64(cpu.Nanoseconds())/float64(n))
 			allocsPerOp[i] = append(allocsPerOp[i], float64(ms.Mallocs-mallocs)/float64(n))
 		}
 	}
 
-	ns := make([]float64, len(clients))
 	for i, c := range clients {
-		ns[i] = median(nsPerOp[i])
-		t.Logf("%-14s %8.0f ns/op  %6.1f allocs/op  (median of %d rounds of %d)", c.name, ns[i], median(allocsPerOp[i]), *ratioRounds, n)
+		t.Logf("%-14s %8.0f ns/op wall  %8.0f ns/op CPU  %6.1f allocs/op  (medians of %d rounds of %d)",
+			c.name, median(nsPerOp[i]), median(cpuPerOp[i]), median(allocsPerOp[i]), *ratioRounds, n)
 	}
-	t.Logf("idempotency/bare          %.3f", ns[1]/ns[0])
-	t.Logf("retryablehttp/bare        %.3f", ns[2]/ns[0])
-	t.Logf("idempotency/retryablehttp %.3f", ns[1]/ns[2])
-	// The same ratios per round, whose median is less sensitive to a
-	// round that a neighbour slowed down for one client only.
-	perRound := func(a, b int) float64 {
-		r := make([]float64, len(nsPerOp[a]))
+	// Ratios are taken in each round, between clients that ran one after
+	// the other, and their median reported: less sensitive than a ratio of
+	// medians to a neighbour that slowed down one round. CPU time is the
+	// process's (client and server), which the other processes of a busy
+	// machine do not inflate as they do wall time.
+	perRound := func(xs [][]float64, a, b int) float64 {
+		r := make([]float64, len(xs[a]))
 		for k := range r {
-			r[k] = nsPerOp[a][k] / nsPerOp[b][k]
+			r[k] = xs[a][k] / xs[b][k]
 		}
 		return median(r)
 	}
-	t.Logf("median of per-round ratios: idempotency/bare %.3f, retryablehttp/bare %.3f, idempotency/retryablehttp %.3f",
-		perRound(1, 0), perRound(2, 0), perRound(1, 2))
+	for _, r := range ratios {
+		t.Logf("%-26s wall %.3f  CPU %.3f", r.name, perRound(nsPerOp, r.a, r.b), perRound(cpuPerOp, r.a, r.b))
+	}
+}
+
+// cpuTime returns the CPU time used by the process so far.
+func cpuTime(t *testing.T) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		t.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func median(xs []float64) float64 {

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/url"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -17,10 +16,9 @@ import (
 // anywhere) and applies the attempt timeout. It deliberately has no
 // CloseIdleConnections method: see newConfig.
 type attemptTransport struct {
-	base    http.RoundTripper
-	timeout time.Duration
-	cause   *attemptTimeoutError // immutable, shared by all attempts
-	timers  sync.Pool            // of *attemptTimer, stopped
+	base     http.RoundTripper
+	cause    *attemptTimeoutError // immutable, shared by all attempts
+	timeouts attemptTimeouts
 }
 
 var _ http.RoundTripper = (*attemptTransport)(nil)
@@ -33,29 +31,12 @@ func (t *attemptTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 		return nil, err
 	}
 	a := attemptOf(req.Context())
-	if a == nil || !a.timed {
+	if a == nil || !a.timed || !t.timeouts.start(a) {
 		// No timeout, or the caller's deadline comes first and wins anyway.
 		return t.base.RoundTrip(req)
 	}
-
-	timer, _ := t.timers.Get().(*attemptTimer)
-	if timer == nil {
-		timer = new(attemptTimer)
-		timer.a.Store(a)
-		timer.t = time.AfterFunc(t.timeout, timer.fire)
-	} else {
-		timer.a.Store(a)
-		timer.t.Reset(t.timeout)
-	}
 	resp, err := t.base.RoundTrip(req)
-	stopped := timer.t.Stop()
-	if stopped {
-		// fire will not run: the timer can serve another attempt.
-		timer.a.Store(nil)
-		t.timers.Put(timer)
-	}
-	// Otherwise fire has run or is running, and cancels a: the timer is
-	// left to the garbage collector, so that it never cancels another.
+	inTime := t.timeouts.stop(a)
 	if err != nil {
 		if a.timedOut() {
 			err = t.cause
@@ -63,9 +44,9 @@ func (t *attemptTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 		a.unlink()
 		return nil, err
 	}
-	if !stopped {
-		// The headers came as the timer fired: the context is, or is about
-		// to be, canceled, so the body cannot be read.
+	if !inTime {
+		// The headers came as the time ran out: the context is, or is
+		// about to be, canceled, so the body cannot be read.
 		resp.Body.Close()
 		a.unlink()
 		return nil, t.cause
@@ -88,17 +69,104 @@ func (t *attemptTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 	return resp, nil
 }
 
-// attemptTimer cancels the attempt it is armed for when the attempt
-// timeout passes. A Client keeps the timers of finished attempts, stopped,
-// for the next ones.
-type attemptTimer struct {
-	t *time.Timer
-	a atomic.Pointer[attemptCtx]
+// attemptTimeouts cancels the attempts that wait for their response headers
+// longer than the attempt timeout, with one timer for all the attempts of a
+// Client. As every attempt gets the same time, the attempts expire in the
+// order in which they started: they wait in a queue, and the timer is set
+// for the first. Starting or ending an attempt does not touch the timer,
+// which is set again only when it fires: setting a runtime timer for each
+// attempt, which may wake the network poller, costs more than the rest of
+// the attempt timeout together.
+//
+// The timer, made with the first attempt, is left to fire after the last:
+// it holds no goroutine.
+type attemptTimeouts struct {
+	d time.Duration
+
+	mu         sync.Mutex
+	head, tail *attemptCtx // the attempts waiting, oldest first
+	timer      *time.Timer
+	armed      bool
 }
 
-func (at *attemptTimer) fire() {
-	if a := at.a.Swap(nil); a != nil {
+// start puts a in the queue. It reports false if a is already there (two
+// requests of one attempt at once; the second is not timed).
+func (q *attemptTimeouts) start(a *attemptCtx) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if a.queued {
+		return false
+	}
+	a.queued, a.expired = true, false
+	// Read under the lock, so that the queue is in the order of deadlines.
+	a.deadline = time.Now().Add(q.d)
+	a.prev, a.next = q.tail, nil
+	if q.tail != nil {
+		q.tail.next = a
+	} else {
+		q.head = a
+	}
+	q.tail = a
+	if !q.armed {
+		q.armed = true
+		if q.timer == nil {
+			q.timer = time.AfterFunc(q.d, q.fire)
+		} else {
+			q.timer.Reset(q.d)
+		}
+	}
+	return true
+}
+
+// stop takes a out of the queue. It reports false if a's time ran out
+// first: then a is, or is about to be, canceled.
+func (q *attemptTimeouts) stop(a *attemptCtx) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if !a.queued {
+		return !a.expired
+	}
+	q.removeLocked(a)
+	return true
+}
+
+func (q *attemptTimeouts) removeLocked(a *attemptCtx) {
+	if a.prev != nil {
+		a.prev.next = a.next
+	} else {
+		q.head = a.next
+	}
+	if a.next != nil {
+		a.next.prev = a.prev
+	} else {
+		q.tail = a.prev
+	}
+	a.prev, a.next, a.queued = nil, nil, false
+}
+
+// fire cancels the attempts whose time has run out, and sets the timer for
+// the next one to expire.
+func (q *attemptTimeouts) fire() {
+	var expired *attemptCtx // chained through next
+	q.mu.Lock()
+	now := time.Now()
+	for q.head != nil && !now.Before(q.head.deadline) {
+		a := q.head
+		q.removeLocked(a)
+		a.expired = true
+		a.next, expired = expired, a
+	}
+	if q.head != nil {
+		q.timer.Reset(q.head.deadline.Sub(now))
+	} else {
+		q.armed = false
+	}
+	q.mu.Unlock()
+	for a := expired; a != nil; {
+		next := a.next
+		a.next = nil
 		a.cancel(context.Canceled, true)
+		a = next
 	}
 }
 
@@ -157,6 +225,11 @@ type attemptCtx struct {
 	inline   [1]afterFunc // funcs' first storage
 	nextID   uint64
 	unfollow func() bool // stops following the parent
+
+	// Guarded by the Client's attemptTimeouts.
+	queued, expired bool
+	deadline        time.Time
+	prev, next      *attemptCtx
 }
 
 type afterFunc struct {

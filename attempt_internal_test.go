@@ -2,6 +2,7 @@ package idempotency
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -116,4 +117,63 @@ func TestAttemptCtxUntimed(t *testing.T) {
 	off.init(context.Background(), c, 0, 0)
 	assert.False(t, off.timed, "timed without an attempt timeout")
 	assert.Nil(t, off.Done())
+}
+
+func TestAttemptTimeouts(t *testing.T) {
+	q := &attemptTimeouts{d: 200 * time.Millisecond} // long enough for stop() to come first under load
+
+	// One that runs out of time, alone in the queue.
+	a := newAttempt(context.Background())
+	require.True(t, q.start(a))
+	assert.False(t, q.start(a), "start() of an attempt already waiting")
+	waitDone(t, a)
+	assert.True(t, a.timedOut())
+	assert.False(t, q.stop(a), "stop() after the time ran out")
+
+	// The timer is set again for an attempt that comes after the queue
+	// emptied, and an attempt that ends in time is left alone.
+	b := newAttempt(context.Background())
+	c := newAttempt(context.Background())
+	require.True(t, q.start(b))
+	require.True(t, q.start(c))
+	assert.True(t, q.stop(b))
+	waitDone(t, c)
+	assert.True(t, c.timedOut())
+	assert.NoError(t, b.Err(), "an attempt stopped in time")
+	assert.False(t, b.timedOut())
+
+	// An attempt can be timed again, as the next hop of a redirect is.
+	require.True(t, q.start(b))
+	waitDone(t, b)
+	assert.True(t, b.timedOut())
+}
+
+func TestAttemptTimeoutsConcurrent(t *testing.T) {
+	q := &attemptTimeouts{d: 250 * time.Millisecond} // as above
+	const n = 200
+	inTime := make([]*attemptCtx, n)
+	late := make([]*attemptCtx, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			inTime[i] = newAttempt(context.Background())
+			late[i] = newAttempt(context.Background())
+			q.start(late[i])
+			q.start(inTime[i])
+			if !q.stop(inTime[i]) {
+				t.Errorf("attempt %d: stop() = false right after start()", i)
+			}
+		})
+	}
+	wg.Wait()
+	for i := range n {
+		waitDone(t, late[i])
+		assert.True(t, late[i].timedOut(), "attempt %d timed out", i)
+		assert.False(t, q.stop(late[i]))
+		assert.NoError(t, inTime[i].Err(), "attempt %d ended in time", i)
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	assert.Nil(t, q.head, "queue after all attempts ended")
+	assert.Nil(t, q.tail)
 }

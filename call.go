@@ -41,7 +41,8 @@ type call struct {
 	wait     time.Duration
 	stopped  error
 
-	first  attemptCtx // the context of the first attempt
+	clone  http.Request // the request of the first attempt
+	first  attemptCtx   // the context of the first attempt
 	engine retryablehttp.Client
 	req    retryablehttp.Request
 }

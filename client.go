@@ -153,7 +153,9 @@ func (cfg *config) do(req *http.Request, hc *http.Client, viaTransport bool) (*h
 		viaTransport: viaTransport,
 	}
 	c.first.init(c.ctx, c, cfg.attemptTimeout, 0)
-	clone := req.WithContext(&c.first)
+	// The attempts' request lives in the call: one allocation less.
+	c.clone = *req.WithContext(&c.first)
+	clone := &c.clone
 	if wire != "" {
 		c.keyValue[0] = wire
 		clone.Header = cloneWith(req.Header, cfg.header, c.keyValue[:])

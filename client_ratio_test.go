@@ -22,8 +22,8 @@ import (
 
 var (
 	ratioRun      = flag.Bool("client.ratio", false, "measure the cost of a loopback POST through each client, in interleaved rounds (TestPostRatio)")
-	ratioRounds   = flag.Int("client.rounds", 101, "rounds of -client.ratio")
-	ratioPerRound = flag.Int("client.perround", 200, "requests per client and round of -client.ratio")
+	ratioRounds   = flag.Int("client.rounds", 501, "rounds of -client.ratio")
+	ratioPerRound = flag.Int("client.perround", 50, "requests per client and round of -client.ratio")
 )
 
 // TestPostRatio measures one POST of 1 KiB answered 201 over a keep-alive

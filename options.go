@@ -92,9 +92,9 @@ func newConfig(opts []Option) *config {
 	// failure; attemptTransport does not implement it, so those calls never
 	// reach base, which may be shared with the rest of the program.
 	at := &attemptTransport{
-		base:    base,
-		timeout: cfg.attemptTimeout,
-		cause:   &attemptTimeoutError{d: cfg.attemptTimeout},
+		base:     base,
+		cause:    &attemptTimeoutError{d: cfg.attemptTimeout},
+		timeouts: attemptTimeouts{d: cfg.attemptTimeout},
 	}
 	cfg.doClient = &http.Client{
 		Transport:     at,

@@ -22,20 +22,22 @@ import (
 
 var (
 	ratioRun      = flag.Bool("client.ratio", false, "measure the cost of a loopback POST through each client, in interleaved rounds (TestPostRatio)")
-	ratioRounds   = flag.Int("client.rounds", 501, "rounds of -client.ratio")
-	ratioPerRound = flag.Int("client.perround", 50, "requests per client and round of -client.ratio")
+	ratioRounds   = flag.Int("client.rounds", 31, "rounds of -client.ratio")
+	ratioPerRound = flag.Int("client.perround", 2000, "requests per client and round of -client.ratio")
 )
 
 // TestPostRatio measures one POST of 1 KiB answered 201 over a keep-alive
 // loopback connection through a bare http.Client, this package's Client
-// and a stock go-retryablehttp client, in one process: the clients take
-// turns in rounds, in an order that rotates, so that the noise of a shared
-// machine falls on all of them alike. It reports the median time and
-// allocations per request of each (allocations of the process: the server's
-// included), and the medians of their ratios in each round. A fourth client,
-// bare+key, is the bare one sending a constant key header: it tells what the
-// header costs by itself. It asserts nothing
-// about time; it runs only with -client.ratio:
+// (with and without its attempt timeout) and a stock go-retryablehttp
+// client, in one process, on one Transport: the clients take turns in
+// rounds, in an order that rotates, so that the noise of a shared machine
+// falls on all of them alike. A round gives each client enough requests for
+// several garbage collections, so that each pays for its own garbage. It
+// reports the median time (wall and CPU) and allocations per request of
+// each (allocations of the process: the server's included), and the
+// medians of their ratios in each round. The client bare+key is the bare
+// one sending a constant key header: it tells what the header costs by
+// itself. It asserts nothing about time; it runs only with -client.ratio:
 //
 //	go test -run '^TestPostRatio$' -client.ratio -count=1 -v .
 func TestPostRatio(t *testing.T) {

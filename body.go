@@ -2,6 +2,7 @@ package idempotency
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"math"
@@ -32,7 +33,8 @@ type replay struct {
 // prepare sets the body of clone, the request of the first attempt, from
 // req's, and records how to replay it. It closes req.Body when it has read
 // it all; otherwise the Transport closes it, as net/http does. On error the
-// body is closed too.
+// body is closed too, and so it is when req's context ends while the body
+// is read.
 func (r *replay) prepare(req, clone *http.Request, limit int64) error {
 	body := req.Body
 	switch {
@@ -45,7 +47,19 @@ func (r *replay) prepare(req, clone *http.Request, limit int64) error {
 		return nil
 	}
 
+	ctx := req.Context()
+	var stop func() bool
+	if ctx.Done() != nil {
+		// A Read that blocks must not outlive the caller's context: closing
+		// the body ends it, as net/http closes the body of a request that
+		// is canceled.
+		stop = context.AfterFunc(ctx, func() { body.Close() })
+	}
 	buf, complete, err := readUpTo(body, limit, req.ContentLength)
+	if stop != nil && !stop() {
+		body.Close()
+		return fmt.Errorf("idempotency: reading request body: %w", ctx.Err())
+	}
 	if !complete || err != nil {
 		if err != nil {
 			body.Close()

@@ -288,3 +288,30 @@ func TestHugeOptions(t *testing.T) {
 		assert.ErrorIs(t, outcome(t, resp).Stopped, idempotency.ErrDeadline)
 	})
 }
+
+func TestStalledRequestBody(t *testing.T) {
+	s := newScript(status(http.StatusCreated))
+	srv := newServer(t, s)
+	c := newClient(srv)
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	go pw.Write([]byte("the first bytes, then nothing"))
+	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, pr)
+	require.NoError(t, err)
+
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Do(req)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		assert.ErrorIs(t, err, context.DeadlineExceeded)
+	case <-time.After(10 * time.Second):
+		pw.CloseWithError(errors.New("test over"))
+		t.Fatal("Do() still reading a stalled body long after the context's deadline")
+	}
+	assert.Zero(t, s.hits.Load(), "requests sent")
+}

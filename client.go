@@ -64,7 +64,10 @@ func (c *Client) config() *config {
 // errors. It returns an error before any attempt for a nil request
 // (ErrNilRequest), a URL that is not an absolute http or https URL with a
 // host (ErrInvalidURL), an invalid key (ErrInvalidKey) and a body that
-// cannot be read.
+// cannot be read. A body without GetBody is read into memory (up to the
+// limit of WithMaxBufferedBody) before the first attempt; if req's context
+// ends while it is read, Do closes the body, so that a Read that blocks
+// returns, and returns the context's error.
 func (c *Client) Do(req *http.Request) (*http.Response, error) {
 	cfg := c.config()
 	return cfg.do(req, cfg.doClient, false)

@@ -37,8 +37,10 @@ func (t *attemptTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 	}
 	resp, err := t.base.RoundTrip(req)
 	inTime := t.timeouts.stop(a)
-	if err != nil {
-		if a.timedOut() {
+	if err != nil || resp == nil {
+		// (No response and no error breaks the RoundTripper contract; the
+		// http.Client says so.)
+		if err != nil && a.timedOut() {
 			err = t.cause
 		}
 		a.unlink()
@@ -47,11 +49,13 @@ func (t *attemptTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 	if !inTime {
 		// The headers came as the time ran out: the context is, or is
 		// about to be, canceled, so the body cannot be read.
-		resp.Body.Close()
+		if resp.Body != nil {
+			resp.Body.Close()
+		}
 		a.unlink()
 		return nil, t.cause
 	}
-	if resp.Body == http.NoBody {
+	if resp.Body == nil || resp.Body == http.NoBody {
 		a.unlink()
 		return resp, nil
 	}

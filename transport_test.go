@@ -375,3 +375,40 @@ func TestStalledDiscardedBody(t *testing.T) {
 		})
 	}
 }
+
+// rudeTransport breaks the RoundTripper contract: it returns no response
+// and no error, or a response without a body.
+type rudeTransport struct{ nilResponse bool }
+
+func (r rudeTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.Body != nil {
+		req.Body.Close()
+	}
+	if r.nilResponse {
+		return nil, nil
+	}
+	return &http.Response{StatusCode: http.StatusCreated, Header: http.Header{}, Request: req}, nil
+}
+
+func TestRudeTransport(t *testing.T) {
+	for _, nilResponse := range []bool{true, false} {
+		for _, ctx := range []context.Context{context.Background(), t.Context()} {
+			c := idempotency.NewClient(idempotency.WithHTTPClient(&http.Client{Transport: rudeTransport{nilResponse}}),
+				idempotency.WithMaxAttempts(1))
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://api.example/orders", strings.NewReader("x"))
+			require.NoError(t, err)
+
+			resp, err := c.Do(req)
+			if nilResponse {
+				assert.ErrorContains(t, err, "nil *Response")
+				continue
+			}
+			require.NoError(t, err)
+			assert.Equal(t, http.StatusCreated, resp.StatusCode)
+			b, err := io.ReadAll(resp.Body)
+			assert.NoError(t, err)
+			assert.Empty(t, b)
+			assert.NoError(t, resp.Body.Close())
+		}
+	}
+}

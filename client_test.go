@@ -30,7 +30,7 @@ func TestLostResponse(t *testing.T) {
 		{"two responses lost", &keyServer{lose: 2}, nil},
 		{
 			"response delayed past the attempt timeout", &keyServer{delay: 1},
-			[]idempotency.Option{idempotency.WithAttemptTimeout(100 * time.Millisecond)},
+			[]idempotency.Option{idempotency.WithAttemptTimeout(250 * time.Millisecond)},
 		},
 	}
 	for _, tt := range tests {
@@ -96,15 +96,15 @@ func TestAttemptTimeoutDoesNotCutBody(t *testing.T) {
 		}
 		w.Write([]byte(" second half"))
 	}))
-	c := newClient(srv, idempotency.WithAttemptTimeout(20*time.Millisecond))
+	c := newClient(srv, idempotency.WithAttemptTimeout(50*time.Millisecond))
 
 	resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
 	require.NoError(t, err)
 	// Reading the body outlives the attempt timeout many times over.
 	buf := make([]byte, len("first half,"))
-	_, err = resp.Body.Read(buf)
+	_, err = io.ReadFull(resp.Body, buf)
 	require.NoError(t, err)
-	time.AfterFunc(200*time.Millisecond, func() { close(release) })
+	time.AfterFunc(500*time.Millisecond, func() { close(release) })
 	assert.Equal(t, "first half, second half", string(buf)+readAll(t, resp))
 }
 
@@ -365,8 +365,8 @@ func TestHTTPClientTimeoutWithAttemptTimeout(t *testing.T) {
 		attemptTimeout time.Duration
 		wantAttemptErr bool // the attempt timeout fires first
 	}{
-		{"http.Client's Timeout first", 50 * time.Millisecond, time.Minute, false},
-		{"attempt timeout first", time.Minute, 50 * time.Millisecond, true},
+		{"http.Client's Timeout first", 250 * time.Millisecond, time.Minute, false},
+		{"attempt timeout first", time.Minute, 250 * time.Millisecond, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

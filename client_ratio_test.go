@@ -7,6 +7,7 @@ import (
 	"context"
 	"flag"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
@@ -30,9 +31,10 @@ var (
 // loopback connection through a bare http.Client, this package's Client
 // (with and without its attempt timeout) and a stock go-retryablehttp
 // client, in one process, on one Transport: the clients take turns in
-// rounds, in an order that rotates, so that the noise of a shared machine
-// falls on all of them alike. A round gives each client enough requests for
-// several garbage collections, so that each pays for its own garbage. It
+// rounds, in an order shuffled each round, so that the noise of a shared
+// machine falls on all of them alike. Each turn starts with a garbage
+// collection and is long enough for several more, so that each client pays
+// for its own garbage. It
 // reports the median time (wall and CPU) and allocations per request of
 // each (allocations of the process: the server's included), and the
 // medians of their ratios in each round. The client bare+key is the bare
@@ -128,9 +130,18 @@ func TestPostRatio(t *testing.T) {
 		}
 	}
 	var ms runtime.MemStats
-	for round := range *ratioRounds {
-		for j := range clients {
-			i := (round + j) % len(clients)
+	order := make([]int, len(clients))
+	for i := range order {
+		order[i] = i
+	}
+	rnd := rand.New(rand.NewPCG(1, 2))
+	for range *ratioRounds {
+		// A new order each round, so that no client always follows the
+		// same one.
+		rnd.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+		for _, i := range order {
+			// Each client starts without the garbage of the one before.
+			runtime.GC()
 			runtime.ReadMemStats(&ms)
 			mallocs := ms.Mallocs
 			cpu := cpuTime(t)

@@ -55,10 +55,10 @@ func (c *Client) config() *config {
 // any letter case of the header's name (as in a header map filled by hand,
 // such as req.Header["idempotency-key"]), and is sent as it is, once, under
 // the canonical name; a header that holds two keys (two values, under one
-// spelling of the name or several) is refused with ErrInvalidKey rather than
-// sent. A request is retried only if its
-// method is idempotent (GET, HEAD, PUT, DELETE, OPTIONS, TRACE) or it has a
-// key: a POST without a key is sent once.
+// spelling of the name or several) is refused with ErrInvalidKey rather
+// than sent. A request is retried only if its method is idempotent (GET,
+// HEAD, PUT, DELETE, OPTIONS, TRACE) or it has a key: a POST without a key
+// is sent once.
 //
 // Do does not modify req. Like http.Client.Do, it closes req.Body, even on
 // errors. It returns an error before any attempt for a nil request

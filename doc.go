@@ -61,8 +61,9 @@
 // are drained (up to 4 KiB, for at most 250 ms or the attempt timeout if
 // shorter) and closed, so that their connections can be reused; a body that
 // stalls is closed unread, with its connection, and the retry goes on. Idle
-// connections of the Transport, which may be shared, are never closed. Attempts are run by github.com/hashicorp/go-retryablehttp,
-// configured so that the decisions above are this package's.
+// connections of the Transport, which may be shared, are never closed.
+// Attempts are run by github.com/hashicorp/go-retryablehttp, configured so
+// that the decisions above are this package's.
 //
 // # Limits
 //

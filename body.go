@@ -2,8 +2,10 @@ package idempotency
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"slices"
 )
@@ -31,7 +33,8 @@ type replay struct {
 // prepare sets the body of clone, the request of the first attempt, from
 // req's, and records how to replay it. It closes req.Body when it has read
 // it all; otherwise the Transport closes it, as net/http does. On error the
-// body is closed too.
+// body is closed too, and so it is when req's context ends while the body
+// is read.
 func (r *replay) prepare(req, clone *http.Request, limit int64) error {
 	body := req.Body
 	switch {
@@ -44,7 +47,19 @@ func (r *replay) prepare(req, clone *http.Request, limit int64) error {
 		return nil
 	}
 
+	ctx := req.Context()
+	var stop func() bool
+	if ctx.Done() != nil {
+		// A Read that blocks must not outlive the caller's context: closing
+		// the body ends it, as net/http closes the body of a request that
+		// is canceled.
+		stop = context.AfterFunc(ctx, func() { body.Close() })
+	}
 	buf, complete, err := readUpTo(body, limit, req.ContentLength)
+	if stop != nil && !stop() {
+		body.Close()
+		return fmt.Errorf("idempotency: reading request body: %w", ctx.Err())
+	}
 	if !complete || err != nil {
 		if err != nil {
 			body.Close()
@@ -103,24 +118,32 @@ func (r *replay) next() (io.ReadCloser, error) {
 	return nil, nil
 }
 
+// maxPrealloc is the most that readUpTo allocates ahead of the bytes it
+// has read, on the word of a size hint: a ContentLength can lie.
+const maxPrealloc = 32 << 10
+
 // readUpTo reads r to its end if that takes at most limit bytes, and
 // reports whether it did. Otherwise it stops after limit+1 bytes and returns
-// those. sizeHint is the expected size, if positive.
+// those. sizeHint is the expected size, if positive. The buffer grows with
+// the bytes that arrive, whatever limit and sizeHint say.
 func readUpTo(r io.Reader, limit, sizeHint int64) (buf []byte, complete bool, err error) {
+	// The most bytes to read, limit+1, without overflow, and addressable.
+	most := min(max(limit, 0), int64(math.MaxInt)-1) + 1
 	size := int64(512)
 	if sizeHint > 0 {
-		size = sizeHint + 1 // room to see EOF without growing
+		size = min(sizeHint, maxPrealloc) + 1 // room to see EOF without growing
 	}
-	buf = make([]byte, 0, min(size, limit+1))
+	buf = make([]byte, 0, min(size, most))
 	for {
 		if len(buf) == cap(buf) {
-			buf = slices.Grow(buf, int(min(int64(cap(buf)), limit+1-int64(len(buf)))))
+			// Doubles, up to most.
+			buf = slices.Grow(buf, int(min(int64(cap(buf)), most-int64(len(buf)))))
 		}
-		end := min(int64(cap(buf)), limit+1)
-		n, err := r.Read(buf[len(buf):end])
+		n, err := r.Read(buf[len(buf):int(min(int64(cap(buf)), most))])
 		buf = buf[:len(buf)+n]
 		switch {
-		case int64(len(buf)) > limit:
+		case int64(len(buf)) == most:
+			// Over the limit, or more than a slice can hold.
 			return buf, false, nil
 		case err == io.EOF:
 			return buf, true, nil

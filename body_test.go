@@ -1,13 +1,16 @@
 package idempotency_test
 
 import (
+	"context"
 	"errors"
 	"io"
+	"math"
 	"net/http"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -19,11 +22,10 @@ import (
 // request's body, Content-Length and transfer encoding.
 type bodyRecorder struct {
 	*script
-	mu       sync.Mutex
-	bodies   []string
-	lengths  []int64
-	chunked  []bool
-	recorded atomic.Int64
+	mu      sync.Mutex
+	bodies  []string
+	lengths []int64
+	chunked []bool
 }
 
 func (b *bodyRecorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -210,4 +212,106 @@ func TestRedirect307ReplaysBody(t *testing.T) {
 	resp.Body.Close()
 	assert.Equal(t, http.StatusCreated, resp.StatusCode)
 	assert.Equal(t, outcome(t, resp).Key+" payload", <-got)
+}
+
+func TestHugeSizes(t *testing.T) {
+	const payload = "payload"
+	tests := []struct {
+		name          string
+		limit         int64
+		contentLength int64
+		wantErr       bool
+	}{
+		{"largest buffer limit", math.MaxInt64, int64(len(payload)), false},
+		{"largest buffer limit, unknown length", math.MaxInt64, -1, false},
+		{"largest ContentLength", 1 << 20, math.MaxInt64, true},
+		{"largest buffer limit and ContentLength", math.MaxInt64, math.MaxInt64, true},
+		{"ContentLength of a terabyte", math.MaxInt64, 1 << 40, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rec := &bodyRecorder{script: newScript(status(http.StatusServiceUnavailable), status(http.StatusCreated))}
+			srv := newServer(t, rec)
+			c := newClient(srv, idempotency.WithMaxBufferedBody(tt.limit))
+			req := post(t, t.Context(), srv.URL, payload)
+			req.ContentLength = tt.contentLength
+
+			resp, err := c.Do(req)
+			if tt.wantErr {
+				// The body is shorter than it says: refused before any
+				// attempt.
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), "ContentLength")
+				assert.Zero(t, rec.hits.Load(), "requests sent")
+				return
+			}
+			require.NoError(t, err)
+			resp.Body.Close()
+			assert.Equal(t, http.StatusCreated, resp.StatusCode)
+			bodies, _, _ := rec.seen()
+			assert.Equal(t, []string{payload, payload}, bodies)
+		})
+	}
+}
+
+func TestHugeOptions(t *testing.T) {
+	huge := []idempotency.Option{
+		idempotency.WithMaxAttempts(math.MaxInt),
+		idempotency.WithAttemptTimeout(math.MaxInt64),
+		idempotency.WithMaxRetryAfter(math.MaxInt64),
+		idempotency.WithBackoff(math.MaxInt64, math.MaxInt64),
+		idempotency.WithBudget(idempotency.NewBudget(math.MaxInt)),
+		idempotency.WithMaxBufferedBody(math.MaxInt64),
+	}
+	t.Run("Retry-After 0", func(t *testing.T) {
+		s := newScript(status(http.StatusServiceUnavailable, "Retry-After", "0"), status(http.StatusCreated))
+		srv := newServer(t, s)
+		c := newClient(srv, huge...)
+
+		resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, http.StatusCreated, resp.StatusCode)
+		assert.Equal(t, 2, outcome(t, resp).Attempts)
+	})
+	t.Run("Retry-After past the deadline", func(t *testing.T) {
+		s := newScript(status(http.StatusServiceUnavailable, "Retry-After", "99999999999999999999999"))
+		srv := newServer(t, s)
+		c := newClient(srv, huge...)
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		defer cancel()
+
+		resp, err := c.Do(post(t, ctx, srv.URL, "x"))
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+		assert.ErrorIs(t, outcome(t, resp).Stopped, idempotency.ErrDeadline)
+	})
+}
+
+func TestStalledRequestBody(t *testing.T) {
+	s := newScript(status(http.StatusCreated))
+	srv := newServer(t, s)
+	c := newClient(srv)
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	go pw.Write([]byte("the first bytes, then nothing"))
+	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, pr)
+	require.NoError(t, err)
+
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Do(req)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		assert.ErrorIs(t, err, context.DeadlineExceeded)
+	case <-time.After(10 * time.Second):
+		pw.CloseWithError(errors.New("test over"))
+		t.Fatal("Do() still reading a stalled body long after the context's deadline")
+	}
+	assert.Zero(t, s.hits.Load(), "requests sent")
 }

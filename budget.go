@@ -81,7 +81,8 @@ func (b *Budget) refund(n int64) {
 		if t >= b.capacity {
 			return
 		}
-		if b.tokens.CompareAndSwap(t, min(t+n, b.capacity)) {
+		// Not t+n, which can overflow near the largest capacity.
+		if b.tokens.CompareAndSwap(t, t+min(n, b.capacity-t)) {
 			return
 		}
 	}

@@ -12,21 +12,24 @@ import (
 	"github.com/hashicorp/go-retryablehttp"
 )
 
+// Bounds of the drain of a response body that is discarded before a retry.
+const (
+	drainLimit   = 4 << 10
+	drainTimeout = 250 * time.Millisecond
+)
+
 // call is the state of one call to Do. The engine, go-retryablehttp, runs
 // the attempts; every decision is taken here, in checkRetry, and the engine
 // only carries it out.
-//
-// A call is also the context of the requests of its attempts: the caller's
-// context, whose Value method also returns the call, so that OutcomeOf
-// finds it from the response (this saves a context.WithValue per request).
 type call struct {
-	context.Context // the caller's
+	ctx context.Context // the caller's
 
 	cfg          *config
 	method       string
 	url          *url.URL
 	key          string
-	retryable    bool // idempotent method or keyed
+	keyValue     [1]string // the header's value, when the Client sets it
+	retryable    bool      // idempotent method or keyed
 	viaTransport bool
 
 	body     replay
@@ -38,21 +41,16 @@ type call struct {
 	wait     time.Duration
 	stopped  error
 
+	clone  http.Request // the request of the first attempt
+	first  attemptCtx   // the context of the first attempt
 	engine retryablehttp.Client
+	req    retryablehttp.Request
 }
 
 type callKey struct{}
 
-// Value returns c for callKey and otherwise the caller context's value.
-func (c *call) Value(key any) any {
-	if _, ok := key.(callKey); ok {
-		return c
-	}
-	return c.Context.Value(key)
-}
-
 // run makes the attempts of req, whose body is prepared and whose context
-// carries c.
+// is c.first.
 func (c *call) run(req *http.Request, hc *http.Client) (*http.Response, error) {
 	e := &c.engine
 	e.HTTPClient = hc
@@ -68,7 +66,8 @@ func (c *call) run(req *http.Request, hc *http.Client) (*http.Response, error) {
 
 	// The engine's body field stays empty, so that it never touches the
 	// request body; prepareRetry gives each retry its own.
-	resp, err := e.Do(&retryablehttp.Request{Request: req})
+	c.req.Request = req
+	resp, err := e.Do(&c.req)
 	if c.hasNext && c.nextBody != nil {
 		c.nextBody.Close()
 	}
@@ -82,16 +81,16 @@ func (c *call) run(req *http.Request, hc *http.Client) (*http.Response, error) {
 	return resp, nil
 }
 
-// checkRetry is the engine's CheckRetry: c.checkRetry for the call that is
-// ctx, the context of the request.
+// checkRetry is the engine's CheckRetry: c.checkRetry for the call whose
+// attempt has ctx, the context of the request.
 func checkRetry(ctx context.Context, resp *http.Response, err error) (bool, error) {
-	c, ok := ctx.(*call)
+	a, ok := ctx.(*attemptCtx)
 	if !ok {
 		// The engine always passes the context of the request that run
-		// gave it, which is a call.
+		// gave it, or that checkRetry set, which is an attemptCtx.
 		return false, nil
 	}
-	return c.checkRetry(resp, err)
+	return a.call.checkRetry(resp, err)
 }
 
 // checkRetry decides after each attempt. It never returns an error, so
@@ -99,6 +98,18 @@ func checkRetry(ctx context.Context, resp *http.Response, err error) (bool, erro
 // there is none, calls giveUp.
 func (c *call) checkRetry(resp *http.Response, err error) (bool, error) {
 	retry := c.decide(resp, err)
+	if retry {
+		if resp != nil {
+			// Not left to the engine, whose drain has no time limit.
+			c.discard(resp)
+		}
+		// The next attempt has a context of its own, which the last
+		// attempt's timeout has not canceled. The engine waits on it,
+		// then sends a copy of this request.
+		next := new(attemptCtx)
+		next.init(c.ctx, c, c.cfg.attemptTimeout, c.wait)
+		c.req.Request = c.req.Request.WithContext(next)
+	}
 	if (retry || err != nil) && c.engine.ErrorHandler == nil {
 		// The engine reads these after CheckRetry returns. Set only now,
 		// they cost nothing to the many requests whose first attempt
@@ -113,7 +124,7 @@ func (c *call) checkRetry(resp *http.Response, err error) (bool, error) {
 // decide decides whether to make another attempt and, if so, prepares it.
 func (c *call) decide(resp *http.Response, err error) bool {
 	c.attempts++
-	if c.Context.Err() != nil {
+	if c.ctx.Err() != nil {
 		// The caller canceled or ran out of time: no policy can overrule
 		// that.
 		return false
@@ -163,7 +174,7 @@ func (c *call) prepare(resp *http.Response, err error) (time.Duration, error) {
 	if !ok {
 		wait = backoff(c.attempts-1, cfg.baseDelay, cfg.maxDelay, cfg.rand)
 	}
-	if deadline, ok := c.Context.Deadline(); ok && time.Now().Add(wait).After(deadline) {
+	if deadline, ok := c.ctx.Deadline(); ok && time.Now().Add(wait).After(deadline) {
 		return 0, ErrDeadline
 	}
 
@@ -184,6 +195,29 @@ func (c *call) prepare(resp *http.Response, err error) (time.Duration, error) {
 	c.spent += cost
 	c.nextBody, c.hasNext = body, true
 	return wait, nil
+}
+
+// discard drains and closes the body of a response that is not returned,
+// so that its connection can be reused, and replaces it with http.NoBody.
+// It reads at most drainLimit bytes, for at most drainTimeout (or the
+// attempt timeout, if shorter): a body that stalls is closed unread, which
+// closes its connection, and the retry goes on.
+func (c *call) discard(resp *http.Response) {
+	body := resp.Body
+	resp.Body = http.NoBody
+	if body == nil || body == http.NoBody {
+		return
+	}
+	bound := drainTimeout
+	if t := c.cfg.attemptTimeout; t > 0 {
+		bound = min(bound, t)
+	}
+	// net/http's response bodies may be closed while a Read is blocked,
+	// which ends the Read.
+	timer := time.AfterFunc(bound, func() { body.Close() })
+	io.Copy(io.Discard, io.LimitReader(body, drainLimit))
+	timer.Stop()
+	body.Close()
 }
 
 // backoff is the engine's Backoff: the wait that checkRetry chose.
@@ -221,7 +255,7 @@ func (c *call) giveUp(resp *http.Response, err error, _ int) (*http.Response, er
 
 func (c *call) log(level slog.Level, msg string, resp *http.Response, err error, extra slog.Attr) {
 	l := c.cfg.logger
-	if l == nil || !l.Enabled(c.Context, level) {
+	if l == nil || !l.Enabled(c.ctx, level) {
 		return
 	}
 	u := url.URL{Scheme: c.url.Scheme, Host: c.url.Host, Path: c.url.Path}
@@ -245,5 +279,5 @@ func (c *call) log(level slog.Level, msg string, resp *http.Response, err error,
 		attrs = append(attrs, slog.String("error", err.Error()))
 	}
 	attrs = append(attrs, extra)
-	l.LogAttrs(c.Context, level, msg, attrs...)
+	l.LogAttrs(c.ctx, level, msg, attrs...)
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strings"
 	"sync"
 
 	"github.com/idemkit/idempotency/internal/keyfield"
@@ -50,15 +51,23 @@ func (c *Client) config() *config {
 //
 // If req's method gets a key (POST and PATCH by default) and req has none in
 // its header, Do uses the key in req's context (WithKey) or else makes a new
-// one, and sends it on every attempt. A request is retried only if its
-// method is idempotent (GET, HEAD, PUT, DELETE, OPTIONS, TRACE) or it has a
-// key: a POST without a key is sent once.
+// one, and sends it on every attempt. A key in req's header is found under
+// any letter case of the header's name (as in a header map filled by hand,
+// such as req.Header["idempotency-key"]), and is sent as it is, once, under
+// the canonical name; a header that holds two keys (two values, under one
+// spelling of the name or several) is refused with ErrInvalidKey rather
+// than sent. A request is retried only if its method is idempotent (GET,
+// HEAD, PUT, DELETE, OPTIONS, TRACE) or it has a key: a POST without a key
+// is sent once.
 //
 // Do does not modify req. Like http.Client.Do, it closes req.Body, even on
 // errors. It returns an error before any attempt for a nil request
 // (ErrNilRequest), a URL that is not an absolute http or https URL with a
 // host (ErrInvalidURL), an invalid key (ErrInvalidKey) and a body that
-// cannot be read.
+// cannot be read. A body without GetBody is read into memory (up to the
+// limit of WithMaxBufferedBody) before the first attempt; if req's context
+// ends while it is read, Do closes the body, so that a Read that blocks
+// returns, and returns the context's error.
 func (c *Client) Do(req *http.Request) (*http.Response, error) {
 	cfg := c.config()
 	return cfg.do(req, cfg.doClient, false)
@@ -138,17 +147,21 @@ func (cfg *config) do(req *http.Request, hc *http.Client, viaTransport bool) (*h
 	}
 
 	c := &call{
+		ctx:          req.Context(),
 		cfg:          cfg,
-		Context:      req.Context(),
 		method:       method,
 		url:          req.URL,
 		key:          key,
 		retryable:    key != "" || idempotent(method),
 		viaTransport: viaTransport,
 	}
-	clone := req.WithContext(c)
+	c.first.init(c.ctx, c, cfg.attemptTimeout, 0)
+	// The attempts' request lives in the call: one allocation less.
+	c.clone = *req.WithContext(&c.first)
+	clone := &c.clone
 	if wire != "" {
-		clone.Header = cloneWith(req.Header, cfg.header, wire)
+		c.keyValue[0] = wire
+		clone.Header = cloneWith(req.Header, cfg.header, c.keyValue[:])
 	}
 	if err := c.body.prepare(req, clone, cfg.maxBuffered); err != nil {
 		return nil, err
@@ -156,16 +169,23 @@ func (cfg *config) do(req *http.Request, hc *http.Client, viaTransport bool) (*h
 	return c.run(clone, hc)
 }
 
-// keyFor returns the request's key and, if the Client must add it to the
-// header, its value there.
+// keyFor returns the request's key and, if the Client must set it in the
+// header, its value there. A key that the caller put in the header under a
+// spelling of its name other than the canonical one is set again, under the
+// canonical one, so that the request carries exactly one key.
 func (cfg *config) keyFor(req *http.Request, method string) (key, wire string, err error) {
-	if vs := req.Header[cfg.header]; len(vs) > 0 {
-		if len(vs) > 1 {
-			return "", "", fmt.Errorf("%w: %d %s header fields", ErrInvalidKey, len(vs), cfg.header)
-		}
-		key, err := keyfield.Parse(vs[0])
+	value, n, respelled := callerKey(req.Header, cfg.header)
+	if n > 1 {
+		// Two keys: which one the server would honour is anyone's guess.
+		return "", "", fmt.Errorf("%w: %d values in %s header fields", ErrInvalidKey, n, cfg.header)
+	}
+	if n == 1 {
+		key, err := keyfield.Parse(value)
 		if err != nil {
 			return "", "", fmt.Errorf("%w: %w", ErrInvalidKey, err)
+		}
+		if respelled {
+			return key, value, nil
 		}
 		return key, "", nil
 	}
@@ -191,6 +211,33 @@ func (cfg *config) keyFor(req *http.Request, method string) (key, wire string, e
 	return key, cfg.wireKey(key), nil
 }
 
+// callerKey returns the first of the values that h holds under name, a
+// canonical header name, in any letter case, as the header of a request
+// built by hand may have it; their number; and whether some are under
+// another spelling than name.
+func callerKey(h http.Header, name string) (value string, n int, respelled bool) {
+	if vs := h[name]; len(vs) > 0 {
+		value, n = vs[0], len(vs)
+	}
+	for k, vs := range h {
+		if len(vs) == 0 || !sameName(k, name) || k == name {
+			continue
+		}
+		if n == 0 {
+			value = vs[0]
+		}
+		n += len(vs)
+		respelled = true
+	}
+	return value, n, respelled
+}
+
+// sameName reports whether the header names a and b are equal but for
+// letter case.
+func sameName(a, b string) bool {
+	return len(a) == len(b) && strings.EqualFold(a, b)
+}
+
 // wireKey returns key as the Client sends it in the header.
 func (cfg *config) wireKey(key string) string {
 	if cfg.quoted {
@@ -208,30 +255,20 @@ func (cfg *config) keyedMethod(method string) bool {
 	return false
 }
 
-// cloneWith returns a copy of h with name set to value, making one slice
-// for all the values, as http.Header.Clone does.
-func cloneWith(h http.Header, name, value string) http.Header {
-	n := 1
-	for _, vs := range h {
-		n += len(vs)
-	}
-	all := make([]string, n)
-	all[0] = value
+// cloneWith returns a copy of h with name, in any letter case, set to
+// value under its canonical spelling only. The copy shares the values of
+// h, capped so that an append to one of them copies it: neither net/http
+// nor the Client changes a request's header values in place.
+func cloneWith(h http.Header, name string, value []string) http.Header {
 	c := make(http.Header, len(h)+1)
-	c[name] = all[:1:1]
-	all = all[1:]
+	c[name] = value
 	for k, vs := range h {
-		if k == name {
+		if sameName(k, name) {
+			// Replaced by name, in any spelling.
 			continue
 		}
-		if vs == nil {
-			// Tells net/http not to send a header it would add.
-			c[k] = nil
-			continue
-		}
-		m := copy(all, vs)
-		c[k] = all[:m:m]
-		all = all[m:]
+		// A nil value tells net/http not to send a header it would add.
+		c[k] = vs[:len(vs):len(vs)]
 	}
 	return c
 }

@@ -3,6 +3,8 @@ package idempotency_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"strings"
@@ -28,7 +30,7 @@ func TestLostResponse(t *testing.T) {
 		{"two responses lost", &keyServer{lose: 2}, nil},
 		{
 			"response delayed past the attempt timeout", &keyServer{delay: 1},
-			[]idempotency.Option{idempotency.WithAttemptTimeout(100 * time.Millisecond)},
+			[]idempotency.Option{idempotency.WithAttemptTimeout(250 * time.Millisecond)},
 		},
 	}
 	for _, tt := range tests {
@@ -94,15 +96,15 @@ func TestAttemptTimeoutDoesNotCutBody(t *testing.T) {
 		}
 		w.Write([]byte(" second half"))
 	}))
-	c := newClient(srv, idempotency.WithAttemptTimeout(20*time.Millisecond))
+	c := newClient(srv, idempotency.WithAttemptTimeout(50*time.Millisecond))
 
 	resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
 	require.NoError(t, err)
 	// Reading the body outlives the attempt timeout many times over.
 	buf := make([]byte, len("first half,"))
-	_, err = resp.Body.Read(buf)
+	_, err = io.ReadFull(resp.Body, buf)
 	require.NoError(t, err)
-	time.AfterFunc(200*time.Millisecond, func() { close(release) })
+	time.AfterFunc(500*time.Millisecond, func() { close(release) })
 	assert.Equal(t, "first half, second half", string(buf)+readAll(t, resp))
 }
 
@@ -354,4 +356,63 @@ func TestRetryErrorUnwrap(t *testing.T) {
 
 	err = &idempotency.RetryError{Attempts: 1, Err: last}
 	assert.Equal(t, `idempotency: 1 attempt: connection reset`, err.Error())
+}
+
+func TestHTTPClientTimeoutWithAttemptTimeout(t *testing.T) {
+	tests := []struct {
+		name           string
+		clientTimeout  time.Duration
+		attemptTimeout time.Duration
+		wantAttemptErr bool // the attempt timeout fires first
+	}{
+		{"http.Client's Timeout first", 250 * time.Millisecond, time.Minute, false},
+		{"attempt timeout first", time.Minute, 250 * time.Millisecond, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := newServer(t, &keyServer{delay: 1})
+			var r retries
+			hc := &http.Client{Transport: srv.Client().Transport, Timeout: tt.clientTimeout}
+			c := newClient(srv, idempotency.WithHTTPClient(hc), idempotency.WithAttemptTimeout(tt.attemptTimeout),
+				idempotency.WithOnRetry(r.hook))
+
+			resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
+			require.NoError(t, err)
+			assert.Equal(t, `{"order":1}`, readAll(t, resp))
+			assert.Equal(t, 2, outcome(t, resp).Attempts)
+			infos := r.all()
+			require.Len(t, infos, 1)
+			var ue *url.Error
+			require.ErrorAs(t, infos[0].Err, &ue)
+			assert.True(t, ue.Timeout(), "the first attempt's error %v is not a timeout", infos[0].Err)
+			assert.Equal(t, tt.wantAttemptErr, errors.Is(infos[0].Err, idempotency.ErrAttemptTimeout),
+				"the first attempt's error %v matches ErrAttemptTimeout", infos[0].Err)
+		})
+	}
+}
+
+func TestCallerCancelsDuringBody(t *testing.T) {
+	for _, timeout := range []time.Duration{0, time.Minute} {
+		t.Run(fmt.Sprintf("attempt timeout %v", timeout), func(t *testing.T) {
+			srv := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.WriteHeader(http.StatusCreated)
+				w.Write([]byte("first half,"))
+				w.(http.Flusher).Flush()
+				<-r.Context().Done()
+			}))
+			c := newClient(srv, idempotency.WithAttemptTimeout(timeout))
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+
+			resp, err := c.Do(post(t, ctx, srv.URL, "x"))
+			require.NoError(t, err)
+			defer resp.Body.Close()
+			buf := make([]byte, len("first half,"))
+			_, err = io.ReadFull(resp.Body, buf)
+			require.NoError(t, err)
+			cancel()
+			_, err = io.ReadAll(resp.Body)
+			assert.ErrorIs(t, err, context.Canceled, "reading the rest after the caller canceled")
+		})
+	}
 }

@@ -23,8 +23,10 @@
 //   - adds a key to every request of a keyed method (POST and PATCH by
 //     default) that has none: the key from the request's context if
 //     WithKey put one there, or else a new random UUID (NewKey). A key
-//     already in the header is kept. The same key is sent on every
-//     attempt. The caller's request is never modified.
+//     already in the header, under any letter case of its name, is kept
+//     and sent once, under the canonical name; a header with two keys is
+//     refused (ErrInvalidKey). The same key is sent on every attempt. The
+//     caller's request is never modified.
 //   - retries transient failures (see DefaultPolicy): transport errors and
 //     attempt timeouts, where the response may have been lost, and the
 //     statuses 408, 409, 425, 429, 500, 502, 503 and 504. It never retries
@@ -56,10 +58,12 @@
 //
 // It is quiet: it logs only to a logger given with WithLogger, and reports
 // retries to a hook given with WithOnRetry. Responses of failed attempts
-// are drained (up to 4 KiB) and closed, so that their connections can be
-// reused; idle connections of the Transport, which may be shared, are never
-// closed. Attempts are run by github.com/hashicorp/go-retryablehttp,
-// configured so that the decisions above are this package's.
+// are drained (up to 4 KiB, for at most 250 ms or the attempt timeout if
+// shorter) and closed, so that their connections can be reused; a body that
+// stalls is closed unread, with its connection, and the retry goes on. Idle
+// connections of the Transport, which may be shared, are never closed.
+// Attempts are run by github.com/hashicorp/go-retryablehttp, configured so
+// that the decisions above are this package's.
 //
 // # Limits
 //

@@ -21,7 +21,8 @@ var (
 	// ErrInvalidKey is returned for a key that the caller supplied (in the
 	// header or through WithKey) or that a key function made, when it is not
 	// a valid idempotency key: empty, over 255 bytes, or with characters
-	// outside printable ASCII. It wraps the reason.
+	// outside printable ASCII; and for a request header that holds two keys.
+	// It wraps the reason.
 	ErrInvalidKey = errors.New("idempotency: invalid key")
 )
 

@@ -1,7 +1,6 @@
 package idempotency_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -181,14 +180,6 @@ func lost(w http.ResponseWriter, _ *http.Request) { loseResponse(w) }
 func post(t *testing.T, ctx context.Context, url, body string) *http.Request {
 	t.Helper()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, io.NopCloser(strings.NewReader(body)))
-	require.NoError(t, err)
-	return req
-}
-
-// postBytes makes a POST request whose body has GetBody, as most callers'.
-func postBytes(t *testing.T, ctx context.Context, url, body string) *http.Request {
-	t.Helper()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader([]byte(body)))
 	require.NoError(t, err)
 	return req
 }

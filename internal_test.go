@@ -85,6 +85,10 @@ func TestRetryAfterParse(t *testing.T) {
 		{"-1", 0, false},
 		{"1.5", 0, false},
 		{"7s", 0, false},
+		{"20000000000000000000A", 0, false},
+		{"99999999999999999999 1", 0, false},
+		{"\t7\t", 7 * time.Second, true},
+		{"\u00a07", 0, false},
 		{"soon", 0, false},
 		{now.Add(10 * time.Second).Format(http.TimeFormat), 10 * time.Second, true},
 		{now.Add(time.Hour).Format(http.TimeFormat), limit, true},
@@ -142,6 +146,16 @@ func TestBudgetConcurrent(t *testing.T) {
 	assert.True(t, none.take(10), "a nil budget permits everything")
 }
 
+func TestBudgetLargestCapacity(t *testing.T) {
+	b := NewBudget(math.MaxInt)
+	require.True(t, b.take(timeoutRetryCost))
+	b.refund(math.MaxInt64)
+	assert.Equal(t, math.MaxInt, b.Available(), "refund up to the capacity")
+	require.True(t, b.take(retryCost))
+	b.succeeded(2, 3*timeoutRetryCost)
+	assert.Equal(t, math.MaxInt, b.Available())
+}
+
 func TestReadUpTo(t *testing.T) {
 	payload := strings.Repeat("0123456789", 100) // 1000 bytes
 	tests := []struct {
@@ -157,6 +171,11 @@ func TestReadUpTo(t *testing.T) {
 		{"one byte over", 999, 0, false},
 		{"far over", 10, 0, false},
 		{"limit zero", 0, 0, false},
+		{"largest limit", math.MaxInt64, 0, true},
+		{"largest limit and hint", math.MaxInt64, math.MaxInt64, true},
+		{"hint past the limit", 10, math.MaxInt64, false},
+		{"hint of a terabyte", math.MaxInt64, 1 << 40, true},
+		{"negative limit", -5, 0, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -164,10 +183,11 @@ func TestReadUpTo(t *testing.T) {
 				buf, complete, err := readUpTo(r, tt.limit, tt.hint)
 				require.NoError(t, err)
 				assert.Equal(t, tt.complete, complete)
+				assert.LessOrEqual(t, cap(buf), max(2*len(payload), maxPrealloc+1), "capacity of the buffer")
 				if complete {
 					assert.Equal(t, payload, string(buf))
 				} else {
-					assert.Equal(t, payload[:tt.limit+1], string(buf), "what was read")
+					assert.Equal(t, payload[:max(tt.limit, 0)+1], string(buf), "what was read")
 					rest, _ := io.ReadAll(r)
 					assert.Equal(t, payload, string(buf)+string(rest), "nothing lost")
 				}
@@ -178,4 +198,56 @@ func TestReadUpTo(t *testing.T) {
 	assert.NoError(t, err)
 	assert.True(t, complete)
 	assert.Empty(t, buf)
+}
+
+// FuzzReadUpTo checks readUpTo's contract on arbitrary bodies, limits, size
+// hints and read sizes, and that its buffer grows with the bytes read, not
+// with what the hint or the limit say.
+func FuzzReadUpTo(f *testing.F) {
+	f.Add([]byte("payload"), int64(100), int64(7), uint8(0))
+	f.Add([]byte("payload"), int64(7), int64(0), uint8(1))
+	f.Add([]byte("payload"), int64(6), int64(7), uint8(3))
+	f.Add([]byte(""), int64(0), int64(0), uint8(0))
+	f.Add([]byte("x"), int64(-1), int64(-1), uint8(0))
+	f.Add([]byte("payload"), int64(math.MaxInt64), int64(math.MaxInt64), uint8(0))
+	f.Add([]byte("payload"), int64(math.MaxInt64), int64(1<<40), uint8(2))
+	f.Add(bytes.Repeat([]byte("z"), 5000), int64(math.MaxInt64), int64(100), uint8(200))
+	f.Fuzz(func(t *testing.T, body []byte, limit, hint int64, chunk uint8) {
+		var r io.Reader = bytes.NewReader(body)
+		if chunk > 0 {
+			r = &limitedReads{r: r, n: int(chunk)}
+		}
+		buf, complete, err := readUpTo(r, limit, hint)
+		if err != nil {
+			t.Fatalf("readUpTo() error = %v", err)
+		}
+		if fits := int64(len(body)) <= max(limit, 0); complete != fits {
+			t.Fatalf("readUpTo(%d bytes, limit %d) complete = %v, want %v", len(body), limit, complete, fits)
+		}
+		if complete && !bytes.Equal(buf, body) {
+			t.Fatalf("readUpTo() = %d bytes, want the %d of the body", len(buf), len(body))
+		}
+		if !complete {
+			if int64(len(buf)) != max(limit, 0)+1 {
+				t.Fatalf("readUpTo(limit %d) read %d bytes, want limit+1", limit, len(buf))
+			}
+			rest, _ := io.ReadAll(r)
+			if !bytes.Equal(append(buf, rest...), body) {
+				t.Fatal("what was read and what is left are not the body")
+			}
+		}
+		if most := max(2*(maxPrealloc+1), 3*len(buf)); cap(buf) > most {
+			t.Fatalf("readUpTo(%d bytes, limit %d, hint %d) buffer capacity = %d, want at most %d", len(body), limit, hint, cap(buf), most)
+		}
+	})
+}
+
+// limitedReads returns at most n bytes per Read.
+type limitedReads struct {
+	r io.Reader
+	n int
+}
+
+func (l *limitedReads) Read(p []byte) (int, error) {
+	return l.r.Read(p[:min(len(p), l.n)])
 }

@@ -2,7 +2,9 @@ package idempotency_test
 
 import (
 	"errors"
+	"maps"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -251,4 +253,105 @@ func TestContextKeyOnlyForKeyedMethods(t *testing.T) {
 	resp.Body.Close()
 	assert.Empty(t, outcome(t, resp).Key)
 	assert.Equal(t, []string{""}, s.keysSeen())
+}
+
+// headerSpy is a Transport that records, for each request it sends, the
+// names under which the request's header holds the key, in any letter case,
+// and their values.
+type headerSpy struct {
+	http.RoundTripper
+	name string
+
+	mu   sync.Mutex
+	seen []http.Header
+}
+
+func (s *headerSpy) RoundTrip(req *http.Request) (*http.Response, error) {
+	got := http.Header{}
+	for k, vs := range req.Header {
+		if strings.EqualFold(k, s.name) {
+			got[k] = append([]string(nil), vs...)
+		}
+	}
+	s.mu.Lock()
+	s.seen = append(s.seen, got)
+	s.mu.Unlock()
+	return s.RoundTripper.RoundTrip(req)
+}
+
+func (s *headerSpy) all() []http.Header {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]http.Header(nil), s.seen...)
+}
+
+func TestCallerKeyInAnyCase(t *testing.T) {
+	tests := []struct {
+		name    string
+		option  idempotency.Option
+		method  string
+		header  http.Header
+		wantKey string // "" when Do refuses the request
+	}{
+		{"canonical", nil, http.MethodPost, http.Header{"Idempotency-Key": {"k-1"}}, "k-1"},
+		{"lower case", nil, http.MethodPost, http.Header{"idempotency-key": {"k-2"}}, "k-2"},
+		{"upper case", nil, http.MethodPost, http.Header{"IDEMPOTENCY-KEY": {"k-3"}}, "k-3"},
+		{"lower case, quoted", nil, http.MethodPost, http.Header{"idempotency-key": {`"k-4"`}}, "k-4"},
+		{"lower case on an unkeyed method", nil, http.MethodPut, http.Header{"idempotency-key": {"k-5"}}, "k-5"},
+		{"custom header name", idempotency.WithHeader("X-Request-Key"), http.MethodPost, http.Header{"x-request-key": {"k-6"}}, "k-6"},
+		{"two values", nil, http.MethodPost, http.Header{"Idempotency-Key": {"k-7", "k-8"}}, ""},
+		{"two names", nil, http.MethodPost, http.Header{"Idempotency-Key": {"k-9"}, "idempotency-key": {"k-10"}}, ""},
+		{"two names, one key", nil, http.MethodPost, http.Header{"Idempotency-Key": {"k-11"}, "idempotency-key": {"k-11"}}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			headerName := idempotency.HeaderKey
+			var opts []idempotency.Option
+			if tt.option != nil {
+				headerName = "X-Request-Key"
+				opts = append(opts, tt.option)
+			}
+			var mu sync.Mutex
+			var wire [][]string
+			srv := newServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				mu.Lock()
+				defer mu.Unlock()
+				wire = append(wire, r.Header.Values(headerName))
+				if len(wire) == 1 {
+					w.WriteHeader(http.StatusServiceUnavailable)
+					return
+				}
+				w.WriteHeader(http.StatusCreated)
+			}))
+			spy := &headerSpy{RoundTripper: srv.Client().Transport, name: headerName}
+			opts = append(opts, idempotency.WithHTTPClient(&http.Client{Transport: spy}))
+			c := newClient(srv, opts...)
+			req, err := http.NewRequestWithContext(t.Context(), tt.method, srv.URL, strings.NewReader("x"))
+			require.NoError(t, err)
+			for k, vs := range tt.header {
+				req.Header[k] = append([]string(nil), vs...)
+			}
+
+			resp, err := c.Do(req)
+			assert.Equal(t, tt.header, req.Header, "the caller's header after Do")
+			if tt.wantKey == "" {
+				require.ErrorIs(t, err, idempotency.ErrInvalidKey)
+				assert.Contains(t, err.Error(), "2 values")
+				assert.Empty(t, spy.all(), "requests sent")
+				return
+			}
+			require.NoError(t, err)
+			resp.Body.Close()
+			o := outcome(t, resp)
+			assert.Equal(t, tt.wantKey, o.Key)
+			assert.Equal(t, 2, o.Attempts)
+			wireValue := tt.header[slices.Collect(maps.Keys(tt.header))[0]][0]
+			mu.Lock()
+			defer mu.Unlock()
+			assert.Equal(t, [][]string{{wireValue}, {wireValue}}, wire, "keys the server got")
+			for i, h := range spy.all() {
+				assert.Equal(t, http.Header{headerName: {wireValue}}, h, "key header of attempt %d", i+1)
+			}
+		})
+	}
 }

@@ -92,9 +92,9 @@ func newConfig(opts []Option) *config {
 	// failure; attemptTransport does not implement it, so those calls never
 	// reach base, which may be shared with the rest of the program.
 	at := &attemptTransport{
-		base:    base,
-		timeout: cfg.attemptTimeout,
-		cause:   &attemptTimeoutError{d: cfg.attemptTimeout},
+		base:     base,
+		cause:    &attemptTimeoutError{d: cfg.attemptTimeout},
+		timeouts: attemptTimeouts{d: cfg.attemptTimeout},
 	}
 	cfg.doClient = &http.Client{
 		Transport:     at,
@@ -249,7 +249,8 @@ func WithoutBudget() Option {
 // larger body is streamed to the first attempt and never retried (see
 // ErrBodyNotReplayable). A request with GetBody (as http.NewRequest sets for
 // bytes.Buffer, bytes.Reader and strings.Reader bodies) is not buffered at
-// all. A negative n is taken as 0.
+// all. A negative n is taken as 0. The buffer grows as the body is read, so
+// neither a large n nor a large ContentLength allocates memory in advance.
 func WithMaxBufferedBody(n int64) Option {
 	return func(c *config) { c.maxBuffered = max(n, 0) }
 }

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"math"
 	"net/http"
-	"strconv"
 	"strings"
 	"time"
 )
@@ -143,24 +142,29 @@ func retryAfter(h http.Header, now time.Time, limit time.Duration) (time.Duratio
 	if len(vs) == 0 || limit <= 0 {
 		return 0, false
 	}
-	v := strings.TrimSpace(vs[0])
+	// Optional whitespace is spaces and tabs (RFC 9110, section 5.6.3).
+	v := strings.Trim(vs[0], " \t")
 	if v == "" {
 		return 0, false
 	}
 	if v[0] >= '0' && v[0] <= '9' {
-		secs, err := strconv.ParseInt(v, 10, 64)
-		if err != nil {
-			// Too many digits to be anything but "very long".
-			var numErr *strconv.NumError
-			if errors.As(err, &numErr) && numErr.Err == strconv.ErrRange {
-				return limit, true
+		// delta-seconds: digits only, as many as there are; past the limit
+		// their value no longer matters.
+		most := int64(limit / time.Second)
+		var secs int64
+		for i := 0; i < len(v); i++ {
+			c := v[i]
+			if c < '0' || c > '9' {
+				return 0, false
 			}
-			return 0, false
+			if secs <= most {
+				secs = secs*10 + int64(c-'0')
+			}
 		}
-		if secs > int64(limit/time.Second) {
+		if secs > most {
 			return limit, true
 		}
-		return min(time.Duration(secs)*time.Second, limit), true
+		return time.Duration(secs) * time.Second, true
 	}
 	t, err := http.ParseTime(v)
 	if err != nil {

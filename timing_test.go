@@ -186,7 +186,13 @@ func TestCallerCancellationNotRetried(t *testing.T) {
 			var re *idempotency.RetryError
 			require.ErrorAs(t, err, &re)
 			assert.Equal(t, 1, re.Attempts)
-			assert.EqualValues(t, 1, s.hits.Load())
+			if tt.timeout > 0 {
+				// On a busy machine the deadline may pass before the
+				// request arrives; it is never sent twice.
+				assert.LessOrEqual(t, s.hits.Load(), int64(1))
+			} else {
+				assert.EqualValues(t, 1, s.hits.Load())
+			}
 		})
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -328,4 +329,86 @@ func TestMaxAttemptsBelowOne(t *testing.T) {
 	assert.Equal(t, 1, o.Attempts)
 	assert.ErrorIs(t, o.Stopped, idempotency.ErrAttemptsExhausted)
 	assert.EqualValues(t, 1, s.hits.Load())
+}
+
+func TestStalledDiscardedBody(t *testing.T) {
+	tests := []struct {
+		name string
+		opts []idempotency.Option
+		do   func(*idempotency.Client, *http.Request) (*http.Response, error)
+	}{
+		{"Do", nil, (*idempotency.Client).Do},
+		{"Do without attempt timeout", []idempotency.Option{idempotency.WithAttemptTimeout(0)}, (*idempotency.Client).Do},
+		{"StandardClient", nil, func(c *idempotency.Client, req *http.Request) (*http.Response, error) {
+			return c.StandardClient().Do(req)
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			release := make(chan struct{})
+			// A 503 whose body stalls after its first bytes, until the
+			// client gives up on the connection.
+			stall := func(w http.ResponseWriter, r *http.Request) {
+				w.WriteHeader(http.StatusServiceUnavailable)
+				io.WriteString(w, "overloa")
+				w.(http.Flusher).Flush()
+				select {
+				case <-r.Context().Done():
+				case <-release:
+				}
+			}
+			s := newScript(stall, status(http.StatusCreated))
+			srv := newServer(t, s)
+			t.Cleanup(func() { close(release) })
+			c := newClient(srv, tt.opts...)
+			// Without a bound on the drain, the call would last until this
+			// deadline and end in an error.
+			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+			defer cancel()
+
+			resp, err := tt.do(c, post(t, ctx, srv.URL, "x"))
+			require.NoError(t, err)
+			assert.Equal(t, http.StatusCreated, resp.StatusCode)
+			assert.Equal(t, "status 201", readAll(t, resp))
+			assert.Equal(t, 2, outcome(t, resp).Attempts)
+			assert.NoError(t, ctx.Err(), "the call lasted until the deadline")
+		})
+	}
+}
+
+// rudeTransport breaks the RoundTripper contract: it returns no response
+// and no error, or a response without a body.
+type rudeTransport struct{ nilResponse bool }
+
+func (r rudeTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.Body != nil {
+		req.Body.Close()
+	}
+	if r.nilResponse {
+		return nil, nil
+	}
+	return &http.Response{StatusCode: http.StatusCreated, Header: http.Header{}, Request: req}, nil
+}
+
+func TestRudeTransport(t *testing.T) {
+	for _, nilResponse := range []bool{true, false} {
+		for _, ctx := range []context.Context{context.Background(), t.Context()} {
+			c := idempotency.NewClient(idempotency.WithHTTPClient(&http.Client{Transport: rudeTransport{nilResponse}}),
+				idempotency.WithMaxAttempts(1))
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://api.example/orders", strings.NewReader("x"))
+			require.NoError(t, err)
+
+			resp, err := c.Do(req)
+			if nilResponse {
+				assert.ErrorContains(t, err, "nil *Response")
+				continue
+			}
+			require.NoError(t, err)
+			assert.Equal(t, http.StatusCreated, resp.StatusCode)
+			b, err := io.ReadAll(resp.Body)
+			assert.NoError(t, err)
+			assert.Empty(t, b)
+			assert.NoError(t, resp.Body.Close())
+		}
+	}
 }

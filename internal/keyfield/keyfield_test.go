@@ -56,22 +56,115 @@ func TestQuoteRoundTrip(t *testing.T) {
 	}
 }
 
+// FuzzParse checks Parse against a plain reading of the two wire forms (a
+// bare key, or an RFC 8941 sf-string) and checks that what it accepts round
+// trips through Quote.
 func FuzzParse(f *testing.F) {
-	for _, s := range []string{"abc", `"abc"`, `"a\"b"`, "", `"`, `\`} {
+	for _, s := range []string{
+		"abc", `"abc"`, `"a\"b"`, `"a\\b"`, "", `"`, `\`, `""`, `" a"`, `"a "`, " a", "a ",
+		"8e03978e-40d5-43e8-bc93-6894a57f9324", `"8e03978e-40d5-43e8-bc93-6894a57f9324"`,
+		`"abc"d`, `"abc`, `"a\nb"`, `"abc\`, "a\x00b", "caf\u00e9", `a"b`, `"a"b"`,
+		strings.Repeat("k", MaxLen), strings.Repeat("k", MaxLen+1),
+		`"` + strings.Repeat("k", MaxLen) + `"`, `"` + strings.Repeat(`\"`, MaxLen) + `"`,
+	} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
 		key, err := Parse(s)
+		want, ok := referenceParse(s)
+		if (err == nil) != ok {
+			t.Fatalf("Parse(%q) error = %v, want ok = %v", s, err, ok)
+		}
 		if err != nil {
 			return
+		}
+		if key != want {
+			t.Fatalf("Parse(%q) = %q, want %q", s, key, want)
 		}
 		if Validate(key) != nil {
 			t.Fatalf("Parse(%q) = %q, which Validate refuses", s, key)
 		}
-		if got, err := Parse(Quote(key)); err != nil || got != key {
-			t.Fatalf("Parse(Quote(%q)) = %q, %v", key, got, err)
+		if len(key) > MaxLen {
+			t.Fatalf("Parse(%q) = %d bytes, over %d", s, len(key), MaxLen)
+		}
+		q := Quote(key)
+		if got, err := Parse(q); err != nil || got != key {
+			t.Fatalf("Parse(Quote(%q)) = %q, %v; want the key", key, got, err)
+		}
+		if s[0] == '"' && q != s {
+			// Escapes are only for " and \, so the quoted form is unique.
+			t.Fatalf("Quote(Parse(%q)) = %q, want the input back", s, q)
+		}
+		if s[0] != '"' && key != s {
+			t.Fatalf("Parse(%q) = %q, want a bare key unchanged", s, key)
 		}
 	})
+}
+
+// FuzzQuote checks that every valid key comes back from its quoted form,
+// and that the quoted form is an sf-string.
+func FuzzQuote(f *testing.F) {
+	for _, s := range []string{"abc", `a"b`, `a\b`, `\"\\`, `"`, `""`, " ", "a b", strings.Repeat(`"`, MaxLen)} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, key string) {
+		if Validate(key) != nil {
+			return
+		}
+		q := Quote(key)
+		got, ok := referenceParse(q)
+		if !ok || got != key {
+			t.Fatalf("Quote(%q) = %s, which reads as %q, %v", key, q, got, ok)
+		}
+		if got, err := Parse(q); err != nil || got != key {
+			t.Fatalf("Parse(Quote(%q)) = %q, %v; want the key", key, got, err)
+		}
+		if n := strings.Count(key, `"`) + strings.Count(key, `\`); len(q) != len(key)+2+n {
+			t.Fatalf("Quote(%q) = %d bytes, want %d", key, len(q), len(key)+2+n)
+		}
+	})
+}
+
+// referenceParse is Parse written from the rules, one character at a time,
+// without regard for speed.
+func referenceParse(s string) (string, bool) {
+	key := s
+	if strings.HasPrefix(s, `"`) {
+		// RFC 8941, section 4.2.5: Parsing a String.
+		var b []byte
+		i, closed := 1, false
+		for i < len(s) && !closed {
+			c := s[i]
+			i++
+			switch {
+			case c == '\\':
+				if i == len(s) || (s[i] != '"' && s[i] != '\\') {
+					return "", false
+				}
+				b = append(b, s[i])
+				i++
+			case c == '"':
+				closed = true
+			case c < 0x20 || c > 0x7e:
+				return "", false
+			default:
+				b = append(b, c)
+			}
+		}
+		if !closed || i != len(s) {
+			return "", false
+		}
+		key = string(b)
+	}
+	if len(key) < 1 || len(key) > 255 || key[0] == ' ' || key[len(key)-1] == ' ' {
+		return "", false
+	}
+	for _, r := range []byte(key) {
+		if r < 0x20 || r > 0x7e {
+			return "", false
+		}
+	}
+	return key, true
 }
 
 func BenchmarkParse(b *testing.B) {

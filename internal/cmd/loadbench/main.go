@@ -1,7 +1,7 @@
 // Command loadbench measures the middleware under load over loopback, side
 // by side in one run with the bare handler and with the store alone:
 //
-//	go run ./internal/loadbench -store memory|postgres|redis [-c 32] [-d 3s] [-rounds 3]
+//	go run ./internal/cmd/loadbench -store memory|postgres|redis [-c 32] [-d 3s] [-rounds 3]
 //
 // The HTTP load comes from a separate process (this program, re-executed
 // with -loadgen), so that the load generator's work is not counted against

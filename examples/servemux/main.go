@@ -2,12 +2,12 @@
 // Go 1.22 method and path patterns, by the idempotency middleware of package
 // server.
 //
-// All of the API but its routing is package internal/exampleapp, shared by
-// the router examples; its doc says why the idempotency records are kept
-// per account. Here exampleapp.Authenticate wraps the whole mux, so it runs
-// first, for every route, and puts the caller's account in the request's
-// context, where the middleware's scope function, exampleapp.Scope (given
-// with server.WithScope), finds it.
+// All of the API but its routing is in app.go, the same in every router
+// example (so that each can be copied out on its own); its comment says why
+// the idempotency records are kept per account. Here authenticate wraps the
+// whole mux, so it runs first, for every route, and puts the caller's account
+// in the request's context, where the middleware's scope function, scope
+// (given with server.WithScope), finds it.
 //
 // The middleware wraps only the POST route: it passes other methods through
 // untouched anyway, and wrapping per route keeps the rest of the mux out of
@@ -34,22 +34,21 @@ import (
 	"log"
 	"net/http"
 
-	"github.com/idemkit/idempotency/internal/exampleapp"
 	"github.com/idemkit/idempotency/server"
 )
 
 func main() {
 	addr := flag.String("addr", "127.0.0.1:8080", "address to listen on")
 	flag.Parse()
-	if err := exampleapp.Run(*addr, newHandler); err != nil {
+	if err := run(*addr, newHandler); err != nil {
 		log.Fatal(err)
 	}
 }
 
 // newHandler wires the API: authentication for every route, the idempotency
 // middleware for the route that creates orders.
-func newHandler(store server.Store, book *exampleapp.Book, accounts map[string]string) (http.Handler, error) {
-	mw, err := server.New(store, server.WithScope(exampleapp.Scope))
+func newHandler(store server.Store, book *book, accounts map[string]string) (http.Handler, error) {
+	mw, err := server.New(store, server.WithScope(scope))
 	if err != nil {
 		return nil, err
 	}
@@ -57,31 +56,31 @@ func newHandler(store server.Store, book *exampleapp.Book, accounts map[string]s
 	mux := http.NewServeMux()
 	mux.Handle("POST /orders", mw.Handler(http.HandlerFunc(api.createOrder)))
 	mux.HandleFunc("GET /orders/{id}", api.getOrder)
-	return exampleapp.Authenticate(accounts)(mux), nil
+	return authenticate(accounts)(mux), nil
 }
 
-type api struct{ book *exampleapp.Book }
+type api struct{ book *book }
 
 func (a *api) createOrder(w http.ResponseWriter, r *http.Request) {
-	account, _ := exampleapp.AccountFrom(r.Context())
-	req, err := exampleapp.DecodeOrder(r.Body)
+	account, _ := accountFrom(r.Context())
+	req, err := decodeOrder(r.Body)
 	if err != nil {
 		// A 4xx is stored like a success: the same request would fail
 		// the same way again.
-		exampleapp.WriteJSON(w, http.StatusBadRequest, map[string]string{"error": "want an item and a positive quantity"})
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "want an item and a positive quantity"})
 		return
 	}
-	o := a.book.Add(account, req.Item, req.Quantity)
+	o := a.book.add(account, req.Item, req.Quantity)
 	w.Header().Set("Location", "/orders/"+o.ID)
-	exampleapp.WriteJSON(w, http.StatusCreated, o)
+	writeJSON(w, http.StatusCreated, o)
 }
 
 func (a *api) getOrder(w http.ResponseWriter, r *http.Request) {
-	account, _ := exampleapp.AccountFrom(r.Context())
-	o, ok := a.book.Get(account, r.PathValue("id"))
+	account, _ := accountFrom(r.Context())
+	o, ok := a.book.get(account, r.PathValue("id"))
 	if !ok {
-		exampleapp.WriteJSON(w, http.StatusNotFound, map[string]string{"error": "no such order"})
+		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such order"})
 		return
 	}
-	exampleapp.WriteJSON(w, http.StatusOK, o)
+	writeJSON(w, http.StatusOK, o)
 }

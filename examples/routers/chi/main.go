@@ -8,12 +8,12 @@
 // middleware gives the handler a context derived from the request's, so
 // chi.URLParam works behind it.
 //
-// All of the API but its routing is package internal/exampleapp, shared by
-// the router examples; its doc says why the idempotency records are kept
-// per account. Here exampleapp.Authenticate, net/http middleware too, runs
-// first (r.Use, before the routes) and puts the caller's account in the
-// request's context, where the middleware's scope function,
-// exampleapp.Scope (given with server.WithScope), finds it.
+// All of the API but its routing is in app.go, the same in every router
+// example (so that each can be copied out on its own); its comment says why
+// the idempotency records are kept per account. Here authenticate, net/http
+// middleware too, runs first (r.Use, before the routes) and puts the caller's
+// account in the request's context, where the middleware's scope function,
+// scope (given with server.WithScope), finds it.
 //
 // middleware.Recoverer comes first of all: the idempotency middleware
 // releases the key of a handler that panics and lets the panic go on, for the
@@ -41,29 +41,28 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
 
-	"github.com/idemkit/idempotency/internal/exampleapp"
 	"github.com/idemkit/idempotency/server"
 )
 
 func main() {
 	addr := flag.String("addr", "127.0.0.1:8080", "address to listen on")
 	flag.Parse()
-	if err := exampleapp.Run(*addr, newHandler); err != nil {
+	if err := run(*addr, newHandler); err != nil {
 		log.Fatal(err)
 	}
 }
 
 // newHandler wires the API: recovery and authentication for every route, the
 // idempotency middleware for the route that creates orders.
-func newHandler(store server.Store, book *exampleapp.Book, accounts map[string]string) (http.Handler, error) {
-	mw, err := server.New(store, server.WithScope(exampleapp.Scope))
+func newHandler(store server.Store, book *book, accounts map[string]string) (http.Handler, error) {
+	mw, err := server.New(store, server.WithScope(scope))
 	if err != nil {
 		return nil, err
 	}
 	api := &api{book: book}
 	r := chi.NewRouter()
 	r.Use(middleware.Recoverer)
-	r.Use(exampleapp.Authenticate(accounts))
+	r.Use(authenticate(accounts))
 	r.Route("/orders", func(r chi.Router) {
 		r.With(mw.Handler).Post("/", api.createOrder)
 		r.Get("/{id}", api.getOrder)
@@ -71,28 +70,28 @@ func newHandler(store server.Store, book *exampleapp.Book, accounts map[string]s
 	return r, nil
 }
 
-type api struct{ book *exampleapp.Book }
+type api struct{ book *book }
 
 func (a *api) createOrder(w http.ResponseWriter, r *http.Request) {
-	account, _ := exampleapp.AccountFrom(r.Context())
-	req, err := exampleapp.DecodeOrder(r.Body)
+	account, _ := accountFrom(r.Context())
+	req, err := decodeOrder(r.Body)
 	if err != nil {
 		// A 4xx is stored like a success: the same request would fail
 		// the same way again.
-		exampleapp.WriteJSON(w, http.StatusBadRequest, map[string]string{"error": "want an item and a positive quantity"})
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "want an item and a positive quantity"})
 		return
 	}
-	o := a.book.Add(account, req.Item, req.Quantity)
+	o := a.book.add(account, req.Item, req.Quantity)
 	w.Header().Set("Location", "/orders/"+o.ID)
-	exampleapp.WriteJSON(w, http.StatusCreated, o)
+	writeJSON(w, http.StatusCreated, o)
 }
 
 func (a *api) getOrder(w http.ResponseWriter, r *http.Request) {
-	account, _ := exampleapp.AccountFrom(r.Context())
-	o, ok := a.book.Get(account, chi.URLParam(r, "id"))
+	account, _ := accountFrom(r.Context())
+	o, ok := a.book.get(account, chi.URLParam(r, "id"))
 	if !ok {
-		exampleapp.WriteJSON(w, http.StatusNotFound, map[string]string{"error": "no such order"})
+		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such order"})
 		return
 	}
-	exampleapp.WriteJSON(w, http.StatusOK, o)
+	writeJSON(w, http.StatusOK, o)
 }

@@ -14,14 +14,14 @@
 //
 // # Who the key belongs to
 //
-// All of the API but its routing is package internal/exampleapp, shared by
-// the router examples; its doc says why the idempotency records are kept
-// per account. Here authenticate, the application's own echo middleware,
-// runs first and puts the caller's account ID in the context of the
-// request, c.Request().Context(), where the middleware's scope function,
-// exampleapp.Scope (given with server.WithScope), finds it. Not with c.Set:
-// the scope function receives the *http.Request, not the echo.Context, so it
-// never sees echo's values.
+// All of the API but its routing is in app.go, the same in every router
+// example (so that each can be copied out on its own); its comment says why
+// the idempotency records are kept per account. Here authenticate, the
+// application's own echo middleware, runs first and puts the caller's account
+// ID in the context of the request, c.Request().Context(), where the
+// middleware's scope function, scope (given with server.WithScope), finds it.
+// Not with c.Set: the scope function receives the *http.Request, not the
+// echo.Context, so it never sees echo's values.
 //
 // # Try it
 //
@@ -45,22 +45,21 @@ import (
 	"github.com/labstack/echo/v4"
 	"github.com/labstack/echo/v4/middleware"
 
-	"github.com/idemkit/idempotency/internal/exampleapp"
 	"github.com/idemkit/idempotency/server"
 )
 
 func main() {
 	addr := flag.String("addr", "127.0.0.1:8080", "address to listen on")
 	flag.Parse()
-	if err := exampleapp.Run(*addr, newHandler); err != nil {
+	if err := run(*addr, newHandler); err != nil {
 		log.Fatal(err)
 	}
 }
 
 // newHandler wires the API: recovery and authentication for every route, the
 // idempotency middleware for the route that creates orders.
-func newHandler(store server.Store, book *exampleapp.Book, accounts map[string]string) (http.Handler, error) {
-	mw, err := server.New(store, server.WithScope(exampleapp.Scope))
+func newHandler(store server.Store, book *book, accounts map[string]string) (http.Handler, error) {
+	mw, err := server.New(store, server.WithScope(scope))
 	if err != nil {
 		return nil, err
 	}
@@ -84,30 +83,30 @@ func authenticate(accounts map[string]string) echo.MiddlewareFunc {
 			if !ok {
 				return echo.NewHTTPError(http.StatusUnauthorized, "unknown or missing X-API-Key")
 			}
-			c.SetRequest(r.WithContext(exampleapp.WithAccount(r.Context(), account)))
+			c.SetRequest(r.WithContext(withAccount(r.Context(), account)))
 			return next(c)
 		}
 	}
 }
 
-type api struct{ book *exampleapp.Book }
+type api struct{ book *book }
 
 func (a *api) createOrder(c echo.Context) error {
-	account, _ := exampleapp.AccountFrom(c.Request().Context())
-	var req exampleapp.OrderRequest
-	if err := c.Bind(&req); err != nil || req.Validate() != nil {
+	account, _ := accountFrom(c.Request().Context())
+	var req orderRequest
+	if err := c.Bind(&req); err != nil || req.validate() != nil {
 		// A 4xx is stored like a success: the same request would fail
 		// the same way again.
 		return echo.NewHTTPError(http.StatusBadRequest, "want an item and a positive quantity")
 	}
-	o := a.book.Add(account, req.Item, req.Quantity)
+	o := a.book.add(account, req.Item, req.Quantity)
 	c.Response().Header().Set(echo.HeaderLocation, "/orders/"+o.ID)
 	return c.JSON(http.StatusCreated, o)
 }
 
 func (a *api) getOrder(c echo.Context) error {
-	account, _ := exampleapp.AccountFrom(c.Request().Context())
-	o, ok := a.book.Get(account, c.Param("id"))
+	account, _ := accountFrom(c.Request().Context())
+	o, ok := a.book.get(account, c.Param("id"))
 	if !ok {
 		return echo.NewHTTPError(http.StatusNotFound, "no such order")
 	}

@@ -6,7 +6,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/idemkit/idempotency/internal/exampleapp"
 	"github.com/idemkit/idempotency/internal/exampletest"
 	"github.com/idemkit/idempotency/server/memstore"
 )
@@ -20,9 +19,9 @@ func TestAPI(t *testing.T) {
 	exampletest.Run(t, func(t *testing.T) exampletest.API {
 		store := memstore.New()
 		t.Cleanup(func() { store.Close() })
-		book := &exampleapp.Book{}
-		h, err := newHandler(store, book, exampleapp.Accounts())
+		book := &book{}
+		h, err := newHandler(store, book, demoAccounts())
 		require.NoError(t, err)
-		return exampletest.API{Handler: h, Orders: book.Count}
+		return exampletest.API{Handler: h, Orders: book.count}
 	})
 }

@@ -1,10 +1,11 @@
 // Package storetest is the conformance suite for server.Store
 // implementations.
 //
-// Run checks one property per named subtest, each against a fresh Store from
-// the constructor and with keys of its own, so that a Store backed by a shared
-// database can be tested without cleaning it between subtests. Run it with
-// -race: several properties are about concurrency.
+// Run checks one property per named subtest, each against a Store from the
+// constructor and with keys of its own, so that a Store backed by a shared
+// database can be tested without cleaning it between subtests. The subtests
+// run in parallel. Run it with -race: several properties are about
+// concurrency.
 //
 // The suite waits for leases and TTLs of a few hundred milliseconds to pass,
 // using the Store's own clock (a database's, for instance), so it takes a few
@@ -66,6 +67,10 @@ func Run(t *testing.T, newStore NewStore) {
 		{"ContextCancellation", testContextCancellation},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			// Every subtest has keys of its own, and a Store must be
+			// safe for concurrent use: they run side by side, which
+			// also makes the suite's waits for leases overlap.
+			t.Parallel()
 			ctx, cancel := context.WithTimeout(context.Background(), patience)
 			defer cancel()
 			tc.fn(t, fixture{ctx: ctx, store: newStore(t), prefix: randomString(t, 8)})

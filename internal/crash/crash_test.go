@@ -65,7 +65,7 @@ func TestCrash(t *testing.T) {
 			r := newCrashRun(t, bin, kind, runSize())
 			res := r.run(t)
 			t.Logf("%s: %d orders, %d crashes (handlers running at the kills: %v); %d executions, %d orders run twice or more (%d extra executions), %d half done, %d answered but absent; answers seen: %s",
-				kind, r.size.orders, len(res.killedInflight), res.killedInflight, res.executions, res.duplicatedOrders,
+				kind, res.orders, len(res.killedInflight), res.killedInflight, res.executions, res.duplicatedOrders,
 				res.extraExecutions, res.halfDone, res.lost, r.answers)
 			assert.Zero(t, res.halfDone, "orders half done")
 			assert.Zero(t, res.lost, "orders answered whose order is not in the database")
@@ -143,6 +143,7 @@ func (r *crashRun) start(t *testing.T) *testproc.Process {
 
 // result is what the database holds after a run.
 type result struct {
+	orders           int
 	killedInflight   []int
 	executions       int
 	duplicatedOrders int // orders executed more than once
@@ -170,12 +171,19 @@ func (r *crashRun) run(t *testing.T) result {
 		idempotency.WithoutBudget(),
 	)
 	url := "http://" + r.addr + "/orders"
-	answers := make([]string, r.size.orders)
-	var done atomic.Int64
+	var (
+		mu      sync.Mutex
+		answers = map[int]string{}
+		done    atomic.Int64
+		crashed atomic.Bool
+	)
+	// Orders are sent until the last crash is over, and at least
+	// r.size.orders of them: there are handlers running to crash into
+	// however fast the others go.
 	refs := make(chan int)
 	wg.Go(func() {
 		defer close(refs)
-		for i := range r.size.orders {
+		for i := 0; i < r.size.orders || !crashed.Load(); i++ {
 			select {
 			case refs <- i:
 			case <-ctx.Done():
@@ -183,7 +191,7 @@ func (r *crashRun) run(t *testing.T) result {
 			}
 		}
 	})
-	failures := make(chan error, r.size.orders)
+	failures := make(chan error, 1)
 	hc := client.StandardClient()
 	var workers sync.WaitGroup
 	for range r.size.workers {
@@ -191,10 +199,15 @@ func (r *crashRun) run(t *testing.T) result {
 			for i := range refs {
 				body, err := submit(ctx, hc, url, i)
 				if err != nil {
-					failures <- fmt.Errorf("order %d: %w", i, err)
+					select {
+					case failures <- fmt.Errorf("order %d: %w", i, err):
+					default:
+					}
 					continue
 				}
+				mu.Lock()
 				answers[i] = body
+				mu.Unlock()
 				done.Add(1)
 			}
 		})
@@ -205,7 +218,10 @@ func (r *crashRun) run(t *testing.T) result {
 		close(finished)
 	})
 
-	var res result
+	var (
+		res  result
+		logs strings.Builder
+	)
 	for c := 1; c <= r.size.crashes; c++ {
 		// Spread the crashes over the run, each while handlers run.
 		want := int64(c * r.size.orders / (r.size.crashes + 1))
@@ -214,19 +230,26 @@ func (r *crashRun) run(t *testing.T) result {
 		}, failures)
 		proc.Kill()
 		res.killedInflight = append(res.killedInflight, n)
+		logs.WriteString(proc.Output())
 		proc = r.start(t)
 	}
+	crashed.Store(true)
 	<-finished
 	select {
 	case err := <-failures:
 		t.Fatalf("%v\nserver output:\n%s", err, proc.Output())
 	default:
 	}
+	res.orders = len(answers)
+	logs.WriteString(proc.Output())
+	t.Logf("what the server processes said:\n%s", logs.String())
 
 	// Every order once more: each is a replay of the answer the client got.
 	plain := &http.Transport{}
 	defer plain.CloseIdleConnections()
-	for i, want := range answers {
+	for i := range res.orders {
+		want, ok := answers[i]
+		require.True(t, ok, "order %d has no answer", i)
 		got, replayed, err := send(ctx, &http.Client{Transport: plain}, url, i)
 		require.NoError(t, err)
 		require.True(t, replayed, "order %d sent again was not a replay: %s", i, got)
@@ -244,6 +267,7 @@ func waitUntil(t *testing.T, proc *testproc.Process, ready func(inflight int) bo
 	deadline := time.Now().Add(time.Minute)
 	tick := time.NewTicker(2 * time.Millisecond)
 	defer tick.Stop()
+	last := -1
 	for {
 		select {
 		case err := <-failures:
@@ -253,11 +277,14 @@ func waitUntil(t *testing.T, proc *testproc.Process, ready func(inflight int) bo
 		if resp, err := c.Get("http://" + proc.Addr + "/inflight"); err == nil {
 			b, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
-			if n, err := strconv.Atoi(string(b)); err == nil && ready(n) {
-				return n
+			if n, err := strconv.Atoi(string(b)); err == nil {
+				if ready(n) {
+					return n
+				}
+				last = n
 			}
 		}
-		require.True(t, time.Now().Before(deadline), "the server never had the handlers running that the crash needs\n%s", proc.Output())
+		require.True(t, time.Now().Before(deadline), "the server never had the handlers running that the crash needs (last seen %d)\n%s", last, proc.Output())
 	}
 }
 
@@ -301,7 +328,7 @@ func send(ctx context.Context, hc *http.Client, url string, i int) (body string,
 }
 
 // count reads the orders from the database.
-func (r *crashRun) count(t *testing.T, res *result, answers []string) {
+func (r *crashRun) count(t *testing.T, res *result, answers map[int]string) {
 	ctx := context.Background()
 	rows, err := r.pool.Query(ctx, "SELECT o.id, o.ref, o.lines, (SELECT count(*) FROM "+r.lines+" l WHERE l.order_id = o.id) FROM "+r.orders+" o")
 	require.NoError(t, err)

@@ -25,6 +25,7 @@ import (
 	"flag"
 	"fmt"
 	"log"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -113,7 +114,8 @@ func run(addr, kind, records, orders string, lease, step, after time.Duration) e
 	default:
 		return fmt.Errorf("crashserver: unknown store %q", kind)
 	}
-	mw, err := server.New(store, server.WithLease(lease), server.WithTTL(time.Hour))
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	mw, err := server.New(store, server.WithLease(lease), server.WithTTL(time.Hour), server.WithLogger(logger))
 	if err != nil {
 		return err
 	}
@@ -165,29 +167,29 @@ func (a *api) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	} else {
 		var err error
 		if tx, err = a.pool.Begin(ctx); err != nil {
-			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			a.fail(w, err)
 			return
 		}
 		defer tx.Rollback(context.WithoutCancel(ctx))
 	}
 	var id int64
 	if err := tx.QueryRow(ctx, a.insertOrder, in.Ref, in.Lines).Scan(&id); err != nil {
-		http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		a.fail(w, err)
 		return
 	}
 	for n := range in.Lines {
 		if !pause(ctx, a.step) {
-			http.Error(w, "gave up", http.StatusServiceUnavailable)
+			a.fail(w, context.Cause(ctx))
 			return
 		}
 		if _, err := tx.Exec(ctx, a.insertLine, id, n); err != nil {
-			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			a.fail(w, err)
 			return
 		}
 	}
 	if !a.transactional {
 		if err := tx.Commit(ctx); err != nil {
-			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			a.fail(w, err)
 			return
 		}
 	}
@@ -197,6 +199,13 @@ func (a *api) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusCreated)
 	fmt.Fprintf(w, `{"id":%s,"ref":%q}`, strconv.FormatInt(id, 10), in.Ref)
+}
+
+// fail answers 503 for an order that could not be written, and says why on
+// standard error.
+func (a *api) fail(w http.ResponseWriter, err error) {
+	log.Printf("crashserver: order not written: %v", err)
+	http.Error(w, "order not written", http.StatusServiceUnavailable)
 }
 
 // pause waits d, or until ctx is done; it reports whether it waited d.

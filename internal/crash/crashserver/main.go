@@ -14,7 +14,8 @@
 // live in PostgreSQL or Redis in lease mode, and the order is written in a
 // transaction of the handler's own, committed before the pause -after.
 //
-// GET /inflight answers the number of handlers running. The program prints
+// GET /inflight answers the number of orders in flight: past the server's
+// accepting them, not yet answered. The program prints
 // "listening on ADDR" once it serves, and runs until it is killed.
 package main
 
@@ -124,7 +125,15 @@ func run(addr, kind, records, orders string, lease, step, after time.Duration) e
 		insertLine:  "INSERT INTO " + pgx.Identifier{orders + "_lines"}.Sanitize() + " (order_id, n) VALUES ($1, $2)",
 	}
 	mux := http.NewServeMux()
-	mux.Handle("POST /orders", mw.Handler(api))
+	// A request counts from before its claim until its response is
+	// stored and sent: a crash anywhere in that span may leave it to be
+	// run again.
+	protected := mw.Handler(api)
+	mux.HandleFunc("POST /orders", func(w http.ResponseWriter, r *http.Request) {
+		api.inflight.Add(1)
+		defer api.inflight.Add(-1)
+		protected.ServeHTTP(w, r)
+	})
 	mux.HandleFunc("GET /inflight", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprint(w, api.inflight.Load())
 	})
@@ -146,8 +155,6 @@ type api struct {
 }
 
 func (a *api) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	a.inflight.Add(1)
-	defer a.inflight.Add(-1)
 	var in struct {
 		Ref   string
 		Lines int

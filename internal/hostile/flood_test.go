@@ -219,9 +219,9 @@ func TestFloodMemory(t *testing.T) {
 		}
 	}
 	for _, r := range runs {
-		name := "unbounded"
+		name := fmt.Sprintf("unbounded, %d-byte responses", r.body)
 		if r.maxBytes > 0 {
-			name = "bounded " + mib(r.maxBytes)
+			name = fmt.Sprintf("bounded to %s, %d-byte responses", mib(r.maxBytes), r.body)
 		}
 		t.Run(name, func(t *testing.T) {
 			res := r.run(t, bin)

@@ -1,0 +1,228 @@
+// Command crashserver is the orders API that the crash tests kill with
+// SIGKILL in the middle of its work and start again on the same store.
+//
+// POST /orders, behind the idempotency middleware, takes {"ref": "...",
+// "lines": n} and writes an order and its n lines to PostgreSQL, pausing
+// -step before each line, so that a handler is caught half-way as often as
+// not. The order is then done, and the handler pauses -after before it
+// answers: the work a real API does between its last write and its response,
+// and the window in which a crash leaves an effect without a stored response.
+//
+// With -store pg-tx the records live in PostgreSQL in pgstore's transactional
+// mode, and the order is written in the record's transaction
+// (pgstore.TxFromContext); with -store pg-lease or redis-lease the records
+// live in PostgreSQL or Redis in lease mode, and the order is written in a
+// transaction of the handler's own, committed before the pause -after.
+//
+// GET /inflight answers the number of orders in flight: past the server's
+// accepting them, not yet answered. The program prints
+// "listening on ADDR" once it serves, and runs until it is killed.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"log"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/server/pgstore"
+	"github.com/idemkit/idempotency/server/redisstore"
+)
+
+func main() {
+	addr := flag.String("addr", "127.0.0.1:0", "address to listen on")
+	kind := flag.String("store", "pg-tx", "records in: pg-tx, pg-lease or redis-lease")
+	records := flag.String("records", "", "table (PostgreSQL) or key prefix (Redis) of the records")
+	orders := flag.String("orders", "", "table of the orders; its lines are in the table named with the suffix _lines")
+	lease := flag.Duration("lease", time.Second, "the middleware's lease")
+	step := flag.Duration("step", 5*time.Millisecond, "pause before each line")
+	after := flag.Duration("after", 10*time.Millisecond, "pause between the last write and the answer")
+	flag.Parse()
+	if *records == "" || *orders == "" {
+		log.Fatal("crashserver: -records and -orders are required")
+	}
+	if err := run(*addr, *kind, *records, *orders, *lease, *step, *after); err != nil {
+		log.Fatal(err)
+	}
+}
+
+func env(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+func run(addr, kind, records, orders string, lease, step, after time.Duration) error {
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(env("IDEMPOTENCY_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"))
+	if err != nil {
+		return errors.New("crashserver: IDEMPOTENCY_POSTGRES_URL is not a PostgreSQL URL")
+	}
+	cfg.MaxConns = 48
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	var store server.Store
+	transactional := false
+	switch kind {
+	case "pg-tx", "pg-lease":
+		opts := []pgstore.Option{pgstore.WithTable(records)}
+		if kind == "pg-tx" {
+			opts = append(opts, pgstore.WithTransactions())
+			transactional = true
+		}
+		s, err := pgstore.New(pool, opts...)
+		if err != nil {
+			return err
+		}
+		defer s.Close()
+		if err := s.Migrate(ctx); err != nil {
+			return err
+		}
+		store = s
+	case "redis-lease":
+		opt, err := redis.ParseURL(env("IDEMPOTENCY_REDIS_URL", "redis://127.0.0.1:6379/0"))
+		if err != nil {
+			return errors.New("crashserver: IDEMPOTENCY_REDIS_URL is not a Redis URL")
+		}
+		opt.ContextTimeoutEnabled = true
+		opt.PoolSize = 48
+		c := redis.NewClient(opt)
+		defer c.Close()
+		s, err := redisstore.New(c, redisstore.WithPrefix(records))
+		if err != nil {
+			return err
+		}
+		store = s
+	default:
+		return fmt.Errorf("crashserver: unknown store %q", kind)
+	}
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	mw, err := server.New(store, server.WithLease(lease), server.WithTTL(time.Hour), server.WithLogger(logger))
+	if err != nil {
+		return err
+	}
+	api := &api{pool: pool, transactional: transactional, step: step, after: after,
+		insertOrder: "INSERT INTO " + pgx.Identifier{orders}.Sanitize() + " (ref, lines) VALUES ($1, $2) RETURNING id",
+		insertLine:  "INSERT INTO " + pgx.Identifier{orders + "_lines"}.Sanitize() + " (order_id, n) VALUES ($1, $2)",
+	}
+	mux := http.NewServeMux()
+	// A request counts from before its claim until its response is
+	// stored and sent: a crash anywhere in that span may leave it to be
+	// run again.
+	protected := mw.Handler(api)
+	mux.HandleFunc("POST /orders", func(w http.ResponseWriter, r *http.Request) {
+		api.inflight.Add(1)
+		defer api.inflight.Add(-1)
+		protected.ServeHTTP(w, r)
+	})
+	mux.HandleFunc("GET /inflight", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, api.inflight.Load())
+	})
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	fmt.Println("listening on " + ln.Addr().String())
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	return srv.Serve(ln)
+}
+
+type api struct {
+	pool                    *pgxpool.Pool
+	transactional           bool
+	step, after             time.Duration
+	insertOrder, insertLine string
+	inflight                atomic.Int64
+}
+
+func (a *api) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var in struct {
+		Ref   string
+		Lines int
+	}
+	if err := json.NewDecoder(r.Body).Decode(&in); err != nil || in.Ref == "" || in.Lines < 0 || in.Lines > 100 {
+		http.Error(w, "bad order", http.StatusBadRequest)
+		return
+	}
+	ctx := r.Context()
+	var tx pgx.Tx
+	if a.transactional {
+		var ok bool
+		if tx, ok = pgstore.TxFromContext(ctx); !ok {
+			http.Error(w, "no transaction", http.StatusInternalServerError)
+			return
+		}
+	} else {
+		var err error
+		if tx, err = a.pool.Begin(ctx); err != nil {
+			a.fail(w, err)
+			return
+		}
+		defer tx.Rollback(context.WithoutCancel(ctx))
+	}
+	var id int64
+	if err := tx.QueryRow(ctx, a.insertOrder, in.Ref, in.Lines).Scan(&id); err != nil {
+		a.fail(w, err)
+		return
+	}
+	for n := range in.Lines {
+		if !pause(ctx, a.step) {
+			a.fail(w, context.Cause(ctx))
+			return
+		}
+		if _, err := tx.Exec(ctx, a.insertLine, id, n); err != nil {
+			a.fail(w, err)
+			return
+		}
+	}
+	if !a.transactional {
+		if err := tx.Commit(ctx); err != nil {
+			a.fail(w, err)
+			return
+		}
+	}
+	// The order is written (committed, in lease mode); what remains is
+	// the work between the last write and the answer.
+	pause(context.WithoutCancel(ctx), a.after)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	fmt.Fprintf(w, `{"id":%s,"ref":%q}`, strconv.FormatInt(id, 10), in.Ref)
+}
+
+// fail answers 503 for an order that could not be written, and says why on
+// standard error.
+func (a *api) fail(w http.ResponseWriter, err error) {
+	log.Printf("crashserver: order not written: %v", err)
+	http.Error(w, "order not written", http.StatusServiceUnavailable)
+}
+
+// pause waits d, or until ctx is done; it reports whether it waited d.
+func pause(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

@@ -129,7 +129,12 @@ func WithMaxRecords(n int) Option {
 }
 
 // WithMaxBytes bounds the memory, in bytes, taken by keys, fingerprints and
-// stored responses. Values below 1 keep the default, DefaultMaxBytes.
+// stored responses, as the store counts them. Values below 1 keep the
+// default, DefaultMaxBytes. The process's resident memory grows by more than
+// that: the collector's headroom (GOGC) and the slack of buffers make it
+// about 2 to 3 times the bound when the store is full (measured in
+// RELIABILITY.md), so set the bound at a third of the memory the store may
+// take.
 func WithMaxBytes(n int64) Option {
 	return func(c *config) {
 		if n > 0 {

@@ -127,6 +127,14 @@
 //     forgets live records to make room; with noeviction a full Redis refuses
 //     the functions, replays included, the middleware answers 503, and
 //     nothing runs twice.
+//   - Failover on a Cluster. Replication is asynchronous: what a master
+//     acknowledged and had not yet sent to its replica is gone once the
+//     replica is promoted, so a claim or a completion written just before
+//     a failover can be lost, and a retry of that request runs it again
+//     (measured in RELIABILITY.md). While the replica is promoted the
+//     master's slots answer 503 and nothing runs. After a call that got no
+//     answer from a Cluster node, the Store asks the client to reload its
+//     slot map, which go-redis otherwise does only once a minute.
 //   - A *redis.Ring is a UniversalClient too, but adding or removing one of
 //     its shards moves keys, and the records on them seem gone: use a Cluster
 //     to shard.

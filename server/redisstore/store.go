@@ -255,8 +255,27 @@ func (s *Store) call(ctx context.Context, fn, key string, args ...any) (any, err
 			}
 			continue
 		}
+		s.reloadSlots(err)
 		return nil, contextual(ctx, err)
 	}
+}
+
+// reloadSlots asks a Cluster client to read the cluster's slot map again
+// after a call failed without an answer from Redis (the node is down, or
+// does not answer in time). go-redis reloads it by itself only on a MOVED
+// answer, which a dead master never gives, or once a minute: after a
+// failover the promoted replica's slots would fail until then. The reload
+// is lazy and rate-limited by go-redis.
+func (s *Store) reloadSlots(err error) {
+	c, ok := s.client.(*redis.ClusterClient)
+	if !ok {
+		return
+	}
+	var reply redis.Error
+	if errors.As(err, &reply) {
+		return // Redis answered: the node is up
+	}
+	c.ReloadState(context.Background())
 }
 
 // functionMissing reports whether err is Redis's answer to a call of a

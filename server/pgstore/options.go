@@ -70,7 +70,7 @@ func WithTable(name string) Option {
 
 // WithTransactions turns on transactional mode: each acquired claim opens a
 // transaction that the handler writes its own effects in and that Complete
-// commits together with the response. See the package documentation.
+// commits together with the response. See the package documentation and README.md.
 func WithTransactions() Option {
 	return func(c *config) { c.transactional = true }
 }

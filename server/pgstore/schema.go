@@ -99,7 +99,7 @@ func (n names) schema() string {
 // Schema returns the SQL that Migrate applies for the given table (see
 // DefaultTable and WithTable), for teams that run their own migrations. It
 // is idempotent and creates the table, the sequence of its fencing tokens and
-// the index that serves the sweep; the package documentation describes each
+// the index that serves the sweep; the package's README.md describes each
 // column.
 func Schema(table string) (string, error) {
 	n, err := parseTable(table)

@@ -1,5 +1,5 @@
 -- Idempotency records of github.com/idemkit/idempotency/server/pgstore; its
--- package documentation describes every column. Every statement is idempotent.
+-- README.md describes every column. Every statement is idempotent.
 
 -- Fencing tokens. CACHE 1 (the default) matters: with a larger cache each
 -- session would hand out its own range, and a later lease could get a

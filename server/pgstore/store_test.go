@@ -286,20 +286,13 @@ func TestMigrateDoesNotWaitForWriters(t *testing.T) {
 	require.NoError(t, starting.Migrate(migrateCtx))
 }
 
-// The package documentation shows the default schema to teams that run their
-// own migrations: it must be the one Migrate applies.
+// The package's README shows the default schema to teams that run their own
+// migrations: it must be the one Migrate applies.
 func TestDocumentedSchema(t *testing.T) {
-	doc, err := os.ReadFile("doc.go")
+	readme, err := os.ReadFile("README.md")
 	require.NoError(t, err)
 	schema, err := pgstore.Schema(pgstore.DefaultTable)
 	require.NoError(t, err)
-	var want strings.Builder
-	for line := range strings.Lines(strings.TrimSpace(schema) + "\n") {
-		if line == "\n" {
-			want.WriteString("//\n")
-		} else {
-			want.WriteString("//\t" + line)
-		}
-	}
-	assert.Contains(t, string(doc), want.String(), "doc.go does not show Schema(DefaultTable)")
+	want := "```sql\n" + strings.TrimSpace(schema) + "\n```"
+	assert.Contains(t, string(readme), want, "README.md does not show Schema(DefaultTable)")
 }

@@ -53,5 +53,5 @@ func ExampleStart() {
 	// attempt 1: no response
 	// attempt 2: 200 OK, order 2 created
 	// orders created: 2
-	// {Requests:2 Passed:1 Dropped:1 Reset:0 Delayed:0 UpstreamErrors:0}
+	// {Requests:2 Passed:1 Dropped:1 Reset:0 Delayed:0 UpstreamErrors:0 Blackholed:0}
 }

@@ -204,14 +204,14 @@ func (rep *Report) String() string {
 		rep.AttemptsPerOrder.Mean, rep.AttemptsPerOrder.P50, rep.AttemptsPerOrder.P99, rep.AttemptsPerOrder.Max,
 		rep.CallsPerOrder.Mean, rep.CallsPerOrder.Max)
 	fmt.Fprintf(&b, "amplification %.3f (%d requests); duration p50 %v, p99 %v, max %v; phases %v under faults, %v settling\n",
-		rep.Amplification, rep.Network.Requests, rep.Duration.P50.Round(time.Millisecond), rep.Duration.P99.Round(time.Millisecond),
-		rep.Duration.Max.Round(time.Millisecond), rep.UnderFaults.Round(time.Millisecond), rep.Settling.Round(time.Millisecond))
+		rep.Amplification, rep.Network.Requests, short(rep.Duration.P50), short(rep.Duration.P99),
+		short(rep.Duration.Max), short(rep.UnderFaults), short(rep.Settling))
 	n := rep.Network
 	fmt.Fprintf(&b, "network: %d dropped, %d reset, %d delayed, %d held by a black hole\n", n.Dropped, n.Reset, n.Delayed, n.Blackholed)
 	fmt.Fprintf(&b, "client saw: %s\n", counts(rep.ClientAnswers))
 	fmt.Fprintf(&b, "server answered: %s\n", counts(rep.ServerAnswers))
 	for _, w := range rep.Windows {
-		fmt.Fprintf(&b, "%v for %v", w.Fault, w.End.Sub(w.Start).Round(time.Millisecond))
+		fmt.Fprintf(&b, "%v for %v", w.Fault, short(w.End.Sub(w.Start)))
 		if w.Fault == StoreSlow {
 			fmt.Fprintf(&b, " (latency %v)", w.Latency)
 		}
@@ -267,4 +267,12 @@ func durationSpread(ds []time.Duration) DurationSpread {
 func rank[T any](sorted []T, q float64) T {
 	i := int(q*float64(len(sorted))+0.999999) - 1
 	return sorted[min(max(i, 0), len(sorted)-1)]
+}
+
+// short rounds d for reading: to 0.1ms below a second, to 1ms above.
+func short(d time.Duration) time.Duration {
+	if d < time.Second {
+		return d.Round(100 * time.Microsecond)
+	}
+	return d.Round(time.Millisecond)
 }

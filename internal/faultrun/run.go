@@ -443,6 +443,9 @@ func (r *runner) audit(ctx context.Context, rep *Report) error {
 				switch {
 				case err != nil:
 					rep.AuditFailed++
+					if len(rep.mismatched) < 5 {
+						rep.mismatched = append(rep.mismatched, fmt.Sprintf("%s: %v", o.ref, err))
+					}
 				case !replayed || id != o.id:
 					rep.AuditMismatched++
 					if len(rep.mismatched) < 5 {

@@ -46,7 +46,15 @@ func TestHistory(t *testing.T) {
 			h, err := faultrun.RecordHistory(context.Background(), kind.New(t), cfg)
 			require.NoError(t, err)
 			answers := h.Answers()
-			t.Logf("%d operations on %d keys: %v; network: %+v", len(h.Operations), len(h.Executions), answers, h.Network)
+			executions, twice := 0, 0
+			for _, ids := range h.Executions {
+				executions += len(ids)
+				if len(ids) > 1 {
+					twice++
+				}
+			}
+			t.Logf("%d operations on %d keys, %d executions, %d keys run more than once; answers: %v; network: %+v",
+				len(h.Operations), len(h.Executions), executions, twice, answers, h.Network)
 
 			model := faultrun.Model()
 			result, info := porcupine.CheckOperationsVerbose(model, h.Operations, time.Minute)
@@ -54,6 +62,7 @@ func TestHistory(t *testing.T) {
 				keep(t, model, h, info)
 				t.Log(h.Explain())
 			}
+			t.Logf("linearizability check: %v", result)
 			assert.Equal(t, porcupine.Ok, result, "the history is not linearizable against the protocol")
 			assert.Empty(t, h.Problems())
 			// The history has what makes it worth checking.

@@ -23,7 +23,6 @@ import (
 
 // linkedStore is a store whose link from the middleware the test controls.
 type linkedStore struct {
-	name  string
 	store server.Store
 	link  faultrun.StoreLink
 }
@@ -41,7 +40,7 @@ func linkedStores() []struct {
 	}{
 		{"memory", func(t *testing.T) linkedStore {
 			fs := faultstore.New(teststores.Memory(t))
-			return linkedStore{"memory", fs, faultrun.FaultStoreLink(fs)}
+			return linkedStore{fs, faultrun.FaultStoreLink(fs)}
 		}},
 		{"postgres", linkedPostgres},
 		{"redis", linkedRedis},
@@ -81,7 +80,7 @@ func linkedPostgres(t *testing.T) linkedStore {
 	s, err := pgstore.New(pool, pgstore.WithTable(table))
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Close() })
-	return linkedStore{"postgres", s, proxy}
+	return linkedStore{s, proxy}
 }
 
 func linkedRedis(t *testing.T) linkedStore {
@@ -102,5 +101,5 @@ func linkedRedis(t *testing.T) linkedStore {
 	t.Cleanup(func() { c.Close() })
 	s, err := redisstore.New(c, redisstore.WithPrefix(prefix))
 	require.NoError(t, err)
-	return linkedStore{"redis", s, proxy}
+	return linkedStore{s, proxy}
 }

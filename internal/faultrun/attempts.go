@@ -47,13 +47,11 @@ func (l *attemptLog) snapshot() map[string]int {
 
 // Names of what an attempt can come to, other than a status.
 const (
-	answerReplayed = "201 replayed"
-	answerTimeout  = "timeout"    // the attempt timeout passed
-	answerReset    = "reset"      // connection reset
-	answerClosed   = "no answer"  // connection closed without a response
-	answerError    = "error"      // any other transport error
-	answerCanceled = "canceled"   // the caller's own context ended
-	answerUnknown  = "unanswered" // (history) no response: the outcome is unknown
+	answerTimeout  = "timeout"   // the attempt timeout passed
+	answerReset    = "reset"     // connection reset
+	answerClosed   = "no answer" // connection closed without a response
+	answerError    = "error"     // any other transport error
+	answerCanceled = "canceled"  // the caller's own context ended
 )
 
 // classify names what one attempt came to: its status (with "replayed" for

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"sync"
 	"time"
@@ -26,6 +27,7 @@ type Orders struct {
 // NewOrders returns an API with no orders yet.
 func NewOrders() *Orders { return &Orders{execs: map[string][]int{}} }
 
+// ServeHTTP places the order of a request.
 func (o *Orders) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	var in struct{ Ref string }
 	if err := json.NewDecoder(r.Body).Decode(&in); err != nil || in.Ref == "" {
@@ -154,3 +156,35 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 }
 
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// logCounter is a slog.Handler that counts the middleware's log records by
+// message, so that a report can say how often it could not store a response
+// or release a claim.
+type logCounter struct {
+	mu     sync.Mutex
+	counts map[string]int
+}
+
+func newLogCounter() *logCounter { return &logCounter{counts: map[string]int{}} }
+
+func (*logCounter) Enabled(context.Context, slog.Level) bool { return true }
+
+func (l *logCounter) Handle(_ context.Context, r slog.Record) error {
+	l.mu.Lock()
+	l.counts[r.Message]++
+	l.mu.Unlock()
+	return nil
+}
+
+func (l *logCounter) WithAttrs([]slog.Attr) slog.Handler { return l }
+func (l *logCounter) WithGroup(string) slog.Handler      { return l }
+
+func (l *logCounter) snapshot() map[string]int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	m := make(map[string]int, len(l.counts))
+	for k, v := range l.counts {
+		m[k] = v
+	}
+	return m
+}

@@ -48,6 +48,9 @@ type Report struct {
 	// "reset", "no answer", "error". ServerAnswers counts the middleware's
 	// statuses, "201 ran" for those whose handler ran.
 	ClientAnswers, ServerAnswers map[string]int
+	// ServerLogged counts the middleware's log records by message, such
+	// as a response it could not store.
+	ServerLogged map[string]int
 
 	// Windows says what each window did.
 	Windows []WindowReport
@@ -113,7 +116,7 @@ func (r *runner) tally(rep *Report, api *Orders) {
 		default:
 			rep.Unconfirmed++
 		}
-		if len(ids) == 0 || o.phase == 0 || !slices.Contains(ids, o.id) || (len(ids) == 1 && ids[0] != o.id) {
+		if len(ids) == 0 || o.phase == 0 || !slices.Contains(ids, o.id) {
 			rep.Lost++
 			if len(rep.lost) < 5 {
 				rep.lost = append(rep.lost, fmt.Sprintf("%s: executions %v, confirmed %d", o.ref, ids, o.id))
@@ -210,6 +213,9 @@ func (rep *Report) String() string {
 	fmt.Fprintf(&b, "network: %d dropped, %d reset, %d delayed, %d held by a black hole\n", n.Dropped, n.Reset, n.Delayed, n.Blackholed)
 	fmt.Fprintf(&b, "client saw: %s\n", counts(rep.ClientAnswers))
 	fmt.Fprintf(&b, "server answered: %s\n", counts(rep.ServerAnswers))
+	if len(rep.ServerLogged) > 0 {
+		fmt.Fprintf(&b, "server logged: %s\n", counts(rep.ServerLogged))
+	}
 	for _, w := range rep.Windows {
 		fmt.Fprintf(&b, "%v for %v", w.Fault, short(w.End.Sub(w.Start)))
 		if w.Fault == StoreSlow {

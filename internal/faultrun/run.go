@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"strings"
 	"sync"
@@ -191,7 +192,11 @@ func Run(ctx context.Context, store server.Store, link StoreLink, cfg Config) (*
 	api := NewOrders()
 	api.Work = cfg.Work
 	log := &serverLog{}
-	mw, err := server.New(store, append([]server.Option{server.WithStoreTimeout(cfg.StoreTimeout)}, cfg.ServerOptions...)...)
+	logged := newLogCounter()
+	mw, err := server.New(store, append([]server.Option{
+		server.WithStoreTimeout(cfg.StoreTimeout),
+		server.WithLogger(slog.New(logged)),
+	}, cfg.ServerOptions...)...)
 	if err != nil {
 		return nil, fmt.Errorf("faultrun: %w", err)
 	}
@@ -238,6 +243,7 @@ func Run(ctx context.Context, store server.Store, link StoreLink, cfg Config) (*
 		Network:       proxy.Stats(),
 		ClientAnswers: attempts.snapshot(),
 		ServerAnswers: log.answers(),
+		ServerLogged:  logged.snapshot(),
 		UnderFaults:   faultsEnded.Sub(began),
 		Settling:      settled.Sub(faultsEnded),
 		Windows:       r.windows,

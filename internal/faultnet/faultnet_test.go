@@ -625,3 +625,47 @@ func TestBlackhole(t *testing.T) {
 		assert.Zero(t, up.ran.Load(), "Close forwarded a held request")
 	})
 }
+
+// TestBlackholeToggled turns a black hole on and off while requests flow:
+// every request is answered or fails, none hangs, and the counts add up.
+func TestBlackholeToggled(t *testing.T) {
+	up := newEcho(t)
+	p := start(t, up.srv.URL, faultnet.Config{})
+	c := newClient(t, patient)
+	stop := make(chan struct{})
+	toggled := make(chan struct{})
+	go func() {
+		defer close(toggled)
+		for on := true; ; on = !on {
+			p.SetBlackhole(on)
+			select {
+			case <-stop:
+				p.SetBlackhole(false)
+				return
+			case <-time.After(3 * time.Millisecond):
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	var answered atomic.Int64
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 20 {
+				body := fmt.Sprintf("%d-%d", g, i)
+				if status, got, err := post(c, p.URL()+"/", body); err == nil && status == http.StatusOK && got == body {
+					answered.Add(1)
+				}
+			}
+		})
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	waitFor(t, done, 2*patient, "every request to end")
+	close(stop)
+	<-toggled
+	s := p.Stats()
+	assert.Equal(t, int64(160), s.Requests, "%+v", s)
+	assert.Equal(t, int64(160), answered.Load(), "requests answered with their own body")
+	assert.Positive(t, s.Blackholed, "%+v", s)
+	assert.Equal(t, int64(160), up.ran.Load())
+}

@@ -257,3 +257,41 @@ func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
 }
+
+// TestTCPOrderAcrossChanges sends a few megabytes through a link that
+// keeps changing between healthy, slow and black-holed: every byte arrives,
+// once, in order.
+func TestTCPOrderAcrossChanges(t *testing.T) {
+	e := newTCPEcho(t)
+	p := startTCP(t, e.ln.Addr().String())
+	c := dial(t, p.Addr())
+
+	stop := make(chan struct{})
+	toggled := make(chan struct{})
+	go func() {
+		defer close(toggled)
+		for i := 0; ; i++ {
+			switch i % 3 {
+			case 0:
+				p.Slow(time.Millisecond)
+			case 1:
+				p.Blackhole()
+			case 2:
+				p.Heal()
+			}
+			select {
+			case <-stop:
+				p.Heal()
+				return
+			case <-time.After(2 * time.Millisecond):
+			}
+		}
+	}()
+	msg := make([]byte, 4<<20)
+	rand.Read(msg)
+	got, err := roundTrip(c, msg, patient)
+	close(stop)
+	<-toggled
+	require.NoError(t, err)
+	assert.True(t, bytes.Equal(msg, got), "the bytes that came back differ from those sent")
+}

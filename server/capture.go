@@ -141,6 +141,22 @@ func (rec *recorder) send() {
 	}
 }
 
+// sendNow writes the kept response to the client and flushes it, with its
+// length, so that the client has all of it while the handler's goroutine
+// goes on working.
+func (rec *recorder) sendNow() {
+	status := rec.finalStatus()
+	h := rec.w.Header()
+	if bodyAllowed(status) && h.Get("Transfer-Encoding") == "" {
+		h.Set("Content-Length", strconv.Itoa(len(rec.body)))
+	}
+	rec.w.WriteHeader(status)
+	if len(rec.body) > 0 {
+		rec.w.Write(rec.body)
+	}
+	http.NewResponseController(rec.w).Flush()
+}
+
 // needsLength reports whether a response written in one piece needs an
 // explicit Content-Length: net/http sets one itself for a body that fits its
 // 2 KiB write buffer, and sends a larger one chunked unless told its length.

@@ -60,6 +60,9 @@ func (d *detached) Done() <-chan struct{} {
 func (d *detached) expire() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.closed {
+		return // expireNow came first
+	}
 	d.closed = true
 	close(d.done)
 }
@@ -75,6 +78,23 @@ func (d *detached) Err() error {
 		return context.DeadlineExceeded
 	}
 	return nil
+}
+
+// expireNow ends d at once, as if its deadline had passed.
+func (d *detached) expireNow() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return
+	}
+	if d.done == nil {
+		d.done = make(chan struct{})
+	}
+	if d.timer != nil {
+		d.timer.Stop()
+	}
+	d.closed = true
+	close(d.done)
 }
 
 // stop releases the timer, if one was made. d must not be used afterwards.

@@ -54,3 +54,24 @@ func TestDetachedErrWithoutDone(t *testing.T) {
 	}
 	d.stop()
 }
+
+func TestDetachedExpireNow(t *testing.T) {
+	for _, askDone := range []bool{false, true} {
+		var d detached
+		d.init(context.Background(), time.Hour)
+		if askDone {
+			d.Done()
+		}
+		d.expireNow()
+		d.expireNow() // twice is fine
+		select {
+		case <-d.Done():
+		default:
+			t.Fatalf("Done not closed after expireNow (Done asked before: %v)", askDone)
+		}
+		if err := d.Err(); !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("Err after expireNow = %v, want DeadlineExceeded", err)
+		}
+		d.stop()
+	}
+}

@@ -90,9 +90,16 @@
 // timeout while the lease is kept alive. If it still fails, the handler's
 // response is sent anyway (the effect happened, and the client is told what it
 // was), the key is kept claimed rather than released, and an error is logged
-// with the key and scope. A retry then gets 409 until the lease ends, and runs
-// the request again after that. A failing Release is retried the same way; a
+// with the key and scope. The middleware then goes on trying to store the
+// response, on the request's goroutine, for up to one lease length while the
+// lease holds: a retry gets 409 meanwhile, and the replay once the store
+// answers; if it never does, a retry after the lease has ended runs the
+// request again. A failing Release is retried within the store timeout; a
 // key that could not be released answers 409 until its lease ends.
+//
+// A Claim whose answer is lost (the store applied it, then failed or
+// timed out) is answered 503 and runs nothing, but the key stays in flight
+// with no holder: retries get 409 until its lease ends.
 //
 // A 409 for a request in flight carries a short Retry-After, one second by
 // default (WithRetryAfter), never more than the lease has left.

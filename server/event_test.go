@@ -71,7 +71,9 @@ func TestEvents(t *testing.T) {
 		time.Sleep(2 * time.Millisecond) // a handler that takes a measurable time
 		w.WriteHeader(http.StatusCreated)
 	})
-	srv := fixtureWith(t, store, h, server.WithObserver(ev.observe),
+	// A short lease: a response that could not be stored is tried again
+	// for up to a lease length, and only then is the event told.
+	srv := fixtureWith(t, store, h, server.WithObserver(ev.observe), server.WithLease(time.Second),
 		server.WithScope(func(*http.Request) (string, error) { return "acme", nil }))
 
 	check := func(kind server.EventKind, key string, status int) server.Event {

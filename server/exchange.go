@@ -259,9 +259,15 @@ func (ex *exchange) run() {
 		}
 		m.cfg.logger.LogAttrs(ex.r.Context(), slog.LevelInfo, "idempotent response passed through; storing it without its body",
 			slog.String("key", ex.lease.Key), slog.Int("status", status), slog.String("how", how))
-		ex.completed(status, ex.complete(&Response{Status: status, Header: ex.keptHeader(), BodyOmitted: true}))
+		resp := &Response{Status: status, Header: ex.keptHeader(), BodyOmitted: true}
+		err := ex.complete(resp)
+		if storeLater(err) {
+			err = ex.completeLater(resp)
+		}
+		ex.completed(status, err)
 	default:
-		err := ex.complete(&Response{Status: status, Header: ex.keptHeader(), Body: rec.body})
+		resp := &Response{Status: status, Header: ex.keptHeader(), Body: rec.body}
+		err := ex.complete(resp)
 		if errors.Is(err, ErrNotCommitted) {
 			// The handler's effects were undone (or may have been):
 			// its response must not reach the client.
@@ -271,11 +277,75 @@ func (ex *exchange) run() {
 			ex.unavailable(err)
 			return
 		}
-		// Stored, or not even after retrying: either way the effect
-		// happened once, and the client is told what it was.
-		rec.send()
+		if storeLater(err) {
+			// Not stored within the store timeout: the effect
+			// happened once, and the client is told what it was now;
+			// then the response is stored as soon as the store
+			// answers, so that a retry gets it replayed.
+			rec.sendNow()
+			err = ex.completeLater(resp)
+		} else {
+			rec.send()
+		}
 		ex.completed(status, err)
 	}
+}
+
+// storeLater reports whether a Complete that failed with err should be tried
+// again after the response is sent: the store failed, rather than refused.
+func storeLater(err error) bool {
+	return err != nil && !errors.Is(err, ErrLeaseLost) && !errors.Is(err, ErrNotCommitted)
+}
+
+// completeLater keeps trying to store resp after it was sent, for one lease
+// length at most: until the store takes it, or refuses it (a retry took the
+// key over after the lease ended, or a transaction ended). Fencing makes a
+// try after a takeover harmless. A response stored
+// late is replayed to the retries that come after; until then they get 409.
+// The request's goroutine does this work, so it is over when ServeHTTP
+// returns, and a server's graceful shutdown waits for it.
+func (ex *exchange) completeLater(resp *Response) error {
+	m := ex.m
+	deadline := time.Now().Add(m.cfg.lease)
+	if end := ex.claimed.Add(m.cfg.ttl); end.Before(deadline) {
+		deadline = end
+	}
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	<-timer.C
+	var err error
+	tries := 0
+	// Often enough to get in before a retry once the store is back: the
+	// lease may have ended meanwhile, and a retry could take the key over.
+	maxWait := min(250*time.Millisecond, m.cfg.lease/10)
+	for wait := min(50*time.Millisecond, maxWait); time.Now().Add(wait).Before(deadline); wait = min(2*wait, maxWait) {
+		timer.Reset(wait)
+		<-timer.C
+		ctx := ex.storeContext(m.cfg.storeTimeout)
+		err = m.store.Complete(ctx, ex.lease.ID, ex.lease.Token, resp, m.cfg.ttl)
+		ctx.stop()
+		tries++
+		if !storeLater(err) {
+			break
+		}
+	}
+	ex.timing.stored(m)
+	switch {
+	case err == nil:
+		m.cfg.logger.LogAttrs(ex.r.Context(), slog.LevelWarn, "idempotent response stored after it was sent",
+			slog.String("key", ex.lease.Key), slog.String("scope", ex.lease.Scope), slog.Int("tries", tries))
+		return nil
+	case errors.Is(err, ErrLeaseLost):
+		// After tries that failed, this is ambiguous: one of them may
+		// have been stored with its answer lost, or a retry took the
+		// key over.
+		m.cfg.logger.LogAttrs(ex.r.Context(), slog.LevelWarn, "idempotent response stored by an earlier try whose answer was lost, or the key was taken over",
+			slog.String("key", ex.lease.Key), slog.String("scope", ex.lease.Scope), slog.Int("tries", tries))
+		return err
+	}
+	m.cfg.logger.LogAttrs(ex.r.Context(), slog.LevelError, "idempotent response never stored; a retry after its lease ends runs the request again",
+		slog.String("key", ex.lease.Key), slog.String("scope", ex.lease.Scope), slog.Any("error", err))
+	return err
 }
 
 // completed reports the outcome of a response sent after Complete.
@@ -338,11 +408,15 @@ func (ex *exchange) complete(resp *Response) error {
 	case errors.Is(err, ErrNotCommitted):
 		m.cfg.logger.LogAttrs(ex.r.Context(), slog.LevelError, "idempotent request not committed; answering 503",
 			slog.String("key", ex.lease.Key), slog.String("scope", ex.lease.Scope), slog.Any("error", err))
+	case errors.Is(err, ErrLeaseLost):
+		// Either a try whose answer was lost stored it, or the lease
+		// was lost to a retry.
+		m.cfg.logger.LogAttrs(ex.r.Context(), slog.LevelWarn, "idempotent response not stored by this holder: stored by an earlier try whose answer was lost, or the lease was lost",
+			slog.String("key", ex.lease.Key), slog.String("scope", ex.lease.Scope), slog.Any("error", err))
 	default:
-		// The response goes to the client anyway, and the key stays
-		// claimed: retries get 409 until the lease ends, and run the
-		// request again after that.
-		m.cfg.logger.LogAttrs(ex.r.Context(), slog.LevelError, "idempotent response not stored; the key stays in flight until its lease ends, and a retry after that runs the request again",
+		// The response goes to the client anyway, the key stays
+		// claimed, and completeLater goes on trying.
+		m.cfg.logger.LogAttrs(ex.r.Context(), slog.LevelError, "idempotent response not stored within the store timeout; sending it, and storing it when the store answers",
 			slog.String("key", ex.lease.Key), slog.String("scope", ex.lease.Scope), slog.Any("error", err))
 	}
 	return err

@@ -170,7 +170,9 @@ func TestStoreHangs(t *testing.T) {
 				runs.Add(1)
 				w.WriteHeader(tc.status)
 			})
-			srv := fixtureWith(t, store, h, server.WithStoreTimeout(timeout))
+			// A short lease: a response that could not be stored is
+			// tried again for up to a lease length after it is sent.
+			srv := fixtureWith(t, store, h, server.WithStoreTimeout(timeout), server.WithLease(time.Second))
 			client := &http.Client{Timeout: timeout + 5*time.Second}
 			req, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader("x"))
 			req.Header.Set("Idempotency-Key", "k")
@@ -248,21 +250,51 @@ func TestCompleteFails(t *testing.T) {
 		store.Set(faultstore.Complete, faultstore.Fault{Err: errFlaky})
 		var logs syncBuffer
 		h := &orders{}
-		srv := fixtureWith(t, store, h, server.WithStoreTimeout(100*time.Millisecond),
+		const lease = 500 * time.Millisecond
+		srv := fixtureWith(t, store, h, server.WithStoreTimeout(100*time.Millisecond), server.WithLease(lease),
 			server.WithScope(func(*http.Request) (string, error) { return "acme", nil }),
 			server.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+		sent := time.Now()
 		first := post(t, srv.URL, "k", "x")
 		assert.Equal(t, http.StatusCreated, first.status, "the effect happened: the client is told")
+		assert.Less(t, time.Since(sent), lease, "the answer does not wait for the store")
 		assert.Greater(t, store.Calls(faultstore.Complete), 1, "Complete was retried")
 		assert.Zero(t, store.Calls(faultstore.Release), "the key is not released")
 		got := post(t, srv.URL, "k", "x")
 		assert.Equal(t, http.StatusConflict, got.status, "a retry finds the key in flight")
 		assert.Equal(t, int64(1), h.executions.Load())
+		// Complete goes on failing: once the lease has ended, a retry
+		// takes the key over and runs again, as documented.
+		waitFor(t, "the lease to end", func() bool {
+			return post(t, srv.URL, "k", "x").status != http.StatusConflict
+		})
+		assert.Equal(t, int64(2), h.executions.Load())
 		out := logs.String()
 		assert.Contains(t, out, "level=ERROR")
 		assert.Contains(t, out, "key=k")
 		assert.Contains(t, out, "scope=acme")
 		assert.Contains(t, out, "store timed out")
+		assert.Contains(t, out, "never stored")
+	})
+	t.Run("until the store answers", func(t *testing.T) {
+		// The store fails for longer than the store timeout, then
+		// answers: the response, sent already, is stored, and a retry
+		// gets it replayed instead of running again.
+		store, _ := faulty(t)
+		store.Set(faultstore.Complete, faultstore.Fault{Err: errFlaky, Times: 8})
+		h := &orders{}
+		srv := fixtureWith(t, store, h, server.WithStoreTimeout(50*time.Millisecond), server.WithLease(10*time.Second))
+		first := post(t, srv.URL, "k", "x")
+		assert.Equal(t, http.StatusCreated, first.status)
+		var again reply
+		waitFor(t, "the response to be stored", func() bool {
+			again = post(t, srv.URL, "k", "x")
+			return again.status != http.StatusConflict
+		})
+		assert.Equal(t, "true", again.header.Get("Idempotent-Replayed"))
+		assert.Equal(t, first.body, again.body)
+		assert.Equal(t, int64(1), h.executions.Load())
+		assert.Equal(t, 9, store.Calls(faultstore.Complete))
 	})
 }
 

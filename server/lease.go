@@ -49,17 +49,22 @@ func (c *leaseContext) Value(key any) any {
 //
 // The store's lease cannot have begun before the Claim or Extend that granted
 // it was sent, so the lease is known to last at least until that moment plus
-// its length. The renewal extends it every third of its length, and sooner
-// after a failure. When that known end, less a margin for the handler to
-// stop, passes without a successful renewal, whatever the reason (the store
-// is down, too slow, or says the lease is lost), the handler's context is
-// cancelled: from then on another request may take the key over and run it,
-// and the two must not run at once. Fencing makes sure that the late
+// its length. The renewal extends it every third of its length, and every
+// tenth after a failure. When that known end, less a margin for the handler
+// to stop, passes without a successful renewal, whatever the reason (the
+// store is down, too slow, or says the lease is lost), the handler's context
+// is cancelled: from then on another request may take the key over and run
+// it, and the two must not run at once. Fencing makes sure that the late
 // holder's Complete or Release changes nothing.
 //
-// It runs on one timer, not a goroutine of its own. An Extend in progress
-// when the renewal stops is left to finish on its own, within its deadline,
-// and its result is ignored.
+// After the handler's context is cancelled for a lease that ended unrenewed,
+// the renewal goes on trying to extend it: until someone else takes the key
+// over, the store still grants it, and a lease held again keeps retries from
+// running the request while its response is being stored.
+//
+// It runs on one timer, not a goroutine of its own. Stopping it cuts short an
+// Extend in progress (through its context) and waits for it to return, so
+// that nothing of the exchange outlives the request.
 type renewal struct {
 	ex     *exchange
 	cancel context.CancelCauseFunc
@@ -69,7 +74,10 @@ type renewal struct {
 	until    time.Time // the lease is known to last until then
 	lastErr  error     // of the last Extend, if it failed
 	renewing bool      // an Extend is in progress
-	stopped  bool      // the exchange is over, or the lease is gone
+	ended    bool      // the handler was cancelled: the lease ended unrenewed
+	stopped  bool      // the exchange is over, or the lease is lost
+	extend   *detached // the context of the Extend in progress
+	inflight sync.WaitGroup
 }
 
 // leaseExpired is the cause of a handler's cancellation when its lease ended
@@ -102,53 +110,68 @@ func (rn *renewal) start(ex *exchange, cancel context.CancelCauseFunc) {
 }
 
 // nextRenewal is how long to wait, from now, before the next Extend: a third
-// of the lease after a success, a tenth after a failure, and never past the
-// moment the handler is cancelled. rn.mu is held.
+// of the lease after a success, a tenth after a failure, and, while the
+// handler runs, never past the moment it must be cancelled. rn.mu is held.
 func (rn *renewal) nextRenewal(now time.Time) time.Duration {
 	lease := rn.ex.m.cfg.lease
-	step := lease / 3
-	if rn.lastErr != nil {
-		step = lease / 10
+	d := lease / 3
+	if rn.lastErr != nil || rn.ended {
+		d = lease / 10
 	}
-	return max(min(step, rn.until.Add(-rn.margin()).Sub(now)), 0)
+	if !rn.ended {
+		left := rn.until.Add(-rn.margin()).Sub(now)
+		if left <= 0 {
+			return 0
+		}
+		d = min(d, left)
+	}
+	return d
 }
 
-// tick runs on the timer: it either finds the lease ended, or renews it.
+// tick runs on the timer: it cancels the handler if the lease's known end
+// has passed, and renews the lease.
 func (rn *renewal) tick() {
 	rn.mu.Lock()
 	if rn.stopped {
 		rn.mu.Unlock()
 		return
 	}
-	ex := rn.ex
+	ex, m := rn.ex, rn.ex.m
 	now := time.Now()
-	end := rn.until.Add(-rn.margin())
-	if !now.Before(end) {
-		rn.expire(&leaseExpired{last: rn.lastErr})
-		rn.mu.Unlock()
-		return
+	if !rn.ended && !now.Before(rn.until.Add(-rn.margin())) {
+		rn.ended = true
+		rn.endHandler(&leaseExpired{last: rn.lastErr})
 	}
 	if rn.renewing {
-		// The timer was set for the lease's end while an Extend is still
-		// out; it is not over yet.
-		rn.timer.Reset(end.Sub(now))
+		// An Extend is still out: look again later.
+		rn.timer.Reset(rn.nextRenewal(now))
 		rn.mu.Unlock()
 		return
 	}
 	rn.renewing = true
-	// Whatever the Extend does, wake up when the lease ends.
-	rn.timer.Reset(end.Sub(now))
+	timeout := m.cfg.storeTimeout
+	if !rn.ended {
+		// Wake up when the lease ends, whatever the Extend does.
+		end := rn.until.Add(-rn.margin()).Sub(now)
+		rn.timer.Reset(end)
+		timeout = min(timeout, end)
+	} else {
+		rn.timer.Reset(rn.nextRenewal(now))
+	}
+	ctx := new(detached)
+	ctx.init(ex.r.Context(), timeout)
+	rn.extend = ctx
+	rn.inflight.Add(1)
+	defer rn.inflight.Done()
 	rn.mu.Unlock()
 
-	m := ex.m
-	ctx := new(detached)
-	ctx.init(ex.r.Context(), min(m.cfg.storeTimeout, end.Sub(now)))
 	err := m.store.Extend(ctx, ex.lease.ID, ex.lease.Token, m.cfg.lease)
 	ctx.stop()
 
 	rn.mu.Lock()
 	defer rn.mu.Unlock()
 	rn.renewing = false
+	rn.extend = nil
 	if rn.stopped {
 		return
 	}
@@ -158,22 +181,25 @@ func (rn *renewal) tick() {
 		rn.lastErr = nil
 		m.observe(ex.r, Event{Kind: EventLeaseRenewed, Scope: ex.lease.Scope, Key: ex.lease.Key, Start: now, Store: time.Since(now)})
 	case errors.Is(err, ErrLeaseLost):
-		rn.expire(err)
+		rn.stopped = true
+		rn.timer.Stop()
+		if !rn.ended {
+			rn.ended = true
+			rn.endHandler(err)
+		}
 		return
 	default:
 		rn.lastErr = err
-		m.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idempotency lease not renewed; trying again before it ends",
+		m.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idempotency lease not renewed; trying again",
 			slog.String("key", ex.lease.Key), slog.String("scope", ex.lease.Scope),
 			slog.Duration("left", time.Until(rn.until)), slog.Any("error", err))
 	}
 	rn.timer.Reset(rn.nextRenewal(time.Now()))
 }
 
-// expire cancels the handler with cause: its lease is gone, or may be, and
-// nothing more is done for it. rn.mu is held.
-func (rn *renewal) expire(cause error) {
-	rn.stopped = true
-	rn.timer.Stop()
+// endHandler cancels the handler with cause: its lease is gone, or may be.
+// rn.mu is held.
+func (rn *renewal) endHandler(cause error) {
 	ex := rn.ex
 	ex.m.cfg.logger.LogAttrs(ex.r.Context(), slog.LevelError, "idempotency lease lost while the request was handled; cancelling the handler",
 		slog.String("key", ex.lease.Key), slog.String("scope", ex.lease.Scope), slog.Any("cause", cause))
@@ -181,11 +207,15 @@ func (rn *renewal) expire(cause error) {
 	ex.m.observe(ex.r, Event{Kind: EventLeaseLost, Scope: ex.lease.Scope, Key: ex.lease.Key, Start: time.Now(), Err: cause})
 }
 
-// stop ends the renewal. It does not wait for an Extend in progress, which
-// ends within its own deadline.
+// stop ends the renewal: it cuts short an Extend in progress and waits for
+// it to return.
 func (rn *renewal) stop() {
 	rn.mu.Lock()
 	rn.stopped = true
 	rn.timer.Stop()
+	if rn.extend != nil {
+		rn.extend.expireNow()
+	}
 	rn.mu.Unlock()
+	rn.inflight.Wait()
 }

@@ -3,10 +3,12 @@ package faultnet_test
 import (
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/idemkit/idempotency/internal/faultnet"
 )
@@ -53,5 +55,57 @@ func ExampleStart() {
 	// attempt 1: no response
 	// attempt 2: 200 OK, order 2 created
 	// orders created: 2
-	// {Requests:2 Passed:1 Dropped:1 Reset:0 Delayed:0 UpstreamErrors:0}
+	// {Requests:2 Passed:1 Dropped:1 Reset:0 Delayed:0 UpstreamErrors:0 Blackholed:0}
+}
+
+// A TCP proxy in front of a server (here an echo server; in the tests,
+// PostgreSQL or Redis): the link works, is cut, and works again.
+func ExampleStartTCP() {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); io.Copy(c, c) }()
+		}
+	}()
+
+	p, err := faultnet.StartTCP(ln.Addr().String())
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer p.Close()
+	echo := func(msg string) string {
+		c, err := net.Dial("tcp", p.Addr())
+		if err != nil {
+			return "connection failed"
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.WriteString(c, msg); err != nil {
+			return "connection failed"
+		}
+		buf := make([]byte, len(msg))
+		if _, err := io.ReadFull(c, buf); err != nil {
+			return "connection failed"
+		}
+		return string(buf)
+	}
+	fmt.Println(echo("ping"))
+	p.Cut()
+	fmt.Println(echo("ping"))
+	p.Heal()
+	fmt.Println(echo("ping"))
+	// Output:
+	// ping
+	// connection failed
+	// ping
 }

@@ -9,7 +9,11 @@
 // Start a Proxy in front of an upstream such as an httptest.Server and point
 // the client at Proxy.URL. Every request is given one Fault, chosen by
 // Config.Decide or drawn at random with the Config's rates, and counted in
-// Stats. Close stops the proxy and waits for the goroutines it started.
+// Stats. SetBlackhole holds all traffic for a while, as a network partition
+// does. Close stops the proxy and waits for the goroutines it started.
+//
+// TCPProxy does the same below HTTP, for the connections of a client to its
+// database: it cuts, black-holes or slows them while the test runs.
 //
 // The proxy speaks HTTP/1.1 with keep-alive on both sides. It forwards the
 // method, the request target, the Host and every end-to-end header unchanged
@@ -136,6 +140,10 @@ type Stats struct {
 	// delayed request is then answered at once with 502 Bad Gateway; a
 	// dropped one is dropped all the same.
 	UpstreamErrors int64
+
+	// Blackholed counts the requests, among the above, that a black hole
+	// held on their way in or on their way back (see SetBlackhole).
+	Blackholed int64
 }
 
 // Proxy is a running fault-injecting proxy. Its methods are safe for
@@ -158,6 +166,9 @@ type Proxy struct {
 	rng            *rand.Rand
 	counts         [Delay + 1]int64 // requests given each Fault
 	upstreamErrors int64
+	blackholed     int64
+	blackhole      bool
+	bhChanged      chan struct{} // closed, and replaced, when blackhole changes
 
 	closeOnce sync.Once
 	closeErr  error
@@ -200,10 +211,11 @@ func Start(upstream string, cfg Config) (*Proxy, error) {
 			IdleConnTimeout:     90 * time.Second,
 			DisableCompression:  true, // pass Accept-Encoding and bodies through untouched
 		},
-		ctx:    ctx,
-		cancel: cancel,
-		served: make(chan struct{}),
-		rng:    rand.New(rand.NewPCG(seed, seed)),
+		ctx:       ctx,
+		cancel:    cancel,
+		served:    make(chan struct{}),
+		rng:       rand.New(rand.NewPCG(seed, seed)),
+		bhChanged: make(chan struct{}),
 	}
 	p.srv = &http.Server{
 		Handler:   http.HandlerFunc(p.serveHTTP),
@@ -246,6 +258,51 @@ func (p *Proxy) Stats() Stats {
 		Reset:          c[Reset],
 		Delayed:        c[Delay],
 		UpstreamErrors: p.upstreamErrors,
+		Blackholed:     p.blackholed,
+	}
+}
+
+// SetBlackhole starts (on) or ends (off) a black hole: while it lasts,
+// nothing passes either way. A request that arrives is given its fault and
+// counted as usual, then held before anything is forwarded; a response (or
+// the closing of a dropped connection) is held before its first byte is
+// sent back, while one already under way goes on. When the black hole ends, what was held goes on, as TCP
+// delivers once a partition heals: a held request reaches the upstream even
+// if its client has stopped waiting by then, unless the proxy saw the client
+// leave. Close ends the hold without forwarding anything.
+func (p *Proxy) SetBlackhole(on bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.blackhole == on {
+		return
+	}
+	p.blackhole = on
+	close(p.bhChanged)
+	p.bhChanged = make(chan struct{})
+}
+
+// through waits while a black hole lasts. It reports false if the client
+// went away or the proxy was closed first. held records whether this
+// request has already been counted as held.
+func (p *Proxy) through(ctx context.Context, held *bool) bool {
+	for {
+		p.mu.Lock()
+		on, changed := p.blackhole, p.bhChanged
+		if on && !*held {
+			*held = true
+			p.blackholed++
+		}
+		p.mu.Unlock()
+		if !on {
+			return true
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return false
+		case <-p.ctx.Done():
+			return false
+		}
 	}
 }
 

@@ -534,3 +534,138 @@ func TestClose(t *testing.T) {
 		waitFor(t, result, patient, "answer to the client") // an error or a 502, either way an answer
 	})
 }
+
+func TestBlackhole(t *testing.T) {
+	t.Run("holds requests until it ends", func(t *testing.T) {
+		up := newEcho(t)
+		p := start(t, up.srv.URL, faultnet.Config{})
+		p.SetBlackhole(true)
+		p.SetBlackhole(true) // no change
+
+		_, _, err := post(newClient(t, 200*time.Millisecond), p.URL()+"/orders", "held")
+		require.Error(t, err, "an answer came through the black hole")
+		assert.Zero(t, up.ran.Load(), "a request went through the black hole")
+
+		result := make(chan string, 1)
+		c := newClient(t, patient)
+		go func() {
+			_, body, err := post(c, p.URL()+"/orders", "waits")
+			if err != nil {
+				body = err.Error()
+			}
+			result <- body
+		}()
+		// The second request is held as soon as the proxy has seen it.
+		deadline := time.Now().Add(patient)
+		for p.Stats().Blackholed < 2 && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		require.Equal(t, int64(2), p.Stats().Blackholed)
+		p.SetBlackhole(false)
+		assert.Equal(t, "waits", waitFor(t, result, patient, "answer after the black hole"))
+		status, body, err := post(c, p.URL()+"/orders", "after")
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusOK, status)
+		assert.Equal(t, "after", body)
+		s := p.Stats()
+		assert.Equal(t, int64(3), s.Requests, "%+v", s)
+		assert.Equal(t, int64(2), s.Blackholed, "%+v", s)
+	})
+
+	t.Run("holds responses until it ends", func(t *testing.T) {
+		entered, release := make(chan struct{}), make(chan struct{})
+		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			close(entered)
+			<-release
+			_, _ = io.WriteString(w, "late")
+		}))
+		t.Cleanup(up.Close)
+		p := start(t, up.URL, faultnet.Config{})
+		result := make(chan string, 1)
+		c := newClient(t, patient)
+		go func() {
+			_, body, err := post(c, p.URL()+"/orders", "x")
+			if err != nil {
+				body = err.Error()
+			}
+			result <- body
+		}()
+		waitFor(t, entered, patient, "upstream request")
+		p.SetBlackhole(true)
+		close(release)
+		select {
+		case body := <-result:
+			t.Fatalf("an answer came through the black hole: %q", body)
+		case <-time.After(200 * time.Millisecond):
+		}
+		p.SetBlackhole(false)
+		assert.Equal(t, "late", waitFor(t, result, patient, "answer after the black hole"))
+		assert.Equal(t, int64(1), p.Stats().Blackholed)
+	})
+
+	t.Run("close ends the hold", func(t *testing.T) {
+		up := newEcho(t)
+		p, err := faultnet.Start(up.srv.URL, faultnet.Config{})
+		require.NoError(t, err)
+		p.SetBlackhole(true)
+		result := make(chan error, 1)
+		c := newClient(t, 0)
+		go func() {
+			_, _, err := post(c, p.URL()+"/orders", "x")
+			result <- err
+		}()
+		deadline := time.Now().Add(patient)
+		for p.Stats().Blackholed < 1 && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		closed := make(chan error, 1)
+		go func() { closed <- p.Close() }()
+		assert.NoError(t, waitFor(t, closed, prompt, "return from Close with a request held"))
+		assert.Error(t, waitFor(t, result, patient, "answer to the client"))
+		assert.Zero(t, up.ran.Load(), "Close forwarded a held request")
+	})
+}
+
+// TestBlackholeToggled turns a black hole on and off while requests flow:
+// every request is answered or fails, none hangs, and the counts add up.
+func TestBlackholeToggled(t *testing.T) {
+	up := newEcho(t)
+	p := start(t, up.srv.URL, faultnet.Config{})
+	c := newClient(t, patient)
+	stop := make(chan struct{})
+	toggled := make(chan struct{})
+	go func() {
+		defer close(toggled)
+		for on := true; ; on = !on {
+			p.SetBlackhole(on)
+			select {
+			case <-stop:
+				p.SetBlackhole(false)
+				return
+			case <-time.After(3 * time.Millisecond):
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	var answered atomic.Int64
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 20 {
+				body := fmt.Sprintf("%d-%d", g, i)
+				if status, got, err := post(c, p.URL()+"/", body); err == nil && status == http.StatusOK && got == body {
+					answered.Add(1)
+				}
+			}
+		})
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	waitFor(t, done, 2*patient, "every request to end")
+	close(stop)
+	<-toggled
+	s := p.Stats()
+	assert.Equal(t, int64(160), s.Requests, "%+v", s)
+	assert.Equal(t, int64(160), answered.Load(), "requests answered with their own body")
+	assert.Positive(t, s.Blackholed, "%+v", s)
+	assert.Equal(t, int64(160), up.ran.Load())
+}

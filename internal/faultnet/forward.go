@@ -13,12 +13,21 @@ import (
 // serveHTTP gives one request its fault and carries it out.
 func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	f := p.decide(r)
+	var held bool
+	if !p.through(r.Context(), &held) {
+		p.abort(w, false)
+		return
+	}
 	if f == Reset {
 		p.abort(w, true)
 		return
 	}
 	resp, err := p.forward(r)
 	if err != nil {
+		if !p.through(r.Context(), &held) {
+			p.abort(w, false)
+			return
+		}
 		p.fail(w, f, err)
 		return
 	}
@@ -29,6 +38,7 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	case Drop:
 		// Read to the end: the upstream has then finished the request.
 		_, _ = io.Copy(io.Discard, resp.Body)
+		p.through(r.Context(), &held)
 		p.abort(w, false)
 		return
 	case Delay:
@@ -42,6 +52,10 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		body = bytes.NewReader(b)
+	}
+	if !p.through(r.Context(), &held) {
+		p.abort(w, false)
+		return
 	}
 	h := w.Header()
 	for k, vv := range resp.Header {

@@ -45,6 +45,8 @@ type Options struct {
 	Observer server.Observer
 	// ClientObserver, if set, is the idempotent client's observer.
 	ClientObserver idempotency.Observer
+	// OnStore, if set, is given the API's store once it is open.
+	OnStore func(server.Store) error
 	// AfterRun, if set, is called after each run, with its name.
 	AfterRun func(name string) error
 }
@@ -119,6 +121,11 @@ func Run(o Options, out io.Writer) ([]*Tally, error) {
 		return nil, err
 	}
 	defer closeStore()
+	if o.OnStore != nil {
+		if err := o.OnStore(store); err != nil {
+			return nil, err
+		}
+	}
 
 	api := newOrderAPI()
 	var events counters

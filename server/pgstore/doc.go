@@ -149,6 +149,33 @@
 // makes a Claim wait, but it competes with claims for CPU and for WAL
 // bandwidth, so prefer one sweeper (or a scheduled job) for all instances.
 //
+// # Monitoring
+//
+// What the middleware did with each request it tells its observer
+// (server.WithObserver). How many records the table holds, and how many
+// bytes they take, is a query, to run when the metrics are collected (from
+// an idemotel.StoreSize, for example), not by a poller of its own; and on
+// one instance, since the instances share the table. With the table's name
+// in place of idempotency_records:
+//
+//	SELECT count(*) FILTER (WHERE expires_at > statement_timestamp()) AS records,
+//	       count(*) FILTER (WHERE expires_at > statement_timestamp() AND state = 'in_flight') AS in_flight,
+//	       pg_total_relation_size('idempotency_records'::regclass) AS bytes
+//	FROM idempotency_records;
+//
+// records leaves out the expired records that the sweep has not deleted
+// yet; in_flight counts the requests running (or whose holder died, until
+// their lease ends); bytes is the table's size on disk with its index and
+// TOAST, expired and dead rows included. The count reads the whole table.
+// On a large one, PostgreSQL's own estimate costs nothing:
+//
+//	SELECT reltuples::bigint AS records, pg_total_relation_size(oid) AS bytes
+//	FROM pg_class WHERE oid = 'idempotency_records'::regclass;
+//
+// It counts expired rows too, and is as recent as the table's last VACUUM
+// or ANALYZE, which autovacuum runs as the table changes; it is -1 before
+// the first.
+//
 // # Errors and the pool
 //
 // Errors carry the prefix "pgstore:" and wrap their cause. Complete, Release

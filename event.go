@@ -44,7 +44,9 @@ type Event struct {
 	// StatusCode is the attempt's status, or 0 if it had no response.
 	StatusCode int
 	// Err is the attempt's error, or nil if it had a response; on an
-	// EventCanceled that ended a wait, the context's error.
+	// EventCanceled that ended a wait, the context's error. It is usually
+	// an *url.Error, whose text holds the request's URL, query included:
+	// log its Err rather than itself if the query may hold a secret.
 	Err error
 	// Replayed reports that the response carries Idempotent-Replayed: true
 	// (see WithReplayedHeader).

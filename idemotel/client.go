@@ -29,10 +29,29 @@ type clientObserver struct {
 	opDur      metric.Float64Histogram
 	budget     metric.Int64Gauge
 
+	common     metric.MeasurementOption // the attributes of WithAttributes
+	attemptSet setCache[attemptKey]
+	opSet      setCache[operationKey]
+
 	// The spans of the operations that are retrying, until their final
 	// event.
 	mu    sync.Mutex
 	spans map[callID]callSpan
+}
+
+type attemptKey struct {
+	method  string
+	status  int
+	errType string
+	retry   bool // for the retries: without the status
+}
+
+type operationKey struct {
+	method  string
+	kind    idempotency.EventKind
+	status  int
+	errType string
+	stop    string
 }
 
 // callID tells the calls of several Clients apart: a Client numbers its
@@ -54,7 +73,8 @@ type callSpan struct {
 func ClientObserver(opts ...Option) (idempotency.Observer, error) {
 	cfg := newConfig(opts)
 	m := cfg.meter()
-	o := &clientObserver{cfg: cfg, tracer: cfg.tracer(), spans: make(map[callID]callSpan)}
+	o := &clientObserver{cfg: cfg, tracer: cfg.tracer(), spans: make(map[callID]callSpan),
+		common: metric.WithAttributes(cfg.attrs...)}
 	var err, e error
 	o.attempts, e = m.Int64Counter("idempotency.client.attempts",
 		metric.WithUnit("{attempt}"),
@@ -94,43 +114,55 @@ func ClientObserver(opts ...Option) (idempotency.Observer, error) {
 }
 
 func (o *clientObserver) observe(ctx context.Context, e idempotency.Event) {
-	method := methodKey.String(e.Method)
 	errType := attemptErrorType(e)
 	final := e.Kind != idempotency.EventRetried
 
 	if !e.Sent.IsZero() {
-		attrs := append(o.attrs(3), method)
-		if e.StatusCode != 0 {
-			attrs = append(attrs, statusKey.Int(e.StatusCode))
-		}
-		if errType != "" {
-			attrs = append(attrs, errorKey.String(errType))
-		}
-		o.attempts.Add(ctx, 1, metric.WithAttributes(attrs...))
-		o.attemptDur.Record(ctx, e.Took.Seconds(), metric.WithAttributes(attrs...))
+		attrs := o.attemptSet.get(attemptKey{e.Method, e.StatusCode, errType, false}, func() []attribute.KeyValue {
+			a := append(o.attrs(3), methodKey.String(e.Method))
+			if e.StatusCode != 0 {
+				a = append(a, statusKey.Int(e.StatusCode))
+			}
+			if errType != "" {
+				a = append(a, errorKey.String(errType))
+			}
+			return a
+		})
+		o.attempts.Add(ctx, 1, attrs)
+		o.attemptDur.Record(ctx, e.Took.Seconds(), attrs)
 	}
 	if !final {
-		o.retries.Add(ctx, 1, metric.WithAttributes(append(o.attrs(2), method, errorKey.String(errType))...))
+		o.retries.Add(ctx, 1, o.attemptSet.get(attemptKey{e.Method, 0, errType, true}, func() []attribute.KeyValue {
+			return append(o.attrs(2), methodKey.String(e.Method), errorKey.String(errType))
+		}))
 	}
 	if e.Budget >= 0 {
-		o.budget.Record(ctx, int64(e.Budget), metric.WithAttributes(o.cfg.attrs...))
+		o.budget.Record(ctx, int64(e.Budget), o.common)
 	}
 
-	var opAttrs []attribute.KeyValue
+	var opAttrs func() []attribute.KeyValue
 	if final {
-		opAttrs = append(o.attrs(5), method, OutcomeKey.String(e.Kind.String()))
+		var stop string
 		if e.Kind == idempotency.EventGaveUp {
-			opAttrs = append(opAttrs, StopReasonKey.String(stopReason(e.Stopped)))
+			stop = stopReason(e.Stopped)
 		}
-		if e.StatusCode != 0 {
-			opAttrs = append(opAttrs, statusKey.Int(e.StatusCode))
+		opAttrs = func() []attribute.KeyValue {
+			a := append(o.attrs(5), methodKey.String(e.Method), OutcomeKey.String(e.Kind.String()))
+			if stop != "" {
+				a = append(a, StopReasonKey.String(stop))
+			}
+			if e.StatusCode != 0 {
+				a = append(a, statusKey.Int(e.StatusCode))
+			}
+			if errType != "" {
+				a = append(a, errorKey.String(errType))
+			}
+			return a
 		}
-		if errType != "" {
-			opAttrs = append(opAttrs, errorKey.String(errType))
-		}
-		o.operations.Add(ctx, 1, metric.WithAttributes(opAttrs...))
-		o.opAttempts.Record(ctx, int64(e.Attempt), metric.WithAttributes(opAttrs...))
-		o.opDur.Record(ctx, e.Elapsed.Seconds(), metric.WithAttributes(opAttrs...))
+		attrs := o.opSet.get(operationKey{e.Method, e.Kind, e.StatusCode, errType, stop}, opAttrs)
+		o.operations.Add(ctx, 1, attrs)
+		o.opAttempts.Record(ctx, int64(e.Attempt), attrs)
+		o.opDur.Record(ctx, e.Elapsed.Seconds(), attrs)
 	}
 	o.span(ctx, e, errType, opAttrs)
 }
@@ -154,7 +186,7 @@ func attemptErrorType(e idempotency.Event) string {
 // span records the operation as a span, child of the one in ctx, begun at
 // its first event and ended at its last, with a child span for each
 // attempt. The times come from the events.
-func (o *clientObserver) span(ctx context.Context, e idempotency.Event, errType string, opAttrs []attribute.KeyValue) {
+func (o *clientObserver) span(ctx context.Context, e idempotency.Event, errType string, opAttrs func() []attribute.KeyValue) {
 	id := callID{call: e.Call, start: e.Start.UnixNano()}
 	final := e.Kind != idempotency.EventRetried
 	o.mu.Lock()
@@ -186,7 +218,7 @@ func (o *clientObserver) span(ctx context.Context, e idempotency.Event, errType 
 		return
 	}
 	if recording {
-		cs.span.SetAttributes(opAttrs...)
+		cs.span.SetAttributes(opAttrs()...)
 		cs.span.SetAttributes(AttemptsKey.Int(e.Attempt), ReplayedKey.Bool(e.Replayed))
 		switch e.Kind {
 		case idempotency.EventGaveUp, idempotency.EventFailed:

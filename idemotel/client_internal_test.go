@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/idemkit/idempotency"
 )
@@ -34,7 +35,7 @@ func TestClientSpansForgotten(t *testing.T) {
 	sawKept := false
 	c := idempotency.NewClient(idempotency.WithBackoff(time.Millisecond, time.Millisecond),
 		idempotency.WithObserver(func(ctx context.Context, e idempotency.Event) {
-			o.span(ctx, e, "", nil)
+			o.span(ctx, e, "", func() []attribute.KeyValue { return nil })
 			o.mu.Lock()
 			sawKept = sawKept || len(o.spans) > 0
 			o.mu.Unlock()

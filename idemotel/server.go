@@ -29,7 +29,18 @@ type serverObserver struct {
 	handler  metric.Float64Histogram
 	renewals metric.Int64Counter
 	losses   metric.Int64Counter
+
+	common   metric.MeasurementOption // the attributes of WithAttributes
+	outcomes setCache[outcomeSet]
+	ops      setCache[opSet]
 }
+
+type outcomeSet struct {
+	kind   server.EventKind
+	status int
+}
+
+type opSet struct{ op, errType string }
 
 // ServerObserver returns an observer for the middleware (server.WithObserver)
 // that records each event as metrics and spans; the package documentation
@@ -37,7 +48,7 @@ type serverObserver struct {
 func ServerObserver(opts ...Option) (server.Observer, error) {
 	cfg := newConfig(opts)
 	m := cfg.meter()
-	o := &serverObserver{cfg: cfg, tracer: cfg.tracer()}
+	o := &serverObserver{cfg: cfg, tracer: cfg.tracer(), common: metric.WithAttributes(cfg.attrs...)}
 	var err, e error
 	o.requests, e = m.Int64Counter("idempotency.server.requests",
 		metric.WithUnit("{request}"),
@@ -74,37 +85,43 @@ func ServerObserver(opts ...Option) (server.Observer, error) {
 func (o *serverObserver) observe(ctx context.Context, e server.Event) {
 	switch e.Kind {
 	case server.EventAcquired:
-		o.active.Add(ctx, 1, metric.WithAttributes(o.cfg.attrs...))
+		o.active.Add(ctx, 1, o.common)
 		return
 	case server.EventLeaseRenewed:
-		o.renewals.Add(ctx, 1, metric.WithAttributes(o.cfg.attrs...))
+		o.renewals.Add(ctx, 1, o.common)
 		o.recordStore(ctx, "extend", e.Store, "")
 		o.leaseEvent(ctx, "idempotency.lease.renewed", e.Start.Add(e.Store), "")
 		return
 	case server.EventLeaseLost:
 		et := storeErrorType(e.Err)
-		o.losses.Add(ctx, 1, metric.WithAttributes(append(o.attrs(2), errorKey.String(et))...))
+		o.losses.Add(ctx, 1, o.ops.get(opSet{"", et}, func() []attribute.KeyValue {
+			return append(o.attrs(1), errorKey.String(et))
+		}))
 		o.leaseEvent(ctx, "idempotency.lease.lost", e.Start, et)
 		return
 	}
 	if e.Acquired {
-		o.active.Add(ctx, -1, metric.WithAttributes(o.cfg.attrs...))
+		o.active.Add(ctx, -1, o.common)
 	}
 	s := steps(e)
 
-	attrs := append(o.attrs(3), OutcomeKey.String(e.Kind.String()))
-	if e.Status != 0 {
-		attrs = append(attrs, statusKey.Int(e.Status))
+	attrs := func() []attribute.KeyValue {
+		a := append(o.attrs(3), OutcomeKey.String(e.Kind.String()))
+		if e.Status != 0 {
+			a = append(a, statusKey.Int(e.Status))
+		}
+		if et := statusErrorType(e.Status, false); et != "" {
+			a = append(a, errorKey.String(et))
+		}
+		return a
 	}
-	if et := statusErrorType(e.Status, false); et != "" {
-		attrs = append(attrs, errorKey.String(et))
-	}
-	o.requests.Add(ctx, 1, metric.WithAttributes(attrs...))
+	outcome := o.outcomes.get(outcomeSet{e.Kind, e.Status}, attrs)
+	o.requests.Add(ctx, 1, outcome)
 	if s.claimed {
 		o.recordStore(ctx, "claim", e.Claim, s.claimErr)
 	}
 	if s.handled {
-		o.handler.Record(ctx, e.Handler.Seconds(), metric.WithAttributes(attrs...))
+		o.handler.Record(ctx, e.Handler.Seconds(), outcome)
 	}
 	if s.write != "" {
 		o.recordStore(ctx, s.write, e.Store, s.writeErr)
@@ -119,11 +136,13 @@ func (o *serverObserver) attrs(extra int) []attribute.KeyValue {
 }
 
 func (o *serverObserver) recordStore(ctx context.Context, op string, d time.Duration, errType string) {
-	attrs := append(o.attrs(2), StoreOperationKey.String(op))
-	if errType != "" {
-		attrs = append(attrs, errorKey.String(errType))
-	}
-	o.store.Record(ctx, d.Seconds(), metric.WithAttributes(attrs...))
+	o.store.Record(ctx, d.Seconds(), o.ops.get(opSet{op, errType}, func() []attribute.KeyValue {
+		a := append(o.attrs(2), StoreOperationKey.String(op))
+		if errType != "" {
+			a = append(a, errorKey.String(errType))
+		}
+		return a
+	}))
 }
 
 // leaseEvent adds an event to the span in ctx, the request's (otelhttp's,
@@ -197,16 +216,17 @@ func steps(e server.Event) stepsOf {
 // span records the request as a span, child of the one in ctx, with the
 // claim, the handler and the store write as children, after the fact:
 // their times come from the event.
-func (o *serverObserver) span(ctx context.Context, e server.Event, s stepsOf, attrs []attribute.KeyValue) {
+func (o *serverObserver) span(ctx context.Context, e server.Event, s stepsOf, attrs func() []attribute.KeyValue) {
 	end := time.Now()
-	if o.cfg.withKey && e.Key != "" {
-		attrs = append(attrs, KeyKey.String(e.Key))
-	}
 	ctx, span := o.tracer.Start(ctx, "idempotency.request",
-		trace.WithTimestamp(e.Start), trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(attrs...))
+		trace.WithTimestamp(e.Start), trace.WithSpanKind(trace.SpanKindInternal))
 	if !span.IsRecording() {
 		span.End(trace.WithTimestamp(end))
 		return
+	}
+	span.SetAttributes(attrs()...)
+	if o.cfg.withKey && e.Key != "" {
+		span.SetAttributes(KeyKey.String(e.Key))
 	}
 	at := e.Start
 	child := func(name string, d time.Duration, errType string) {

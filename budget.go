@@ -54,6 +54,15 @@ func (b *Budget) Capacity() int {
 	return int(b.capacity)
 }
 
+// left returns the number of tokens left, or -1 for a nil Budget, which
+// permits every retry.
+func (b *Budget) left() int {
+	if b == nil {
+		return -1
+	}
+	return b.Available()
+}
+
 // take removes cost tokens if there are that many. A nil Budget permits
 // every retry.
 func (b *Budget) take(cost int64) bool {

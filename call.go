@@ -40,6 +40,8 @@ type call struct {
 	spent    int64 // budget tokens taken by this call's retries
 	wait     time.Duration
 	stopped  error
+	kind     EventKind    // what followed the last attempt
+	obs      *observation // for the observer, if there is one
 
 	clone  http.Request // the request of the first attempt
 	first  attemptCtx   // the context of the first attempt
@@ -67,16 +69,31 @@ func (c *call) run(req *http.Request, hc *http.Client) (*http.Response, error) {
 	// The engine's body field stays empty, so that it never touches the
 	// request body; prepareRetry gives each retry its own.
 	c.req.Request = req
+	observe := c.obs != nil
+	if observe {
+		c.obs.sent = time.Now()
+	}
 	resp, err := e.Do(&c.req)
 	if c.hasNext && c.nextBody != nil {
 		c.nextBody.Close()
 	}
 	if err != nil {
-		if re, ok := err.(*RetryError); ok {
-			return nil, re
+		re, ok := err.(*RetryError)
+		if !ok {
+			// The context ended during the wait before a retry.
+			c.kind = EventCanceled
+			if observe {
+				c.obs.noAttempt(err)
+			}
+			re = &RetryError{Key: c.key, Attempts: c.attempts, Err: err, Stopped: c.stopped}
 		}
-		// The context ended during the wait before a retry.
-		return nil, &RetryError{Key: c.key, Attempts: c.attempts, Err: err, Stopped: c.stopped}
+		if observe {
+			c.finish()
+		}
+		return nil, re
+	}
+	if observe {
+		c.finish()
 	}
 	return resp, nil
 }
@@ -124,31 +141,47 @@ func (c *call) checkRetry(resp *http.Response, err error) (bool, error) {
 // decide decides whether to make another attempt and, if so, prepares it.
 func (c *call) decide(resp *http.Response, err error) bool {
 	c.attempts++
+	cfg := c.cfg
+	if c.obs != nil {
+		c.obs.record(c, resp, err)
+	}
 	if c.ctx.Err() != nil {
 		// The caller canceled or ran out of time: no policy can overrule
 		// that.
+		c.kind = EventCanceled
+		if err == nil && !cfg.policy(resp, err) {
+			// An answer that needed no retry anyway.
+			c.kind = EventCompleted
+		}
 		return false
 	}
-	cfg := c.cfg
 	if !cfg.policy(resp, err) {
+		c.kind = EventFailed
 		if err == nil {
+			c.kind = EventCompleted
 			cfg.budget.succeeded(c.attempts, c.spent)
 		}
 		return false
 	}
 	wait, stop := c.prepare(resp, err)
 	if stop != nil {
+		c.kind = EventGaveUp
 		c.stopped = stop
 		c.log(slog.LevelWarn, "idempotency: not retrying", resp, err, slog.String("reason", stop.Error()))
 		return false
 	}
+	c.kind = EventRetried
 	c.wait = wait
 	if cfg.onRetry != nil {
-		info := RetryInfo{Key: c.key, Attempt: c.attempts, Wait: wait, Err: err}
+		info := RetryInfo{Key: c.key, Attempt: c.attempts, Wait: wait, Err: err,
+			Result: c.resultOf(resp, err), Budget: cfg.budget.left()}
 		if resp != nil {
 			info.StatusCode = resp.StatusCode
 		}
 		cfg.onRetry(info)
+	}
+	if c.obs != nil {
+		c.emit(EventRetried)
 	}
 	c.log(slog.LevelInfo, "idempotency: retrying", resp, err, slog.Duration("wait", wait))
 	return true
@@ -228,6 +261,9 @@ func (c *call) backoff(_, _ time.Duration, _ int, _ *http.Response) time.Duratio
 // prepareRetry is the engine's PrepareRetry, called with a fresh shallow
 // copy of the request before each retry: it gives the copy its own body.
 func (c *call) prepareRetry(req *http.Request) error {
+	if c.obs != nil {
+		c.obs.sent = time.Now()
+	}
 	if c.hasNext {
 		if c.nextBody != nil {
 			req.Body = c.nextBody

@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/idemkit/idempotency/internal/keyfield"
 )
@@ -154,6 +155,9 @@ func (cfg *config) do(req *http.Request, hc *http.Client, viaTransport bool) (*h
 		key:          key,
 		retryable:    key != "" || idempotent(method),
 		viaTransport: viaTransport,
+	}
+	if cfg.observer != nil {
+		c.obs = &observation{id: cfg.calls.Add(1), start: time.Now()}
 	}
 	c.first.init(c.ctx, c, cfg.attemptTimeout, 0)
 	// The attempts' request lives in the call: one allocation less.
@@ -301,6 +305,12 @@ type Outcome struct {
 	// ErrNotIdempotent, ErrBodyNotReplayable, ErrDeadline,
 	// ErrBudgetExhausted), or nil.
 	Stopped error
+
+	// Kind is how the call ended, as an observer is told (see Event):
+	// EventCompleted, EventReplayed, EventGaveUp (Stopped says why), or
+	// EventCanceled when the caller's context ended before a response that
+	// would have been retried.
+	Kind EventKind
 }
 
 // OutcomeOf returns the Outcome of a response returned by a Client's Do or
@@ -314,10 +324,15 @@ func OutcomeOf(resp *http.Response) (Outcome, bool) {
 	if !ok {
 		return Outcome{}, false
 	}
-	return Outcome{
+	out := Outcome{
 		Key:      c.key,
 		Attempts: c.attempts,
 		Replayed: resp.Header.Get(c.cfg.replayHeader) == "true",
 		Stopped:  c.stopped,
-	}, true
+		Kind:     c.kind,
+	}
+	if out.Kind == EventCompleted && out.Replayed {
+		out.Kind = EventReplayed
+	}
+	return out, true
 }

@@ -151,6 +151,16 @@ func BenchmarkPostOverhead(b *testing.B) {
 			check(b, resp, err)
 		}
 	})
+	b.Run("idempotency_observed", func(b *testing.B) {
+		// What an observer costs, one that does nothing with its events.
+		c := idempotency.NewClient(idempotency.WithHTTPClient(&http.Client{Transport: cannedTransport{}}),
+			idempotency.WithObserver(func(context.Context, idempotency.Event) {}))
+		b.ReportAllocs()
+		for b.Loop() {
+			resp, err := c.Do(newRequest(b))
+			check(b, resp, err)
+		}
+	})
 	b.Run("retryablehttp", func(b *testing.B) {
 		rc := retryablehttp.NewClient()
 		rc.Logger = nil

@@ -56,8 +56,12 @@
 //     made, whether the response is a replay, and why retrying stopped if
 //     it stopped early.
 //
-// It is quiet: it logs only to a logger given with WithLogger, and reports
-// retries to a hook given with WithOnRetry. Responses of failed attempts
+// It is quiet: it logs only to a logger given with WithLogger, reports
+// retries to a hook given with WithOnRetry, and tells an observer given with
+// WithObserver what each attempt got and what followed (an Event: retried,
+// completed, replayed, gave up, failed, canceled), the material of metrics
+// and traces (module github.com/idemkit/idempotency/idemotel turns them into
+// OpenTelemetry's). Responses of failed attempts
 // are drained (up to 4 KiB, for at most 250 ms or the attempt timeout if
 // shorter) and closed, so that their connections can be reused; a body that
 // stalls is closed unread, with its connection, and the retry goes on. Idle

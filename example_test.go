@@ -99,3 +99,37 @@ func ExampleClient_StandardClient() {
 	// Output:
 	// key length: 36
 }
+
+// An observer that prints what followed each attempt: a 503, retried, then
+// the order created.
+func ExampleWithObserver() {
+	var calls atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) == 1 {
+			w.Header().Set("Retry-After", "0")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer srv.Close()
+
+	c := idempotency.NewClient(
+		idempotency.WithHTTPClient(srv.Client()),
+		idempotency.WithObserver(func(_ context.Context, e idempotency.Event) {
+			fmt.Println(e.Attempt, e.Kind, e.Result, e.StatusCode, "budget", e.Budget)
+		}),
+	)
+	resp, err := c.Post(context.Background(), srv.URL+"/orders", "application/json", strings.NewReader(`{"amount":10}`))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	resp.Body.Close()
+	o, _ := idempotency.OutcomeOf(resp)
+	fmt.Println("outcome:", o.Kind)
+	// Output:
+	// 1 retried response 503 budget 495
+	// 2 completed response 201 budget 500
+	// outcome: completed
+}

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/textproto"
+	"sync/atomic"
 	"time"
 )
 
@@ -44,15 +45,17 @@ type config struct {
 	noBudget       bool
 	maxBuffered    int64
 
-	logger  *slog.Logger
-	onRetry func(RetryInfo)
-	rand    func(n int64) int64 // returns a number in [0, n)
+	logger   *slog.Logger
+	onRetry  func(RetryInfo)
+	observer Observer
+	rand     func(n int64) int64 // returns a number in [0, n)
 
 	// Built by newConfig.
 	doClient  *http.Client // for Do: follows redirects
 	rtClient  *http.Client // for Transport: leaves redirects to its caller
 	transport *roundTripper
 	keys      keySource
+	calls     atomic.Uint64 // numbers the calls, for the observer
 }
 
 func newConfig(opts []Option) *config {
@@ -268,4 +271,15 @@ func WithLogger(l *slog.Logger) Option {
 // called on the goroutine that called Do, so it should return quickly.
 func WithOnRetry(fn func(RetryInfo)) Option {
 	return func(c *config) { c.onRetry = fn }
+}
+
+// WithObserver makes the Client give fn an Event for every attempt: what it
+// got, and what the Client did next (retried, after which wait; or how the
+// call ended, and why it stopped retrying), with the attempt's timing and
+// the tokens left in the retry budget: the raw material of metrics and
+// traces. fn is called on the goroutine that called Do, so it should return
+// quickly. Without an observer the Client does none of that work, and
+// allocates nothing for it. A nil fn sets none.
+func WithObserver(fn Observer) Option {
+	return func(c *config) { c.observer = fn }
 }

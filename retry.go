@@ -113,6 +113,14 @@ type RetryInfo struct {
 
 	// Err is the failed attempt's error, or nil if it had a response.
 	Err error
+
+	// Result says what the failed attempt got: a response, a timeout, a
+	// transport error.
+	Result Result
+
+	// Budget is the number of tokens left in the retry budget once this
+	// retry took its cost, or -1 if the Client has no budget.
+	Budget int
 }
 
 // backoff returns the wait before retry number n (from 0): a random

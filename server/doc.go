@@ -32,9 +32,10 @@
 // WithObserver receives an Event for every protected request (executed,
 // replayed, in flight, mismatch, rejected, unavailable, released, not
 // stored, unprotected, client gone) with the time the claim, the handler and
-// the store write took, and one for every lease renewal or loss: what
-// metrics and traces are made of (the otel module of this repository turns
-// them into OpenTelemetry metrics and spans).
+// the store write took, one when a claim acquires its key, and one for
+// every lease renewal or loss: what metrics and traces are made of (the
+// module github.com/idemkit/idempotency/idemotel turns them into
+// OpenTelemetry metrics and spans).
 //
 // Refusals are RFC 9457 problem+json documents by default (WithErrorWriter
 // changes that); each wraps an exported sentinel such as ErrKeyMismatch.

@@ -8,7 +8,8 @@ import (
 // An Event is what the middleware did with one request, or with the lease of
 // one, for an observer set with WithObserver: the raw material of metrics,
 // traces and logs. Every protected request yields exactly one event of a
-// final kind; lease renewals yield their own.
+// final kind; a request that acquires its key yields an EventAcquired before
+// it, and lease renewals yield their own.
 type Event struct {
 	// Kind says what happened.
 	Kind EventKind
@@ -32,13 +33,18 @@ type Event struct {
 	// Err is the store's error when one decided the outcome (Unavailable,
 	// NotStored, a lease lost), or the cause of a refusal; nil otherwise.
 	Err error
+	// Acquired reports, on a final event, that the request held the key:
+	// an EventAcquired came before it, and the key is no longer held by
+	// it. With EventAcquired it counts the claims in flight.
+	Acquired bool
 }
 
 // EventKind says what the middleware did.
 type EventKind int
 
 // The kinds of Event. Each protected request ends with one of the first ten;
-// EventLeaseRenewed and EventLeaseLost come from the lease's renewal.
+// EventLeaseRenewed and EventLeaseLost come from the lease's renewal, and
+// EventAcquired from a claim that acquired the key.
 const (
 	// EventExecuted: the handler ran for the first time and its response
 	// was stored.
@@ -75,6 +81,10 @@ const (
 	// EventLeaseLost: the lease was lost, or ended without renewal, and
 	// the handler's context was cancelled; Err is the cause.
 	EventLeaseLost
+	// EventAcquired: the claim acquired the key, and the handler is about
+	// to run; Claim is how long that took. The request's final event
+	// follows, with Acquired set.
+	EventAcquired
 )
 
 var eventKindNames = [...]string{
@@ -90,6 +100,7 @@ var eventKindNames = [...]string{
 	EventClientGone:   "client_gone",
 	EventLeaseRenewed: "lease_renewed",
 	EventLeaseLost:    "lease_lost",
+	EventAcquired:     "acquired",
 }
 
 // String returns the kind's name, in snake case for use as a metric
@@ -154,6 +165,18 @@ func (ex *exchange) emit(kind EventKind, status int, err error) {
 	observe(ex.r.Context(), Event{
 		Kind: kind, Scope: ex.lease.Scope, Key: ex.lease.Key, Status: status,
 		Start: t.start, Claim: since(t.start, t.claim), Handler: since(t.claim, t.handler), Store: since(t.handler, t.store),
-		Err: err,
+		Err: err, Acquired: ex.acquired,
 	})
+}
+
+// acquire records that the claim acquired the key, and tells the observer.
+func (ex *exchange) acquire() {
+	ex.acquired = true
+	if observe := ex.m.cfg.observer; observe != nil {
+		t := &ex.timing
+		observe(ex.r.Context(), Event{
+			Kind: EventAcquired, Scope: ex.lease.Scope, Key: ex.lease.Key,
+			Start: t.start, Claim: since(t.start, t.claim),
+		})
+	}
 }

@@ -3,6 +3,7 @@ package server_test
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -37,13 +38,14 @@ func (e *events) take() []server.Event {
 	return out
 }
 
-// last waits for the next final event (not a lease event) and returns it.
+// last waits for the next final event (not a lease or acquired event) and
+// returns it.
 func (e *events) last(t *testing.T) server.Event {
 	t.Helper()
 	var got server.Event
 	waitFor(t, "an event", func() bool {
 		for _, ev := range e.take() {
-			if ev.Kind != server.EventLeaseRenewed && ev.Kind != server.EventLeaseLost {
+			if ev.Kind != server.EventLeaseRenewed && ev.Kind != server.EventLeaseLost && ev.Kind != server.EventAcquired {
 				got = ev
 				return true
 			}
@@ -168,4 +170,70 @@ func TestLeaseEvents(t *testing.T) {
 	assert.ErrorIs(t, lost.Err, server.ErrLeaseLost)
 	close(release)
 	require.Equal(t, http.StatusServiceUnavailable, recv(t, got, "the answer").status)
+}
+
+// TestAcquiredEvents: a request that acquires its key yields EventAcquired
+// and then its final event with Acquired set, whatever the outcome; one that
+// does not acquire it yields only its final event, with Acquired unset. So
+// an observer can count the claims in flight.
+func TestAcquiredEvents(t *testing.T) {
+	var ev events
+	store, _ := faulty(t)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if string(body) == "fail" {
+			w.WriteHeader(http.StatusBadGateway)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	})
+	// Complete is retried within the store timeout before it gives up.
+	srv := fixtureWith(t, store, h, server.WithObserver(ev.observe), server.WithStoreTimeout(200*time.Millisecond))
+	down := errors.New("down")
+
+	tests := []struct {
+		name      string
+		key, body string
+		fail      []faultstore.Op
+		want      []server.EventKind
+		acquired  bool
+	}{
+		{"executed", "k1", "x", nil, []server.EventKind{server.EventAcquired, server.EventExecuted}, true},
+		{"replayed", "k1", "x", nil, []server.EventKind{server.EventReplayed}, false},
+		{"mismatch", "k1", "y", nil, []server.EventKind{server.EventMismatch}, false},
+		{"released", "k2", "fail", nil, []server.EventKind{server.EventAcquired, server.EventReleased}, true},
+		{"rejected", "", "x", nil, []server.EventKind{server.EventRejected}, false},
+		{"claim failed", "k3", "x", []faultstore.Op{faultstore.Claim}, []server.EventKind{server.EventUnavailable}, false},
+		{"not stored", "k4", "x", []faultstore.Op{faultstore.Complete}, []server.EventKind{server.EventAcquired, server.EventNotStored}, true},
+		{"in flight", "k4", "x", nil, []server.EventKind{server.EventInFlight}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for _, op := range tt.fail {
+				store.Set(op, faultstore.Fault{Err: down})
+				defer store.Clear(op)
+			}
+			post(t, srv.URL, tt.key, tt.body)
+			var got []server.Event
+			waitFor(t, "the final event", func() bool {
+				got = append(got, ev.take()...)
+				return len(got) > 0 && got[len(got)-1].Kind != server.EventAcquired
+			})
+			kinds := make([]server.EventKind, len(got))
+			for i, e := range got {
+				kinds[i] = e.Kind
+			}
+			require.Equal(t, tt.want, kinds)
+			final := got[len(got)-1]
+			assert.Equal(t, tt.acquired, final.Acquired, "final event's Acquired")
+			if tt.acquired {
+				first := got[0]
+				assert.False(t, first.Acquired, "EventAcquired's own Acquired")
+				assert.Equal(t, tt.key, first.Key)
+				assert.Positive(t, first.Claim)
+				assert.Equal(t, first.Start, final.Start)
+				assert.Equal(t, first.Claim, final.Claim)
+			}
+		})
+	}
 }

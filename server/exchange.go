@@ -27,6 +27,7 @@ type exchange struct {
 	// store's lease cannot have begun earlier.
 	claimed    time.Time
 	claimCtx   detached     // the first Claim's context
+	acquired   bool         // the claim acquired the key
 	timing     timing       // for the observer, if there is one
 	capture    recorder     // the handler's response, kept until stored
 	renewal    renewal      // keeps the lease alive
@@ -58,6 +59,7 @@ func (ex *exchange) handle() {
 	switch c.Status {
 	case Acquired:
 		ex.lease.Token = c.Token
+		ex.acquire()
 		if r.Context().Err() != nil {
 			// The client left while the claim was made: nothing has
 			// run, so give the key back rather than leave it in flight.

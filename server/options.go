@@ -306,8 +306,9 @@ func WithEchoKey(on bool) Option {
 }
 
 // WithObserver sets a function that receives an Event for every protected
-// request (what the middleware did, with the time each step took) and for
-// every lease renewal: the raw material for metrics and traces. The
+// request (what the middleware did, with the time each step took), for
+// every claim that acquires its key and for every lease renewal: the raw
+// material for metrics and traces. The
 // middleware does none of that work, and allocates nothing for it, without
 // an observer.
 func WithObserver(fn Observer) Option {

@@ -8,24 +8,38 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/idemkit/idempotency/internal/ordersdemo"
+	"github.com/idemkit/idempotency/server"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestDemo(t *testing.T) {
 	var out bytes.Buffer
-	runs, err := run(options{
-		orders: 60, workers: 8, store: "memory",
-		drop: 0.2, reset: 0.05, delay: 0.05, hold: 500 * time.Millisecond,
-		timeout: 200 * time.Millisecond, seed: 7,
+	runs, err := ordersdemo.Run(ordersdemo.Options{
+		Orders: 60, Workers: 8, Store: "memory",
+		Drop: 0.2, Reset: 0.05, Delay: 0.05, Hold: 500 * time.Millisecond,
+		Timeout: 200 * time.Millisecond, Seed: 7,
 	}, &out)
 	require.NoError(t, err, out.String())
 	naive, idem := runs[0], runs[1]
-	assert.Positive(t, naive.lost, "the proxy lost no response")
-	assert.Equal(t, naive.lost, int64(naive.created-naive.distinct), "the naive run duplicates every lost response")
-	assert.Equal(t, 60, idem.created, "orders created by the idempotent run")
-	assert.Equal(t, 60, idem.distinct)
-	assert.Zero(t, idem.failures.Load())
-	assert.Equal(t, idem.lost, idem.replays, "every lost response is replayed")
+	assert.Positive(t, naive.Lost, "the proxy lost no response")
+	assert.Equal(t, naive.Lost, int64(naive.Created-naive.Distinct), "the naive run duplicates every lost response")
+	assert.Equal(t, 60, idem.Created, "orders created by the idempotent run")
+	assert.Equal(t, 60, idem.Distinct)
+	assert.Zero(t, idem.Failures.Load())
+	assert.Equal(t, idem.Lost, idem.Events[server.EventReplayed], "every lost response is replayed")
 	assert.Contains(t, out.String(), "duplicates")
+
+	// The middleware's events: the naive run's requests carry no key; the
+	// idempotent run executes each order once.
+	assert.Equal(t, int64(naive.Created), naive.Events[server.EventUnprotected], "naive run: requests without a key")
+	assert.Zero(t, naive.Events[server.EventExecuted])
+	assert.Equal(t, int64(60), idem.Events[server.EventExecuted], "idempotent run: first executions")
+	assert.Equal(t, idem.Events[server.EventExecuted], idem.Events[server.EventAcquired])
+	assert.Zero(t, idem.Events[server.EventUnprotected])
+	assert.Zero(t, idem.Events[server.EventUnavailable])
+	assert.Contains(t, out.String(), "first executions")
+	assert.Contains(t, out.String(), "409 in flight")
 }

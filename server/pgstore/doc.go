@@ -63,7 +63,9 @@
 // per table): README.md in this package's directory lists it, with the
 // schema (Schema returns the SQL; Migrate applies it under an advisory
 // lock), the sweep of expired records (Sweep, or WithSweeper's background
-// sweeper, stopped by Close), and what errors mean. In short: errors start
+// sweeper, stopped by Close), the queries that report how many records the
+// table holds and how many bytes they take (for metrics, such as an
+// idemotel.StoreSize), and what errors mean. In short: errors start
 // with "pgstore:", an error wrapping server.ErrLeaseLost means the token is
 // not the record's current one, and every other error is a store failure,
 // which the middleware answers with 503.

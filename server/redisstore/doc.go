@@ -139,6 +139,35 @@
 //     its shards moves keys, and the records on them seem gone: use a Cluster
 //     to shard.
 //
+// # Monitoring
+//
+// What the middleware did with each request it tells its observer
+// (server.WithObserver). How many records a Redis holds, and how many bytes
+// they take, is a few commands, to run when the metrics are collected (from
+// an idemotel.StoreSize, for example), not by a poller of its own; and on
+// one instance, since the instances share the records. On a Redis, or a
+// database number, that holds only the Store's records:
+//
+//	DBSIZE
+//	INFO memory
+//
+// DBSIZE is the number of records, and used_memory in the reply of INFO
+// memory the bytes the server takes for them with its own overhead
+// (used_memory_dataset leaves out most of it). On a Redis shared with other
+// data, the records are the keys under the Store's prefix (DefaultPrefix
+// here):
+//
+//	SCAN 0 MATCH idempotency:* COUNT 1000
+//	MEMORY USAGE <key>
+//
+// SCAN again from the cursor it returns until it returns 0, counting the
+// keys, and add up the MEMORY USAGE of each: that reads every key, so on a
+// large keyspace keep the result for a while, or sample. A prefix that holds *, ?, [ or \ must have them escaped with \
+// in the pattern. Either way the count includes the released records, which
+// stay as tombstones until they expire, and, until Redis reclaims them,
+// keys that expired. On a Cluster, run the commands on every master and add
+// up.
+//
 // # Errors
 //
 // Errors other than server.ErrLeaseLost are store errors: Redis unreachable,

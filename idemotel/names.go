@@ -1,0 +1,96 @@
+package idemotel
+
+import (
+	"context"
+	"errors"
+	"strconv"
+
+	"go.opentelemetry.io/otel/attribute"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+
+	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/server"
+)
+
+// Attributes of this package's own, under the idempotency namespace. The
+// others are OpenTelemetry's semantic conventions for HTTP:
+// http.request.method, http.response.status_code, http.request.resend_count
+// and error.type.
+const (
+	// OutcomeKey is what the middleware or the client did: the name of a
+	// server.EventKind or an idempotency.EventKind.
+	OutcomeKey = attribute.Key("idempotency.outcome")
+	// StoreOperationKey names a Store operation: claim, complete, release,
+	// extend.
+	StoreOperationKey = attribute.Key("idempotency.store.operation")
+	// StopReasonKey is why a client stopped retrying: attempts_exhausted,
+	// budget_exhausted, deadline, not_idempotent, body_not_replayable.
+	StopReasonKey = attribute.Key("idempotency.stop_reason")
+	// KeyKey is the idempotency key, on spans only, with WithKeyAttribute.
+	KeyKey = attribute.Key("idempotency.key")
+	// AttemptsKey is the number of attempts of a client's operation, on its
+	// span.
+	AttemptsKey = attribute.Key("idempotency.attempts")
+	// ReplayedKey reports, on a client's spans, that the response was a
+	// replay.
+	ReplayedKey = attribute.Key("idempotency.replayed")
+	// WaitKey is, on a retried attempt's span, the wait before the next
+	// attempt, in seconds.
+	WaitKey = attribute.Key("idempotency.retry.wait")
+)
+
+// Values of error.type of this package's own; the rest are status codes, as
+// the HTTP semantic conventions have them.
+const (
+	errTimeout      = "timeout"
+	errLeaseLost    = "lease_lost"
+	errNotCommitted = "not_committed"
+	errOther        = "_OTHER"
+)
+
+// storeErrorType is error.type for a Store's error: few values, never the
+// error's text, which may name a key.
+func storeErrorType(err error) string {
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		return errTimeout
+	case errors.Is(err, server.ErrLeaseLost):
+		return errLeaseLost
+	case errors.Is(err, server.ErrNotCommitted):
+		return errNotCommitted
+	}
+	return errOther
+}
+
+// statusErrorType is error.type for an HTTP status: the code when it is an
+// error, as the semantic conventions say (for a server, 5xx only), or "".
+func statusErrorType(status int, client bool) string {
+	if status >= 500 || (client && status >= 400) {
+		return strconv.Itoa(status)
+	}
+	return ""
+}
+
+// stopReason names why a client stopped retrying.
+func stopReason(err error) string {
+	switch {
+	case errors.Is(err, idempotency.ErrAttemptsExhausted):
+		return "attempts_exhausted"
+	case errors.Is(err, idempotency.ErrBudgetExhausted):
+		return "budget_exhausted"
+	case errors.Is(err, idempotency.ErrDeadline):
+		return "deadline"
+	case errors.Is(err, idempotency.ErrNotIdempotent):
+		return "not_idempotent"
+	case errors.Is(err, idempotency.ErrBodyNotReplayable):
+		return "body_not_replayable"
+	}
+	return errOther
+}
+
+var (
+	methodKey = semconv.HTTPRequestMethodKey
+	statusKey = semconv.HTTPResponseStatusCodeKey
+	errorKey  = semconv.ErrorTypeKey
+	resendKey = semconv.HTTPRequestResendCountKey
+)

@@ -1,0 +1,69 @@
+package idemotel
+
+import (
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// ScopeName is the instrumentation scope of the meters and tracers of this
+// package.
+const ScopeName = "github.com/idemkit/idempotency/idemotel"
+
+// An Option configures an observer or a store's gauges.
+type Option func(*config)
+
+type config struct {
+	meterProvider  metric.MeterProvider
+	tracerProvider trace.TracerProvider
+	withKey        bool
+	attrs          []attribute.KeyValue
+}
+
+func newConfig(opts []Option) config {
+	var c config
+	for _, o := range opts {
+		if o != nil {
+			o(&c)
+		}
+	}
+	if c.meterProvider == nil {
+		c.meterProvider = otel.GetMeterProvider()
+	}
+	if c.tracerProvider == nil {
+		c.tracerProvider = otel.GetTracerProvider()
+	}
+	return c
+}
+
+func (c *config) meter() metric.Meter { return c.meterProvider.Meter(ScopeName) }
+
+func (c *config) tracer() trace.Tracer { return c.tracerProvider.Tracer(ScopeName) }
+
+// WithMeterProvider sets the MeterProvider that makes the metrics; by
+// default, the global one (otel.GetMeterProvider).
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return func(c *config) { c.meterProvider = mp }
+}
+
+// WithTracerProvider sets the TracerProvider that makes the spans; by
+// default, the global one (otel.GetTracerProvider).
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return func(c *config) { c.tracerProvider = tp }
+}
+
+// WithKeyAttribute puts the idempotency key on the spans, as the attribute
+// idempotency.key. It is off by default: a key may say more about the
+// operation than a trace should, and a caller may choose one from its own
+// data. Keys never go on metrics, whose attributes must take few values.
+func WithKeyAttribute() Option {
+	return func(c *config) { c.withKey = true }
+}
+
+// WithAttributes adds attrs to every measurement and span, for example the
+// name of the API or of the client, to tell apart the observers of several
+// middlewares or clients in one process.
+func WithAttributes(attrs ...attribute.KeyValue) Option {
+	return func(c *config) { c.attrs = append(c.attrs, attrs...) }
+}

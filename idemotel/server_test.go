@@ -67,6 +67,9 @@ func newAPI(t *testing.T, tm *telemetry, otelOpts []idemotel.Option, opts ...ser
 			}
 		}),
 		server.WithStoreTimeout(300 * time.Millisecond),
+		// A response that could not be stored is tried again for up to
+		// a lease length after it is sent, before EventNotStored.
+		server.WithLease(time.Second),
 	}, opts...)...)
 	require.NoError(t, err)
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -228,7 +228,7 @@ func TestInvalidInput(t *testing.T) {
 			c := newClient(srv, idempotency.WithKeyFunc(tt.keyFunc))
 			ctx := t.Context()
 			if tt.ctxKey != nil {
-				ctx = idempotency.WithKey(ctx, *tt.ctxKey)
+				ctx = idempotency.ContextWithKey(ctx, *tt.ctxKey)
 			}
 			body := &closeTracker{Reader: strings.NewReader("x")}
 			req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, body)

@@ -22,7 +22,7 @@
 //
 //   - adds a key to every request of a keyed method (POST and PATCH by
 //     default) that has none: the key from the request's context if
-//     WithKey put one there, or else a new random UUID (NewKey). A key
+//     ContextWithKey put one there, or else a new random UUID (NewKey). A key
 //     already in the header, under any letter case of its name, is kept
 //     and sent once, under the canonical name; a header with two keys is
 //     refused (ErrInvalidKey). The same key is sent on every attempt. The
@@ -75,12 +75,12 @@
 // only for as long as it keeps the key (commonly 24 hours). A key lives in
 // memory for one call to Do: an operation that must survive a crash of the
 // client needs a key stored with the operation and given to every try
-// through WithKey. Reusing a key for a different request is an error that a
+// through ContextWithKey. Reusing a key for a different request is an error that a
 // careful server answers with 422, which is not retried. The server may
 // answer 409 while an earlier attempt with the same key is still running;
 // that is retried, after the Retry-After it gives.
 //
 // The Client keys POST and PATCH requests and not PUT or DELETE, which are
-// idempotent by definition and retried without a key; WithKeyedMethods
+// idempotent by definition and retried without a key; WithMethods
 // changes the set.
 package idempotency

@@ -19,7 +19,7 @@ var (
 	ErrInvalidURL = errors.New("idempotency: invalid request URL")
 
 	// ErrInvalidKey is returned for a key that the caller supplied (in the
-	// header or through WithKey) or that a key function made, when it is not
+	// header or through ContextWithKey) or that a key function made, when it is not
 	// a valid idempotency key: empty, over 255 bytes, or with characters
 	// outside printable ASCII; and for a request header that holds two keys.
 	// It wraps the reason.

@@ -105,7 +105,7 @@ func TestEvents(t *testing.T) {
 		{
 			name:   "gave up: not keyed",
 			steps:  []http.HandlerFunc{status(http.StatusServiceUnavailable)},
-			opts:   []idempotency.Option{idempotency.WithKeyedMethods(), idempotency.WithoutBudget()},
+			opts:   []idempotency.Option{idempotency.WithMethods(), idempotency.WithoutBudget()},
 			want:   []idempotency.EventKind{idempotency.EventGaveUp},
 			result: []idempotency.Result{idempotency.ResultResponse},
 			status: []int{503}, budget: []int{-1}, stopped: idempotency.ErrNotIdempotent, response: true,

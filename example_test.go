@@ -62,7 +62,7 @@ func ExampleOutcomeOf() {
 	defer srv.Close()
 
 	c := idempotency.NewClient(idempotency.WithHTTPClient(srv.Client()))
-	ctx := idempotency.WithKey(context.Background(), "order-2026-0042")
+	ctx := idempotency.ContextWithKey(context.Background(), "order-2026-0042")
 	resp, err := c.Post(ctx, srv.URL+"/orders", "application/json", strings.NewReader(`{"amount":10}`))
 	if err != nil {
 		fmt.Println(err)

@@ -8,7 +8,7 @@ import (
 	"github.com/google/uuid"
 )
 
-// Header names of the protocol. Both can be changed per Client (WithHeader,
+// Header names of the protocol. Both can be changed per Client (WithKeyHeader,
 // WithReplayedHeader) for servers that use other names.
 const (
 	// HeaderKey is the request header that carries the idempotency key.
@@ -27,7 +27,7 @@ const (
 // Do makes a key like it for every keyed request that has no key yet, so
 // most callers never need it; use it to make a key that must outlive the
 // process, store it with the operation, and pass it to every try of that
-// operation with WithKey.
+// operation with ContextWithKey.
 func NewKey() string {
 	return uuid.NewString()
 }
@@ -89,7 +89,7 @@ func (s *keySource) newKey(v7 bool) (string, error) {
 
 type contextKey struct{}
 
-// WithKey returns a copy of ctx that carries key as the idempotency key for
+// ContextWithKey returns a copy of ctx that carries key as the idempotency key for
 // a request made with it. Use it when one logical operation spans several
 // calls to Do, possibly in several processes: make the key once (NewKey),
 // store it with the operation, and send it on every try, so that the server
@@ -97,13 +97,13 @@ type contextKey struct{}
 //
 // A key in the request header takes precedence over the context's key. The
 // context's key is used only for methods that get keys (POST and PATCH by
-// default; see WithKeyedMethods). Do checks the key and returns an error
+// default; see WithMethods). Do checks the key and returns an error
 // wrapping ErrInvalidKey if it is not valid.
-func WithKey(ctx context.Context, key string) context.Context {
+func ContextWithKey(ctx context.Context, key string) context.Context {
 	return context.WithValue(ctx, contextKey{}, key)
 }
 
-// KeyFromContext returns the key stored in ctx by WithKey, if any.
+// KeyFromContext returns the key stored in ctx by ContextWithKey, if any.
 func KeyFromContext(ctx context.Context) (string, bool) {
 	key, ok := ctx.Value(contextKey{}).(string)
 	return key, ok

@@ -69,7 +69,7 @@ func TestKeyPrecedence(t *testing.T) {
 			c := newClient(srv)
 			ctx := t.Context()
 			if tt.ctxKey != "" {
-				ctx = idempotency.WithKey(ctx, tt.ctxKey)
+				ctx = idempotency.ContextWithKey(ctx, tt.ctxKey)
 			}
 			req := post(t, ctx, srv.URL, "x")
 			if tt.header != "" {
@@ -97,7 +97,7 @@ func TestKeyPrecedence(t *testing.T) {
 func TestKeyFromContext(t *testing.T) {
 	_, ok := idempotency.KeyFromContext(t.Context())
 	assert.False(t, ok)
-	k, ok := idempotency.KeyFromContext(idempotency.WithKey(t.Context(), "abc"))
+	k, ok := idempotency.KeyFromContext(idempotency.ContextWithKey(t.Context(), "abc"))
 	assert.True(t, ok)
 	assert.Equal(t, "abc", k)
 }
@@ -160,7 +160,7 @@ func TestCustomHeaderNames(t *testing.T) {
 		w.Header().Set("X-Replayed", "true")
 		w.WriteHeader(http.StatusOK)
 	}))
-	c := newClient(srv, idempotency.WithHeader("x-request-key"), idempotency.WithReplayedHeader("x-replayed"))
+	c := newClient(srv, idempotency.WithKeyHeader("x-request-key"), idempotency.WithReplayedHeader("x-replayed"))
 
 	resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
 	require.NoError(t, err)
@@ -214,7 +214,7 @@ func TestUnkeyedPostNotRetried(t *testing.T) {
 	t.Run("status", func(t *testing.T) {
 		s := newScript(status(http.StatusServiceUnavailable), status(http.StatusCreated))
 		srv := newServer(t, s)
-		c := newClient(srv, idempotency.WithKeyedMethods(http.MethodPatch))
+		c := newClient(srv, idempotency.WithMethods(http.MethodPatch))
 
 		resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
 		require.NoError(t, err)
@@ -229,7 +229,7 @@ func TestUnkeyedPostNotRetried(t *testing.T) {
 	t.Run("lost response", func(t *testing.T) {
 		s := newScript(lost, status(http.StatusCreated))
 		srv := newServer(t, s)
-		c := newClient(srv, idempotency.WithKeyedMethods())
+		c := newClient(srv, idempotency.WithMethods())
 
 		_, err := c.Do(post(t, t.Context(), srv.URL, "x"))
 		require.Error(t, err)
@@ -245,7 +245,7 @@ func TestContextKeyOnlyForKeyedMethods(t *testing.T) {
 	s := newScript(status(http.StatusOK))
 	srv := newServer(t, s)
 	c := newClient(srv)
-	req, err := http.NewRequestWithContext(idempotency.WithKey(t.Context(), "order-42"), http.MethodGet, srv.URL, nil)
+	req, err := http.NewRequestWithContext(idempotency.ContextWithKey(t.Context(), "order-42"), http.MethodGet, srv.URL, nil)
 	require.NoError(t, err)
 
 	resp, err := c.Do(req)
@@ -298,7 +298,7 @@ func TestCallerKeyInAnyCase(t *testing.T) {
 		{"upper case", nil, http.MethodPost, http.Header{"IDEMPOTENCY-KEY": {"k-3"}}, "k-3"},
 		{"lower case, quoted", nil, http.MethodPost, http.Header{"idempotency-key": {`"k-4"`}}, "k-4"},
 		{"lower case on an unkeyed method", nil, http.MethodPut, http.Header{"idempotency-key": {"k-5"}}, "k-5"},
-		{"custom header name", idempotency.WithHeader("X-Request-Key"), http.MethodPost, http.Header{"x-request-key": {"k-6"}}, "k-6"},
+		{"custom header name", idempotency.WithKeyHeader("X-Request-Key"), http.MethodPost, http.Header{"x-request-key": {"k-6"}}, "k-6"},
 		{"two values", nil, http.MethodPost, http.Header{"Idempotency-Key": {"k-7", "k-8"}}, ""},
 		{"two names", nil, http.MethodPost, http.Header{"Idempotency-Key": {"k-9"}, "idempotency-key": {"k-10"}}, ""},
 		{"two names, one key", nil, http.MethodPost, http.Header{"Idempotency-Key": {"k-11"}, "idempotency-key": {"k-11"}}, ""},

@@ -128,9 +128,9 @@ func WithHTTPClient(hc *http.Client) Option {
 	return func(c *config) { c.httpClient = hc }
 }
 
-// WithHeader sets the name of the request header that carries the key
+// WithKeyHeader sets the name of the request header that carries the key
 // (HeaderKey by default). An empty name keeps the default.
-func WithHeader(name string) Option {
+func WithKeyHeader(name string) Option {
 	return func(c *config) {
 		if name != "" {
 			c.header = name
@@ -178,11 +178,11 @@ func WithKeyVersion7() Option {
 	return func(c *config) { c.keyFunc, c.keyV7 = nil, true }
 }
 
-// WithKeyedMethods sets the methods whose requests get a key: POST and PATCH
+// WithMethods sets the methods whose requests get a key: POST and PATCH
 // by default. Methods are compared exactly, so give them in upper case. With
 // no methods at all, no request gets a key from the Client, and so a POST is
 // never retried unless its caller puts a key in the header.
-func WithKeyedMethods(methods ...string) Option {
+func WithMethods(methods ...string) Option {
 	return func(c *config) { c.keyed = append([]string(nil), methods...) }
 }
 

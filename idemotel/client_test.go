@@ -177,7 +177,7 @@ func TestClientCanceled(t *testing.T) {
 			cancel()
 		}
 	}), idempotency.WithBackoff(time.Hour, time.Hour))
-	ctx = idempotency.WithKey(ctx, "order-7")
+	ctx = idempotency.ContextWithKey(ctx, "order-7")
 	_, err = c.Post(ctx, scripted(t, 503), "text/plain", strings.NewReader("x"))
 	require.ErrorIs(t, err, context.Canceled)
 

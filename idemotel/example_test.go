@@ -47,7 +47,7 @@ func Example() {
 		return
 	}
 	client := idempotency.NewClient(idempotency.WithHTTPClient(srv.Client()), idempotency.WithObserver(clientObserver))
-	ctx := idempotency.WithKey(context.Background(), "order-1")
+	ctx := idempotency.ContextWithKey(context.Background(), "order-1")
 	for range 2 {
 		resp, err := client.Post(ctx, srv.URL, "application/json", strings.NewReader(`{"sku":"A1"}`))
 		if err != nil {

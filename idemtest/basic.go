@@ -135,17 +135,17 @@ func (r *runner) replayMarked() Result {
 		return notApplicable("No replay was seen: the " + CheckReplay + " check did not run or did not pass.")
 	}
 	got := r.describeAnswer(*r.original) + "; then " + r.describeAnswer(*r.replayed)
-	want := r.t.ReplayHeader + ": true on the replay only"
+	want := r.t.ReplayedHeader + ": true on the replay only"
 	switch {
 	case r.marked(*r.original):
 		return fail("", got, want, "The first answer, which ran the request, is marked as a replay.")
 	case !r.marked(*r.replayed):
-		return fail("", got, want, "The replay is not marked with "+r.t.ReplayHeader+" or one of its common spellings"+
+		return fail("", got, want, "The replay is not marked with "+r.t.ReplayedHeader+" or one of its common spellings"+
 			": a client cannot tell whether its retry ran the request or got the stored answer.")
 	}
 	name := r.marker(*r.replayed)
-	if name != r.t.ReplayHeader {
-		return pass("", got, want, "The replay is marked with "+name+", not "+r.t.ReplayHeader+".")
+	if name != r.t.ReplayedHeader {
+		return pass("", got, want, "The replay is marked with "+name+", not "+r.t.ReplayedHeader+".")
 	}
 	return pass("", got, want, "The replay is marked with "+name+".")
 }

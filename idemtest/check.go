@@ -114,9 +114,9 @@ func (r *runner) reach() error {
 // notes says what the kit noticed about the target as a whole.
 func (r *runner) notes() []string {
 	var notes []string
-	if r.markedWith != "" && r.markedWith != r.t.ReplayHeader {
-		notes = append(notes, "Replays are marked with "+r.markedWith+", not "+r.t.ReplayHeader+
-			": the kit recognised it (Target.ReplayHeader, idemcheck -replay-header, names it).")
+	if r.markedWith != "" && r.markedWith != r.t.ReplayedHeader {
+		notes = append(notes, "Replays are marked with "+r.markedWith+", not "+r.t.ReplayedHeader+
+			": the kit recognised it (Target.ReplayedHeader, idemcheck -replay-header, names it).")
 	}
 	if r.ranAgain && !r.keyEffect {
 		notes = append(notes, "Every request ran as if it had no key: no answer was a replay, a 409, a 422 or a refusal of a key. "+
@@ -179,7 +179,7 @@ type runner struct {
 	problems []seen
 
 	// markers are the names of the headers that mark a replay:
-	// Target.ReplayHeader and its common spellings.
+	// Target.ReplayedHeader and its common spellings.
 	markers []string
 	// markedWith is the first of them seen marking a replay.
 	markedWith string
@@ -214,10 +214,10 @@ func newRunner(ctx context.Context, t Target, base string) (*runner, error) {
 		endpoint: endpoint,
 		display:  t.Method + " " + u.RequestURI(),
 		body:     [2][]byte{t.Body(0), t.Body(1)},
-		markers:  []string{t.ReplayHeader},
+		markers:  []string{t.ReplayedHeader},
 	}
 	for _, name := range commonReplayHeaders {
-		if name != t.ReplayHeader {
+		if name != t.ReplayedHeader {
 			r.markers = append(r.markers, name)
 		}
 	}

@@ -279,7 +279,7 @@ func TestAdvisories(t *testing.T) {
 			http.Error(w, e.Title, e.Status)
 		}
 	}
-	srv := start(t, protect(t, &orders{}, server.WithReplayHeader("X-Replayed"), server.WithErrorWriter(plain)))
+	srv := start(t, protect(t, &orders{}, server.WithReplayedHeader("X-Replayed"), server.WithErrorWriter(plain)))
 	report := check(t, target(srv.URL))
 	assert.NoError(t, report.Err(), "advisories are not failures")
 	got := statuses(report)
@@ -292,7 +292,7 @@ func TestAdvisories(t *testing.T) {
 
 	// With the replay header named, replays are marked.
 	tg := target(srv.URL)
-	tg.ReplayHeader = "x-replayed"
+	tg.ReplayedHeader = "x-replayed"
 	report = check(t, tg)
 	assert.Equal(t, idemtest.StatusPass, statuses(report)[idemtest.CheckReplayMarked])
 }
@@ -395,7 +395,7 @@ func dropped(t *testing.T, inFlight bool, opts ...server.Option) (http.Handler, 
 // saw: whether the retry found the first in flight, and whether the answer
 // it got was marked as a replay.
 func TestDroppedWording(t *testing.T) {
-	unknown := server.WithReplayHeader("X-Unknown") // not one the kit recognises
+	unknown := server.WithReplayedHeader("X-Unknown") // not one the kit recognises
 	for _, tc := range []struct {
 		name      string
 		inFlight  bool

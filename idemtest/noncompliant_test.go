@@ -149,7 +149,7 @@ func TestNoncompliantServers(t *testing.T) {
 		{
 			name: "reads the key from another header",
 			handler: func(t *testing.T) http.Handler {
-				return protect(t, &orders{}, server.WithHeader("X-Idempotency-Key"), server.WithKeyOptional())
+				return protect(t, &orders{}, server.WithKeyHeader("X-Idempotency-Key"), server.WithKeyOptional())
 			},
 			edit: func(tg *idemtest.Target) { tg.KeysOptional = true },
 			// Keys being optional, the malformed ones may be ignored.
@@ -170,7 +170,7 @@ func TestNoncompliantServers(t *testing.T) {
 		{
 			name: "drops Location on replay",
 			handler: func(t *testing.T) http.Handler {
-				return protect(t, &orders{}, server.WithReplayHeaders("Content-Type"))
+				return protect(t, &orders{}, server.WithStoredHeaders("Content-Type"))
 			},
 			mustFail: []string{idemtest.CheckReplay},
 			exact:    true,
@@ -242,7 +242,7 @@ func TestNoncompliantServers(t *testing.T) {
 		{
 			name: "marks replays with a common spelling",
 			handler: func(t *testing.T) http.Handler {
-				return protect(t, &orders{}, server.WithReplayHeader("X-Idempotent-Replayed"))
+				return protect(t, &orders{}, server.WithReplayedHeader("X-Idempotent-Replayed"))
 			},
 			exact:  true,
 			want:   map[string]idemtest.Status{idemtest.CheckReplayMarked: idemtest.StatusPass},

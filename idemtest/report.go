@@ -59,7 +59,7 @@ type Report struct {
 	Results []Result `json:"results"`
 	// Notes are what the kit noticed about the target as a whole: that
 	// replays are marked with a header of another name than
-	// Target.ReplayHeader, or that every request ran as if it had no key.
+	// Target.ReplayedHeader, or that every request ran as if it had no key.
 	Notes []string `json:"notes,omitempty"`
 }
 

@@ -12,15 +12,20 @@ import (
 	"time"
 )
 
+// The headers of the protocol, the defaults of Target.KeyHeader and
+// Target.ReplayedHeader.
+const (
+	HeaderKey      = "Idempotency-Key"
+	HeaderReplayed = "Idempotent-Replayed"
+)
+
 // Defaults for the Target fields left at their zero value.
 const (
-	DefaultMethod       = http.MethodPost
-	DefaultKeyHeader    = "Idempotency-Key"
-	DefaultReplayHeader = "Idempotent-Replayed"
-	DefaultConcurrency  = 10
-	DefaultTimeout      = 10 * time.Second
-	DefaultPatience     = 10 * time.Second
-	DefaultDropAfter    = 100 * time.Millisecond
+	DefaultMethod      = http.MethodPost
+	DefaultConcurrency = 10
+	DefaultTimeout     = 10 * time.Second
+	DefaultPatience    = 10 * time.Second
+	DefaultDropAfter   = 100 * time.Millisecond
 
 	// Placeholder is replaced by the variant number in a BodyTemplate.
 	Placeholder = "{{variant}}"
@@ -116,12 +121,12 @@ type Target struct {
 	// 5xx-not-cached check reports a stored 5xx as advisory.
 	Require5xxRelease bool
 
-	// ReplayHeader is the response header that marks a replay,
+	// ReplayedHeader is the response header that marks a replay,
 	// Idempotent-Replayed by default. The kit also recognises the common
 	// spellings Idempotency-Replayed, X-Idempotent-Replayed and
 	// X-Idempotency-Replayed, and reports which one it saw. The values
 	// "true", "1" and "?1" (a structured-field boolean) mark a replay.
-	ReplayHeader string
+	ReplayedHeader string
 
 	// Concurrency is how many identical requests the concurrent check
 	// sends at once, 10 by default. It must be at least 2.
@@ -223,10 +228,10 @@ func (t Target) withDefaults() (Target, error) {
 		bad("Target.Method %q is not a valid method", t.Method)
 	}
 	if t.KeyHeader == "" {
-		t.KeyHeader = DefaultKeyHeader
+		t.KeyHeader = HeaderKey
 	}
-	if t.ReplayHeader == "" {
-		t.ReplayHeader = DefaultReplayHeader
+	if t.ReplayedHeader == "" {
+		t.ReplayedHeader = HeaderReplayed
 	}
 	switch t.KeyForm {
 	case "":
@@ -241,13 +246,13 @@ func (t Target) withDefaults() (Target, error) {
 	if t.MaxKeyLen > maxKeyProbe {
 		bad("Target.MaxKeyLen %d is over %d: a longer key would be refused for the size of the header, not for its length", t.MaxKeyLen, maxKeyProbe)
 	}
-	for _, name := range []string{t.KeyHeader, t.ReplayHeader} {
+	for _, name := range []string{t.KeyHeader, t.ReplayedHeader} {
 		if !validToken(name) {
 			bad("%q is not a valid header name", name)
 		}
 	}
 	t.KeyHeader = http.CanonicalHeaderKey(t.KeyHeader)
-	t.ReplayHeader = http.CanonicalHeaderKey(t.ReplayHeader)
+	t.ReplayedHeader = http.CanonicalHeaderKey(t.ReplayedHeader)
 	for _, h := range []struct {
 		name   string
 		header http.Header

@@ -132,7 +132,7 @@ func (a answer) same(b answer) bool {
 }
 
 // commonReplayHeaders are the spellings of the replay header that servers
-// use, recognised besides Target.ReplayHeader.
+// use, recognised besides Target.ReplayedHeader.
 var commonReplayHeaders = [...]string{
 	"Idempotent-Replayed", "Idempotency-Replayed", "X-Idempotent-Replayed", "X-Idempotency-Replayed",
 }
@@ -381,8 +381,8 @@ func (r *runner) describeAnswer(a answer) string {
 	}
 	if name := r.marker(a); name != "" {
 		b.WriteString(", " + name + ": " + clip(a.header.Get(name)))
-	} else if v := a.header.Get(r.t.ReplayHeader); v != "" {
-		b.WriteString(", " + r.t.ReplayHeader + ": " + clip(v))
+	} else if v := a.header.Get(r.t.ReplayedHeader); v != "" {
+		b.WriteString(", " + r.t.ReplayedHeader + ": " + clip(v))
 	}
 	b.WriteString(", body ")
 	b.WriteString(quote(a.body))

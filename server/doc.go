@@ -51,7 +51,7 @@
 //
 // # Replays
 //
-// Only allow-listed headers are stored (WithReplayHeaders); Set-Cookie,
+// Only allow-listed headers are stored (WithStoredHeaders); Set-Cookie,
 // Authorization, Date and hop-by-hop headers never are. The default list
 // holds the headers that describe the stored body (Content-Type,
 // Content-Encoding, Content-Language, ETag, ...), so that a replay is the same

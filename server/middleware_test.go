@@ -689,8 +689,8 @@ func TestNewValidates(t *testing.T) {
 	for name, opt := range map[string]server.Option{
 		"ttl":            server.WithTTL(0),
 		"lease":          server.WithLease(time.Millisecond),
-		"set-cookie":     server.WithReplayHeaders("Content-Type", "set-cookie"),
-		"authorization":  server.WithReplayHeaders("Authorization"),
+		"set-cookie":     server.WithStoredHeaders("Content-Type", "set-cookie"),
+		"authorization":  server.WithStoredHeaders("Authorization"),
 		"methods":        server.WithMethods(),
 		"negative body":  server.WithMaxBody(-1),
 		"lease over ttl": server.WithTTL(time.Second),

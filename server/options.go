@@ -9,20 +9,28 @@ import (
 	"time"
 )
 
+// The headers of the protocol, as the middleware reads and writes them by
+// default (WithKeyHeader and WithReplayedHeader change the first two).
+const (
+	// HeaderKey carries the idempotency key, on requests and, echoed, on
+	// answers.
+	HeaderKey = "Idempotency-Key"
+	// HeaderReplayed marks a replayed response.
+	HeaderReplayed = "Idempotent-Replayed"
+	// HeaderBodyOmitted marks a replay whose original body was not stored
+	// (too large, streamed or hijacked): the request ran once, and its
+	// status and headers are replayed without the body.
+	HeaderBodyOmitted = "Idempotent-Body-Omitted"
+)
+
 // Defaults.
 const (
-	DefaultHeader       = "Idempotency-Key"
-	DefaultReplayHeader = "Idempotent-Replayed"
 	DefaultTTL          = 24 * time.Hour
 	DefaultLease        = time.Minute
 	DefaultMaxBody      = 1 << 20
 	DefaultMaxStored    = 1 << 20
 	DefaultStoreTimeout = 5 * time.Second
 	DefaultRetryAfter   = time.Second
-	// HeaderBodyOmitted marks a replay whose original body was not stored
-	// (too large, streamed or hijacked): the request ran once, and its
-	// status and headers are replayed without the body.
-	HeaderBodyOmitted = "Idempotent-Body-Omitted"
 )
 
 // Option configures the middleware.
@@ -55,8 +63,8 @@ type config struct {
 func defaultConfig() config {
 	return config{
 		methods:       []string{http.MethodPost, http.MethodPatch},
-		header:        DefaultHeader,
-		replayHeader:  DefaultReplayHeader,
+		header:        HeaderKey,
+		replayHeader:  HeaderReplayed,
 		ttl:           DefaultTTL,
 		lease:         DefaultLease,
 		scope:         AuthorizationScope,
@@ -105,12 +113,12 @@ func WithKeyOptional() Option {
 	return func(c *config) { c.optional = true }
 }
 
-// WithHeader sets the name of the request header that carries the key,
+// WithKeyHeader sets the name of the request header that carries the key,
 // Idempotency-Key by default.
-func WithHeader(name string) Option {
+func WithKeyHeader(name string) Option {
 	return func(c *config) {
 		if name == "" {
-			c.invalid("WithHeader needs a header name")
+			c.invalid("WithKeyHeader needs a header name")
 			return
 		}
 		c.header = http.CanonicalHeaderKey(name)

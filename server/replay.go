@@ -7,7 +7,7 @@ import (
 )
 
 // defaultReplayHeaders are the response headers stored and replayed by
-// default; WithReplayHeaders lists them. They are the headers that describe
+// default; WithStoredHeaders lists them. They are the headers that describe
 // the stored body, so that a replay is the same representation (type,
 // encoding, language, range, digest, validators), and those that describe
 // the result (Location, Link, caching, Allow, the challenge of a 401).
@@ -26,25 +26,25 @@ var neverReplayed = []string{
 	"Set-Cookie", "Set-Cookie2", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
 }
 
-// WithReplayHeader sets the name of the response header that marks a replay,
+// WithReplayedHeader sets the name of the response header that marks a replay,
 // Idempotent-Replayed by default.
-func WithReplayHeader(name string) Option {
+func WithReplayedHeader(name string) Option {
 	return func(c *config) {
 		if name == "" {
-			c.invalid("WithReplayHeader needs a header name")
+			c.invalid("WithReplayedHeader needs a header name")
 			return
 		}
 		c.replayHeader = http.CanonicalHeaderKey(name)
 	}
 }
 
-// WithReplayHeaders sets the response headers stored and replayed. Headers
+// WithStoredHeaders sets the response headers stored and replayed. Headers
 // not on the list are not stored. The default list is Cache-Control,
 // Content-Language, Content-Location, Content-Type, ETag, Expires,
 // Last-Modified, Link, Location, Retry-After and Vary. Set-Cookie,
 // Authorization, Date, Content-Length and hop-by-hop headers are never
 // stored: naming one is an error.
-func WithReplayHeaders(names ...string) Option {
+func WithStoredHeaders(names ...string) Option {
 	return func(c *config) {
 		c.replayHeaders = make([]string, 0, len(names))
 		for _, n := range names {

@@ -51,7 +51,7 @@ func TestNonCanonicalHeaderReplayed(t *testing.T) {
 		w.Header()["ETag"] = []string{`"v1"`}
 		w.WriteHeader(http.StatusCreated)
 	})
-	srv, _ := fixture(t, h, server.WithReplayHeaders("etag", "content-type"))
+	srv, _ := fixture(t, h, server.WithStoredHeaders("etag", "content-type"))
 	post(t, srv.URL, "k", "x")
 	got := post(t, srv.URL, "k", "x")
 	assert.Equal(t, `"v1"`, got.header.Get("Etag"))

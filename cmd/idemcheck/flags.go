@@ -50,8 +50,8 @@ func parseArgs(args []string, stdout io.Writer) (options, error) {
 		method       = fs.String("X", idemtest.DefaultMethod, "the request `method`")
 		body         = fs.String("d", "", "the request `body`, or @file to read it from a file; each "+idemtest.Placeholder+" in it is replaced by the variant number")
 		concurrency  = fs.Int("n", idemtest.DefaultConcurrency, "how many identical requests the concurrent check sends at once")
-		keyHeader    = fs.String("key-header", idemtest.DefaultKeyHeader, "the request header that carries the key")
-		replayHeader = fs.String("replay-header", idemtest.DefaultReplayHeader, "the response header that marks a replay")
+		keyHeader    = fs.String("key-header", idemtest.HeaderKey, "the request header that carries the key")
+		replayHeader = fs.String("replay-header", idemtest.HeaderReplayed, "the response header that marks a replay")
 		keysOptional = fs.Bool("keys-optional", false, "the endpoint runs requests without a key (the missing-key check does not apply, and a malformed key may be ignored)")
 		keyForm      = fs.String("key-form", string(idemtest.KeyBare), "the key `form`: bare, quoted (an RFC 8941 string, as the draft defines keys), or both (keys sent bare, and the key-forms check)")
 		maxKeyLen    = fs.Int("max-key-len", 0, "the longest key the endpoint accepts, in `bytes`: a key one byte longer must be refused (default: no limit probed, the draft sets none)")
@@ -95,7 +95,7 @@ func parseArgs(args []string, stdout io.Writer) (options, error) {
 		MaxKeyLen:         *maxKeyLen,
 		Require5xxRelease: *release5xx,
 		KeyHeader:         *keyHeader,
-		ReplayHeader:      *replayHeader,
+		ReplayedHeader:    *replayHeader,
 		Concurrency:       *concurrency,
 		Timeout:           *timeout,
 		Patience:          *patience,

@@ -175,7 +175,7 @@ func TestUnreachable(t *testing.T) {
 func TestAdvisoryOnly(t *testing.T) {
 	store := memstore.New()
 	t.Cleanup(func() { store.Close() })
-	mw, err := server.New(store, server.WithReplayHeader("X-Replayed"))
+	mw, err := server.New(store, server.WithReplayedHeader("X-Replayed"))
 	require.NoError(t, err)
 	url := start(t, protect(mw.Handler, orders()))
 	code, out, _ := runCmd(t, every(url)...)
@@ -315,7 +315,7 @@ func TestParseArgs(t *testing.T) {
 	assert.Equal(t, `{"sku":"A1","n":1}`, string(tg.Body(1)))
 	assert.Equal(t, 4, tg.Concurrency)
 	assert.Equal(t, "X-Key", tg.KeyHeader)
-	assert.Equal(t, "X-Replay", tg.ReplayHeader)
+	assert.Equal(t, "X-Replay", tg.ReplayedHeader)
 	assert.True(t, tg.KeysOptional)
 	assert.Equal(t, idemtest.KeyQuoted, tg.KeyForm)
 	assert.Equal(t, 64, tg.MaxKeyLen)

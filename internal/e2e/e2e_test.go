@@ -185,7 +185,7 @@ func TestLossyNetwork(t *testing.T) {
 			ids := submitAll(t, func(ref string) (int, error) {
 				// One key per order, kept across this loop's own
 				// retries too.
-				ctx := idempotency.WithKey(context.Background(), "key-"+ref)
+				ctx := idempotency.ContextWithKey(context.Background(), "key-"+ref)
 				resp, err := client.Post(ctx, proxy.URL()+"/orders", "application/json", strings.NewReader(`{"ref":"`+ref+`"}`))
 				if err != nil {
 					var re *idempotency.RetryError

@@ -406,7 +406,7 @@ func (r *runner) call(ctx context.Context, o *order) bool {
 // post sends o once through the client and returns the order number it was
 // given, the attempts made and whether the answer was a replay.
 func (r *runner) post(ctx context.Context, o *order) (id, attempts int, replayed bool, err error) {
-	resp, err := r.client.Post(idempotency.WithKey(ctx, o.key), r.url, "application/json", strings.NewReader(o.body))
+	resp, err := r.client.Post(idempotency.ContextWithKey(ctx, o.key), r.url, "application/json", strings.NewReader(o.body))
 	if err != nil {
 		var re *idempotency.RetryError
 		if errors.As(err, &re) {

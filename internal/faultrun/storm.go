@@ -176,7 +176,7 @@ func Storm(ctx context.Context, cfg StormConfig) (*StormReport, error) {
 // place makes one operation, and says whether it succeeded and, if not,
 // why the client stopped retrying.
 func place(ctx context.Context, c *idempotency.Client, url, key string) (ok bool, stopped string) {
-	resp, err := c.Post(idempotency.WithKey(ctx, key), url, "application/json", strings.NewReader(`{"ref":"`+key+`"}`))
+	resp, err := c.Post(idempotency.ContextWithKey(ctx, key), url, "application/json", strings.NewReader(`{"ref":"`+key+`"}`))
 	if err != nil {
 		var re *idempotency.RetryError
 		if errors.As(err, &re) && re.Stopped != nil {

@@ -187,7 +187,7 @@ func Run(o Options, out io.Writer) ([]*Tally, error) {
 		}},
 		{"idempotency keys", func(ref string) error {
 			// One key per order, for every attempt of every try.
-			ctx := idempotency.WithKey(ctx, "order-"+ref)
+			ctx := idempotency.ContextWithKey(ctx, "order-"+ref)
 			resp, err := keyed.Post(ctx, url, "application/json", strings.NewReader(`{"ref":"`+ref+`"}`))
 			return finish(resp, err)
 		}},

@@ -24,7 +24,11 @@ func Example() {
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	defer mp.Shutdown(context.Background())
 
-	store := memstore.New()
+	store, err := memstore.New()
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	defer store.Close()
 	serverObserver, err := idemotel.ServerObserver(idemotel.WithMeterProvider(mp))
 	if err != nil {

@@ -45,7 +45,8 @@ type api struct {
 
 func newAPI(t *testing.T, tm *telemetry, otelOpts []idemotel.Option, opts ...server.Option) *api {
 	t.Helper()
-	mem := memstore.New()
+	mem, err := memstore.New()
+	require.NoError(t, err)
 	t.Cleanup(func() { mem.Close() })
 	a := &api{
 		store:   faultstore.New(mem),

@@ -21,7 +21,8 @@ import (
 // metrics are collected, and nothing once unregistered.
 func TestStoreSize(t *testing.T) {
 	tm := newTelemetry(t)
-	mem := memstore.New()
+	mem, err := memstore.New()
+	require.NoError(t, err)
 	defer mem.Close()
 	reg, err := idemotel.RegisterStoreSize(idemotel.SizeOf(mem), tm.options(idemotel.WithAttributes(attribute.String("store", "memory")))...)
 	require.NoError(t, err)

@@ -30,7 +30,11 @@ func ExampleCheck() {
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"order":%d}`, created.Add(1))
 	})
-	store := memstore.New()
+	store, err := memstore.New()
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	defer store.Close()
 	mw, err := server.New(store)
 	if err != nil {

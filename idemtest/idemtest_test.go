@@ -49,7 +49,8 @@ func (o *orders) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // which takes up to overlapWindow per request (see overlap).
 func protect(t *testing.T, h http.Handler, opts ...server.Option) http.Handler {
 	t.Helper()
-	store := memstore.New()
+	store, err := memstore.New()
+	require.NoError(t, err)
 	t.Cleanup(func() { store.Close() })
 	mw, err := server.New(store, opts...)
 	require.NoError(t, err)
@@ -233,7 +234,8 @@ func TestHandlerInProcess(t *testing.T) {
 func TestWaitingServerPasses(t *testing.T) {
 	// With WithWait, concurrent duplicates wait and get the replay
 	// instead of 409: the first answer's delay shows that they waited.
-	store := memstore.New()
+	store, err := memstore.New()
+	require.NoError(t, err)
 	t.Cleanup(func() { store.Close() })
 	mw, err := server.New(store, server.WithWait(5*time.Second))
 	require.NoError(t, err)

@@ -229,7 +229,8 @@ func TestNoncompliantServers(t *testing.T) {
 		{
 			name: "one request at a time, quickly",
 			handler: func(t *testing.T) http.Handler {
-				store := memstore.New()
+				store, err := memstore.New()
+				require.NoError(t, err)
 				t.Cleanup(func() { store.Close() })
 				mw, err := server.New(store)
 				require.NoError(t, err)

@@ -89,7 +89,10 @@ func BenchmarkMiddleware(b *testing.B) {
 				if store != nil {
 					store.Close()
 				}
-				store = memstore.New()
+				var err error
+				if store, err = memstore.New(); err != nil {
+					b.Fatal(err)
+				}
 				h = protect(b, store)
 				runtime.GC()
 				b.StartTimer()
@@ -98,7 +101,10 @@ func BenchmarkMiddleware(b *testing.B) {
 		}, newKey)
 	})
 	b.Run("replay", func(b *testing.B) {
-		store := memstore.New()
+		store, err := memstore.New()
+		if err != nil {
+			b.Fatal(err)
+		}
 		defer store.Close()
 		h := protect(b, store)
 		run(b, func(int) http.Handler { return h }, func(int) string { return "key-0" })

@@ -20,7 +20,11 @@ import (
 // marked as a replay; the same key for a different request is refused with
 // 422.
 func Example() {
-	store := memstore.New()
+	store, err := memstore.New()
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	defer store.Close()
 	mw, err := server.New(store)
 	if err != nil {
@@ -89,7 +93,11 @@ func ExampleWithScope() {
 		})
 	}
 
-	store := memstore.New()
+	store, err := memstore.New()
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	defer store.Close()
 	mw, err := server.New(store, server.WithScope(func(r *http.Request) (string, error) {
 		account, ok := r.Context().Value(accountKey{}).(string)
@@ -138,7 +146,11 @@ func ExampleWithScope() {
 // scope it runs for, and the fencing token to pass to a downstream system
 // that should refuse writes from a holder whose lease was lost.
 func ExampleLeaseFromContext() {
-	store := memstore.New()
+	store, err := memstore.New()
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	defer store.Close()
 	mw, err := server.New(store)
 	if err != nil {

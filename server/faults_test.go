@@ -69,7 +69,8 @@ func recv[T any](t *testing.T, ch <-chan T, what string) T {
 
 func faulty(t *testing.T) (*faultstore.Store, *memstore.Store) {
 	t.Helper()
-	mem := memstore.New()
+	mem, err := memstore.New()
+	require.NoError(t, err)
 	t.Cleanup(func() { mem.Close() })
 	return faultstore.New(mem), mem
 }
@@ -418,7 +419,8 @@ func TestBodyReadFails(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := &orders{}
-			mem := memstore.New()
+			mem, err := memstore.New()
+			require.NoError(t, err)
 			defer mem.Close()
 			mw, err := server.New(mem)
 			require.NoError(t, err)

@@ -155,7 +155,10 @@ func FuzzMiddleware(f *testing.F) {
 	f.Add("POST", "/", "Idempotency-Key: k\nTransfer-Encoding: chunked", []byte("3\r\nabc\r\n0\r\n\r\n"), []byte("z"))
 	f.Add("POST", "/", "Idempotency-Key: k\nContent-Length: 10", []byte("abc"), []byte("abc"))
 	f.Fuzz(func(t *testing.T, method, target, header string, body, body2 []byte) {
-		store := memstore.New()
+		store, err := memstore.New()
+		if err != nil {
+			t.Fatal(err)
+		}
 		defer store.Close()
 		mw, err := server.New(store)
 		if err != nil {

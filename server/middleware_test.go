@@ -49,7 +49,8 @@ func (o *orders) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // fixture starts an httptest server with the middleware in front of h.
 func fixture(t *testing.T, h http.Handler, opts ...server.Option) (*httptest.Server, *memstore.Store) {
 	t.Helper()
-	store := memstore.New()
+	store, err := memstore.New()
+	require.NoError(t, err)
 	t.Cleanup(func() { store.Close() })
 	return fixtureWith(t, store, h, opts...), store
 }
@@ -407,7 +408,8 @@ func TestFailuresReleaseTheKey(t *testing.T) {
 	})
 	var logs bytes.Buffer
 	var mu sync.Mutex
-	store := memstore.New()
+	store, err := memstore.New()
+	require.NoError(t, err)
 	t.Cleanup(func() { store.Close() })
 	mw, err := server.New(store)
 	require.NoError(t, err)
@@ -605,7 +607,8 @@ func (losing) Extend(context.Context, server.ID, server.Token, time.Duration) er
 }
 
 func TestLeaseLostCancelsHandler(t *testing.T) {
-	store := memstore.New()
+	store, err := memstore.New()
+	require.NoError(t, err)
 	defer store.Close()
 	causes := make(chan error, 1)
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -628,7 +631,8 @@ func (binding) Bind(ctx context.Context, id server.ID, tok server.Token) context
 }
 
 func TestBinder(t *testing.T) {
-	store := memstore.New()
+	store, err := memstore.New()
+	require.NoError(t, err)
 	defer store.Close()
 	got := make(chan any, 1)
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -682,9 +686,10 @@ func TestClientGoneStillStored(t *testing.T) {
 }
 
 func TestNewValidates(t *testing.T) {
-	store := memstore.New()
+	store, err := memstore.New()
+	require.NoError(t, err)
 	defer store.Close()
-	_, err := server.New(nil)
+	_, err = server.New(nil)
 	assert.Error(t, err)
 	for name, opt := range map[string]server.Option{
 		"ttl":            server.WithTTL(0),
@@ -727,7 +732,8 @@ func (s uncommitted) Complete(ctx context.Context, id server.ID, tok server.Toke
 func TestNotCommittedAnswers503(t *testing.T) {
 	for _, failOpen := range []bool{false, true} {
 		t.Run(fmt.Sprintf("failOpen=%v", failOpen), func(t *testing.T) {
-			store := memstore.New()
+			store, err := memstore.New()
+			require.NoError(t, err)
 			defer store.Close()
 			h := &orders{}
 			var opts []server.Option
@@ -757,7 +763,8 @@ func (s blind) Claim(ctx context.Context, id server.ID, fp string, lease, ttl ti
 }
 
 func TestInFlightUnknownFingerprint(t *testing.T) {
-	store := memstore.New()
+	store, err := memstore.New()
+	require.NoError(t, err)
 	defer store.Close()
 	h := newBlocking()
 	srv := fixtureWith(t, blind{store}, h)

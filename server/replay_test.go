@@ -124,7 +124,8 @@ func TestReplayIsACopy(t *testing.T) {
 
 func newMem(t *testing.T) *memstore.Store {
 	t.Helper()
-	s := memstore.New()
+	s, err := memstore.New()
+	require.NoError(t, err)
 	t.Cleanup(func() { s.Close() })
 	return s
 }

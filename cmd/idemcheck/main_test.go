@@ -91,7 +91,8 @@ func start(t *testing.T, h http.Handler) string {
 
 func compliant(t *testing.T) string {
 	t.Helper()
-	store := memstore.New()
+	store, err := memstore.New()
+	require.NoError(t, err)
 	t.Cleanup(func() { store.Close() })
 	mw, err := server.New(store)
 	require.NoError(t, err)
@@ -173,7 +174,8 @@ func TestUnreachable(t *testing.T) {
 }
 
 func TestAdvisoryOnly(t *testing.T) {
-	store := memstore.New()
+	store, err := memstore.New()
+	require.NoError(t, err)
 	t.Cleanup(func() { store.Close() })
 	mw, err := server.New(store, server.WithReplayedHeader("X-Replayed"))
 	require.NoError(t, err)
@@ -189,7 +191,8 @@ func TestAdvisoryOnly(t *testing.T) {
 // by default and failed when release-5xx is required; the report says which
 // policy it was judged by.
 func TestPolicies(t *testing.T) {
-	store := memstore.New()
+	store, err := memstore.New()
+	require.NoError(t, err)
 	t.Cleanup(func() { store.Close() })
 	mw, err := server.New(store, server.WithStoreStatus(func(int) bool { return true }))
 	require.NoError(t, err)

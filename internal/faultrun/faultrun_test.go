@@ -63,7 +63,8 @@ func TestRunSeesDuplicates(t *testing.T) {
 }
 
 func TestRunHealthy(t *testing.T) {
-	s := memstore.New()
+	s, err := memstore.New()
+	require.NoError(t, err)
 	defer s.Close()
 	fs := faultstore.New(s)
 	rep, err := faultrun.Run(context.Background(), fs, faultrun.FaultStoreLink(fs), smallRun(
@@ -88,7 +89,8 @@ func TestRunHealthy(t *testing.T) {
 // timing is the clock's: every order meets the same faults.
 func TestRunDeterministic(t *testing.T) {
 	run := func() *faultrun.Report {
-		s := memstore.New()
+		s, err := memstore.New()
+		require.NoError(t, err)
 		defer s.Close()
 		rep, err := faultrun.Run(context.Background(), s, nil, smallRun())
 		require.NoError(t, err)
@@ -99,7 +101,8 @@ func TestRunDeterministic(t *testing.T) {
 }
 
 func TestRunRejects(t *testing.T) {
-	s := memstore.New()
+	s, err := memstore.New()
+	require.NoError(t, err)
 	defer s.Close()
 	for name, cfg := range map[string]faultrun.Config{
 		"no orders":            {},
@@ -125,7 +128,8 @@ func TestHistorySeesDuplicates(t *testing.T) {
 }
 
 func TestHistoryHealthy(t *testing.T) {
-	s := memstore.New()
+	s, err := memstore.New()
+	require.NoError(t, err)
 	defer s.Close()
 	h, err := faultrun.RecordHistory(context.Background(), s, faultrun.HistoryConfig{
 		Rounds: 5, Seed: 7, Drop: 0.1, Reset: 0.05, Delay: 0.05, AttemptTimeout: 200 * time.Millisecond, ClientOptions: quick,

@@ -71,7 +71,10 @@ func Storm(ctx context.Context, cfg StormConfig) (*StormReport, error) {
 	if cfg.Callers <= 0 {
 		cfg.Callers = 50
 	}
-	mem := memstore.New()
+	mem, err := memstore.New()
+	if err != nil {
+		return nil, fmt.Errorf("faultrun: %w", err)
+	}
 	defer mem.Close()
 	store := faultstore.New(mem)
 	mw, err := server.New(store)

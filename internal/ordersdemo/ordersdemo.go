@@ -435,7 +435,10 @@ func (a *orderAPI) created(prefix string) (orders, refs int) {
 func openStore(ctx context.Context, o Options) (server.Store, func(), error) {
 	switch o.Store {
 	case "memory":
-		s := memstore.New()
+		s, err := memstore.New()
+		if err != nil {
+			return nil, nil, err
+		}
 		return s, func() { s.Close() }, nil
 	case "postgres":
 		pool, err := pgxpool.New(ctx, o.PostgresURL)

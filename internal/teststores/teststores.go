@@ -40,7 +40,11 @@ func All() []Kind {
 
 // Memory returns a memstore closed when t ends.
 func Memory(t testing.TB, opts ...memstore.Option) *memstore.Store {
-	s := memstore.New(opts...)
+	t.Helper()
+	s, err := memstore.New(opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { s.Close() })
 	return s
 }

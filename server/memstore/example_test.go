@@ -15,7 +15,11 @@ import (
 // with a Store for each request. Most programs only pass the Store to
 // server.New.
 func Example() {
-	store := memstore.New()
+	store, err := memstore.New()
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	defer store.Close()
 
 	ctx := context.Background()
@@ -60,11 +64,15 @@ func Example() {
 // live ones, rather than forget a request that ran: the middleware then
 // answers 503 and runs nothing.
 func ExampleWithMaxRecords() {
-	store := memstore.New(
+	store, err := memstore.New(
 		memstore.WithMaxRecords(2),
 		memstore.WithMaxBytes(64<<20),
 		memstore.WithSweepInterval(30*time.Second),
 	)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	defer store.Close()
 
 	ctx := context.Background()
@@ -81,7 +89,11 @@ func ExampleWithMaxRecords() {
 // A store at its byte bound keeps the record, so the request still never runs
 // twice, but drops the response body: the replay says it was omitted.
 func ExampleWithMaxBytes() {
-	store := memstore.New(memstore.WithMaxBytes(1 << 10))
+	store, err := memstore.New(memstore.WithMaxBytes(1 << 10))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	defer store.Close()
 
 	ctx := context.Background()

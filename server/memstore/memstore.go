@@ -58,9 +58,9 @@ const (
 var (
 	// ErrFull is returned, wrapped, by Claim when a new record would take
 	// the store past its bound on records or on bytes.
-	ErrFull = errors.New("memstore: full")
+	ErrFull = errors.New("store full")
 	// ErrClosed is returned, wrapped, by every method after Close.
-	ErrClosed = errors.New("memstore: closed")
+	ErrClosed = errors.New("store closed")
 )
 
 // Store is an in-memory server.Store. Create one with New; it is safe for
@@ -116,47 +116,59 @@ type config struct {
 	maxRecords    int64
 	maxBytes      int64
 	sweepInterval time.Duration
+	invalid       []error
 }
 
-// WithMaxRecords bounds the number of records kept. Values below 1 keep the
-// default, DefaultMaxRecords.
+func (c *config) refuse(format string, args ...any) {
+	c.invalid = append(c.invalid, fmt.Errorf("memstore: "+format, args...))
+}
+
+// WithMaxRecords bounds the number of records kept, DefaultMaxRecords by
+// default. It must be at least 1.
 func WithMaxRecords(n int) Option {
 	return func(c *config) {
-		if n > 0 {
-			c.maxRecords = int64(n)
+		if n < 1 {
+			c.refuse("record bound %d is below 1", n)
+			return
 		}
+		c.maxRecords = int64(n)
 	}
 }
 
 // WithMaxBytes bounds the memory, in bytes, taken by keys, fingerprints and
-// stored responses, as the store counts them. Values below 1 keep the
-// default, DefaultMaxBytes. The process's resident memory grows by more than
+// stored responses, as the store counts them, DefaultMaxBytes by default. It
+// must be at least 1. The process's resident memory grows by more than
 // that: the collector's headroom (GOGC) and the slack of buffers make it
 // about 2 to 3 times the bound when the store is full (measured in
 // RELIABILITY.md), so set the bound at a third of the memory the store may
 // take.
 func WithMaxBytes(n int64) Option {
 	return func(c *config) {
-		if n > 0 {
-			c.maxBytes = n
+		if n < 1 {
+			c.refuse("byte bound %d is below 1", n)
+			return
 		}
+		c.maxBytes = n
 	}
 }
 
 // WithSweepInterval sets how often expired records are removed in the
-// background. Values below a millisecond keep the default,
-// DefaultSweepInterval.
+// background, DefaultSweepInterval by default. It must be at least a
+// millisecond.
 func WithSweepInterval(d time.Duration) Option {
 	return func(c *config) {
-		if d >= time.Millisecond {
-			c.sweepInterval = d
+		if d < time.Millisecond {
+			c.refuse("sweep interval %v is shorter than 1ms", d)
+			return
 		}
+		c.sweepInterval = d
 	}
 }
 
 // New returns an empty Store and starts its background sweep, which runs
-// until Close.
-func New(opts ...Option) *Store {
+// until Close. The options are checked: an invalid one is an error, which
+// names every invalid option, and no Store is made.
+func New(opts ...Option) (*Store, error) {
 	c := config{
 		maxRecords:    DefaultMaxRecords,
 		maxBytes:      DefaultMaxBytes,
@@ -164,6 +176,9 @@ func New(opts ...Option) *Store {
 	}
 	for _, o := range opts {
 		o(&c)
+	}
+	if err := errors.Join(c.invalid...); err != nil {
+		return nil, err
 	}
 	s := &Store{
 		seed:       maphash.MakeSeed(),
@@ -177,7 +192,7 @@ func New(opts ...Option) *Store {
 		s.shards[i].m = make(map[server.ID]record)
 	}
 	go s.sweepLoop(c.sweepInterval)
-	return s
+	return s, nil
 }
 
 // Close stops the background sweep and waits for it to end. Every later call

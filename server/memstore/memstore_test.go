@@ -21,7 +21,10 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) server.Store {
-		s := memstore.New()
+		s, err := memstore.New()
+		if err != nil {
+			t.Fatal(err)
+		}
 		t.Cleanup(func() { s.Close() })
 		return s
 	})
@@ -29,7 +32,10 @@ func TestConformance(t *testing.T) {
 
 func TestRecordBound(t *testing.T) {
 	ctx := context.Background()
-	s := memstore.New(memstore.WithMaxRecords(10))
+	s, err := memstore.New(memstore.WithMaxRecords(10))
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer s.Close()
 	var tokens []server.Token
 	for i := range 10 {
@@ -39,7 +45,7 @@ func TestRecordBound(t *testing.T) {
 		}
 		tokens = append(tokens, c.Token)
 	}
-	_, err := s.Claim(ctx, server.ID{Key: "one too many"}, "fp", time.Minute, time.Hour)
+	_, err = s.Claim(ctx, server.ID{Key: "one too many"}, "fp", time.Minute, time.Hour)
 	if !errors.Is(err, memstore.ErrFull) {
 		t.Fatalf("Claim beyond the bound error = %v, want ErrFull", err)
 	}
@@ -64,7 +70,10 @@ func TestRecordBound(t *testing.T) {
 
 func TestExpiredRecordsMakeRoom(t *testing.T) {
 	ctx := context.Background()
-	s := memstore.New(memstore.WithMaxRecords(1))
+	s, err := memstore.New(memstore.WithMaxRecords(1))
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer s.Close()
 	c, err := s.Claim(ctx, server.ID{Key: "a"}, "fp", time.Millisecond, time.Millisecond)
 	if err != nil || c.Status != server.Acquired {
@@ -84,7 +93,10 @@ func TestExpiredRecordsMakeRoom(t *testing.T) {
 
 func TestByteBoundKeepsRecord(t *testing.T) {
 	ctx := context.Background()
-	s := memstore.New(memstore.WithMaxBytes(64 << 10))
+	s, err := memstore.New(memstore.WithMaxBytes(64 << 10))
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer s.Close()
 	id := server.ID{Key: "big"}
 	c, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
@@ -115,7 +127,10 @@ func TestByteBoundKeepsRecord(t *testing.T) {
 func TestClaimsCountTowardByteBound(t *testing.T) {
 	ctx := context.Background()
 	const bound = 20_000
-	s := memstore.New(memstore.WithMaxBytes(bound))
+	s, err := memstore.New(memstore.WithMaxBytes(bound))
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer s.Close()
 	key := strings.Repeat("k", 252)
 	acquired := 0
@@ -144,7 +159,10 @@ func TestClaimsCountTowardByteBound(t *testing.T) {
 
 func TestSweep(t *testing.T) {
 	ctx := context.Background()
-	s := memstore.New(memstore.WithSweepInterval(10 * time.Millisecond))
+	s, err := memstore.New(memstore.WithSweepInterval(10 * time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer s.Close()
 	for i := range 100 {
 		if _, err := s.Claim(ctx, server.ID{Key: strconv.Itoa(i)}, "fp", time.Millisecond, time.Millisecond); err != nil {
@@ -164,7 +182,10 @@ func TestSweep(t *testing.T) {
 }
 
 func TestClose(t *testing.T) {
-	s := memstore.New()
+	s, err := memstore.New()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -178,7 +199,10 @@ func TestClose(t *testing.T) {
 
 func BenchmarkClaimComplete(b *testing.B) {
 	ctx := context.Background()
-	s := memstore.New()
+	s, err := memstore.New()
+	if err != nil {
+		b.Fatal(err)
+	}
 	defer s.Close()
 	resp := &server.Response{Status: http.StatusCreated, Body: make([]byte, 1024)}
 	b.ReportAllocs()
@@ -197,4 +221,40 @@ func BenchmarkClaimComplete(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestNewValidates: invalid options make New fail, naming each, and make no
+// Store.
+func TestNewValidates(t *testing.T) {
+	s, err := memstore.New(memstore.WithMaxRecords(0), memstore.WithMaxBytes(-1), memstore.WithSweepInterval(time.Microsecond))
+	if err == nil {
+		s.Close()
+		t.Fatal("New with invalid options error = nil")
+	}
+	for _, want := range []string{"memstore: record bound 0", "memstore: byte bound -1", "memstore: sweep interval 1µs"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("New error = %q, want it to name %q", err, want)
+		}
+	}
+	if s != nil {
+		t.Errorf("New with invalid options returned a Store")
+	}
+}
+
+// TestErrorText: a wrapped sentinel reads once, with the package and the
+// operation.
+func TestErrorText(t *testing.T) {
+	s, err := memstore.New(memstore.WithMaxRecords(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	if _, err := s.Claim(ctx, server.ID{Key: "a"}, "fp", time.Minute, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.Claim(ctx, server.ID{Key: "b"}, "fp", time.Minute, time.Hour)
+	if got, want := fmt.Sprint(err), "memstore: claim: store full"; got != want {
+		t.Errorf("error = %q, want %q", got, want)
+	}
 }

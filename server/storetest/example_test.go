@@ -21,7 +21,10 @@ func ExampleRun() {
 	// In memstore_test.go:
 	TestConformance := func(t *testing.T) {
 		storetest.Run(t, func(t *testing.T) server.Store {
-			s := memstore.New()
+			s, err := memstore.New()
+			if err != nil {
+				t.Fatal(err)
+			}
 			t.Cleanup(func() { s.Close() })
 			return s
 		})

@@ -18,7 +18,10 @@ import (
 
 func TestMemstore(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) server.Store {
-		s := memstore.New()
+		s, err := memstore.New()
+		if err != nil {
+			t.Fatal(err)
+		}
 		t.Cleanup(func() { s.Close() })
 		return s
 	})
@@ -27,19 +30,19 @@ func TestMemstore(t *testing.T) {
 // brokenStores are deliberately wrong Stores, each with the subtests of the
 // suite that must catch it.
 var brokenStores = map[string]struct {
-	store    func() server.Store
+	store    func(*memstore.Store) server.Store
 	mustFail []string
 }{
 	"ignores-tokens": {
-		store:    func() server.Store { return ignoresTokens{memstore.New()} },
+		store:    func(m *memstore.Store) server.Store { return ignoresTokens{m} },
 		mustFail: []string{"StaleTokenRefused", "LeaseExpiryAndTakeover"},
 	},
 	"check-then-insert": {
-		store:    func() server.Store { return &checkThenInsert{Store: memstore.New(), held: map[server.ID]bool{}} },
+		store:    func(m *memstore.Store) server.Store { return &checkThenInsert{Store: m, held: map[server.ID]bool{}} },
 		mustFail: []string{"ConcurrentClaimers"},
 	},
 	"text-only": {
-		store:    func() server.Store { return textOnly{memstore.New()} },
+		store:    func(m *memstore.Store) server.Store { return textOnly{m} },
 		mustFail: []string{"BinaryRoundTrip", "LargeBody"},
 	},
 }
@@ -76,9 +79,12 @@ func TestBrokenStore(t *testing.T) {
 		return
 	}
 	storetest.Run(t, func(t *testing.T) server.Store {
-		s := brokenStores[name].store()
-		t.Cleanup(func() { s.(interface{ Close() error }).Close() })
-		return s
+		m, err := memstore.New()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Close() })
+		return brokenStores[name].store(m)
 	})
 }
 

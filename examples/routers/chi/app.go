@@ -164,7 +164,10 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // SIGINT (Ctrl-C) or SIGTERM; then it shuts down, waiting up to 10 seconds
 // for the requests in flight.
 func run(addr string, newHandler func(store server.Store, b *book, accounts map[string]string) (http.Handler, error)) error {
-	store := memstore.New()
+	store, err := memstore.New()
+	if err != nil {
+		return err
+	}
 	defer store.Close()
 	h, err := newHandler(store, &book{}, demoAccounts())
 	if err != nil {

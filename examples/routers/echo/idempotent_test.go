@@ -22,7 +22,8 @@ import (
 // handler, on loopback.
 func serveAdapter(t *testing.T, outer []echo.MiddlewareFunc, handler echo.HandlerFunc) *httptest.Server {
 	t.Helper()
-	store := memstore.New()
+	store, err := memstore.New()
+	require.NoError(t, err)
 	t.Cleanup(func() { store.Close() })
 	mw, err := server.New(store)
 	require.NoError(t, err)

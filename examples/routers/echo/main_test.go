@@ -17,7 +17,8 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // of idemtest.
 func TestAPI(t *testing.T) {
 	exampletest.Run(t, func(t *testing.T) exampletest.API {
-		store := memstore.New()
+		store, err := memstore.New()
+		require.NoError(t, err)
 		t.Cleanup(func() { store.Close() })
 		book := &book{}
 		h, err := newHandler(store, book, demoAccounts())

@@ -20,7 +20,8 @@ import (
 // handler, on loopback.
 func serveAdapter(t *testing.T, outer []gin.HandlerFunc, handler gin.HandlerFunc) *httptest.Server {
 	t.Helper()
-	store := memstore.New()
+	store, err := memstore.New()
+	require.NoError(t, err)
 	t.Cleanup(func() { store.Close() })
 	mw, err := server.New(store)
 	require.NoError(t, err)
@@ -118,7 +119,8 @@ func TestAdapterHandsOverTheRequest(t *testing.T) {
 
 // With ContextWithFallback, *gin.Context itself reaches the lease too.
 func TestAdapterLeaseThroughGinContext(t *testing.T) {
-	store := memstore.New()
+	store, err := memstore.New()
+	require.NoError(t, err)
 	t.Cleanup(func() { store.Close() })
 	mw, err := server.New(store)
 	require.NoError(t, err)

@@ -371,7 +371,10 @@ func openStore(ctx context.Context, kind string, conc int) (server.Store, func()
 	case "memory":
 		// Bounds far above what a run stores: the raw phase alone
 		// stores over a million records.
-		s := memstore.New(memstore.WithMaxRecords(1<<26), memstore.WithMaxBytes(16<<30))
+		s, err := memstore.New(memstore.WithMaxRecords(1<<26), memstore.WithMaxBytes(16<<30))
+		if err != nil {
+			return nil, nil, err
+		}
 		return s, func() { s.Close() }, nil
 	case "postgres":
 		cfg, err := pgxpool.ParseConfig(env("IDEMPOTENCY_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"))

@@ -30,7 +30,17 @@ func main() {
 	size := flag.Int("body", 1024, "bytes in each response body")
 	flag.Parse()
 
-	store := memstore.New(memstore.WithMaxRecords(*maxRecords), memstore.WithMaxBytes(*maxBytes))
+	var opts []memstore.Option
+	if *maxRecords > 0 {
+		opts = append(opts, memstore.WithMaxRecords(*maxRecords))
+	}
+	if *maxBytes > 0 {
+		opts = append(opts, memstore.WithMaxBytes(*maxBytes))
+	}
+	store, err := memstore.New(opts...)
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer store.Close()
 	mw, err := server.New(store)
 	if err != nil {

@@ -41,7 +41,10 @@ func main() {
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"id":%d,"order":%q}`, id, body)
 	})
-	store := memstore.New()
+	store, err := memstore.New()
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer store.Close()
 	mw, err := server.New(store)
 	if err != nil {

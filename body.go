@@ -58,12 +58,12 @@ func (r *replay) prepare(req, clone *http.Request, limit int64) error {
 	buf, complete, err := readUpTo(body, limit, req.ContentLength)
 	if stop != nil && !stop() {
 		body.Close()
-		return fmt.Errorf("idempotency: reading request body: %w", ctx.Err())
+		return fmt.Errorf("reading request body: %w", ctx.Err())
 	}
 	if !complete || err != nil {
 		if err != nil {
 			body.Close()
-			return fmt.Errorf("idempotency: reading request body: %w", err)
+			return fmt.Errorf("reading request body: %w", err)
 		}
 		// Send what was read, then the rest, once.
 		r.mode = replayStream
@@ -73,7 +73,7 @@ func (r *replay) prepare(req, clone *http.Request, limit int64) error {
 	}
 	body.Close()
 	if req.ContentLength > 0 && int64(len(buf)) != req.ContentLength {
-		return fmt.Errorf("idempotency: request body has %d bytes, ContentLength says %d", len(buf), req.ContentLength)
+		return fmt.Errorf("request body has %d bytes, ContentLength says %d", len(buf), req.ContentLength)
 	}
 	if len(buf) == 0 {
 		r.mode = replayNone

@@ -92,12 +92,21 @@ func FuzzBodyReplay(f *testing.F) {
 	f.Add([]byte("payload"), int64(-1<<63), int64(-1<<63), uint8(0x82), false)
 	f.Fuzz(func(t *testing.T, body []byte, contentLength, limit int64, mode uint8, withGetBody bool) {
 		rec := &attemptRecorder{}
-		c := idempotency.NewClient(
+		c, err := idempotency.NewClient(
 			idempotency.WithHTTPClient(&http.Client{Transport: rec}),
 			idempotency.WithMaxBufferedBody(limit),
 			idempotency.WithBackoff(0, 0),
 			idempotency.WithoutBudget(),
 		)
+		if limit < 0 {
+			if err == nil {
+				t.Fatalf("NewClient with a negative body limit %d error = nil", limit)
+			}
+			return
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
 		src := &closeTracker{Reader: &chunkReader{b: bytes.Clone(body), n: int(mode & 0x7f), eofWithData: mode&0x80 != 0}}
 		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, "http://api.example/orders", src)
 		if err != nil {

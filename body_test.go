@@ -47,7 +47,7 @@ func (b *bodyRecorder) seen() (bodies []string, lengths []int64, chunked []bool)
 func TestBufferedBodyReplayed(t *testing.T) {
 	rec := &bodyRecorder{script: newScript(status(http.StatusServiceUnavailable), status(http.StatusCreated))}
 	srv := newServer(t, rec)
-	c := newClient(srv)
+	c := newClient(t, srv)
 	payload := strings.Repeat("p", 3000)
 
 	resp, err := c.Do(post(t, t.Context(), srv.URL, payload))
@@ -63,7 +63,7 @@ func TestBufferedBodyReplayed(t *testing.T) {
 func TestEmptyBody(t *testing.T) {
 	rec := &bodyRecorder{script: newScript(status(http.StatusServiceUnavailable), status(http.StatusCreated))}
 	srv := newServer(t, rec)
-	c := newClient(srv)
+	c := newClient(t, srv)
 
 	resp, err := c.Do(post(t, t.Context(), srv.URL, ""))
 	require.NoError(t, err)
@@ -78,7 +78,7 @@ func TestGetBodyReplayed(t *testing.T) {
 	// resends a keyed request whose response was lost on a reused one.
 	rec := &bodyRecorder{script: newScript(lost, status(http.StatusServiceUnavailable), status(http.StatusCreated))}
 	srv := newServer(t, rec)
-	c := newClient(srv, idempotency.WithMaxBufferedBody(0))
+	c := newClient(t, srv, idempotency.WithMaxBufferedBody(0))
 	const payload = `{"amount":10}`
 	req := post(t, t.Context(), srv.URL, payload)
 	var calls atomic.Int64
@@ -99,7 +99,7 @@ func TestGetBodyReplayed(t *testing.T) {
 
 func TestGetBodyFails(t *testing.T) {
 	srv := newServer(t, newScript(status(http.StatusServiceUnavailable), status(http.StatusCreated)))
-	c := newClient(srv)
+	c := newClient(t, srv)
 	req := post(t, t.Context(), srv.URL, "x")
 	gone := errors.New("file is gone")
 	req.GetBody = func() (io.ReadCloser, error) { return nil, gone }
@@ -119,7 +119,7 @@ func TestBodyNotReplayable(t *testing.T) {
 	t.Run("status", func(t *testing.T) {
 		rec := &bodyRecorder{script: newScript(status(http.StatusServiceUnavailable), status(http.StatusCreated))}
 		srv := newServer(t, rec)
-		c := newClient(srv, idempotency.WithMaxBufferedBody(16))
+		c := newClient(t, srv, idempotency.WithMaxBufferedBody(16))
 		body := &closeTracker{Reader: strings.NewReader(payload)}
 		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL, body)
 		require.NoError(t, err)
@@ -139,7 +139,7 @@ func TestBodyNotReplayable(t *testing.T) {
 	t.Run("lost response", func(t *testing.T) {
 		s := newScript(lost, status(http.StatusCreated))
 		srv := newServer(t, s)
-		c := newClient(srv, idempotency.WithMaxBufferedBody(16))
+		c := newClient(t, srv, idempotency.WithMaxBufferedBody(16))
 
 		_, err := c.Do(post(t, t.Context(), srv.URL, payload))
 		assert.ErrorIs(t, err, idempotency.ErrBodyNotReplayable)
@@ -153,7 +153,7 @@ func TestBodyNotReplayable(t *testing.T) {
 func TestBodyAtBufferLimit(t *testing.T) {
 	rec := &bodyRecorder{script: newScript(status(http.StatusServiceUnavailable), status(http.StatusCreated))}
 	srv := newServer(t, rec)
-	c := newClient(srv, idempotency.WithMaxBufferedBody(16))
+	c := newClient(t, srv, idempotency.WithMaxBufferedBody(16))
 	payload := strings.Repeat("x", 16)
 
 	resp, err := c.Do(post(t, t.Context(), srv.URL, payload))
@@ -166,7 +166,7 @@ func TestBodyAtBufferLimit(t *testing.T) {
 
 func TestBodyReadError(t *testing.T) {
 	srv := newServer(t, newScript(status(http.StatusCreated)))
-	c := newClient(srv)
+	c := newClient(t, srv)
 	broken := errors.New("disk on fire")
 	body := &closeTracker{Reader: io.MultiReader(strings.NewReader("abc"), errReader{broken})}
 	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL, body)
@@ -179,7 +179,7 @@ func TestBodyReadError(t *testing.T) {
 
 func TestBodyContentLengthMismatch(t *testing.T) {
 	srv := newServer(t, newScript(status(http.StatusCreated)))
-	c := newClient(srv)
+	c := newClient(t, srv)
 	req := post(t, t.Context(), srv.URL, "abc")
 	req.ContentLength = 10
 
@@ -205,7 +205,7 @@ func TestRedirect307ReplaysBody(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 	})
 	srv := newServer(t, mux)
-	c := newClient(srv)
+	c := newClient(t, srv)
 
 	resp, err := c.Do(post(t, t.Context(), srv.URL+"/a", "payload"))
 	require.NoError(t, err)
@@ -232,7 +232,7 @@ func TestHugeSizes(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			rec := &bodyRecorder{script: newScript(status(http.StatusServiceUnavailable), status(http.StatusCreated))}
 			srv := newServer(t, rec)
-			c := newClient(srv, idempotency.WithMaxBufferedBody(tt.limit))
+			c := newClient(t, srv, idempotency.WithMaxBufferedBody(tt.limit))
 			req := post(t, t.Context(), srv.URL, payload)
 			req.ContentLength = tt.contentLength
 
@@ -266,7 +266,7 @@ func TestHugeOptions(t *testing.T) {
 	t.Run("Retry-After 0", func(t *testing.T) {
 		s := newScript(status(http.StatusServiceUnavailable, "Retry-After", "0"), status(http.StatusCreated))
 		srv := newServer(t, s)
-		c := newClient(srv, huge...)
+		c := newClient(t, srv, huge...)
 
 		resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
 		require.NoError(t, err)
@@ -277,7 +277,7 @@ func TestHugeOptions(t *testing.T) {
 	t.Run("Retry-After past the deadline", func(t *testing.T) {
 		s := newScript(status(http.StatusServiceUnavailable, "Retry-After", "99999999999999999999999"))
 		srv := newServer(t, s)
-		c := newClient(srv, huge...)
+		c := newClient(t, srv, huge...)
 		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 		defer cancel()
 
@@ -292,7 +292,7 @@ func TestHugeOptions(t *testing.T) {
 func TestStalledRequestBody(t *testing.T) {
 	s := newScript(status(http.StatusCreated))
 	srv := newServer(t, s)
-	c := newClient(srv)
+	c := newClient(t, srv)
 	pr, pw := io.Pipe()
 	defer pw.Close()
 	go pw.Write([]byte("the first bytes, then nothing"))

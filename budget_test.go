@@ -15,7 +15,7 @@ func TestBudgetExhausted(t *testing.T) {
 	s := newScript(status(http.StatusServiceUnavailable))
 	srv := newServer(t, s)
 	b := idempotency.NewBudget(10) // two retries
-	c := newClient(srv, idempotency.WithBudget(b), idempotency.WithMaxAttempts(10))
+	c := newClient(t, srv, idempotency.WithBudget(b), idempotency.WithMaxAttempts(10))
 
 	resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
 	require.NoError(t, err)
@@ -51,7 +51,7 @@ func TestBudgetRefundAfterRetries(t *testing.T) {
 	s := newScript(status(http.StatusServiceUnavailable), status(http.StatusServiceUnavailable), status(http.StatusCreated))
 	srv := newServer(t, s)
 	b := idempotency.NewBudget(20)
-	c := newClient(srv, idempotency.WithBudget(b))
+	c := newClient(t, srv, idempotency.WithBudget(b))
 
 	resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
 	require.NoError(t, err)
@@ -63,7 +63,7 @@ func TestBudgetRefundAfterRetries(t *testing.T) {
 func TestBudgetTimeoutCostsMore(t *testing.T) {
 	srv := newServer(t, &keyServer{delay: 100})
 	b := idempotency.NewBudget(15)
-	c := newClient(srv, idempotency.WithBudget(b), idempotency.WithAttemptTimeout(20*time.Millisecond))
+	c := newClient(t, srv, idempotency.WithBudget(b), idempotency.WithAttemptTimeout(20*time.Millisecond))
 
 	_, err := c.Do(post(t, t.Context(), srv.URL, "x"))
 	require.Error(t, err)
@@ -78,8 +78,8 @@ func TestBudgetTimeoutCostsMore(t *testing.T) {
 func TestBudgetShared(t *testing.T) {
 	srv := newServer(t, newScript(status(http.StatusServiceUnavailable)))
 	b := idempotency.NewBudget(500)
-	c1 := newClient(srv, idempotency.WithBudget(b), idempotency.WithMaxAttempts(2))
-	c2 := newClient(srv, idempotency.WithBudget(b), idempotency.WithMaxAttempts(3))
+	c1 := newClient(t, srv, idempotency.WithBudget(b), idempotency.WithMaxAttempts(2))
+	c2 := newClient(t, srv, idempotency.WithBudget(b), idempotency.WithMaxAttempts(3))
 
 	for _, c := range []*idempotency.Client{c1, c2} {
 		resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
@@ -94,7 +94,7 @@ func TestBudgetOff(t *testing.T) {
 	for _, opt := range []idempotency.Option{idempotency.WithoutBudget(), idempotency.WithBudget(nil)} {
 		s := newScript(status(http.StatusServiceUnavailable))
 		srv := newServer(t, s)
-		c := newClient(srv, opt, idempotency.WithMaxAttempts(5))
+		c := newClient(t, srv, opt, idempotency.WithMaxAttempts(5))
 
 		resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
 		require.NoError(t, err)
@@ -111,7 +111,7 @@ func TestBudgetZero(t *testing.T) {
 	assert.Zero(t, zero.Available())
 
 	srv := newServer(t, newScript(status(http.StatusServiceUnavailable)))
-	c := newClient(srv, idempotency.WithBudget(&zero))
+	c := newClient(t, srv, idempotency.WithBudget(&zero))
 	resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
 	require.NoError(t, err)
 	resp.Body.Close()

@@ -29,15 +29,22 @@ type Client struct {
 }
 
 // NewClient returns a Client configured by opts. Options that are not given
-// keep their defaults, documented with each option.
-func NewClient(opts ...Option) *Client {
-	return &Client{cfg: newConfig(opts)}
+// keep their defaults, documented with each option. The options are checked:
+// an invalid one is an error, which names every invalid option, and no Client
+// is made.
+func NewClient(opts ...Option) (*Client, error) {
+	cfg, err := newConfig(opts)
+	if err != nil {
+		return nil, err
+	}
+	return &Client{cfg: cfg}, nil
 }
 
 func (c *Client) config() *config {
 	c.once.Do(func() {
 		if c.cfg == nil {
-			c.cfg = newConfig(nil)
+			// No options: nothing to refuse.
+			c.cfg, _ = newConfig(nil)
 		}
 	})
 	return c.cfg
@@ -87,7 +94,7 @@ func (c *Client) Post(ctx context.Context, url, contentType string, body io.Read
 
 func postError(err error) error {
 	if _, ok := errors.AsType[*url.Error](err); ok {
-		return fmt.Errorf("%w: %w", ErrInvalidURL, err)
+		return fmt.Errorf("idempotency: %w: %w", ErrInvalidURL, err)
 	}
 	return fmt.Errorf("idempotency: %w", err)
 }
@@ -131,11 +138,11 @@ func (rt *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 // do is Do, with hc to send each attempt.
 func (cfg *config) do(req *http.Request, hc *http.Client, viaTransport bool) (*http.Response, error) {
 	if req == nil {
-		return nil, ErrNilRequest
+		return nil, fmt.Errorf("idempotency: %w", ErrNilRequest)
 	}
 	if err := checkURL(req.URL); err != nil {
 		closeBody(req)
-		return nil, err
+		return nil, fmt.Errorf("idempotency: %w", err)
 	}
 	method := req.Method
 	if method == "" {
@@ -144,7 +151,7 @@ func (cfg *config) do(req *http.Request, hc *http.Client, viaTransport bool) (*h
 	key, wire, err := cfg.keyFor(req, method)
 	if err != nil {
 		closeBody(req)
-		return nil, err
+		return nil, fmt.Errorf("idempotency: %w", err)
 	}
 
 	c := &call{
@@ -168,7 +175,7 @@ func (cfg *config) do(req *http.Request, hc *http.Client, viaTransport bool) (*h
 		clone.Header = cloneWith(req.Header, cfg.header, c.keyValue[:])
 	}
 	if err := c.body.prepare(req, clone, cfg.maxBuffered); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("idempotency: %w", err)
 	}
 	return c.run(clone, hc)
 }
@@ -200,13 +207,13 @@ func (cfg *config) keyFor(req *http.Request, method string) (key, wire string, e
 	if !ok && cfg.keyFunc == nil {
 		// A UUID: valid by construction.
 		if key, err = cfg.keys.newKey(cfg.keyV7); err != nil {
-			return "", "", fmt.Errorf("idempotency: making a key: %w", err)
+			return "", "", fmt.Errorf("making a key: %w", err)
 		}
 		return key, cfg.wireKey(key), nil
 	}
 	if !ok {
 		if key, err = cfg.keyFunc(); err != nil {
-			return "", "", fmt.Errorf("idempotency: making a key: %w", err)
+			return "", "", fmt.Errorf("making a key: %w", err)
 		}
 	}
 	if err := keyfield.Validate(key); err != nil {

@@ -58,7 +58,7 @@ func BenchmarkPost(b *testing.B) {
 		}
 	})
 	b.Run("idempotency", func(b *testing.B) {
-		c := idempotency.NewClient(idempotency.WithHTTPClient(&http.Client{Transport: newTransport(b)}))
+		c := mustClient(b, idempotency.WithHTTPClient(&http.Client{Transport: newTransport(b)}))
 		b.ReportAllocs()
 		for b.Loop() {
 			resp, err := c.Do(newRequest(b))
@@ -66,7 +66,7 @@ func BenchmarkPost(b *testing.B) {
 		}
 	})
 	b.Run("idempotency_no_attempt_timeout", func(b *testing.B) {
-		c := idempotency.NewClient(idempotency.WithHTTPClient(&http.Client{Transport: newTransport(b)}),
+		c := mustClient(b, idempotency.WithHTTPClient(&http.Client{Transport: newTransport(b)}),
 			idempotency.WithAttemptTimeout(0))
 		b.ReportAllocs()
 		for b.Loop() {
@@ -135,7 +135,7 @@ func BenchmarkPostOverhead(b *testing.B) {
 		}
 	})
 	b.Run("idempotency", func(b *testing.B) {
-		c := idempotency.NewClient(idempotency.WithHTTPClient(&http.Client{Transport: cannedTransport{}}))
+		c := mustClient(b, idempotency.WithHTTPClient(&http.Client{Transport: cannedTransport{}}))
 		b.ReportAllocs()
 		for b.Loop() {
 			resp, err := c.Do(newRequest(b))
@@ -143,7 +143,7 @@ func BenchmarkPostOverhead(b *testing.B) {
 		}
 	})
 	b.Run("idempotency_no_attempt_timeout", func(b *testing.B) {
-		c := idempotency.NewClient(idempotency.WithHTTPClient(&http.Client{Transport: cannedTransport{}}),
+		c := mustClient(b, idempotency.WithHTTPClient(&http.Client{Transport: cannedTransport{}}),
 			idempotency.WithAttemptTimeout(0))
 		b.ReportAllocs()
 		for b.Loop() {
@@ -153,7 +153,7 @@ func BenchmarkPostOverhead(b *testing.B) {
 	})
 	b.Run("idempotency_observed", func(b *testing.B) {
 		// What an observer costs, one that does nothing with its events.
-		c := idempotency.NewClient(idempotency.WithHTTPClient(&http.Client{Transport: cannedTransport{}}),
+		c := mustClient(b, idempotency.WithHTTPClient(&http.Client{Transport: cannedTransport{}}),
 			idempotency.WithObserver(func(context.Context, idempotency.Event) {}))
 		b.ReportAllocs()
 		for b.Loop() {

@@ -79,8 +79,8 @@ func TestPostRatio(t *testing.T) {
 	hc := &http.Client{Transport: tr}
 	hkc := &http.Client{Transport: tr}
 	keyValue := []string{idempotency.NewKey()}
-	ic := idempotency.NewClient(idempotency.WithHTTPClient(&http.Client{Transport: tr}))
-	ic0 := idempotency.NewClient(idempotency.WithHTTPClient(&http.Client{Transport: tr}), idempotency.WithAttemptTimeout(0))
+	ic := mustClient(t, idempotency.WithHTTPClient(&http.Client{Transport: tr}))
+	ic0 := mustClient(t, idempotency.WithHTTPClient(&http.Client{Transport: tr}), idempotency.WithAttemptTimeout(0))
 	rc := retryablehttp.NewClient()
 	rc.Logger = nil
 	rc.HTTPClient = &http.Client{Transport: tr}

@@ -36,7 +36,7 @@ func TestLostResponse(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			srv := newServer(t, tt.server)
-			c := newClient(srv, tt.opts...)
+			c := newClient(t, srv, tt.opts...)
 
 			resp, err := c.Do(post(t, t.Context(), srv.URL+"/orders", `{"amount":10}`))
 			require.NoError(t, err)
@@ -64,7 +64,7 @@ func TestLostResponse(t *testing.T) {
 func TestAttemptTimeoutError(t *testing.T) {
 	srv := newServer(t, &keyServer{delay: 10})
 	var r retries
-	c := newClient(srv, idempotency.WithAttemptTimeout(20*time.Millisecond),
+	c := newClient(t, srv, idempotency.WithAttemptTimeout(20*time.Millisecond),
 		idempotency.WithMaxAttempts(2), idempotency.WithOnRetry(r.hook))
 
 	resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
@@ -96,7 +96,7 @@ func TestAttemptTimeoutDoesNotCutBody(t *testing.T) {
 		}
 		w.Write([]byte(" second half"))
 	}))
-	c := newClient(srv, idempotency.WithAttemptTimeout(50*time.Millisecond))
+	c := newClient(t, srv, idempotency.WithAttemptTimeout(50*time.Millisecond))
 
 	resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
 	require.NoError(t, err)
@@ -132,7 +132,7 @@ func TestStatuses(t *testing.T) {
 		t.Run(http.StatusText(tt.code), func(t *testing.T) {
 			s := newScript(status(tt.code), status(http.StatusCreated))
 			srv := newServer(t, s)
-			c := newClient(srv)
+			c := newClient(t, srv)
 
 			resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
 			require.NoError(t, err)
@@ -157,7 +157,7 @@ func TestStatuses(t *testing.T) {
 func TestConflictThenCreated(t *testing.T) {
 	s := newScript(status(http.StatusConflict, "Retry-After", "0"), status(http.StatusCreated))
 	srv := newServer(t, s)
-	c := newClient(srv)
+	c := newClient(t, srv)
 
 	resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
 	require.NoError(t, err)
@@ -168,7 +168,7 @@ func TestConflictThenCreated(t *testing.T) {
 func TestLastResponseReturned(t *testing.T) {
 	s := newScript(status(http.StatusServiceUnavailable, "X-Attempt", "last"))
 	srv := newServer(t, s)
-	c := newClient(srv, idempotency.WithMaxAttempts(3))
+	c := newClient(t, srv, idempotency.WithMaxAttempts(3))
 
 	resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
 	require.NoError(t, err)
@@ -183,7 +183,7 @@ func TestLastResponseReturned(t *testing.T) {
 func TestTransportErrorsExhausted(t *testing.T) {
 	s := newScript(lost)
 	srv := newServer(t, s)
-	c := newClient(srv, idempotency.WithMaxAttempts(3))
+	c := newClient(t, srv, idempotency.WithMaxAttempts(3))
 
 	resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
 	require.Error(t, err)
@@ -225,7 +225,11 @@ func TestInvalidInput(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c := newClient(srv, idempotency.WithKeyFunc(tt.keyFunc))
+			var opts []idempotency.Option
+			if tt.keyFunc != nil {
+				opts = append(opts, idempotency.WithKeyFunc(tt.keyFunc))
+			}
+			c := newClient(t, srv, opts...)
 			ctx := t.Context()
 			if tt.ctxKey != nil {
 				ctx = idempotency.ContextWithKey(ctx, *tt.ctxKey)
@@ -251,16 +255,16 @@ func TestInvalidInput(t *testing.T) {
 	assert.Zero(t, s.hits.Load(), "server hits")
 
 	t.Run("nil request", func(t *testing.T) {
-		resp, err := newClient(srv).Do(nil)
+		resp, err := newClient(t, srv).Do(nil)
 		assert.Nil(t, resp)
 		assert.ErrorIs(t, err, idempotency.ErrNilRequest)
 	})
 	t.Run("nil URL", func(t *testing.T) {
-		_, err := newClient(srv).Do(&http.Request{Method: http.MethodGet})
+		_, err := newClient(t, srv).Do(&http.Request{Method: http.MethodGet})
 		assert.ErrorIs(t, err, idempotency.ErrInvalidURL)
 	})
 	t.Run("Post with an unparsable URL", func(t *testing.T) {
-		_, err := newClient(srv).Post(t.Context(), "http://[::1", "text/plain", nil)
+		_, err := newClient(t, srv).Post(t.Context(), "http://[::1", "text/plain", nil)
 		assert.ErrorIs(t, err, idempotency.ErrInvalidURL)
 	})
 }
@@ -270,7 +274,7 @@ func ptr[T any](v T) *T { return &v }
 func TestRequestUnmodified(t *testing.T) {
 	s := newScript(status(http.StatusServiceUnavailable), status(http.StatusCreated))
 	srv := newServer(t, s)
-	c := newClient(srv)
+	c := newClient(t, srv)
 
 	body := &closeTracker{Reader: strings.NewReader("payload")}
 	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL+"/orders?x=1", body)
@@ -303,7 +307,7 @@ func TestPost(t *testing.T) {
 		contentType <- r.Header.Get("Content-Type")
 		w.WriteHeader(http.StatusCreated)
 	}))
-	c := newClient(srv)
+	c := newClient(t, srv)
 
 	resp, err := c.Post(t.Context(), srv.URL, "application/json", strings.NewReader("{}"))
 	require.NoError(t, err)
@@ -373,7 +377,7 @@ func TestHTTPClientTimeoutWithAttemptTimeout(t *testing.T) {
 			srv := newServer(t, &keyServer{delay: 1})
 			var r retries
 			hc := &http.Client{Transport: srv.Client().Transport, Timeout: tt.clientTimeout}
-			c := newClient(srv, idempotency.WithHTTPClient(hc), idempotency.WithAttemptTimeout(tt.attemptTimeout),
+			c := newClient(t, srv, idempotency.WithHTTPClient(hc), idempotency.WithAttemptTimeout(tt.attemptTimeout),
 				idempotency.WithOnRetry(r.hook))
 
 			resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
@@ -400,7 +404,7 @@ func TestCallerCancelsDuringBody(t *testing.T) {
 				w.(http.Flusher).Flush()
 				<-r.Context().Done()
 			}))
-			c := newClient(srv, idempotency.WithAttemptTimeout(timeout))
+			c := newClient(t, srv, idempotency.WithAttemptTimeout(timeout))
 			ctx, cancel := context.WithCancel(t.Context())
 			defer cancel()
 
@@ -414,5 +418,37 @@ func TestCallerCancelsDuringBody(t *testing.T) {
 			_, err = io.ReadAll(resp.Body)
 			assert.ErrorIs(t, err, context.Canceled, "reading the rest after the caller canceled")
 		})
+	}
+}
+
+// TestNewClientValidates: invalid options make NewClient fail, naming each
+// with the package's prefix, and make no Client.
+func TestNewClientValidates(t *testing.T) {
+	c, err := idempotency.NewClient(
+		idempotency.WithMaxAttempts(0),
+		idempotency.WithBackoff(time.Second, time.Millisecond),
+		idempotency.WithAttemptTimeout(-time.Second),
+		idempotency.WithMaxBufferedBody(-1),
+		idempotency.WithKeyHeader(""),
+		idempotency.WithRetryPolicy(nil),
+	)
+	require.Error(t, err)
+	assert.Nil(t, c)
+	lines := strings.Split(err.Error(), "\n")
+	assert.Len(t, lines, 6, "one line per invalid option: %q", err)
+	for _, l := range lines {
+		assert.True(t, strings.HasPrefix(l, "idempotency: "), "line %q has no package prefix", l)
+	}
+	for _, ok := range []idempotency.Option{
+		idempotency.WithMaxAttempts(1),
+		idempotency.WithBackoff(0, 0),
+		idempotency.WithAttemptTimeout(0),
+		idempotency.WithMaxRetryAfter(0),
+		idempotency.WithMaxBufferedBody(0),
+		idempotency.WithMethods(),
+		idempotency.WithoutBudget(),
+	} {
+		_, err := idempotency.NewClient(ok)
+		assert.NoError(t, err)
 	}
 }

@@ -8,22 +8,23 @@ import (
 )
 
 // Errors for bad input, returned by Do before any attempt is made. The
-// returned error wraps one of them and says what is wrong.
+// returned error wraps one of them, with the package's prefix, and says what
+// is wrong: "idempotency: invalid key: ...".
 var (
 	// ErrNilRequest is returned by Do when the request is nil.
-	ErrNilRequest = errors.New("idempotency: nil request")
+	ErrNilRequest = errors.New("nil request")
 
 	// ErrInvalidURL is returned for a request whose URL is missing, relative,
 	// not http or https, or has no host. It is also the error of an attempt
 	// redirected to such a URL, which is never retried.
-	ErrInvalidURL = errors.New("idempotency: invalid request URL")
+	ErrInvalidURL = errors.New("invalid request URL")
 
 	// ErrInvalidKey is returned for a key that the caller supplied (in the
 	// header or through ContextWithKey) or that a key function made, when it is not
 	// a valid idempotency key: empty, over 255 bytes, or with characters
 	// outside printable ASCII; and for a request header that holds two keys.
 	// It wraps the reason.
-	ErrInvalidKey = errors.New("idempotency: invalid key")
+	ErrInvalidKey = errors.New("invalid key")
 )
 
 // Errors that describe one attempt.
@@ -31,12 +32,12 @@ var (
 	// ErrAttemptTimeout matches (with errors.Is) the error of an attempt whose
 	// response headers did not arrive within the attempt timeout (see
 	// WithAttemptTimeout). Such an attempt is retried.
-	ErrAttemptTimeout = errors.New("idempotency: attempt timed out")
+	ErrAttemptTimeout = errors.New("attempt timed out")
 
 	// ErrRedirect matches the error of an attempt whose redirect was refused
 	// by the CheckRedirect policy (the default one stops after 10 redirects).
 	// It wraps the policy's error. Such an attempt is not retried.
-	ErrRedirect = errors.New("idempotency: redirect refused")
+	ErrRedirect = errors.New("redirect refused")
 )
 
 // Reasons why no further attempt was made although the last result was
@@ -44,26 +45,26 @@ var (
 var (
 	// ErrAttemptsExhausted means that the maximum number of attempts was made
 	// (see WithMaxAttempts).
-	ErrAttemptsExhausted = errors.New("idempotency: attempts exhausted")
+	ErrAttemptsExhausted = errors.New("attempts exhausted")
 
 	// ErrNotIdempotent means that the request has a method that is not
 	// idempotent (such as POST) and carries no idempotency key, so a retry
 	// could perform the operation twice.
-	ErrNotIdempotent = errors.New("idempotency: request is neither idempotent nor keyed")
+	ErrNotIdempotent = errors.New("request is neither idempotent nor keyed")
 
 	// ErrBodyNotReplayable means that the request body cannot be sent again:
 	// it was larger than the buffer limit (see WithMaxBufferedBody) and the
 	// request has no GetBody, or GetBody failed (then it is wrapped too).
-	ErrBodyNotReplayable = errors.New("idempotency: request body cannot be replayed")
+	ErrBodyNotReplayable = errors.New("request body cannot be replayed")
 
 	// ErrDeadline means that the wait before the next attempt would have
 	// ended after the deadline of the request's context, so the last result
 	// was returned at once instead of waiting in vain.
-	ErrDeadline = errors.New("idempotency: next attempt would start after the context deadline")
+	ErrDeadline = errors.New("next attempt would start after the context deadline")
 
 	// ErrBudgetExhausted means that the retry budget had too few tokens left
 	// (see Budget).
-	ErrBudgetExhausted = errors.New("idempotency: retry budget exhausted")
+	ErrBudgetExhausted = errors.New("retry budget exhausted")
 )
 
 // RetryError is the error returned by Do when there is no response to
@@ -111,7 +112,7 @@ func (e *RetryError) Error() string {
 	}
 	if e.Stopped != nil {
 		b.WriteString(", then ")
-		b.WriteString(strings.TrimPrefix(e.Stopped.Error(), "idempotency: "))
+		b.WriteString(e.Stopped.Error())
 	}
 	if e.Err != nil {
 		b.WriteString(": ")

@@ -132,7 +132,7 @@ func TestEvents(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			srv := newServer(t, newScript(tt.steps...))
 			var o observed
-			c := newClient(srv, append([]idempotency.Option{idempotency.WithObserver(o.observe)}, tt.opts...)...)
+			c := newClient(t, srv, append([]idempotency.Option{idempotency.WithObserver(o.observe)}, tt.opts...)...)
 			before := time.Now()
 			resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
 			if tt.response {
@@ -203,7 +203,7 @@ func TestEventsCanceled(t *testing.T) {
 				cancel()
 			}
 		}}
-		c := newClient(srv, idempotency.WithObserver(o.observe))
+		c := newClient(t, srv, idempotency.WithObserver(o.observe))
 		_, err := c.Do(post(t, ctx, srv.URL, "x"))
 		require.ErrorIs(t, err, context.Canceled)
 		got := o.events()
@@ -232,7 +232,7 @@ func TestEventsCanceled(t *testing.T) {
 			cancel()
 		}()
 		var o observed
-		c := newClient(srv, idempotency.WithObserver(o.observe))
+		c := newClient(t, srv, idempotency.WithObserver(o.observe))
 		_, err := c.Do(post(t, ctx, srv.URL, "x"))
 		require.ErrorIs(t, err, context.Canceled)
 		got := o.events()
@@ -246,7 +246,7 @@ func TestEventsCanceled(t *testing.T) {
 // tells the observer nothing.
 func TestEventsNoneBeforeAnAttempt(t *testing.T) {
 	var o observed
-	c := idempotency.NewClient(idempotency.WithObserver(o.observe))
+	c := mustClient(t, idempotency.WithObserver(o.observe))
 	_, err := c.Post(t.Context(), "/relative", "text/plain", nil)
 	require.ErrorIs(t, err, idempotency.ErrInvalidURL)
 	assert.Empty(t, o.events())
@@ -258,7 +258,7 @@ func TestRetryInfoResult(t *testing.T) {
 	srv := newServer(t, newScript(lost, status(http.StatusTooManyRequests), status(http.StatusCreated)))
 	var r retries
 	var o observed
-	c := newClient(srv, idempotency.WithOnRetry(r.hook), idempotency.WithObserver(o.observe))
+	c := newClient(t, srv, idempotency.WithOnRetry(r.hook), idempotency.WithObserver(o.observe))
 	resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
 	require.NoError(t, err)
 	resp.Body.Close()

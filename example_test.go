@@ -27,7 +27,11 @@ func ExampleClient_Do() {
 	}))
 	defer srv.Close()
 
-	c := idempotency.NewClient(idempotency.WithHTTPClient(srv.Client()))
+	c, err := idempotency.NewClient(idempotency.WithHTTPClient(srv.Client()))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	req, err := http.NewRequestWithContext(context.Background(), http.MethodPost, srv.URL+"/orders",
 		strings.NewReader(`{"amount":10}`))
 	if err != nil {
@@ -61,7 +65,11 @@ func ExampleOutcomeOf() {
 	}))
 	defer srv.Close()
 
-	c := idempotency.NewClient(idempotency.WithHTTPClient(srv.Client()))
+	c, err := idempotency.NewClient(idempotency.WithHTTPClient(srv.Client()))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	ctx := idempotency.ContextWithKey(context.Background(), "order-2026-0042")
 	resp, err := c.Post(ctx, srv.URL+"/orders", "application/json", strings.NewReader(`{"amount":10}`))
 	if err != nil {
@@ -82,11 +90,15 @@ func ExampleClient_StandardClient() {
 	}))
 	defer srv.Close()
 
-	c := idempotency.NewClient(
+	c, err := idempotency.NewClient(
 		idempotency.WithHTTPClient(srv.Client()),
 		idempotency.WithMaxAttempts(5),
 		idempotency.WithAttemptTimeout(10*time.Second),
 	)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	hc := c.StandardClient()
 	resp, err := hc.Post(srv.URL, "text/plain", strings.NewReader("hello"))
 	if err != nil {
@@ -114,12 +126,16 @@ func ExampleWithObserver() {
 	}))
 	defer srv.Close()
 
-	c := idempotency.NewClient(
+	c, err := idempotency.NewClient(
 		idempotency.WithHTTPClient(srv.Client()),
 		idempotency.WithObserver(func(_ context.Context, e idempotency.Event) {
 			fmt.Println(e.Attempt, e.Kind, e.Result, e.StatusCode, "budget", e.Budget)
 		}),
 	)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	resp, err := c.Post(context.Background(), srv.URL+"/orders", "application/json", strings.NewReader(`{"amount":10}`))
 	if err != nil {
 		fmt.Println(err)

@@ -34,12 +34,24 @@ func newServer(t *testing.T, h http.Handler, configure ...func(*http.Server)) *h
 }
 
 // newClient returns a Client that talks to srv with short waits.
-func newClient(srv *httptest.Server, opts ...idempotency.Option) *idempotency.Client {
+func newClient(tb testing.TB, srv *httptest.Server, opts ...idempotency.Option) *idempotency.Client {
+	tb.Helper()
 	base := []idempotency.Option{
 		idempotency.WithHTTPClient(srv.Client()),
 		idempotency.WithBackoff(time.Millisecond, 5*time.Millisecond),
 	}
-	return idempotency.NewClient(append(base, opts...)...)
+	return mustClient(tb, append(base, opts...)...)
+}
+
+// mustClient returns idempotency.NewClient(opts...), failing tb if the
+// options are refused.
+func mustClient(tb testing.TB, opts ...idempotency.Option) *idempotency.Client {
+	tb.Helper()
+	c, err := idempotency.NewClient(opts...)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return c
 }
 
 // outcome returns the Outcome of resp, failing the test if there is none.

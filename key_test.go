@@ -20,7 +20,7 @@ import (
 func TestConcurrentKeys(t *testing.T) {
 	s := newScript(status(http.StatusCreated))
 	srv := newServer(t, s)
-	c := newClient(srv)
+	c := newClient(t, srv)
 
 	const n = 100
 	var wg sync.WaitGroup
@@ -66,7 +66,7 @@ func TestKeyPrecedence(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			s := newScript(status(http.StatusServiceUnavailable), status(http.StatusCreated))
 			srv := newServer(t, s)
-			c := newClient(srv)
+			c := newClient(t, srv)
 			ctx := t.Context()
 			if tt.ctxKey != "" {
 				ctx = idempotency.ContextWithKey(ctx, tt.ctxKey)
@@ -113,7 +113,7 @@ func TestNewKey(t *testing.T) {
 func TestKeyVersion7(t *testing.T) {
 	s := newScript(status(http.StatusCreated))
 	srv := newServer(t, s)
-	c := newClient(srv, idempotency.WithKeyVersion7())
+	c := newClient(t, srv, idempotency.WithKeyVersion7())
 
 	resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
 	require.NoError(t, err)
@@ -126,14 +126,14 @@ func TestKeyVersion7(t *testing.T) {
 func TestKeyFunc(t *testing.T) {
 	srv := newServer(t, newScript(status(http.StatusCreated)))
 
-	c := newClient(srv, idempotency.WithKeyFunc(func() (string, error) { return "fixed", nil }))
+	c := newClient(t, srv, idempotency.WithKeyFunc(func() (string, error) { return "fixed", nil }))
 	resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
 	require.NoError(t, err)
 	resp.Body.Close()
 	assert.Equal(t, "fixed", outcome(t, resp).Key)
 
 	boom := errors.New("no entropy")
-	c = newClient(srv, idempotency.WithKeyFunc(func() (string, error) { return "", boom }))
+	c = newClient(t, srv, idempotency.WithKeyFunc(func() (string, error) { return "", boom }))
 	_, err = c.Do(post(t, t.Context(), srv.URL, "x"))
 	assert.ErrorIs(t, err, boom)
 }
@@ -141,7 +141,7 @@ func TestKeyFunc(t *testing.T) {
 func TestQuotedKey(t *testing.T) {
 	s := newScript(status(http.StatusCreated))
 	srv := newServer(t, s)
-	c := newClient(srv, idempotency.WithQuotedKey())
+	c := newClient(t, srv, idempotency.WithQuotedKey())
 
 	resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
 	require.NoError(t, err)
@@ -160,7 +160,7 @@ func TestCustomHeaderNames(t *testing.T) {
 		w.Header().Set("X-Replayed", "true")
 		w.WriteHeader(http.StatusOK)
 	}))
-	c := newClient(srv, idempotency.WithKeyHeader("x-request-key"), idempotency.WithReplayedHeader("x-replayed"))
+	c := newClient(t, srv, idempotency.WithKeyHeader("x-request-key"), idempotency.WithReplayedHeader("x-replayed"))
 
 	resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
 	require.NoError(t, err)
@@ -187,7 +187,7 @@ func TestKeyedMethods(t *testing.T) {
 		t.Run(tt.method, func(t *testing.T) {
 			s := newScript(status(http.StatusServiceUnavailable), status(http.StatusOK))
 			srv := newServer(t, s)
-			c := newClient(srv)
+			c := newClient(t, srv)
 			req, err := http.NewRequestWithContext(t.Context(), tt.method, srv.URL, nil)
 			require.NoError(t, err)
 
@@ -214,7 +214,7 @@ func TestUnkeyedPostNotRetried(t *testing.T) {
 	t.Run("status", func(t *testing.T) {
 		s := newScript(status(http.StatusServiceUnavailable), status(http.StatusCreated))
 		srv := newServer(t, s)
-		c := newClient(srv, idempotency.WithMethods(http.MethodPatch))
+		c := newClient(t, srv, idempotency.WithMethods(http.MethodPatch))
 
 		resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
 		require.NoError(t, err)
@@ -229,7 +229,7 @@ func TestUnkeyedPostNotRetried(t *testing.T) {
 	t.Run("lost response", func(t *testing.T) {
 		s := newScript(lost, status(http.StatusCreated))
 		srv := newServer(t, s)
-		c := newClient(srv, idempotency.WithMethods())
+		c := newClient(t, srv, idempotency.WithMethods())
 
 		_, err := c.Do(post(t, t.Context(), srv.URL, "x"))
 		require.Error(t, err)
@@ -244,7 +244,7 @@ func TestUnkeyedPostNotRetried(t *testing.T) {
 func TestContextKeyOnlyForKeyedMethods(t *testing.T) {
 	s := newScript(status(http.StatusOK))
 	srv := newServer(t, s)
-	c := newClient(srv)
+	c := newClient(t, srv)
 	req, err := http.NewRequestWithContext(idempotency.ContextWithKey(t.Context(), "order-42"), http.MethodGet, srv.URL, nil)
 	require.NoError(t, err)
 
@@ -325,7 +325,7 @@ func TestCallerKeyInAnyCase(t *testing.T) {
 			}))
 			spy := &headerSpy{RoundTripper: srv.Client().Transport, name: headerName}
 			opts = append(opts, idempotency.WithHTTPClient(&http.Client{Transport: spy}))
-			c := newClient(srv, opts...)
+			c := newClient(t, srv, opts...)
 			req, err := http.NewRequestWithContext(t.Context(), tt.method, srv.URL, strings.NewReader("x"))
 			require.NoError(t, err)
 			for k, vs := range tt.header {

@@ -23,7 +23,7 @@ func TestLoggerAndHook(t *testing.T) {
 	var buf bytes.Buffer
 	logger := slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	var r retries
-	c := newClient(srv, idempotency.WithLogger(logger), idempotency.WithOnRetry(r.hook))
+	c := newClient(t, srv, idempotency.WithLogger(logger), idempotency.WithOnRetry(r.hook))
 	req := post(t, t.Context(), srv.URL+"/pay?token=querysecret", "card=4242424242424242")
 	req.Header.Set("Authorization", "Bearer headersecret")
 
@@ -67,19 +67,19 @@ func TestLoggerAndHook(t *testing.T) {
 func TestLoggerGivingUp(t *testing.T) {
 	srv := newServer(t, newScript(status(http.StatusServiceUnavailable)))
 	var buf bytes.Buffer
-	c := newClient(srv, idempotency.WithLogger(slog.New(slog.NewTextHandler(&buf, nil))), idempotency.WithMaxAttempts(1))
+	c := newClient(t, srv, idempotency.WithLogger(slog.New(slog.NewTextHandler(&buf, nil))), idempotency.WithMaxAttempts(1))
 
 	resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
 	require.NoError(t, err)
 	resp.Body.Close()
 	assert.Contains(t, buf.String(), "level=WARN")
 	assert.Contains(t, buf.String(), `msg="idempotency: not retrying"`)
-	assert.Contains(t, buf.String(), `reason="idempotency: attempts exhausted"`)
+	assert.Contains(t, buf.String(), `reason="attempts exhausted"`)
 }
 
 func TestQuietByDefault(t *testing.T) {
 	srv := newServer(t, newScript(lost, status(http.StatusServiceUnavailable), status(http.StatusCreated)))
-	c := idempotency.NewClient(idempotency.WithHTTPClient(srv.Client()), idempotency.WithBackoff(time.Millisecond, time.Millisecond))
+	c := mustClient(t, idempotency.WithHTTPClient(srv.Client()), idempotency.WithBackoff(time.Millisecond, time.Millisecond))
 
 	// go-retryablehttp's default logger writes to os.Stderr.
 	r, w, err := os.Pipe()

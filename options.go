@@ -1,6 +1,8 @@
 package idempotency
 
 import (
+	"errors"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
@@ -49,6 +51,7 @@ type config struct {
 	onRetry  func(RetryInfo)
 	observer Observer
 	rand     func(n int64) int64 // returns a number in [0, n)
+	invalid  []error             // the options that were refused
 
 	// Built by newConfig.
 	doClient  *http.Client // for Do: follows redirects
@@ -58,7 +61,12 @@ type config struct {
 	calls     atomic.Uint64 // numbers the calls, for the observer
 }
 
-func newConfig(opts []Option) *config {
+// refuse records an invalid option, for NewClient to report.
+func (c *config) refuse(format string, args ...any) {
+	c.invalid = append(c.invalid, fmt.Errorf("idempotency: "+format, args...))
+}
+
+func newConfig(opts []Option) (*config, error) {
 	cfg := &config{
 		header:         HeaderKey,
 		replayHeader:   HeaderReplayed,
@@ -76,6 +84,9 @@ func newConfig(opts []Option) *config {
 		if opt != nil {
 			opt(cfg)
 		}
+	}
+	if err := errors.Join(cfg.invalid...); err != nil {
+		return nil, err
 	}
 	cfg.header = textproto.CanonicalMIMEHeaderKey(cfg.header)
 	cfg.replayHeader = textproto.CanonicalMIMEHeaderKey(cfg.replayHeader)
@@ -111,7 +122,7 @@ func newConfig(opts []Option) *config {
 		Timeout:       hc.Timeout,
 	}
 	cfg.transport = &roundTripper{cfg: cfg}
-	return cfg
+	return cfg, nil
 }
 
 // WithHTTPClient makes the Client send its attempts with hc's Transport,
@@ -125,28 +136,37 @@ func newConfig(opts []Option) *config {
 // The Transport is shared, not owned: the Client never closes its idle
 // connections.
 func WithHTTPClient(hc *http.Client) Option {
-	return func(c *config) { c.httpClient = hc }
+	return func(c *config) {
+		if hc == nil {
+			c.refuse("WithHTTPClient needs an *http.Client")
+			return
+		}
+		c.httpClient = hc
+	}
 }
 
 // WithKeyHeader sets the name of the request header that carries the key
-// (HeaderKey by default). An empty name keeps the default.
+// (HeaderKey by default).
 func WithKeyHeader(name string) Option {
 	return func(c *config) {
-		if name != "" {
-			c.header = name
+		if name == "" {
+			c.refuse("WithKeyHeader needs a header name")
+			return
 		}
+		c.header = name
 	}
 }
 
 // WithReplayedHeader sets the name of the response header whose value
 // "true" means that the server replayed a stored response
-// (HeaderReplayed by default); see Outcome.Replayed. An empty name keeps the
-// default.
+// (HeaderReplayed by default); see Outcome.Replayed.
 func WithReplayedHeader(name string) Option {
 	return func(c *config) {
-		if name != "" {
-			c.replayHeader = name
+		if name == "" {
+			c.refuse("WithReplayedHeader needs a header name")
+			return
 		}
+		c.replayHeader = name
 	}
 }
 
@@ -161,12 +181,14 @@ func WithQuotedKey() Option {
 // WithKeyFunc sets the function that makes a key for a keyed request that
 // has none. By default the key is a random (version 4) UUID. If fn fails, Do
 // returns its error before any attempt; if it returns an invalid key, Do
-// returns an error wrapping ErrInvalidKey. A nil fn keeps the default.
+// returns an error wrapping ErrInvalidKey.
 func WithKeyFunc(fn func() (string, error)) Option {
 	return func(c *config) {
-		if fn != nil {
-			c.keyFunc = fn
+		if fn == nil {
+			c.refuse("WithKeyFunc needs a function")
+			return
 		}
+		c.keyFunc = fn
 	}
 }
 
@@ -187,48 +209,73 @@ func WithMethods(methods ...string) Option {
 }
 
 // WithRetryPolicy replaces DefaultPolicy, which decides which results are
-// retried. A nil policy keeps the default.
+// retried.
 func WithRetryPolicy(p Policy) Option {
 	return func(c *config) {
-		if p != nil {
-			c.policy = p
+		if p == nil {
+			c.refuse("WithRetryPolicy needs a Policy")
+			return
 		}
+		c.policy = p
 	}
 }
 
 // WithMaxAttempts sets the largest number of attempts per request,
-// including the first: 4 by default. A number below 1 is taken as 1, which
-// turns retrying off.
+// including the first: 4 by default. 1 turns retrying off; below 1 is an
+// error.
 func WithMaxAttempts(n int) Option {
-	return func(c *config) { c.maxAttempts = max(n, 1) }
+	return func(c *config) {
+		if n < 1 {
+			c.refuse("max attempts %d is below 1", n)
+			return
+		}
+		c.maxAttempts = n
+	}
 }
 
 // WithBackoff sets the exponential backoff: before retry n (from 0) Do waits
 // a random duration between 0 and min(limit, base·2ⁿ), 250ms and 8s by
-// default. A negative base is taken as 0, which means no wait; a limit below
-// base is taken as base.
+// default. A base of 0 means no wait. A negative base, or a limit below the
+// base, is an error.
 func WithBackoff(base, limit time.Duration) Option {
 	return func(c *config) {
-		c.baseDelay = max(base, 0)
-		c.maxDelay = max(limit, c.baseDelay)
+		if base < 0 || limit < base {
+			c.refuse("backoff from %v to %v is not a range from 0 or more", base, limit)
+			return
+		}
+		c.baseDelay, c.maxDelay = base, limit
 	}
 }
 
 // WithMaxRetryAfter sets the longest wait that a Retry-After response header
-// can ask for: 30s by default. A longer request is cut to d. A d of 0 or
-// less makes the Client ignore Retry-After and use its backoff.
+// can ask for: 30s by default. A longer request is cut to d. A d of 0 makes
+// the Client ignore Retry-After and use its backoff; a negative d is an
+// error.
 func WithMaxRetryAfter(d time.Duration) Option {
-	return func(c *config) { c.maxRetryAfter = d }
+	return func(c *config) {
+		if d < 0 {
+			c.refuse("max Retry-After %v is negative", d)
+			return
+		}
+		c.maxRetryAfter = d
+	}
 }
 
 // WithAttemptTimeout bounds how long one attempt waits for its response
 // headers: 30s by default. An attempt that runs out of time fails with an
 // error matching ErrAttemptTimeout and is retried. The timer stops when the
-// headers arrive, so a long response body is not cut. A d of 0 or less
-// turns the attempt timeout off. It is distinct from the deadline of the
-// request's context, which bounds all attempts and the waits between them.
+// headers arrive, so a long response body is not cut. A d of 0 turns the
+// attempt timeout off; a negative d is an error. It is distinct from the
+// deadline of the request's context, which bounds all attempts and the waits
+// between them.
 func WithAttemptTimeout(d time.Duration) Option {
-	return func(c *config) { c.attemptTimeout = max(d, 0) }
+	return func(c *config) {
+		if d < 0 {
+			c.refuse("attempt timeout %v is negative", d)
+			return
+		}
+		c.attemptTimeout = d
+	}
 }
 
 // WithBudget makes the Client draw its retries from b, which may be shared
@@ -252,10 +299,17 @@ func WithoutBudget() Option {
 // larger body is streamed to the first attempt and never retried (see
 // ErrBodyNotReplayable). A request with GetBody (as http.NewRequest sets for
 // bytes.Buffer, bytes.Reader and strings.Reader bodies) is not buffered at
-// all. A negative n is taken as 0. The buffer grows as the body is read, so
-// neither a large n nor a large ContentLength allocates memory in advance.
+// all. 0 keeps nothing; a negative n is an error. The buffer grows as the
+// body is read, so neither a large n nor a large ContentLength allocates
+// memory in advance.
 func WithMaxBufferedBody(n int64) Option {
-	return func(c *config) { c.maxBuffered = max(n, 0) }
+	return func(c *config) {
+		if n < 0 {
+			c.refuse("body buffer limit %d is negative", n)
+			return
+		}
+		c.maxBuffered = n
+	}
 }
 
 // WithLogger makes the Client log each retry at level Info, and each result
@@ -264,13 +318,25 @@ func WithMaxBufferedBody(n int64) Option {
 // error. Request headers and bodies are never logged. Without it the Client
 // logs nothing.
 func WithLogger(l *slog.Logger) Option {
-	return func(c *config) { c.logger = l }
+	return func(c *config) {
+		if l == nil {
+			c.refuse("WithLogger needs a logger")
+			return
+		}
+		c.logger = l
+	}
 }
 
 // WithOnRetry makes the Client call fn before each wait for a retry. fn is
 // called on the goroutine that called Do, so it should return quickly.
 func WithOnRetry(fn func(RetryInfo)) Option {
-	return func(c *config) { c.onRetry = fn }
+	return func(c *config) {
+		if fn == nil {
+			c.refuse("WithOnRetry needs a function")
+			return
+		}
+		c.onRetry = fn
+	}
 }
 
 // WithObserver makes the Client give fn an Event for every attempt: what it
@@ -279,7 +345,13 @@ func WithOnRetry(fn func(RetryInfo)) Option {
 // the tokens left in the retry budget: the raw material of metrics and
 // traces. fn is called on the goroutine that called Do, so it should return
 // quickly. Without an observer the Client does none of that work, and
-// allocates nothing for it. A nil fn sets none.
+// allocates nothing for it.
 func WithObserver(fn Observer) Option {
-	return func(c *config) { c.observer = fn }
+	return func(c *config) {
+		if fn == nil {
+			c.refuse("WithObserver needs a function")
+			return
+		}
+		c.observer = fn
+	}
 }

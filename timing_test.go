@@ -44,7 +44,7 @@ func TestRetryAfter(t *testing.T) {
 			}
 			srv := newServer(t, newScript(status(tt.code, header...), status(http.StatusCreated)))
 			var r retries
-			c := newClient(srv, idempotency.WithMaxRetryAfter(tt.maxAfter), idempotency.WithRand(maxRand),
+			c := newClient(t, srv, idempotency.WithMaxRetryAfter(tt.maxAfter), idempotency.WithRand(maxRand),
 				idempotency.WithBackoff(backoff, backoff), idempotency.WithOnRetry(r.hook))
 
 			start := time.Now()
@@ -65,7 +65,7 @@ func TestRetryAfterHonoured(t *testing.T) {
 	// The one test that really waits for a Retry-After: one second.
 	srv := newServer(t, newScript(status(http.StatusServiceUnavailable, "Retry-After", "1"), status(http.StatusCreated)))
 	var r retries
-	c := newClient(srv, idempotency.WithOnRetry(r.hook))
+	c := newClient(t, srv, idempotency.WithOnRetry(r.hook))
 
 	start := time.Now()
 	resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
@@ -79,7 +79,7 @@ func TestRetryAfterHonoured(t *testing.T) {
 func TestBackoffWaits(t *testing.T) {
 	srv := newServer(t, newScript(status(http.StatusServiceUnavailable)))
 	var r retries
-	c := newClient(srv, idempotency.WithRand(maxRand), idempotency.WithBackoff(2*time.Millisecond, 10*time.Millisecond),
+	c := newClient(t, srv, idempotency.WithRand(maxRand), idempotency.WithBackoff(2*time.Millisecond, 10*time.Millisecond),
 		idempotency.WithMaxAttempts(6), idempotency.WithOnRetry(r.hook))
 
 	resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
@@ -98,7 +98,7 @@ func TestCancelDuringBackoff(t *testing.T) {
 	s := newScript(status(http.StatusServiceUnavailable, "Retry-After", "10"))
 	srv := newServer(t, s)
 	waiting := make(chan struct{})
-	c := newClient(srv, idempotency.WithOnRetry(func(idempotency.RetryInfo) { close(waiting) }))
+	c := newClient(t, srv, idempotency.WithOnRetry(func(idempotency.RetryInfo) { close(waiting) }))
 	ctx, cancel := context.WithCancel(t.Context())
 	go func() {
 		<-waiting
@@ -132,7 +132,7 @@ func TestDeadlineBeforeNextAttempt(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			s := newScript(tt.step, status(http.StatusCreated))
 			srv := newServer(t, s)
-			c := newClient(srv, tt.wait...)
+			c := newClient(t, srv, tt.wait...)
 			ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
 			defer cancel()
 
@@ -167,7 +167,7 @@ func TestCallerCancellationNotRetried(t *testing.T) {
 			})
 			srv := newServer(t, s)
 			// A policy that retries everything cannot overrule the caller.
-			c := newClient(srv, idempotency.WithRetryPolicy(func(*http.Response, error) bool { return true }))
+			c := newClient(t, srv, idempotency.WithRetryPolicy(func(*http.Response, error) bool { return true }))
 			ctx, cancel := context.WithCancel(t.Context())
 			defer cancel()
 			if tt.timeout > 0 {
@@ -200,7 +200,7 @@ func TestCallerCancellationNotRetried(t *testing.T) {
 func TestCustomPolicy(t *testing.T) {
 	s := newScript(status(http.StatusNotFound), status(http.StatusOK))
 	srv := newServer(t, s)
-	c := newClient(srv, idempotency.WithRetryPolicy(func(resp *http.Response, err error) bool {
+	c := newClient(t, srv, idempotency.WithRetryPolicy(func(resp *http.Response, err error) bool {
 		return resp != nil && resp.StatusCode == http.StatusNotFound || idempotency.DefaultPolicy(resp, err)
 	}))
 

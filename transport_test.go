@@ -28,7 +28,7 @@ func TestTLSCertificateNotRetried(t *testing.T) {
 	t.Cleanup(srv.Close)
 	tr := &http.Transport{} // trusts the system roots, not the test server
 	t.Cleanup(tr.CloseIdleConnections)
-	c := idempotency.NewClient(idempotency.WithHTTPClient(&http.Client{Transport: tr}))
+	c := mustClient(t, idempotency.WithHTTPClient(&http.Client{Transport: tr}))
 
 	resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
 	assert.Nil(t, resp)
@@ -70,7 +70,7 @@ func TestRedirects(t *testing.T) {
 			hits.Store(0)
 			hc := srv.Client()
 			hc.CheckRedirect = tt.check
-			c := idempotency.NewClient(idempotency.WithHTTPClient(hc))
+			c := mustClient(t, idempotency.WithHTTPClient(hc))
 
 			resp, err := c.Do(post(t, t.Context(), srv.URL+tt.path, "x"))
 			assert.Nil(t, resp)
@@ -88,7 +88,7 @@ func TestRedirects(t *testing.T) {
 	t.Run("ErrUseLastResponse", func(t *testing.T) {
 		hc := srv.Client()
 		hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
-		c := idempotency.NewClient(idempotency.WithHTTPClient(hc))
+		c := mustClient(t, idempotency.WithHTTPClient(hc))
 
 		resp, err := c.Do(post(t, t.Context(), srv.URL+"/loop", "x"))
 		require.NoError(t, err)
@@ -101,7 +101,7 @@ func TestRedirects(t *testing.T) {
 func TestStandardClient(t *testing.T) {
 	ks := &keyServer{lose: 1}
 	srv := newServer(t, ks)
-	c := newClient(srv)
+	c := newClient(t, srv)
 	hc := c.StandardClient()
 
 	resp, err := hc.Post(srv.URL, "application/json", strings.NewReader(`{"amount":10}`))
@@ -118,7 +118,7 @@ func TestStandardClient(t *testing.T) {
 	// Errors are wrapped once by the http.Client, as its Transport's are.
 	ks2 := &keyServer{lose: 100}
 	srv2 := newServer(t, ks2)
-	_, err = newClient(srv2, idempotency.WithMaxAttempts(2)).StandardClient().Post(srv2.URL, "text/plain", strings.NewReader("x"))
+	_, err = newClient(t, srv2, idempotency.WithMaxAttempts(2)).StandardClient().Post(srv2.URL, "text/plain", strings.NewReader("x"))
 	require.Error(t, err)
 	var re *idempotency.RetryError
 	require.ErrorAs(t, err, &re)
@@ -145,7 +145,7 @@ func TestStandardClientRedirects(t *testing.T) {
 		http.Redirect(w, r, "/loop", http.StatusFound)
 	})
 	srv := newServer(t, mux)
-	hc := newClient(srv).StandardClient()
+	hc := newClient(t, srv).StandardClient()
 
 	resp, err := hc.Post(srv.URL+"/old", "text/plain", strings.NewReader("payload"))
 	require.NoError(t, err)
@@ -162,7 +162,7 @@ func TestStandardClientRedirects(t *testing.T) {
 func TestTransport(t *testing.T) {
 	s := newScript(status(http.StatusBadGateway), status(http.StatusOK))
 	srv := newServer(t, s)
-	c := newClient(srv)
+	c := newClient(t, srv)
 	hc := &http.Client{Transport: c.Transport()}
 
 	req, err := http.NewRequestWithContext(t.Context(), http.MethodPatch, srv.URL, strings.NewReader("x"))
@@ -220,7 +220,7 @@ func TestSharedTransportKept(t *testing.T) {
 	})
 	tr := &closeCounter{Transport: srv.Client().Transport.(*http.Transport).Clone()}
 	t.Cleanup(tr.Transport.CloseIdleConnections)
-	c := newClient(srv, idempotency.WithHTTPClient(&http.Client{Transport: tr}), idempotency.WithMaxAttempts(3))
+	c := newClient(t, srv, idempotency.WithHTTPClient(&http.Client{Transport: tr}), idempotency.WithMaxAttempts(3))
 	do := func(c *idempotency.Client, ctx context.Context) (idempotency.Outcome, error) {
 		t.Helper()
 		resp, err := c.Do(post(t, ctx, srv.URL, "x"))
@@ -252,7 +252,7 @@ func TestSharedTransportKept(t *testing.T) {
 	s.set(0, status(http.StatusServiceUnavailable, "Retry-After", "10"))
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	c2 := newClient(srv, idempotency.WithHTTPClient(&http.Client{Transport: tr}),
+	c2 := newClient(t, srv, idempotency.WithHTTPClient(&http.Client{Transport: tr}),
 		idempotency.WithOnRetry(func(idempotency.RetryInfo) { cancel() }))
 	_, err = do(c2, ctx)
 	require.ErrorIs(t, err, context.Canceled)
@@ -274,7 +274,7 @@ func TestDiscardedBodiesClosed(t *testing.T) {
 	srv := newServer(t, s)
 	tr := &closeCounter{Transport: srv.Client().Transport.(*http.Transport).Clone()}
 	t.Cleanup(tr.Transport.CloseIdleConnections)
-	c := newClient(srv, idempotency.WithHTTPClient(&http.Client{Transport: tr}))
+	c := newClient(t, srv, idempotency.WithHTTPClient(&http.Client{Transport: tr}))
 
 	resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
 	require.NoError(t, err)
@@ -297,7 +297,7 @@ func TestSwitchingProtocols(t *testing.T) {
 		brw.WriteString(line)
 		brw.Flush()
 	}))
-	c := newClient(srv)
+	c := newClient(t, srv)
 	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, srv.URL, nil)
 	require.NoError(t, err)
 	req.Header.Set("Connection", "Upgrade")
@@ -317,10 +317,12 @@ func TestSwitchingProtocols(t *testing.T) {
 	assert.Equal(t, "ping\n", string(buf))
 }
 
-func TestMaxAttemptsBelowOne(t *testing.T) {
+func TestMaxAttemptsOne(t *testing.T) {
 	s := newScript(status(http.StatusServiceUnavailable))
 	srv := newServer(t, s)
-	c := newClient(srv, idempotency.WithMaxAttempts(0))
+	_, err := idempotency.NewClient(idempotency.WithMaxAttempts(0))
+	require.Error(t, err, "below one attempt")
+	c := newClient(t, srv, idempotency.WithMaxAttempts(1))
 
 	resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
 	require.NoError(t, err)
@@ -360,7 +362,7 @@ func TestStalledDiscardedBody(t *testing.T) {
 			s := newScript(stall, status(http.StatusCreated))
 			srv := newServer(t, s)
 			t.Cleanup(func() { close(release) })
-			c := newClient(srv, tt.opts...)
+			c := newClient(t, srv, tt.opts...)
 			// Without a bound on the drain, the call would last until this
 			// deadline and end in an error.
 			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
@@ -393,7 +395,7 @@ func (r rudeTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 func TestRudeTransport(t *testing.T) {
 	for _, nilResponse := range []bool{true, false} {
 		for _, ctx := range []context.Context{context.Background(), t.Context()} {
-			c := idempotency.NewClient(idempotency.WithHTTPClient(&http.Client{Transport: rudeTransport{nilResponse}}),
+			c := mustClient(t, idempotency.WithHTTPClient(&http.Client{Transport: rudeTransport{nilResponse}}),
 				idempotency.WithMaxAttempts(1))
 			req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://api.example/orders", strings.NewReader("x"))
 			require.NoError(t, err)

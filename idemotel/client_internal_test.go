@@ -33,7 +33,7 @@ func TestClientSpansForgotten(t *testing.T) {
 	// the same.
 	o.tracer = o.cfg.tracer()
 	sawKept := false
-	c := idempotency.NewClient(idempotency.WithBackoff(time.Millisecond, time.Millisecond),
+	c := mustClient(t, idempotency.WithBackoff(time.Millisecond, time.Millisecond),
 		idempotency.WithObserver(func(ctx context.Context, e idempotency.Event) {
 			o.span(ctx, e, "", func() []attribute.KeyValue { return nil })
 			o.mu.Lock()
@@ -51,4 +51,15 @@ func TestClientSpansForgotten(t *testing.T) {
 	require.Error(t, err)
 	assert.True(t, sawKept, "a retrying operation's span was kept")
 	assert.Empty(t, o.spans)
+}
+
+// mustClient returns idempotency.NewClient(opts...), failing tb if the
+// options are refused.
+func mustClient(tb testing.TB, opts ...idempotency.Option) *idempotency.Client {
+	tb.Helper()
+	c, err := idempotency.NewClient(opts...)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return c
 }

@@ -7,7 +7,7 @@
 //	mw, err := server.New(store, server.WithObserver(observe))
 //
 //	observeClient, err := idemotel.ClientObserver(idemotel.WithMeterProvider(mp))
-//	client := idempotency.NewClient(idempotency.WithObserver(observeClient))
+//	client, err := idempotency.NewClient(idempotency.WithObserver(observeClient))
 //
 //	reg, err := idemotel.RegisterStoreSize(idemotel.SizeOf(memStore), idemotel.WithMeterProvider(mp))
 //

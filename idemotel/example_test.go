@@ -50,7 +50,11 @@ func Example() {
 		fmt.Println(err)
 		return
 	}
-	client := idempotency.NewClient(idempotency.WithHTTPClient(srv.Client()), idempotency.WithObserver(clientObserver))
+	client, err := idempotency.NewClient(idempotency.WithHTTPClient(srv.Client()), idempotency.WithObserver(clientObserver))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	ctx := idempotency.ContextWithKey(context.Background(), "order-1")
 	for range 2 {
 		resp, err := client.Post(ctx, srv.URL, "application/json", strings.NewReader(`{"sku":"A1"}`))

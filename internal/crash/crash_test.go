@@ -174,7 +174,7 @@ func (r *crashRun) run(t *testing.T) result {
 	proc := r.start(t)
 	tr := &http.Transport{MaxIdleConnsPerHost: r.size.workers}
 	defer tr.CloseIdleConnections()
-	client := idempotency.NewClient(
+	client := mustClient(t,
 		idempotency.WithHTTPClient(&http.Client{Transport: &countingTransport{next: tr, count: r.answers}}),
 		idempotency.WithAttemptTimeout(10*time.Second),
 		idempotency.WithBackoff(10*time.Millisecond, 200*time.Millisecond),
@@ -423,4 +423,15 @@ func (c *countingTransport) RoundTrip(req *http.Request) (*http.Response, error)
 		c.count.add("error")
 	}
 	return resp, err
+}
+
+// mustClient returns idempotency.NewClient(opts...), failing tb if the
+// options are refused.
+func mustClient(tb testing.TB, opts ...idempotency.Option) *idempotency.Client {
+	tb.Helper()
+	c, err := idempotency.NewClient(opts...)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return c
 }

@@ -289,7 +289,7 @@ func runFailover(t *testing.T, cl *failoverCluster, tc failoverCase, before int)
 	counts := &failoverAnswers{}
 	tr := &http.Transport{MaxIdleConnsPerHost: 16}
 	t.Cleanup(tr.CloseIdleConnections)
-	client := idempotency.NewClient(
+	client := mustClient(t,
 		idempotency.WithHTTPClient(&http.Client{Transport: &failoverCounting{next: tr, count: counts}}),
 		idempotency.WithAttemptTimeout(5*time.Second),
 		idempotency.WithBackoff(10*time.Millisecond, 200*time.Millisecond),

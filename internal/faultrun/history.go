@@ -183,14 +183,21 @@ func RecordHistory(ctx context.Context, store server.Store, cfg HistoryConfig) (
 	url := proxy.URL() + "/orders"
 
 	for round := range cfg.Rounds {
+		// Fresh clients each round, each with a budget of its own.
+		roundClients := make([]*idempotency.Client, cfg.Clients)
+		for c := range roundClients {
+			if roundClients[c], err = idempotency.NewClient(append([]idempotency.Option{
+				idempotency.WithHTTPClient(&http.Client{Transport: log}),
+				idempotency.WithAttemptTimeout(cfg.AttemptTimeout),
+			}, cfg.ClientOptions...)...); err != nil {
+				return nil, fmt.Errorf("faultrun: %w", err)
+			}
+		}
 		var clients sync.WaitGroup
 		for c := range cfg.Clients {
 			clients.Go(func() {
 				rng := rand.New(rand.NewPCG(cfg.Seed, uint64(round)<<32|uint64(c)))
-				client := idempotency.NewClient(append([]idempotency.Option{
-					idempotency.WithHTTPClient(&http.Client{Transport: log}),
-					idempotency.WithAttemptTimeout(cfg.AttemptTimeout),
-				}, cfg.ClientOptions...)...)
+				client := roundClients[c]
 				cctx := context.WithValue(ctx, clientIDKey{}, c)
 				for range cfg.Calls {
 					key := fmt.Sprintf("r%03d-k%d", round, rng.IntN(cfg.Keys))

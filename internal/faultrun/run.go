@@ -214,10 +214,13 @@ func Run(ctx context.Context, store server.Store, link StoreLink, cfg Config) (*
 	tr := &http.Transport{MaxIdleConnsPerHost: cfg.Callers}
 	defer tr.CloseIdleConnections()
 	attempts := newAttemptLog(tr)
-	client := idempotency.NewClient(append([]idempotency.Option{
+	client, err := idempotency.NewClient(append([]idempotency.Option{
 		idempotency.WithHTTPClient(&http.Client{Transport: attempts}),
 		idempotency.WithAttemptTimeout(cfg.AttemptTimeout),
 	}, cfg.ClientOptions...)...)
+	if err != nil {
+		return nil, fmt.Errorf("faultrun: %w", err)
+	}
 
 	r := &runner{cfg: cfg, link: link, url: proxy.URL() + "/orders", client: client, proxy: proxy, sched: sched, log: log}
 	r.orders = make([]*order, cfg.Orders)

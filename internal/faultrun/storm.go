@@ -94,7 +94,10 @@ func Storm(ctx context.Context, cfg StormConfig) (*StormReport, error) {
 	if cfg.Budget != nil {
 		opts[1] = idempotency.WithBudget(cfg.Budget)
 	}
-	client := idempotency.NewClient(append(opts, cfg.ClientOptions...)...)
+	client, err := idempotency.NewClient(append(opts, cfg.ClientOptions...)...)
+	if err != nil {
+		return nil, fmt.Errorf("faultrun: %w", err)
+	}
 
 	store.Set(faultstore.Claim, faultstore.Fault{Err: errors.New("faultrun: storm")})
 	rep := &StormReport{Operations: cfg.Operations, Stopped: map[string]int{}, RefillSuccesses: -1}

@@ -173,7 +173,10 @@ func Run(o Options, out io.Writer) ([]*Tally, error) {
 	if o.ClientObserver != nil {
 		clientOpts = append(clientOpts, idempotency.WithObserver(o.ClientObserver))
 	}
-	keyed := idempotency.NewClient(clientOpts...)
+	keyed, err := idempotency.NewClient(clientOpts...)
+	if err != nil {
+		return nil, err
+	}
 
 	type attempt struct {
 		name string

@@ -19,7 +19,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idemkit/idempotency/idemtest"
-	"github.com/idemkit/idempotency/internal/teststores"
+	"github.com/idemkit/idempotency/internal/testkit/teststores"
 	"github.com/idemkit/idempotency/server"
 	"github.com/idemkit/idempotency/server/memstore"
 )

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idempotency/internal/teststores"
+	"github.com/idemkit/idempotency/internal/testkit/teststores"
 	"github.com/idemkit/idempotency/server"
 	"github.com/idemkit/idempotency/server/memstore"
 )

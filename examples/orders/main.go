@@ -34,7 +34,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/idemkit/idempotency/internal/ordersdemo"
+	"github.com/idemkit/idempotency/internal/demo/ordersdemo"
 )
 
 func main() {

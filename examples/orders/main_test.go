@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/idemkit/idempotency/internal/ordersdemo"
+	"github.com/idemkit/idempotency/internal/demo/ordersdemo"
 	"github.com/idemkit/idempotency/server"
 )
 

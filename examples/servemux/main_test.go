@@ -6,7 +6,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/idemkit/idempotency/internal/exampletest"
+	"github.com/idemkit/idempotency/internal/testkit/exampletest"
 	"github.com/idemkit/idempotency/server/memstore"
 )
 

@@ -25,7 +25,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/idemkit/idempotency/idemotel"
-	"github.com/idemkit/idempotency/internal/ordersdemo"
+	"github.com/idemkit/idempotency/internal/demo/ordersdemo"
 	"github.com/idemkit/idempotency/server"
 	"github.com/idemkit/idempotency/server/memstore"
 )

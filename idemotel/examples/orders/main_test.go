@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/idemkit/idempotency/internal/ordersdemo"
+	"github.com/idemkit/idempotency/internal/demo/ordersdemo"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -1,0 +1,142 @@
+package faultrun_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/internal/testkit/faultrun"
+	"github.com/idemkit/idempotency/internal/testkit/faultstore"
+	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/server/memstore"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// forgetful is a Store that grants every claim and keeps nothing: behind
+// it, every retry runs again. The runs must see it.
+type forgetful struct{ token atomic.Int64 }
+
+func (f *forgetful) Claim(context.Context, server.ID, string, time.Duration, time.Duration) (server.Claim, error) {
+	return server.Claim{Status: server.Acquired, Token: server.Token(f.token.Add(1))}, nil
+}
+func (*forgetful) Complete(context.Context, server.ID, server.Token, *server.Response, time.Duration) error {
+	return nil
+}
+func (*forgetful) Release(context.Context, server.ID, server.Token) error { return nil }
+func (*forgetful) Extend(context.Context, server.ID, server.Token, time.Duration) error {
+	return nil
+}
+
+// quick are client options that keep a test's waits short.
+var quick = []idempotency.Option{
+	idempotency.WithBackoff(time.Millisecond, 10*time.Millisecond),
+	idempotency.WithMaxRetryAfter(10 * time.Millisecond),
+}
+
+func smallRun(windows ...faultrun.Window) faultrun.Config {
+	return faultrun.Config{
+		Orders: 100, Callers: 8, Seed: 7,
+		Drop: 0.2, Reset: 0.05, Delay: 0.05,
+		AttemptTimeout: 200 * time.Millisecond,
+		StoreTimeout:   300 * time.Millisecond,
+		ResumeAfter:    20 * time.Millisecond,
+		Windows:        windows,
+		ClientOptions:  quick,
+	}
+}
+
+func TestRunSeesDuplicates(t *testing.T) {
+	rep, err := faultrun.Run(context.Background(), &forgetful{}, nil, smallRun())
+	require.NoError(t, err)
+	assert.Positive(t, rep.Duplicates, "duplicates behind a store that forgets")
+	assert.Greater(t, rep.Executions, rep.Orders)
+	assert.Positive(t, rep.AuditMismatched, "the audit's answers are new orders, not replays")
+	assert.NotEmpty(t, rep.Problems())
+}
+
+func TestRunHealthy(t *testing.T) {
+	s, err := memstore.New()
+	require.NoError(t, err)
+	defer s.Close()
+	fs := faultstore.New(s)
+	rep, err := faultrun.Run(context.Background(), fs, faultrun.FaultStoreLink(fs), smallRun(
+		faultrun.Window{Fault: faultrun.Blackhole, After: 20, For: 300 * time.Millisecond},
+		// Shorter than the store timeout: a Complete that fails is
+		// retried until the store is back.
+		faultrun.Window{Fault: faultrun.StoreCut, After: 40, For: 200 * time.Millisecond},
+	))
+	require.NoError(t, err)
+	t.Log(rep)
+	assert.Empty(t, rep.Problems())
+	assert.Equal(t, 100, rep.Executions)
+	assert.Equal(t, 100, rep.ConfirmedUnderFaults+rep.ConfirmedAfter)
+	require.Len(t, rep.Windows, 2)
+	assert.Positive(t, rep.Network.Blackholed)
+	assert.Positive(t, rep.Windows[1].Refused)
+	assert.Positive(t, rep.Amplification)
+	assert.GreaterOrEqual(t, rep.AttemptsPerOrder.Max, rep.AttemptsPerOrder.P99)
+}
+
+// TestRunDeterministic runs the same seed twice without windows, whose
+// timing is the clock's: every order meets the same faults.
+func TestRunDeterministic(t *testing.T) {
+	run := func() *faultrun.Report {
+		s, err := memstore.New()
+		require.NoError(t, err)
+		defer s.Close()
+		rep, err := faultrun.Run(context.Background(), s, nil, smallRun())
+		require.NoError(t, err)
+		return rep
+	}
+	a, b := run(), run()
+	assert.Equal(t, a.Network, b.Network, "the network's faults under one seed")
+}
+
+func TestRunRejects(t *testing.T) {
+	s, err := memstore.New()
+	require.NoError(t, err)
+	defer s.Close()
+	for name, cfg := range map[string]faultrun.Config{
+		"no orders":            {},
+		"window after the end": {Orders: 10, Windows: []faultrun.Window{{Fault: faultrun.Blackhole, After: 10, For: time.Second}}},
+		"window of no time":    {Orders: 10, Windows: []faultrun.Window{{Fault: faultrun.Blackhole, For: 0}}},
+		"store fault, no link": {Orders: 10, Windows: []faultrun.Window{{Fault: faultrun.StoreCut, For: time.Second}}},
+		"slow without latency": {Orders: 10, Windows: []faultrun.Window{{Fault: faultrun.StoreSlow, For: time.Second}}},
+		"unknown fault":        {Orders: 10, Windows: []faultrun.Window{{Fault: 9, For: time.Second}}},
+	} {
+		_, err := faultrun.Run(context.Background(), s, nil, cfg)
+		assert.Error(t, err, name)
+	}
+}
+
+func TestHistorySeesDuplicates(t *testing.T) {
+	h, err := faultrun.RecordHistory(context.Background(), &forgetful{}, faultrun.HistoryConfig{
+		Rounds: 3, Seed: 7, AttemptTimeout: 200 * time.Millisecond, ClientOptions: quick,
+	})
+	require.NoError(t, err)
+	assert.False(t, porcupine.CheckOperations(faultrun.Model(), h.Operations), "the history behind a store that forgets is linearizable")
+	assert.NotEmpty(t, h.Problems())
+	assert.NotEmpty(t, h.Explain())
+}
+
+func TestHistoryHealthy(t *testing.T) {
+	s, err := memstore.New()
+	require.NoError(t, err)
+	defer s.Close()
+	h, err := faultrun.RecordHistory(context.Background(), s, faultrun.HistoryConfig{
+		Rounds: 5, Seed: 7, Drop: 0.1, Reset: 0.05, Delay: 0.05, AttemptTimeout: 200 * time.Millisecond, ClientOptions: quick,
+	})
+	require.NoError(t, err)
+	assert.True(t, porcupine.CheckOperations(faultrun.Model(), h.Operations))
+	assert.Empty(t, h.Problems())
+	assert.Empty(t, h.Explain())
+	assert.Positive(t, h.Answers()[faultrun.Created])
+}

@@ -1,0 +1,437 @@
+package crash_test
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/internal/testkit/testproc"
+	"github.com/idemkit/idempotency/internal/testkit/teststores"
+)
+
+var long = flag.Bool("crash.long", false, "run the long crash runs (thousands of orders, dozens of crashes), for the figures")
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// size is the size of one run.
+type size struct {
+	orders, workers, crashes int
+	// inflight is how many orders must be in flight (claimed, or being
+	// handled, or being stored) when the process is killed.
+	inflight int
+}
+
+func runSize() size {
+	if *long {
+		return size{orders: 3000, workers: 16, crashes: 30, inflight: 8}
+	}
+	return size{orders: 240, workers: 16, crashes: 3, inflight: 8}
+}
+
+// TestCrash kills the orders API with SIGKILL while orders are in flight,
+// again and again, restarts it on the same store, and checks what the
+// database holds once a retrying client has had an answer for every order.
+//
+// In transactional mode (pg-tx) no order runs twice and none is half done:
+// a killed handler's writes roll back with its claim. In lease mode
+// (pg-lease, redis-lease) no order is half done either, because the handler
+// writes in a transaction of its own, but an order whose transaction had
+// committed when the process died, before its response was stored, runs
+// again once its lease has expired: the test counts those, and checks that
+// there are no more of them than orders were in flight at the kills.
+func TestCrash(t *testing.T) {
+	bin := testproc.Build(t, "github.com/idemkit/idempotency/internal/tests/crash/crashserver")
+	type mode struct {
+		name, kind string
+		args       []string // more flags of crashserver
+	}
+	modes := []mode{{"pg-tx", "pg-tx", nil}, {"pg-lease", "pg-lease", nil}, {"redis-lease", "redis-lease", nil}}
+	if *long {
+		// The window between the handler's commit and its stored
+		// response decides how often a crash lands in it.
+		modes = append(modes, mode{"pg-lease, answering at once after the commit", "pg-lease", []string{"-after", "0s"}})
+	}
+	for _, m := range modes {
+		t.Run(m.name, func(t *testing.T) {
+			kind := m.kind
+			r := newCrashRun(t, bin, kind, runSize())
+			r.args = append(r.args, m.args...)
+			res := r.run(t)
+			t.Logf("%s: %d orders, %d crashes (orders in flight at the kills: %v); %d executions, %d orders run twice or more (%d extra executions), %d half done, %d answered but absent; answers seen: %s",
+				m.name, res.orders, len(res.killedInflight), res.killedInflight, res.executions, res.duplicatedOrders,
+				res.extraExecutions, res.halfDone, res.lost, r.answers)
+			assert.Zero(t, res.halfDone, "orders half done")
+			assert.Zero(t, res.lost, "orders answered whose order is not in the database")
+			assert.Zero(t, res.missing, "orders never executed")
+			if kind == "pg-tx" {
+				assert.Zero(t, res.extraExecutions, "extra executions in transactional mode")
+			}
+			assert.LessOrEqual(t, res.extraExecutions, sum(res.killedInflight),
+				"more orders ran twice than were in flight at the kills")
+		})
+	}
+}
+
+func sum(xs []int) int {
+	n := 0
+	for _, x := range xs {
+		n += x
+	}
+	return n
+}
+
+// crashRun is one run: a store, the orders tables, the server process.
+type crashRun struct {
+	bin, kind, addr string
+	args            []string
+	size            size
+	pool            *pgxpool.Pool
+	orders          string // sanitized table names
+	lines           string
+	answers         *answerCount
+}
+
+func newCrashRun(t *testing.T, bin, kind string, sz size) *crashRun {
+	pool := teststores.PostgresPool(t, 8)
+	ctx := context.Background()
+	name := teststores.UniqueName(t, "crash_orders_")
+	orders, lines := pgx.Identifier{name}.Sanitize(), pgx.Identifier{name + "_lines"}.Sanitize()
+	_, err := pool.Exec(ctx, "CREATE TABLE "+orders+" (id bigserial PRIMARY KEY, ref text NOT NULL, lines int NOT NULL);"+
+		"CREATE TABLE "+lines+" (order_id bigint NOT NULL, n int NOT NULL)")
+	require.NoError(t, err)
+	var records string
+	switch kind {
+	case "redis-lease":
+		records = teststores.UniqueName(t, "idempotency-crash:") + ":"
+		// A store on the prefix, only so that its keys are deleted when
+		// the test ends.
+		teststores.RedisOn(t, teststores.RedisClient(t), records)
+	default:
+		records = teststores.UniqueName(t, "idempotency_crash_")
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		pool.Exec(ctx, "DROP TABLE IF EXISTS "+orders+", "+lines+", "+pgx.Identifier{records}.Sanitize())
+	})
+	return &crashRun{
+		bin: bin, kind: kind, addr: freeAddr(t), size: sz, pool: pool, orders: orders, lines: lines,
+		args:    []string{"-store", kind, "-records", records, "-orders", name, "-lease", "1s"},
+		answers: &answerCount{},
+	}
+}
+
+// freeAddr returns a loopback address that was free: the server is started
+// on it again after each crash, so that the client's URL stays the same.
+func freeAddr(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func (r *crashRun) start(t *testing.T) *testproc.Process {
+	return testproc.Start(t, r.bin, append([]string{"-addr", r.addr}, r.args...))
+}
+
+// result is what the database holds after a run.
+type result struct {
+	orders           int
+	killedInflight   []int
+	executions       int
+	duplicatedOrders int // orders executed more than once
+	extraExecutions  int // executions beyond one per order
+	halfDone         int
+	lost             int // answered with an order that is not in the database
+	missing          int // never executed
+}
+
+func (r *crashRun) run(t *testing.T) result {
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+
+	proc := r.start(t)
+	tr := &http.Transport{MaxIdleConnsPerHost: r.size.workers}
+	defer tr.CloseIdleConnections()
+	client := mustClient(t,
+		idempotency.WithHTTPClient(&http.Client{Transport: &countingTransport{next: tr, count: r.answers}}),
+		idempotency.WithAttemptTimeout(10*time.Second),
+		idempotency.WithBackoff(10*time.Millisecond, 200*time.Millisecond),
+		idempotency.WithMaxAttempts(20),
+		idempotency.WithMaxRetryAfter(2*time.Second),
+		idempotency.WithoutBudget(),
+	)
+	url := "http://" + r.addr + "/orders"
+	var (
+		mu      sync.Mutex
+		answers = map[int]string{}
+		done    atomic.Int64
+		crashed atomic.Bool
+	)
+	// Orders are sent until the last crash is over, and at least
+	// r.size.orders of them: there are orders in flight to crash into
+	// however fast the others go.
+	refs := make(chan int)
+	wg.Go(func() {
+		defer close(refs)
+		for i := 0; i < r.size.orders || !crashed.Load(); i++ {
+			select {
+			case refs <- i:
+			case <-ctx.Done():
+				return
+			}
+		}
+	})
+	failures := make(chan error, 1)
+	hc := client.StandardClient()
+	var workers sync.WaitGroup
+	for range r.size.workers {
+		workers.Go(func() {
+			for i := range refs {
+				body, err := submit(ctx, hc, url, i)
+				if err != nil {
+					select {
+					case failures <- fmt.Errorf("order %d: %w", i, err):
+					default:
+					}
+					continue
+				}
+				mu.Lock()
+				answers[i] = body
+				mu.Unlock()
+				done.Add(1)
+			}
+		})
+	}
+	finished := make(chan struct{})
+	wg.Go(func() {
+		workers.Wait()
+		close(finished)
+	})
+
+	var (
+		res  result
+		logs strings.Builder
+	)
+	for c := 1; c <= r.size.crashes; c++ {
+		// Spread the crashes over the run, each while orders are in
+		// flight.
+		want := int64(c * r.size.orders / (r.size.crashes + 1))
+		n := waitUntil(t, proc, func(inflight int) bool {
+			return done.Load() >= want && inflight >= r.size.inflight
+		}, failures)
+		proc.Kill()
+		res.killedInflight = append(res.killedInflight, n)
+		logs.WriteString(proc.Output())
+		proc = r.start(t)
+	}
+	crashed.Store(true)
+	<-finished
+	select {
+	case err := <-failures:
+		t.Fatalf("%v\nserver output:\n%s", err, proc.Output())
+	default:
+	}
+	res.orders = len(answers)
+	logs.WriteString(proc.Output())
+	t.Logf("what the server processes said:\n%s", logs.String())
+
+	// Every order once more: each is a replay of the answer the client got.
+	plain := &http.Transport{}
+	defer plain.CloseIdleConnections()
+	for i := range res.orders {
+		want, ok := answers[i]
+		require.True(t, ok, "order %d has no answer", i)
+		got, replayed, err := send(ctx, &http.Client{Transport: plain}, url, i)
+		require.NoError(t, err)
+		require.True(t, replayed, "order %d sent again was not a replay: %s", i, got)
+		require.Equal(t, want, got, "order %d: the replay differs from the answer the client got", i)
+	}
+	r.count(t, &res, answers)
+	return res
+}
+
+// waitUntil polls the server's count of orders in flight until ready says
+// so, and returns the count. It fails t after a minute, or on a failed order.
+func waitUntil(t *testing.T, proc *testproc.Process, ready func(inflight int) bool, failures <-chan error) int {
+	t.Helper()
+	c := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: time.Second}
+	deadline := time.Now().Add(time.Minute)
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	last := -1
+	for {
+		select {
+		case err := <-failures:
+			t.Fatalf("%v\nserver output:\n%s", err, proc.Output())
+		case <-tick.C:
+		}
+		if resp, err := c.Get("http://" + proc.Addr + "/inflight"); err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if n, err := strconv.Atoi(string(b)); err == nil {
+				if ready(n) {
+					return n
+				}
+				last = n
+			}
+		}
+		require.True(t, time.Now().Before(deadline), "the server never had the orders in flight that the crash needs (last seen %d)\n%s", last, proc.Output())
+	}
+}
+
+// submit sends order i until it gets its 201, for at most a minute: the
+// client's own retries, and then its caller's, as an application would.
+func submit(ctx context.Context, hc *http.Client, url string, i int) (string, error) {
+	deadline := time.Now().Add(time.Minute)
+	var last error
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		body, _, err := send(ctx, hc, url, i)
+		if err == nil {
+			return body, nil
+		}
+		last = err
+	}
+	return "", fmt.Errorf("no answer within a minute: %w", last)
+}
+
+func send(ctx context.Context, hc *http.Client, url string, i int) (body string, replayed bool, err error) {
+	ref := "ref-" + strconv.Itoa(i)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url,
+		strings.NewReader(fmt.Sprintf(`{"ref":%q,"lines":%d}`, ref, 1+i%4)))
+	if err != nil {
+		return "", false, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", "key-"+ref)
+	resp, err := hc.Do(req)
+	if err != nil {
+		return "", false, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", false, err
+	}
+	if resp.StatusCode != http.StatusCreated {
+		return "", false, fmt.Errorf("status %d: %s", resp.StatusCode, b)
+	}
+	return string(b), resp.Header.Get("Idempotent-Replayed") == "true", nil
+}
+
+// count reads the orders from the database.
+func (r *crashRun) count(t *testing.T, res *result, answers map[int]string) {
+	ctx := context.Background()
+	rows, err := r.pool.Query(ctx, "SELECT o.id, o.ref, o.lines, (SELECT count(*) FROM "+r.lines+" l WHERE l.order_id = o.id) FROM "+r.orders+" o")
+	require.NoError(t, err)
+	perRef := map[string]int{}
+	exists := map[string]bool{} // id/ref
+	for rows.Next() {
+		var (
+			id           int64
+			ref          string
+			lines, wrote int
+		)
+		require.NoError(t, rows.Scan(&id, &ref, &lines, &wrote))
+		res.executions++
+		perRef[ref]++
+		exists[fmt.Sprintf(`{"id":%d,"ref":%q}`, id, ref)] = true
+		if wrote != lines {
+			res.halfDone++
+		}
+	}
+	require.NoError(t, rows.Err())
+	for i, a := range answers {
+		n := perRef["ref-"+strconv.Itoa(i)]
+		switch {
+		case n == 0:
+			res.missing++
+		case n > 1:
+			res.duplicatedOrders++
+			res.extraExecutions += n - 1
+		}
+		if !exists[a] {
+			res.lost++
+		}
+	}
+}
+
+// answerCount counts what the client saw on each attempt.
+type answerCount struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *answerCount) add(what string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n == nil {
+		c.n = map[string]int{}
+	}
+	c.n[what]++
+}
+
+func (c *answerCount) String() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var parts []string
+	for k, v := range c.n {
+		parts = append(parts, fmt.Sprintf("%s %d", k, v))
+	}
+	slices.Sort(parts)
+	return strings.Join(parts, ", ")
+}
+
+// countingTransport counts every attempt's outcome: its status, or the kind
+// of error that ended it.
+type countingTransport struct {
+	next  http.RoundTripper
+	count *answerCount
+}
+
+func (c *countingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := c.next.RoundTrip(req)
+	switch {
+	case err == nil:
+		c.count.add(strconv.Itoa(resp.StatusCode))
+	case errors.Is(err, syscall.ECONNREFUSED):
+		c.count.add("refused")
+	case errors.Is(err, syscall.ECONNRESET), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		c.count.add("cut")
+	default:
+		c.count.add("error")
+	}
+	return resp, err
+}
+
+// mustClient returns idempotency.NewClient(opts...), failing tb if the
+// options are refused.
+func mustClient(tb testing.TB, opts ...idempotency.Option) *idempotency.Client {
+	tb.Helper()
+	c, err := idempotency.NewClient(opts...)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return c
+}

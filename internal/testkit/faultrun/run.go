@@ -317,16 +317,19 @@ func (r *runner) timeline(ctx context.Context, marks []chan struct{}) {
 		case <-ctx.Done():
 			return
 		}
-		rep := WindowReport{Window: w, Start: time.Now()}
+		// The window is the time the fault is surely on: from after it
+		// was turned on to before it is turned off, so that no request
+		// that met the store before the fault counts as one that met it.
 		r.faultOn(w)
+		rep := WindowReport{Window: w, Start: time.Now()}
 		t := time.NewTimer(w.For)
 		select {
 		case <-t.C:
 		case <-ctx.Done():
 		}
 		t.Stop()
-		r.faultOff(w)
 		rep.End = time.Now()
+		r.faultOff(w)
 		r.mu.Lock()
 		r.windows = append(r.windows, rep)
 		r.mu.Unlock()

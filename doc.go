@@ -27,11 +27,11 @@
 //     and sent once, under the canonical name; a header with two keys is
 //     refused (ErrInvalidKey). The same key is sent on every attempt. The
 //     caller's request is never modified.
-//   - retries transient failures (see DefaultPolicy): transport errors and
-//     attempt timeouts, where the response may have been lost, and the
-//     statuses 408, 409, 425, 429, 500, 502, 503 and 504. It never retries
-//     the caller's own cancellation or deadline, certificate errors,
-//     refused redirects, 422 or other client errors.
+//   - retries transient failures: transport errors and attempt timeouts,
+//     where the response may have been lost, and the statuses that say
+//     "try again"; [DefaultPolicy] lists them, and what is never retried
+//     (the caller's own cancellation or deadline, certificate errors,
+//     refused redirects, 422 and the other client errors).
 //   - retries only requests that are safe to repeat: those whose method is
 //     idempotent by HTTP semantics (GET, HEAD, PUT, DELETE, OPTIONS,
 //     TRACE) and those with a key. A POST without a key is sent once,

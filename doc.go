@@ -4,6 +4,17 @@
 // middleware of package server) runs the operation at most once, however
 // many attempts reach it.
 //
+//	client, err := idempotency.NewClient() // or the zero Client
+//	if err != nil { ... }
+//	resp, err := client.Post(ctx, "https://api.example.com/orders", "application/json", body)
+//	if err != nil { ... } // a *RetryError: no attempt got a response
+//	defer resp.Body.Close()
+//	out, _ := idempotency.OutcomeOf(resp) // the key, the attempts, whether it was a replay
+//
+// [Client.Do] takes any *http.Request, [Client.StandardClient] gives an
+// *http.Client for SDKs that take one, and [ContextWithKey] carries a key
+// stored with an operation, so that a retry after a restart sends it again.
+//
 // # The problem
 //
 // A client that sends "charge 10 euros" and sees its connection drop cannot

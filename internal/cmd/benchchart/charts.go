@@ -44,7 +44,7 @@ func levelAxis(rep *benchreport.Report) axis {
 	} else {
 		a.levels, a.fixed = recs, conc[0]
 		a.label = "records held"
-		a.suffix = " (" + strconv.Itoa(a.fixed) + " clients)"
+		a.suffix = " (" + clients(a.fixed) + ")"
 		for _, r := range recs {
 			a.categories = append(a.categories, label(float64(r)))
 		}

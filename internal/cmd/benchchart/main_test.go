@@ -216,6 +216,14 @@ func TestScale(t *testing.T) {
 	if y0, y1 := sc.y(0), sc.y(50); y0 != top+plotH || y1 != top {
 		t.Errorf("y(0), y(50) = %v, %v; want the bottom %v and the top %v", y0, y1, top+plotH, top)
 	}
+	// A difference from bare can be negative: the axis goes below zero.
+	neg := newScale([]float64{-3, 12}, false)
+	if neg.lo != -5 || neg.hi != 15 {
+		t.Errorf("linear scale of -3..12 = [%v, %v], want [-5, 15]", neg.lo, neg.hi)
+	}
+	if y := neg.y(-3); y > top+plotH || y < top {
+		t.Errorf("y(-3) = %v, outside the plot [%v, %v]", y, top, top+plotH)
+	}
 	lg := newScale([]float64{150, 23000}, true)
 	if lg.lo != 100 || lg.hi != 100000 {
 		t.Errorf("log scale of 150..23000 = [%v, %v], want [100, 100000]", lg.lo, lg.hi)

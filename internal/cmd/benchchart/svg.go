@@ -106,11 +106,15 @@ func newScale(vs []float64, log bool) scale {
 		}
 		return scale{lo: math.Pow(10, math.Floor(math.Log10(lo))), hi: math.Pow(10, math.Ceil(math.Log10(hi*1.0001))), log: true}
 	}
-	if hi <= 0 {
+	neg := 0.0
+	for _, v := range vs {
+		neg = min(neg, v)
+	}
+	if hi-neg <= 0 {
 		hi = 1
 	}
-	step := niceStep(hi / 5)
-	return scale{lo: 0, hi: math.Ceil(hi*1.0001/step) * step}
+	step := niceStep((hi - neg) / 5)
+	return scale{lo: math.Floor(neg/step) * step, hi: math.Ceil(hi*1.0001/step) * step}
 }
 
 // niceStep returns 1, 2 or 5 times a power of ten, at least x.
@@ -154,8 +158,8 @@ func (sc scale) ticks() []float64 {
 		}
 		return t
 	}
-	step := niceStep(sc.hi / 5)
-	for v := 0.0; v <= sc.hi*1.0001; v += step {
+	step := niceStep((sc.hi - sc.lo) / 5)
+	for v := sc.lo; v <= sc.hi*1.0001+step/1e6; v += step {
 		t = append(t, v)
 	}
 	return t

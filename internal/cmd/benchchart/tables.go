@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/idemkit/idempotency/internal/benchreport"
@@ -22,7 +23,7 @@ func writeTables(w io.Writer, rep *benchreport.Report) error {
 		}
 	}
 	for _, l := range levels {
-		fmt.Fprintf(&b, "\n%s records held, %d clients (medians of %d rounds; µs per request)\n\n", label(float64(l.records)), l.concurrency, rep.Settings.Rounds)
+		fmt.Fprintf(&b, "\n%s records held, %s (medians of %d rounds; µs per request)\n\n", label(float64(l.records)), clients(l.concurrency), rep.Settings.Rounds)
 		b.WriteString("| phase | req/s | × bare | p50 µs | p99 µs | server CPU | over bare | store CPU | round trips | store calls |\n")
 		b.WriteString("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 		for _, p := range rep.Phases {
@@ -72,4 +73,12 @@ func opt(v *float64, format string) string {
 		return "–"
 	}
 	return fmt.Sprintf(format, *v)
+}
+
+// clients says how many concurrent clients.
+func clients(n int) string {
+	if n == 1 {
+		return "1 client"
+	}
+	return strconv.Itoa(n) + " clients"
 }

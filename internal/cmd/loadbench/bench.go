@@ -196,7 +196,7 @@ func (b *bench) level(ctx context.Context, rep *benchreport.Report, n int) error
 				}
 				m, err := b.phase(ctx, sp, c, b.cfg.duration, round == 0 && c == b.cfg.concurrency[0])
 				if err != nil {
-					return fmt.Errorf("loadbench: %s %s, %d clients: %w", sp.store(), sp.kind, c, err)
+					return fmt.Errorf("loadbench: %s %s, %s: %w", sp.store(), sp.kind, clients(c), err)
 				}
 				measures[sp] = m
 			}
@@ -222,7 +222,7 @@ func (b *bench) level(ctx context.Context, rep *benchreport.Report, n int) error
 				p.Rounds = append(p.Rounds, m)
 				line = append(line, fmt.Sprintf("%s %.0f/s", shortName(sp), m.PerSecond))
 			}
-			fmt.Fprintf(b.out, "round %d, %d clients: %s\n", round+1, c, strings.Join(line, ", "))
+			fmt.Fprintf(b.out, "round %d, %s: %s\n", round+1, clients(c), strings.Join(line, ", "))
 		}
 	}
 	var done []benchreport.Phase
@@ -293,8 +293,8 @@ func (b *bench) phase(ctx context.Context, sp phaseSpec, c int, d time.Duration,
 		LoadCPU:   per(micros(res.CPU)),
 	}
 	if ms.Other > 0 {
-		fmt.Fprintf(b.out, "warning: %s %s, %d clients: %d answers other than 201 or errors: %v, %d errors\n",
-			sp.store(), sp.kind, c, ms.Other, res.Statuses, res.Errors)
+		fmt.Fprintf(b.out, "warning: %s %s, %s: %d answers other than 201 or errors: %v, %d errors\n",
+			sp.store(), sp.kind, clients(c), ms.Other, res.Statuses, res.Errors)
 	}
 	if before.cpuOK && after.cpuOK {
 		v := per(micros(after.cpu - before.cpu))

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
@@ -13,7 +14,7 @@ import (
 // concurrency.
 func printLevel(out io.Writer, n int, cfg config, phases []benchreport.Phase) {
 	for _, c := range cfg.concurrency {
-		fmt.Fprintf(out, "\n%d records, %d clients: medians of %d rounds (µs are per request)\n", n, c, cfg.rounds)
+		fmt.Fprintf(out, "\n%d records, %s: medians of %d rounds (µs are per request)\n", n, clients(c), cfg.rounds)
 		tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintln(tw, "phase\treq/s\t× bare\tp50 µs\tp99 µs\tserver CPU\tover bare\tstore CPU\tround trips\tstore calls\twire B\tloadgen CPU\t")
 		for _, p := range phases {
@@ -36,8 +37,8 @@ func printLevel(out io.Writer, n int, cfg config, phases []benchreport.Phase) {
 
 // printSweep prints a sweep run.
 func printSweep(out io.Writer, s benchreport.Sweep) {
-	fmt.Fprintf(out, "\n%s: %d expired records, removed by %s: %d in %.2f s (%.0f/s); %d clients of first executions\n",
-		s.Store, s.Expired, s.How, s.Removed, s.Seconds, s.RowsPerSecond, s.Concurrency)
+	fmt.Fprintf(out, "\n%s: %d expired records, removed by %s: %d in %.2f s (%.0f/s); %s of first executions\n",
+		s.Store, s.Expired, s.How, s.Removed, s.Seconds, s.RowsPerSecond, clients(s.Concurrency))
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "window\tseconds\tclaims\tclaim p50 µs\tclaim p99 µs\tclaim max µs\treq/s\tp50 µs\tp99 µs\t")
 	for _, w := range s.Windows {
@@ -53,4 +54,12 @@ func opt(v *float64, format string) string {
 		return "-"
 	}
 	return strings.TrimSpace(fmt.Sprintf(format, *v))
+}
+
+// clients says how many concurrent clients.
+func clients(n int) string {
+	if n == 1 {
+		return "1 client"
+	}
+	return strconv.Itoa(n) + " clients"
 }

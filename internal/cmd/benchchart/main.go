@@ -42,7 +42,7 @@ func main() {
 	for _, in := range flag.Args() {
 		rep, err := readReport(in)
 		if err != nil {
-			log.Fatal(err)
+			log.Fatalf("benchchart: %s: %v", in, err)
 		}
 		base := strings.TrimSuffix(filepath.Base(in), filepath.Ext(in))
 		charts, err := render(rep)
@@ -52,13 +52,13 @@ func main() {
 		for _, c := range charts {
 			path := filepath.Join(*out, base+"-"+c.name+".svg")
 			if err := os.WriteFile(path, c.svg, 0o644); err != nil {
-				log.Fatal(err)
+				log.Fatalf("benchchart: %v", err)
 			}
 			fmt.Fprintln(os.Stderr, "wrote", path)
 		}
 		if *markdown {
 			if err := writeTables(os.Stdout, rep); err != nil {
-				log.Fatal(err)
+				log.Fatalf("benchchart: %v", err)
 			}
 		}
 	}

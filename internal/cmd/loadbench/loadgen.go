@@ -221,6 +221,7 @@ func startLoadgen() (*loadgen, error) {
 
 // startLoadgenCmd starts cmd, a load generator.
 func startLoadgenCmd(cmd *exec.Cmd) (*loadgen, error) {
+	cmd.SysProcAttr = childAttr()
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
 	if err != nil {

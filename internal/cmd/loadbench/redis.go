@@ -269,7 +269,6 @@ func infoField(info, name string) string {
 type redisProcess struct {
 	cmd    *exec.Cmd
 	addr   string
-	dir    string
 	exited chan struct{}
 }
 
@@ -298,16 +297,14 @@ func tryStartRedis(bin string) (*redisProcess, error) {
 	}
 	port := ln.Addr().(*net.TCPAddr).Port
 	ln.Close()
-	dir, err := os.MkdirTemp("", "loadbench-redis-")
-	if err != nil {
-		return nil, err
-	}
-	p := &redisProcess{addr: "127.0.0.1:" + strconv.Itoa(port), dir: dir, exited: make(chan struct{})}
+	p := &redisProcess{addr: "127.0.0.1:" + strconv.Itoa(port), exited: make(chan struct{})}
+	// Without persistence the server writes no file: the temporary
+	// directory is only where it starts.
 	p.cmd = exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--daemonize", "no", "--dir", dir,
+		"--save", "", "--appendonly", "no", "--daemonize", "no", "--dir", os.TempDir(),
 		"--maxmemory-policy", "noeviction", "--logfile", "")
+	p.cmd.SysProcAttr = childAttr()
 	if err := p.cmd.Start(); err != nil {
-		os.RemoveAll(dir)
 		return nil, err
 	}
 	go func() {
@@ -327,7 +324,6 @@ func tryStartRedis(bin string) (*redisProcess, error) {
 		}
 		select {
 		case <-p.exited:
-			os.RemoveAll(dir)
 			return nil, fmt.Errorf("redis-server on port %d exited", port)
 		case <-time.After(10 * time.Millisecond):
 		}
@@ -338,5 +334,4 @@ func tryStartRedis(bin string) (*redisProcess, error) {
 func (p *redisProcess) stop() {
 	p.cmd.Process.Kill()
 	<-p.exited
-	os.RemoveAll(p.dir)
 }

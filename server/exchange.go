@@ -20,13 +20,15 @@ type exchange struct {
 	w           http.ResponseWriter
 	r           *http.Request
 	next        http.Handler
-	body        []byte // the whole request body, read before the claim
+	echo        [1]string // the key header's value on the response
+	body        []byte    // the whole request body, read before the claim
 	fingerprint string
 	lease       Lease
 	// claimed is when the Claim that acquired the lease was sent: the
 	// store's lease cannot have begun earlier.
 	claimed    time.Time
 	claimCtx   detached     // the first Claim's context
+	storeCtx   detached     // the context of the write after the handler
 	acquired   bool         // the claim acquired the key
 	timing     timing       // for the observer, if there is one
 	capture    recorder     // the handler's response, kept until stored
@@ -370,15 +372,30 @@ func (ex *exchange) storeContext(timeout time.Duration) *detached {
 	return ctx
 }
 
-// retryStore calls op until it succeeds, fails for good, or the store timeout
-// ends. ErrLeaseLost and ErrNotCommitted are final: trying again cannot
-// change them.
-func (ex *exchange) retryStore(op func(context.Context) error) error {
-	ctx := ex.storeContext(ex.m.cfg.storeTimeout)
+// retryStore stores resp with Complete, or, if resp is nil, gives the key
+// back with Release, trying until the call succeeds, fails for good, or the
+// store timeout ends. ErrLeaseLost and ErrNotCommitted are final: trying
+// again cannot change them.
+func (ex *exchange) retryStore(resp *Response) error {
+	m := ex.m
+	var ctx *detached
+	if ex.storeCtx.values == nil {
+		// The exchange's one write after the handler: its context lives
+		// in the exchange, like the first Claim's, and is never reused.
+		ctx = &ex.storeCtx
+		ctx.init(ex.r.Context(), m.cfg.storeTimeout)
+	} else {
+		ctx = ex.storeContext(m.cfg.storeTimeout)
+	}
 	defer ctx.stop()
 	var timer *time.Timer
 	for wait := 5 * time.Millisecond; ; wait = min(2*wait, 250*time.Millisecond) {
-		err := op(ctx)
+		var err error
+		if resp != nil {
+			err = m.store.Complete(ctx, ex.lease.ID, ex.lease.Token, resp, m.cfg.ttl)
+		} else {
+			err = m.store.Release(ctx, ex.lease.ID, ex.lease.Token)
+		}
 		if err == nil || errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrNotCommitted) {
 			return err
 		}
@@ -401,9 +418,7 @@ func (ex *exchange) retryStore(op func(context.Context) error) error {
 // ErrNotCommitted.
 func (ex *exchange) complete(resp *Response) error {
 	m := ex.m
-	err := ex.retryStore(func(ctx context.Context) error {
-		return m.store.Complete(ctx, ex.lease.ID, ex.lease.Token, resp, m.cfg.ttl)
-	})
+	err := ex.retryStore(resp)
 	ex.timing.stored(m)
 	switch {
 	case err == nil:
@@ -426,9 +441,7 @@ func (ex *exchange) complete(resp *Response) error {
 
 func (ex *exchange) release(why string) {
 	m := ex.m
-	err := ex.retryStore(func(ctx context.Context) error {
-		return m.store.Release(ctx, ex.lease.ID, ex.lease.Token)
-	})
+	err := ex.retryStore(nil)
 	ex.timing.stored(m)
 	if err != nil {
 		m.cfg.logger.LogAttrs(ex.r.Context(), slog.LevelWarn, "idempotency claim not released; retries get 409 until its lease expires",

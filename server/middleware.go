@@ -88,10 +88,12 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.reject(w, r, start, ID{}, problem(ErrInvalidKey, "The "+m.cfg.header+" header is invalid: "+err.Error()+".", nil))
 		return
 	}
+	ex := &exchange{m: m, w: w, r: r, next: next, timing: timing{start: start}}
 	if m.cfg.echoKey {
-		// A slice of its own: nothing done to the response's headers may
-		// reach the request's.
-		w.Header()[m.cfg.header] = []string{values[0]}
+		// A slice of its own, in the exchange: nothing done to the
+		// response's headers may reach the request's.
+		ex.echo[0] = values[0]
+		w.Header()[m.cfg.header] = ex.echo[:1:1]
 	}
 	body, err := m.readBody(r)
 	if err != nil {
@@ -108,7 +110,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.reject(w, r, start, ID{Scope: scope, Key: key}, problem(ErrUnidentified, "This request could not be fingerprinted.", err))
 		return
 	}
-	ex := &exchange{m: m, w: w, r: r, next: next, body: body, fingerprint: fp, timing: timing{start: start}}
+	ex.body, ex.fingerprint = body, fp
 	ex.lease.ID = ID{Scope: scope, Key: key}
 	ex.handle()
 }

@@ -106,7 +106,10 @@
 // response, on the request's goroutine, for up to one lease length while the
 // lease holds: a retry gets 409 meanwhile, and the replay once the store
 // answers; if it never does, a retry after the lease has ended runs the
-// request again. A failing Release is retried within the store timeout; a
+// request again. Over HTTP/1.1 the client has the whole response at once (it
+// is sent with its length and flushed); over HTTP/2 the stream ends only when
+// the middleware returns, so a client that reads the body to its end waits for
+// the store, at most the lease. A failing Release is retried within the store timeout; a
 // key that could not be released answers 409 until its lease ends.
 //
 // A Claim whose answer is lost (the store applied it, then failed or

@@ -72,6 +72,15 @@ type Claim struct {
 	RetryAfter time.Duration
 	// Response is the stored response (Completed).
 	Response *Response
+	// Abandoned is, for Acquired, how many holders of this record came
+	// before this one and lost their lease without completing or releasing
+	// it (their process died, hung, or lost its store): 0 for a new record,
+	// 1 for the first takeover of an expired lease, 2 for the next, and so
+	// on. A release deletes the record, so holders that released it are not
+	// counted. An abandoned holder may have done its work before it was
+	// lost: a request acquired with Abandoned > 0 must look for its own
+	// effect before doing it again, or be refused.
+	Abandoned int
 }
 
 // Response is a stored HTTP response, as the middleware replays it.
@@ -103,6 +112,18 @@ func (r *Response) Size() int {
 	}
 	return n
 }
+
+// ErrNotStorable is returned, wrapped, by Store.Complete when the store will
+// never accept this response, so that another try cannot succeed: it is
+// larger than one record can hold, or the store refuses its bytes. Each
+// Store documents which of its errors wrap it. The middleware then records
+// the request as done without its body (Response.BodyOmitted), so that it is
+// never run again.
+var ErrNotStorable = errors.New("idempotent response cannot be stored")
+
+// ErrNotFound is returned, wrapped, by Inspector.Lookup and
+// Inspector.Resolve when no live record exists for the ID.
+var ErrNotFound = errors.New("idempotency record not found")
 
 // ErrNotCommitted is returned, wrapped, by Store.Complete when a store that
 // runs the handler's effects in its own transaction (a Binder) could not
@@ -184,4 +205,50 @@ type Store interface {
 // Complete or Release, so a Binder must not touch the bound state there.
 type Binder interface {
 	Bind(ctx context.Context, id ID, token Token) context.Context
+}
+
+// Record is what Inspector.Lookup reports of one record, for an operator who
+// must decide what became of a request.
+type Record struct {
+	ID ID
+	// Completed reports that the record holds a response (Response is set);
+	// otherwise it is in flight.
+	Completed bool
+	// Fingerprint is the fingerprint of the request that claimed the record.
+	Fingerprint string
+	// Token is the current (or last) holder's fencing token.
+	Token Token
+	// Abandoned counts the holders that lost their lease without completing
+	// or releasing the record, as in Claim.Abandoned.
+	Abandoned int
+	// Created is when the record was first claimed, by the store's clock.
+	Created time.Time
+	// LeaseEnds is when the current holder's lease ends (in flight). A time
+	// in the past means the holder was lost and no request has taken the
+	// record over yet.
+	LeaseEnds time.Time
+	// Expires is when the record will be forgotten.
+	Expires time.Time
+	// Response is the stored response (Completed).
+	Response *Response
+}
+
+// Inspector is implemented by a Store that lets an operator look a record up
+// and settle it by hand: the answer to "did this request happen?" when the
+// middleware could not tell (a holder abandoned after its effect, an outcome
+// recorded as unknown). memstore, pgstore and redisstore implement it.
+type Inspector interface {
+	// Lookup returns the record for id, or an error wrapping ErrNotFound
+	// when there is none (it was never claimed, was released, or expired).
+	Lookup(ctx context.Context, id ID) (Record, error)
+
+	// Resolve settles the record for id, in flight or completed, whatever
+	// its lease. With resp set, it stores resp as the record's response and
+	// makes the record expire after ttl: the request is recorded as done
+	// and resp is replayed to every retry. With resp nil, it deletes the
+	// record, so that the next request with the key runs. Either way a
+	// holder still running loses its lease: its token is refused from then
+	// on. It fails with an error wrapping ErrNotFound when there is no
+	// record.
+	Resolve(ctx context.Context, id ID, resp *Response, ttl time.Duration) error
 }

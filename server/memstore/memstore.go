@@ -30,6 +30,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -59,7 +60,8 @@ var (
 	// ErrFull is returned, wrapped, by Claim when a new record would take
 	// the store past its bound on records or on bytes.
 	ErrFull = errors.New("store full")
-	// ErrClosed is returned, wrapped, by every method after Close.
+	// ErrClosed is returned, wrapped, by every method after Close; by
+	// Complete, Release and Extend together with server.ErrLeaseLost.
 	ErrClosed = errors.New("store closed")
 )
 
@@ -96,18 +98,35 @@ type mono int64
 
 func (s *Store) now() mono { return mono(time.Since(s.epoch)) }
 
-func (t mono) add(d time.Duration) mono { return t + mono(d) }
+// add returns t + d, saturated: a caller's duration can be as large as
+// math.MaxInt64, and a deadline that wrapped into the past would forget a
+// record, or end a lease, at once.
+func (t mono) add(d time.Duration) mono {
+	if d > 0 && t > math.MaxInt64-mono(d) {
+		return math.MaxInt64
+	}
+	return t + mono(d)
+}
+
+// wall returns t as a wall-clock time: the store's epoch, read by the wall
+// clock, plus t.
+func (s *Store) wall(t mono) time.Time { return s.epoch.Round(0).Add(time.Duration(t)) }
 
 type record struct {
 	fingerprint string
 	token       server.Token
+	created     mono             // the record was first claimed
 	leaseUntil  mono             // the lease ends
 	expiresAt   mono             // the record ends
 	resp        *server.Response // nil while in flight
 	size        int64
+	abandoned   int32 // holders that lost their lease
 }
 
-var _ server.Store = (*Store)(nil)
+var (
+	_ server.Store     = (*Store)(nil)
+	_ server.Inspector = (*Store)(nil)
+)
 
 // Option configures a Store.
 type Option func(*config)
@@ -195,12 +214,32 @@ func New(opts ...Option) (*Store, error) {
 	return s, nil
 }
 
-// Close stops the background sweep and waits for it to end. Every later call
-// fails with ErrClosed. Close is idempotent and always returns nil.
+// Close ends the store: it forgets every record, stops the background sweep
+// and waits for it to end. Close is idempotent and always returns nil.
+//
+// A request still running when Close is called is not waited for, and is
+// never held: each method called after Close fails at once with ErrClosed,
+// and a holder's Complete, Release or Extend fails with an error that wraps
+// server.ErrLeaseLost too, since its lease went with the records. The
+// middleware of package server then treats the lease as lost: it stops the
+// handler, sends a response already written without trying to store it, and
+// returns, so that an http.Server's Shutdown after Close does not wait for
+// leases to end. The records are gone: a request that ran is not remembered
+// by a new Store.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
 		s.closed.Store(true)
 		close(s.stop)
+		// Every method checks closed under its shard's lock, so once a
+		// shard is cleared here nothing is added to it again.
+		for i := range s.shards {
+			sh := &s.shards[i]
+			sh.mu.Lock()
+			for id, r := range sh.m {
+				s.remove(sh, id, r)
+			}
+			sh.mu.Unlock()
+		}
 	})
 	<-s.done
 	return nil
@@ -217,24 +256,30 @@ func (s *Store) shard(id server.ID) *shard {
 	return &s.shards[maphash.Comparable(s.seed, id)%shardCount]
 }
 
-func (s *Store) check(ctx context.Context, op string) error {
+// lock locks the shard of id, unless ctx is done or the store is closed.
+// The caller unlocks it.
+func (s *Store) lock(ctx context.Context, op string, id server.ID) (*shard, error) {
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("memstore: %s: %w", op, err)
+		return nil, fmt.Errorf("memstore: %s: %w", op, err)
 	}
+	sh := s.shard(id)
+	sh.mu.Lock()
 	if s.closed.Load() {
-		return fmt.Errorf("memstore: %s: %w", op, ErrClosed)
+		sh.mu.Unlock()
+		return nil, fmt.Errorf("memstore: %s: %w", op, ErrClosed)
 	}
-	return nil
+	return sh, nil
 }
 
-// Claim implements server.Store.
+// Claim implements server.Store. The lease and the record's life are
+// saturated: math.MaxInt64 means "never ends".
 func (s *Store) Claim(ctx context.Context, id server.ID, fingerprint string, lease, ttl time.Duration) (server.Claim, error) {
-	if err := s.check(ctx, "claim"); err != nil {
-		return server.Claim{}, err
+	c, full, err := s.claim(ctx, id, fingerprint, lease, ttl)
+	if err == nil && full && s.sweepAtBound() {
+		c, full, err = s.claim(ctx, id, fingerprint, lease, ttl)
 	}
-	c, full := s.claim(id, fingerprint, lease, ttl)
-	if full && s.sweepAtBound() {
-		c, full = s.claim(id, fingerprint, lease, ttl)
+	if err != nil {
+		return server.Claim{}, err
 	}
 	if full {
 		return server.Claim{}, fmt.Errorf("memstore: claim: %w", ErrFull)
@@ -244,9 +289,11 @@ func (s *Store) Claim(ctx context.Context, id server.ID, fingerprint string, lea
 
 // claim does Claim's work under the shard's lock. It reports full when a new
 // record was needed and there was no room for it.
-func (s *Store) claim(id server.ID, fingerprint string, lease, ttl time.Duration) (c server.Claim, full bool) {
-	sh := s.shard(id)
-	sh.mu.Lock()
+func (s *Store) claim(ctx context.Context, id server.ID, fingerprint string, lease, ttl time.Duration) (c server.Claim, full bool, err error) {
+	sh, err := s.lock(ctx, "claim", id)
+	if err != nil {
+		return server.Claim{}, false, err
+	}
 	defer sh.mu.Unlock()
 	now := s.now()
 	r, ok := sh.m[id]
@@ -256,31 +303,36 @@ func (s *Store) claim(id server.ID, fingerprint string, lease, ttl time.Duration
 	}
 	switch {
 	case !ok:
-		r = record{fingerprint: fingerprint, size: int64(len(id.Scope)+len(id.Key)+len(fingerprint)) + recordOverhead}
+		r = record{fingerprint: fingerprint, created: now, size: int64(len(id.Scope)+len(id.Key)+len(fingerprint)) + recordOverhead}
 		if s.records.Add(1) > s.maxRecords {
 			s.records.Add(-1)
-			return server.Claim{}, true
+			return server.Claim{}, true, nil
 		}
 		if s.bytes.Add(r.size) > s.maxBytes {
 			// Claims count toward the byte bound too: without that,
 			// keys that are never completed would fill memory.
 			s.bytes.Add(-r.size)
 			s.records.Add(-1)
-			return server.Claim{}, true
+			return server.Claim{}, true, nil
 		}
 	case r.resp != nil:
-		return server.Claim{Status: server.Completed, Fingerprint: r.fingerprint, Response: r.resp}, false
+		return server.Claim{Status: server.Completed, Fingerprint: r.fingerprint, Response: r.resp}, false, nil
 	case now < r.leaseUntil:
-		return server.Claim{Status: server.InFlight, Fingerprint: r.fingerprint, RetryAfter: time.Duration(r.leaseUntil - now)}, false
+		return server.Claim{Status: server.InFlight, Fingerprint: r.fingerprint, RetryAfter: time.Duration(r.leaseUntil - now)}, false, nil
 	case r.fingerprint != fingerprint:
-		return server.Claim{Status: server.InFlight, Fingerprint: r.fingerprint}, false
+		return server.Claim{Status: server.InFlight, Fingerprint: r.fingerprint}, false, nil
+	default:
+		// The takeover of a holder that never completed nor
+		// released its claim.
+		if r.abandoned < math.MaxInt32 {
+			r.abandoned++
+		}
 	}
-	// A new record, or the takeover of an abandoned one.
 	r.token = server.Token(s.token.Add(1))
 	r.leaseUntil = now.add(lease)
 	r.expiresAt = now.add(max(ttl, lease))
 	sh.m[id] = r
-	return server.Claim{Status: server.Acquired, Token: r.token}, false
+	return server.Claim{Status: server.Acquired, Token: r.token, Abandoned: int(r.abandoned)}, false, nil
 }
 
 // sweepAtBound sweeps every shard when the store is full, at most once per
@@ -297,16 +349,13 @@ func (s *Store) sweepAtBound() bool {
 }
 
 // Complete implements server.Store. At the byte bound it keeps the record
-// and drops the response body; see the package documentation.
+// and drops the response body; see the package documentation. So it never
+// fails with server.ErrNotStorable: a response that could never fit, one
+// larger than the whole byte bound, is kept without its body in the same
+// step, which is what the middleware would do on ErrNotStorable.
 func (s *Store) Complete(ctx context.Context, id server.ID, token server.Token, resp *server.Response, ttl time.Duration) error {
 	return s.withLease(ctx, "complete", id, token, func(sh *shard, r record) {
-		size := int64(resp.Size())
-		if s.bytes.Add(size) > s.maxBytes {
-			s.bytes.Add(-size)
-			resp = &server.Response{Status: resp.Status, Header: resp.Header, BodyOmitted: true}
-			size = int64(resp.Size())
-			s.bytes.Add(size)
-		}
+		resp, size := s.fit(resp)
 		now := s.now()
 		r.resp = resp
 		r.size += size
@@ -316,6 +365,19 @@ func (s *Store) Complete(ctx context.Context, id server.ID, token server.Token, 
 	})
 }
 
+// fit accounts for the room resp takes, and returns it, or, when it does
+// not fit under the byte bound, a copy without its body.
+func (s *Store) fit(resp *server.Response) (*server.Response, int64) {
+	size := int64(resp.Size())
+	if s.bytes.Add(size) > s.maxBytes {
+		s.bytes.Add(-size)
+		resp = &server.Response{Status: resp.Status, Header: resp.Header, BodyOmitted: true}
+		size = int64(resp.Size())
+		s.bytes.Add(size)
+	}
+	return resp, size
+}
+
 // Release implements server.Store.
 func (s *Store) Release(ctx context.Context, id server.ID, token server.Token) error {
 	return s.withLease(ctx, "release", id, token, func(sh *shard, r record) {
@@ -323,7 +385,7 @@ func (s *Store) Release(ctx context.Context, id server.ID, token server.Token) e
 	})
 }
 
-// Extend implements server.Store.
+// Extend implements server.Store. The lease is saturated, as in Claim.
 func (s *Store) Extend(ctx context.Context, id server.ID, token server.Token, lease time.Duration) error {
 	return s.withLease(ctx, "extend", id, token, func(sh *shard, r record) {
 		r.leaseUntil = s.now().add(lease)
@@ -335,11 +397,15 @@ func (s *Store) Extend(ctx context.Context, id server.ID, token server.Token, le
 // withLease runs fn, under the shard's lock, on the in-flight record that
 // token holds, or fails with ErrLeaseLost.
 func (s *Store) withLease(ctx context.Context, op string, id server.ID, token server.Token, fn func(*shard, record)) error {
-	if err := s.check(ctx, op); err != nil {
+	sh, err := s.lock(ctx, op, id)
+	if errors.Is(err, ErrClosed) {
+		// The lease went with the records: say so, so that a holder
+		// stops trying at once.
+		return fmt.Errorf("%w: %w", err, server.ErrLeaseLost)
+	}
+	if err != nil {
 		return err
 	}
-	sh := s.shard(id)
-	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	r, err := s.current(sh, id, token)
 	if err != nil {

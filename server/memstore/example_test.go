@@ -113,3 +113,52 @@ func ExampleWithMaxBytes() {
 	// Output:
 	// completed 200 0 true
 }
+
+// An operator settles a key whose first holder was lost: the retry that took
+// it over saw Abandoned 1, and the operator, who knows the order was made,
+// records it as done, so that every later retry gets the answer and nothing
+// runs again. Resolve with a nil response would instead forget the key, so
+// that the next retry runs it.
+func ExampleStore_Resolve() {
+	store, err := memstore.New()
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer store.Close()
+	ctx := context.Background()
+	id := server.ID{Scope: "account:acct_42", Key: "order-8"}
+
+	// The first holder's process dies: its short lease runs out.
+	first, _ := store.Claim(ctx, id, "fp", time.Millisecond, time.Hour)
+	fmt.Println("first:", first.Status, "abandoned before it:", first.Abandoned)
+	var retry server.Claim
+	for retry.Status != server.Acquired {
+		retry, _ = store.Claim(ctx, id, "fp", time.Minute, time.Hour)
+	}
+	fmt.Println("retry:", retry.Status, "abandoned before it:", retry.Abandoned)
+
+	rec, err := store.Lookup(ctx, id)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("lookup: completed", rec.Completed, "abandoned", rec.Abandoned, "lease ends after creation:", rec.LeaseEnds.After(rec.Created))
+
+	done := &server.Response{Status: http.StatusCreated, Body: []byte(`{"order":8}`)}
+	if err := store.Resolve(ctx, id, done, 24*time.Hour); err != nil {
+		fmt.Println(err)
+		return
+	}
+	// The retry still running is fenced off; later retries get the answer.
+	err = store.Complete(ctx, id, retry.Token, done, time.Hour)
+	fmt.Println("retry's Complete refused:", errors.Is(err, server.ErrLeaseLost))
+	after, _ := store.Claim(ctx, id, "fp", time.Minute, time.Hour)
+	fmt.Println("after:", after.Status, after.Response.Status, string(after.Response.Body))
+	// Output:
+	// first: acquired abandoned before it: 0
+	// retry: acquired abandoned before it: 1
+	// lookup: completed false abandoned 1 lease ends after creation: true
+	// retry's Complete refused: true
+	// after: completed 201 {"order":8}
+}

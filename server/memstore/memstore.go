@@ -17,10 +17,24 @@
 //     bounds.
 //   - At the byte bound, Complete keeps the record but drops the response
 //     body (the stored Response has BodyOmitted set): the request still
-//     never runs twice; its replay says the body was not kept.
+//     never runs twice; its replay says the body was not kept. This holds
+//     for a response larger than the whole bound, which could never fit:
+//     Complete never fails with server.ErrNotStorable, since it already does,
+//     in the same step, what the middleware does on that error.
+//
+// Every deadline is computed from the caller's duration with saturation: a
+// lease or a TTL of math.MaxInt64 never ends, rather than wrapping to a
+// deadline in the past.
+//
+// A Claim that takes over a lease that ran out reports in Claim.Abandoned how
+// many holders lost theirs before it. The Store implements server.Inspector,
+// so that an operator can look a record up and settle it (see Lookup and
+// Resolve).
 //
 // Expired records are removed when they are next touched and by a background
-// sweep; Close stops the sweep. Records do not survive a restart and are not
+// sweep. Close forgets every record and stops the sweep; every call after it
+// fails at once, so that requests still running are answered without waiting
+// for the store (see Close). Records do not survive a restart and are not
 // shared between processes: an API that runs on several machines needs
 // pgstore or redisstore.
 package memstore

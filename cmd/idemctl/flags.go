@@ -1,0 +1,203 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/textproto"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/idemkit/idempotency/internal/keyfield"
+	"github.com/idemkit/idempotency/server"
+)
+
+// envStore names the environment variable that gives the store's URL when
+// -store is not set.
+const envStore = "IDEMCTL_STORE"
+
+// maxBody bounds a response body given to resolve: a record is read back
+// whole on every replay.
+const maxBody = 16 << 20
+
+const usageText = `Usage:
+  idemctl lookup  [flags] KEY
+  idemctl resolve [flags] -status CODE [-body TEXT | -body-file FILE] [-header 'Name: value']... KEY
+  idemctl forget  [flags] KEY
+
+lookup prints the record of KEY; resolve records the request as done with the
+given response, replayed to every retry; forget deletes the record, so that
+the next request with KEY runs. The store is -store or $IDEMCTL_STORE: a
+postgres:// or redis:// URL. Exit status: 0 done, 1 store failure, 2 usage
+error, 3 no record for KEY.
+
+Flags:
+`
+
+// command is one parsed command line.
+type command struct {
+	name    string // lookup, resolve or forget
+	id      server.ID
+	store   storeConfig
+	timeout time.Duration
+	json    bool
+	// resolve's response and TTL.
+	resp *server.Response
+	ttl  time.Duration
+}
+
+// headerFlag collects -header values.
+type headerFlag struct{ h http.Header }
+
+func (f *headerFlag) String() string { return "" }
+
+func (f *headerFlag) Set(v string) error {
+	name, value, ok := strings.Cut(v, ":")
+	name = strings.TrimSpace(name)
+	if !ok || name == "" || strings.ContainsAny(name, " \t\r\n") || strings.ContainsAny(value, "\r\n") {
+		return fmt.Errorf("%q is not 'Name: value'", v)
+	}
+	if f.h == nil {
+		f.h = http.Header{}
+	}
+	f.h.Add(textproto.CanonicalMIMEHeaderKey(name), strings.TrimSpace(value))
+	return nil
+}
+
+func parseArgs(args []string, env environment) (*command, error) {
+	if len(args) == 0 {
+		fmt.Fprint(env.stdout, usageText)
+		return nil, fmt.Errorf("%w: no command", errUsage)
+	}
+	switch args[0] {
+	case "-h", "-help", "--help", "help":
+		fmt.Fprint(env.stdout, usageText)
+		newFlagSet("lookup", &command{}, env.stdout).PrintDefaults()
+		return nil, flag.ErrHelp
+	case "lookup", "resolve", "forget":
+	default:
+		return nil, fmt.Errorf("%w: unknown command %q: want lookup, resolve or forget", errUsage, args[0])
+	}
+	c := &command{name: args[0]}
+	var (
+		status   int
+		body     string
+		bodyFile string
+		headers  headerFlag
+	)
+	fs := newFlagSet(c.name, c, env.stdout)
+	if c.name == "resolve" {
+		fs.IntVar(&status, "status", 0, "the `status` code of the response to record (required)")
+		fs.StringVar(&body, "body", "", "the response body, as `text`")
+		fs.StringVar(&bodyFile, "body-file", "", "read the response body from `file` (- for standard input)")
+		fs.Var(&headers, "header", "a response header, 'Name: value' (repeatable)")
+		fs.DurationVar(&c.ttl, "ttl", server.DefaultTTL, "how long the record is kept, and replayed")
+	}
+	// Flags may come after KEY too.
+	var positional []string
+	for rest := args[1:]; ; {
+		if err := fs.Parse(rest); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, err
+			}
+			return nil, fmt.Errorf("%w: %v", errUsage, err)
+		}
+		rest = fs.Args()
+		if len(rest) == 0 {
+			break
+		}
+		positional = append(positional, rest[0])
+		rest = rest[1:]
+	}
+	if len(positional) != 1 {
+		return nil, fmt.Errorf("%w: %s takes one KEY, got %d arguments", errUsage, c.name, len(positional))
+	}
+	key, err := keyfield.Parse(positional[0])
+	if err != nil {
+		return nil, fmt.Errorf("%w: KEY %q: %v", errUsage, positional[0], err)
+	}
+	c.id.Key = key
+
+	if c.store.url == "" {
+		c.store.url = env.getenv(envStore)
+	}
+	if c.store.url == "" {
+		return nil, fmt.Errorf("%w: no store: set -store or %s to a postgres:// or redis:// URL", errUsage, envStore)
+	}
+	if err := c.store.classify(); err != nil {
+		return nil, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if c.timeout <= 0 {
+		return nil, fmt.Errorf("%w: -timeout %v is not positive", errUsage, c.timeout)
+	}
+	if c.name != "resolve" {
+		return c, nil
+	}
+
+	var invalid []error
+	if status < 100 || status > 599 {
+		invalid = append(invalid, fmt.Errorf("-status %d: want a status code from 100 to 599", status))
+	}
+	if c.ttl <= 0 {
+		invalid = append(invalid, fmt.Errorf("-ttl %v is not positive", c.ttl))
+	}
+	if body != "" && bodyFile != "" {
+		invalid = append(invalid, errors.New("-body and -body-file: give one"))
+	}
+	if err := errors.Join(invalid...); err != nil {
+		return nil, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	b := []byte(body)
+	if bodyFile != "" {
+		if b, err = readBody(bodyFile); err != nil {
+			return nil, fmt.Errorf("%w: -body-file: %v", errUsage, err)
+		}
+	}
+	if len(b) > maxBody {
+		return nil, fmt.Errorf("%w: the body has %d bytes, more than %d", errUsage, len(b), maxBody)
+	}
+	c.resp = &server.Response{Status: status, Header: headers.h, Body: b}
+	return c, nil
+}
+
+// newFlagSet returns the flags every command has, stored in c.
+func newFlagSet(name string, c *command, out io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("idemctl "+name, flag.ContinueOnError)
+	fs.SetOutput(out)
+	fs.Usage = func() {
+		fmt.Fprint(out, usageText)
+		fs.PrintDefaults()
+	}
+	fs.StringVar(&c.store.url, "store", "", "the store's `URL`: postgres://... or redis://... (default $"+envStore+")")
+	fs.StringVar(&c.store.table, "table", "", "PostgreSQL: the records' `table`, [schema.]name (default pgstore's)")
+	fs.StringVar(&c.store.prefix, "prefix", "", "Redis: the records' key `prefix` (default redisstore's)")
+	fs.BoolVar(&c.store.cluster, "cluster", false, "Redis: the URL names a node of a Redis Cluster")
+	fs.StringVar(&c.id.Scope, "scope", "", "the key's `scope`: what the middleware's scope function returned for the caller, as logged in its events")
+	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "give up on the store after this long")
+	if name == "lookup" {
+		fs.BoolVar(&c.json, "json", false, "print the record as JSON")
+	}
+	return fs
+}
+
+func readBody(name string) ([]byte, error) {
+	var r io.Reader
+	if name == "-" {
+		r = os.Stdin
+	} else {
+		f, err := os.Open(name)
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		r = f
+	}
+	b, err := io.ReadAll(io.LimitReader(r, maxBody+1))
+	if err != nil {
+		return nil, err
+	}
+	return b, nil
+}

@@ -17,7 +17,8 @@
 //     bounds.
 //   - At the byte bound, Complete keeps the record but drops the response
 //     body (the stored Response has BodyOmitted set): the request still
-//     never runs twice; its replay says the body was not kept. This holds
+//     never runs twice; its replay says the body was not kept. Headers that
+//     alone would take the store past its bound are dropped too. This holds
 //     for a response larger than the whole bound, which could never fit:
 //     Complete never fails with server.ErrNotStorable, since it already does,
 //     in the same step, what the middleware does on that error.
@@ -235,10 +236,11 @@ func New(opts ...Option) (*Store, error) {
 // never held: each method called after Close fails at once with ErrClosed,
 // and a holder's Complete, Release or Extend fails with an error that wraps
 // server.ErrLeaseLost too, since its lease went with the records. The
-// middleware of package server then treats the lease as lost: it stops the
-// handler, sends a response already written without trying to store it, and
-// returns, so that an http.Server's Shutdown after Close does not wait for
-// leases to end. The records are gone: a request that ran is not remembered
+// middleware of package server then treats the lease as lost: its next
+// renewal cancels the handler's context, and the response of a handler that
+// returns is sent at once, without trying to store it, so that an
+// http.Server's Shutdown after Close does not wait for a store timeout or a
+// lease. The records are gone: a request that ran is not remembered
 // by a new Store.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
@@ -380,16 +382,25 @@ func (s *Store) Complete(ctx context.Context, id server.ID, token server.Token, 
 }
 
 // fit accounts for the room resp takes, and returns it, or, when it does
-// not fit under the byte bound, a copy without its body.
+// not fit under the byte bound, a copy without its body, and without its
+// headers too if they alone do not fit. The status and the marker are always
+// kept, over the bound if need be: forgetting that a request ran would let it
+// run twice.
 func (s *Store) fit(resp *server.Response) (*server.Response, int64) {
-	size := int64(resp.Size())
-	if s.bytes.Add(size) > s.maxBytes {
+	for _, r := range []*server.Response{
+		resp,
+		{Status: resp.Status, Header: resp.Header, BodyOmitted: true},
+	} {
+		size := int64(r.Size())
+		if s.bytes.Add(size) <= s.maxBytes {
+			return r, size
+		}
 		s.bytes.Add(-size)
-		resp = &server.Response{Status: resp.Status, Header: resp.Header, BodyOmitted: true}
-		size = int64(resp.Size())
-		s.bytes.Add(size)
 	}
-	return resp, size
+	r := &server.Response{Status: resp.Status, BodyOmitted: true}
+	size := int64(r.Size())
+	s.bytes.Add(size)
+	return r, size
 }
 
 // Release implements server.Store.

@@ -122,6 +122,39 @@ func TestByteBoundKeepsRecord(t *testing.T) {
 	}
 }
 
+// TestHeadersBeyondByteBound: a response whose headers alone do not fit is
+// kept with its status only, and the store stays within its bound but for
+// that: the request is still never run again.
+func TestHeadersBeyondByteBound(t *testing.T) {
+	ctx := context.Background()
+	const bound = 1024
+	s, err := memstore.New(memstore.WithMaxBytes(bound))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	id := server.ID{Key: "k"}
+	c, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp := &server.Response{Status: http.StatusCreated, Header: http.Header{"X-Big": {string(make([]byte, 2*bound))}}, Body: []byte("x")}
+	if err := s.Complete(ctx, id, c.Token, resp, time.Hour); err != nil {
+		t.Fatalf("Complete with headers beyond the byte bound error = %v", err)
+	}
+	got, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
+	if err != nil || got.Status != server.Completed {
+		t.Fatalf("Claim after Complete = %v, %v; want completed", got.Status, err)
+	}
+	if got.Response.Status != http.StatusCreated || !got.Response.BodyOmitted || len(got.Response.Header) != 0 || len(got.Response.Body) != 0 {
+		t.Errorf("stored response = %d, %d headers, %d body bytes, BodyOmitted %v; want 201 alone, BodyOmitted",
+			got.Response.Status, len(got.Response.Header), len(got.Response.Body), got.Response.BodyOmitted)
+	}
+	if b := s.Bytes(); b > bound {
+		t.Errorf("Bytes() = %d, want at most %d", b, bound)
+	}
+}
+
 // TestClaimsCountTowardByteBound: records in flight take memory too, so
 // claims that are never completed cannot take the store past its byte bound.
 func TestClaimsCountTowardByteBound(t *testing.T) {

@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
+	"time"
 
 	"github.com/idemkit/idempotency/server"
 )
@@ -22,7 +24,7 @@ func (c *command) do(ctx context.Context, in server.Inspector, env environment) 
 		writeText(env.stdout, r, env.now())
 		return nil
 	case "resolve":
-		before, err := in.Lookup(ctx, c.id)
+		before, err := c.settleable(ctx, in, env.now())
 		if err != nil {
 			return err
 		}
@@ -36,7 +38,7 @@ func (c *command) do(ctx context.Context, in server.Inspector, env environment) 
 		}
 		return nil
 	default: // forget
-		before, err := in.Lookup(ctx, c.id)
+		before, err := c.settleable(ctx, in, env.now())
 		if err != nil {
 			return err
 		}
@@ -49,4 +51,21 @@ func (c *command) do(ctx context.Context, in server.Inspector, env environment) 
 		}
 		return nil
 	}
+}
+
+// errLive is returned when resolve or forget would settle a key whose holder
+// may still be running.
+var errLive = errors.New("the holder's lease is live")
+
+// settleable looks the record up, and refuses one in flight under a live
+// lease unless -force was given: its holder may be about to do its effect,
+// so that forgetting the key would let a retry do it a second time, and
+// recording it as done could record what never happens.
+func (c *command) settleable(ctx context.Context, in server.Inspector, now time.Time) (server.Record, error) {
+	r, err := in.Lookup(ctx, c.id)
+	if err != nil || r.Completed || c.force || !r.LeaseEnds.After(now) {
+		return r, err
+	}
+	return r, fmt.Errorf("%w: key %q in scope %q is in flight until %s: its holder may still be running. "+
+		"Wait for its lease to end, or pass -force to %s it anyway", errLive, c.id.Key, c.id.Scope, when(r.LeaseEnds, now), c.name)
 }

@@ -31,8 +31,9 @@ const usageText = `Usage:
 lookup prints the record of KEY; resolve records the request as done with the
 given response, replayed to every retry; forget deletes the record, so that
 the next request with KEY runs. The store is -store or $IDEMCTL_STORE: a
-postgres:// or redis:// URL. Exit status: 0 done, 1 store failure, 2 usage
-error, 3 no record for KEY.
+postgres:// or redis:// URL. A key whose holder's lease is live is settled
+only with -force. Exit status: 0 done, 1 store failure, 2 usage error, 3 no
+record for KEY, 4 refused: the lease is live.
 
 Flags:
 `
@@ -44,6 +45,7 @@ type command struct {
 	store   storeConfig
 	timeout time.Duration
 	json    bool
+	force   bool // settle a key whose lease is live
 	// resolve's response and TTL.
 	resp *server.Response
 	ttl  time.Duration
@@ -179,6 +181,8 @@ func newFlagSet(name string, c *command, out io.Writer) *flag.FlagSet {
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "give up on the store after this long")
 	if name == "lookup" {
 		fs.BoolVar(&c.json, "json", false, "print the record as JSON")
+	} else {
+		fs.BoolVar(&c.force, "force", false, "settle the key even while its holder's lease is live")
 	}
 	return fs
 }

@@ -17,7 +17,10 @@
 // when the record expires, and the stored response. resolve records the
 // request as done with the response given, replayed to every retry for -ttl;
 // forget deletes the record, so that the next request with KEY runs. Either
-// way a holder still running loses its lease and can no longer complete.
+// way a holder still running loses its lease and can no longer complete;
+// both refuse a key in flight whose holder's lease is live (it may still be
+// running, and do its effect after it) unless -force is given. The lease's
+// end is the store's clock and is compared with this machine's.
 //
 // The store is given by -store, or by the IDEMCTL_STORE environment variable
 // (which keeps a password out of the process list and the shell's history):
@@ -33,8 +36,9 @@
 // caller.
 //
 // The exit status is 0 on success, 1 when the store failed or cannot look
-// records up, 2 for a usage error, and 3 when KEY has no record (it was never
-// claimed, was released, or expired).
+// records up, 2 for a usage error, 3 when KEY has no record (it was never
+// claimed, was released, or expired), and 4 when resolve or forget refused a
+// key whose holder's lease is live.
 package main
 
 import (
@@ -79,6 +83,7 @@ const (
 	exitFailed   = 1
 	exitUsage    = 2
 	exitNotFound = 3
+	exitLive     = 4
 )
 
 // environment is what run takes from the process, so that a test can give
@@ -124,6 +129,9 @@ func run(ctx context.Context, args []string, env environment) int {
 	switch {
 	case err == nil:
 		return exitOK
+	case errors.Is(err, errLive):
+		fmt.Fprintf(env.stderr, "idemctl: %v\n", err)
+		return exitLive
 	case errors.Is(err, server.ErrNotFound):
 		fmt.Fprintf(env.stderr, "idemctl: no record for key %q in scope %q: it was never claimed, was released, or expired\n", cmd.id.Key, cmd.id.Scope)
 		return exitNotFound

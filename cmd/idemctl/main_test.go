@@ -247,7 +247,7 @@ func TestResolve(t *testing.T) {
 	held := f.takeOver(t, "order-1")
 	body := filepath.Join(t.TempDir(), "body.json")
 	require.NoError(t, os.WriteFile(body, []byte(`{"order":1}`), 0o600))
-	code := f.run("resolve", "-scope", scope, "-status", "201", "-body-file", body,
+	code := f.run("resolve", "-force", "-scope", scope, "-status", "201", "-body-file", body,
 		"-header", "Content-Type: application/json", "-header", "location: /orders/1", "-ttl", "2h", "order-1")
 	require.Equal(t, exitOK, code, "stderr: %s", &f.stderr)
 	assert.Contains(t, f.stdout.String(), `resolved: key "order-1" in scope "`+scope+`", in flight before, is recorded as done with 201 Created (11 body bytes); every retry gets it for 2h0m0s`)
@@ -276,6 +276,8 @@ func TestForget(t *testing.T) {
 	f := newFixture(t)
 	f.claim(t, "order-1", time.Millisecond)
 	held := f.takeOver(t, "order-1")
+	// The holder was lost too: its lease has ended by this clock.
+	f.now = f.now.Add(2 * time.Minute)
 	require.Equal(t, exitOK, f.run("forget", "order-1", "-scope", scope), "stderr: %s", &f.stderr)
 	assert.Contains(t, f.stdout.String(), `forgotten: key "order-1" in scope "`+scope+`", in flight before; the next request with it runs`)
 	err := f.store.Extend(ctx, id("order-1"), held.Token, time.Minute)
@@ -284,6 +286,26 @@ func TestForget(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, server.Acquired, c.Status)
 	assert.Equal(t, 0, c.Abandoned)
+}
+
+// TestLiveLeaseRefused: resolve and forget leave a key whose holder's lease
+// is live alone, unless forced.
+func TestLiveLeaseRefused(t *testing.T) {
+	for _, args := range [][]string{
+		{"resolve", "-scope", scope, "-status", "201", "order-1"},
+		{"forget", "-scope", scope, "order-1"},
+	} {
+		t.Run(args[0], func(t *testing.T) {
+			f := newFixture(t)
+			held := f.claim(t, "order-1", time.Minute)
+			assert.Equal(t, exitLive, f.run(args...))
+			assert.Contains(t, f.stderr.String(), `key "order-1" in scope "`+scope+`" is in flight until `)
+			assert.Contains(t, f.stderr.String(), "pass -force to "+args[0]+" it anyway")
+			assert.Empty(t, f.stdout.String())
+			// Nothing changed: the holder still completes.
+			require.NoError(t, f.store.Complete(ctx, id("order-1"), held.Token, &server.Response{Status: http.StatusAccepted}, time.Hour))
+		})
+	}
 }
 
 func TestUsage(t *testing.T) {
@@ -310,6 +332,7 @@ func TestUsage(t *testing.T) {
 		{[]string{"resolve", "-status", "201", "-header", "no colon", "k"}, "", `"no colon" is not 'Name: value'`},
 		{[]string{"resolve", "-status", "201", "-header", "X: a\r\nInjected: b", "k"}, "", "is not 'Name: value'"},
 		{[]string{"forget", "-json", "k"}, "", "flag provided but not defined: -json"},
+		{[]string{"lookup", "-force", "k"}, "", "flag provided but not defined: -force"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			f := newFixture(t)

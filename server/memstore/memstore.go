@@ -64,8 +64,9 @@ const (
 const (
 	shardCount = 64
 	// recordOverhead approximates the bytes a record costs beyond its
-	// strings and response: map entry, times, token.
-	recordOverhead = 96
+	// strings and response: the map entry, its ID and record (times,
+	// token, counts).
+	recordOverhead = 112
 	// boundSweepInterval is how often, at most, a Claim that finds the
 	// store full sweeps it.
 	boundSweepInterval = 100 * time.Millisecond

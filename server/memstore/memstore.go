@@ -388,18 +388,18 @@ func (s *Store) Complete(ctx context.Context, id server.ID, token server.Token, 
 // kept, over the bound if need be: forgetting that a request ran would let it
 // run twice.
 func (s *Store) fit(resp *server.Response) (*server.Response, int64) {
-	for _, r := range []*server.Response{
-		resp,
-		{Status: resp.Status, Header: resp.Header, BodyOmitted: true},
-	} {
-		size := int64(r.Size())
-		if s.bytes.Add(size) <= s.maxBytes {
-			return r, size
-		}
-		s.bytes.Add(-size)
+	size := int64(resp.Size())
+	if s.bytes.Add(size) <= s.maxBytes {
+		return resp, size
 	}
-	r := &server.Response{Status: resp.Status, BodyOmitted: true}
-	size := int64(r.Size())
+	s.bytes.Add(-size)
+	r := &server.Response{Status: resp.Status, Header: resp.Header, BodyOmitted: true}
+	if size = int64(r.Size()); s.bytes.Add(size) <= s.maxBytes {
+		return r, size
+	}
+	s.bytes.Add(-size)
+	r.Header = nil
+	size = int64(r.Size())
 	s.bytes.Add(size)
 	return r, size
 }

@@ -129,8 +129,8 @@ func ExampleStore_Resolve() {
 	ctx := context.Background()
 	id := server.ID{Scope: "account:acct_42", Key: "order-8"}
 
-	// The first holder's process dies: its short lease runs out.
-	first, _ := store.Claim(ctx, id, "fp", time.Millisecond, time.Hour)
+	// The first holder's process dies: its lease, short here, runs out.
+	first, _ := store.Claim(ctx, id, "fp", time.Nanosecond, time.Hour)
 	fmt.Println("first:", first.Status, "abandoned before it:", first.Abandoned)
 	var retry server.Claim
 	for retry.Status != server.Acquired {

@@ -9,7 +9,8 @@ import "strings"
 // time rather than the transaction's start. Durations are bound as
 // microseconds.
 type queries struct {
-	claim, takeover, complete, release, extend, sweep string
+	claim, takeover, complete, completeTx, release, extend, sweep string
+	lookup, resolve, forget                                       string
 }
 
 func newQueries(n names) queries {
@@ -18,9 +19,16 @@ func newQueries(n names) queries {
 		claim:    r.Replace(claimSQL),
 		takeover: r.Replace(takeoverSQL),
 		complete: r.Replace(completeSQL),
-		release:  r.Replace(releaseSQL),
-		extend:   r.Replace(extendSQL),
-		sweep:    r.Replace(sweepSQL),
+		// In transactional mode the transaction's row lock, not the
+		// record's time to live, keeps others off the record: a handler
+		// that runs longer than the record lives still completes it.
+		completeTx: r.Replace(completeTxSQL),
+		release:    r.Replace(releaseSQL),
+		extend:     r.Replace(extendSQL),
+		sweep:      r.Replace(sweepSQL),
+		lookup:     r.Replace(lookupSQL),
+		resolve:    r.Replace(resolveSQL),
+		forget:     r.Replace(forgetSQL),
 	}
 }
 
@@ -64,7 +72,10 @@ FROM cur`
 
 // takeoverSQL gives a new lease on a record that Claim found expired, or in
 // flight with an expired lease and the same fingerprint. It changes the row
-// only if it is still the one Claim saw (same token) and still eligible.
+// only if it is still the one Claim saw (same token) and still eligible. A
+// record in flight whose lease ended was abandoned by its holder: abandoned
+// counts it (saturating, so that the column never overflows); an expired
+// record starts afresh, at 0.
 //
 // Parameters: $1 scope, $2 key, $3 token seen, $4 fingerprint, $5 lease
 // (µs), $6 time to live (µs, at least the lease).
@@ -75,25 +86,36 @@ const takeoverSQL = `UPDATE {{table}} SET
 	lease_until = statement_timestamp() + $5::bigint * interval '1 microsecond',
 	created_at = CASE WHEN expires_at <= statement_timestamp() THEN statement_timestamp() ELSE created_at END,
 	expires_at = statement_timestamp() + $6::bigint * interval '1 microsecond',
-	status = NULL, headers = NULL, body = NULL, body_omitted = false
+	status = NULL, headers = NULL, body = NULL, body_omitted = false,
+	abandoned = CASE WHEN expires_at <= statement_timestamp() THEN 0
+		ELSE least(abandoned, 2147483646) + 1 END
 WHERE scope = $1 AND key = $2 AND token = $3
 	AND (expires_at <= statement_timestamp()
 		OR (state = 'in_flight' AND lease_until <= statement_timestamp() AND fingerprint = $4))
-RETURNING token`
+RETURNING token, abandoned`
 
 // The record that Complete, Release and Extend may change: held by the token,
 // in flight, not expired.
 const current = `scope = $1 AND key = $2 AND token = $3
 	AND state = 'in_flight' AND expires_at > statement_timestamp()`
 
-// completeSQL parameters: $1 scope, $2 key, $3 token, $4 time to live (µs),
-// $5 status, $6 headers, $7 body, $8 body omitted.
-const completeSQL = `UPDATE {{table}} SET
+// currentTx is current in transactional mode, where the record cannot have
+// been taken over, whatever its expiry, while the transaction holds it.
+const currentTx = `scope = $1 AND key = $2 AND token = $3 AND state = 'in_flight'`
+
+// completeSet stores the response. Parameters: $1 scope, $2 key, $3 token,
+// $4 time to live (µs), $5 status, $6 headers, $7 body, $8 body omitted.
+const completeSet = `UPDATE {{table}} SET
 	state = 'completed',
 	lease_until = statement_timestamp(),
 	expires_at = statement_timestamp() + $4::bigint * interval '1 microsecond',
 	status = $5, headers = $6, body = $7, body_omitted = $8
-WHERE ` + current
+WHERE `
+
+const (
+	completeSQL   = completeSet + current
+	completeTxSQL = completeSet + currentTx
+)
 
 // releaseSQL parameters: $1 scope, $2 key, $3 token.
 const releaseSQL = `DELETE FROM {{table}} WHERE ` + current
@@ -116,3 +138,27 @@ WHERE ctid = ANY(ARRAY(
 	LIMIT $1
 	FOR UPDATE SKIP LOCKED))
 AND expires_at <= statement_timestamp()`
+
+// lookupSQL reads a live record for Inspector.Lookup, and for a Claim that a
+// read-only server refused. Parameters: $1 scope, $2 key.
+const lookupSQL = `SELECT state, fingerprint, token, abandoned, created_at, lease_until, expires_at,
+	lease_until > statement_timestamp(),
+	(extract(epoch FROM lease_until - statement_timestamp()) * 1000000)::bigint,
+	coalesce(status, 0), headers, body, body_omitted
+FROM {{table}}
+WHERE scope = $1 AND key = $2 AND expires_at > statement_timestamp()`
+
+// resolveSQL records a live record as done with the operator's response,
+// whatever its state and lease: its state is no longer in flight, so the
+// holder's token is refused from then on. Parameters: $1 scope, $2 key, $3
+// time to live (µs), $4 status, $5 headers, $6 body, $7 body omitted.
+const resolveSQL = `UPDATE {{table}} SET
+	state = 'completed',
+	lease_until = least(lease_until, statement_timestamp()),
+	expires_at = statement_timestamp() + $3::bigint * interval '1 microsecond',
+	status = $4, headers = $5, body = $6, body_omitted = $7
+WHERE scope = $1 AND key = $2 AND expires_at > statement_timestamp()`
+
+// forgetSQL deletes a live record, for Inspector.Resolve without a response.
+// Parameters: $1 scope, $2 key.
+const forgetSQL = `DELETE FROM {{table}} WHERE scope = $1 AND key = $2 AND expires_at > statement_timestamp()`

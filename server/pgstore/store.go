@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -39,6 +40,7 @@ var errContended = errors.New("record changed under every attempt")
 // by any number of instances of an API sharing the table.
 type Store struct {
 	pool          *pgxpool.Pool
+	mode          pgx.QueryExecMode
 	names         names
 	q             queries
 	transactional bool
@@ -58,8 +60,9 @@ type Store struct {
 }
 
 var (
-	_ server.Store  = (*Store)(nil)
-	_ server.Binder = (*Store)(nil)
+	_ server.Store     = (*Store)(nil)
+	_ server.Binder    = (*Store)(nil)
+	_ server.Inspector = (*Store)(nil)
 )
 
 // New returns a Store that keeps its records in a table of the database that
@@ -82,6 +85,7 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 	}
 	s := &Store{
 		pool:          pool,
+		mode:          execMode(pool.Config().ConnConfig),
 		names:         n,
 		q:             newQueries(n),
 		transactional: c.transactional,
@@ -104,6 +108,28 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 		go s.sweepLoop(ctx, c.sweepInterval, c.sweepBatch)
 	}
 	return s, nil
+}
+
+// execMode returns how the Store sends its statements on the pool's
+// connections. With pgx's default, QueryExecModeCacheStatement, each
+// statement is prepared once per connection, and PostgreSQL soon switches a
+// prepared statement to a generic plan, made once with the table's
+// statistics of that moment: made while the table was small, that plan is a
+// sequential scan, kept as the table grows to millions of rows until its
+// statistics next change. The Store sends an unnamed statement instead,
+// planned at each execution for the table as it is, still in one round trip
+// (QueryExecModeCacheDescribe, or QueryExecModeDescribeExec when the pool
+// keeps no descriptions); unnamed statements also work through a pooler in
+// transaction mode. A pool set to any other mode keeps it: they all use
+// unnamed statements.
+func execMode(c *pgx.ConnConfig) pgx.QueryExecMode {
+	switch {
+	case c.DefaultQueryExecMode != pgx.QueryExecModeCacheStatement:
+		return c.DefaultQueryExecMode
+	case c.DescriptionCacheCapacity == 0:
+		return pgx.QueryExecModeDescribeExec
+	}
+	return pgx.QueryExecModeCacheDescribe
 }
 
 // Close stops the background sweeper, if any, and waits for it to end; in
@@ -157,12 +183,37 @@ func (s *Store) Claim(ctx context.Context, id server.ID, fingerprint string, lea
 	if s.transactional {
 		c, err = s.claimTx(ctx, id, fingerprint, lease, ttl)
 	} else {
-		c, err = s.claim(ctx, s.pool, id, fingerprint, lease, ttl)
+		c, err = retryIdle(ctx, func() (server.Claim, error) {
+			return s.claim(ctx, s.pool, id, fingerprint, lease, ttl)
+		})
+	}
+	if err != nil && isReadOnly(err) {
+		c, err = s.claimReadOnly(ctx, id, err)
 	}
 	if err != nil {
 		return server.Claim{}, fmt.Errorf("pgstore: claim: %w", err)
 	}
 	return c, nil
+}
+
+// claimReadOnly answers a Claim that a read-only server (a standby, or one
+// set to default_transaction_read_only) refused with refused: a completed
+// record is replayed and a live lease is in flight, which need no write; a
+// request that would have to claim gets the refusal, a store failure.
+func (s *Store) claimReadOnly(ctx context.Context, id server.ID, refused error) (server.Claim, error) {
+	r, found, err := s.lookup(ctx, id)
+	switch {
+	case err != nil:
+		return server.Claim{}, errors.Join(refused, err)
+	case !found:
+		return server.Claim{}, refused
+	}
+	row := claimRow{state: r.state, fingerprint: r.fingerprint, live: r.live, remaining: r.remaining,
+		status: r.status, headers: r.headers, body: r.body, bodyOmitted: r.bodyOmitted}
+	if row.state != "completed" && !row.live {
+		return server.Claim{}, refused // a takeover would write
+	}
+	return row.claim()
 }
 
 // querier is a pool or a transaction.
@@ -177,7 +228,7 @@ func (s *Store) claim(ctx context.Context, db querier, id server.ID, fingerprint
 	leaseUS, ttlUS := micros(lease), micros(max(lease, ttl))
 	for range maxClaimAttempts {
 		var r claimRow
-		err := db.QueryRow(ctx, s.q.claim, scope, key, fp, leaseUS, ttlUS).Scan(
+		err := db.QueryRow(ctx, s.q.claim, s.mode, scope, key, fp, leaseUS, ttlUS).Scan(
 			&r.inserted, &r.token, &r.state, (*stringScanner)(&r.fingerprint),
 			&r.live, &r.remaining, &r.expired, &r.status, &r.headers, &r.body, &r.bodyOmitted)
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -189,15 +240,18 @@ func (s *Store) claim(ctx context.Context, db querier, id server.ID, fingerprint
 		if !r.mayTakeOver(fingerprint) {
 			return r.claim()
 		}
-		var token int64
-		err = db.QueryRow(ctx, s.q.takeover, scope, key, r.token, fp, leaseUS, ttlUS).Scan(&token)
+		var (
+			token     int64
+			abandoned int32
+		)
+		err = db.QueryRow(ctx, s.q.takeover, s.mode, scope, key, r.token, fp, leaseUS, ttlUS).Scan(&token, &abandoned)
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // changed since it was read: look again
 		}
 		if err != nil {
 			return server.Claim{}, err
 		}
-		return server.Claim{Status: server.Acquired, Token: server.Token(token)}, nil
+		return server.Claim{Status: server.Acquired, Token: server.Token(token), Abandoned: int(abandoned)}, nil
 	}
 	return server.Claim{}, errContended
 }
@@ -245,7 +299,7 @@ func (r *claimRow) claim() (server.Claim, error) {
 		return server.Claim{
 			Status:      server.InFlight,
 			Fingerprint: r.fingerprint,
-			RetryAfter:  max(time.Duration(r.remaining)*time.Microsecond, time.Microsecond),
+			RetryAfter:  max(fromMicros(r.remaining), time.Microsecond),
 		}, nil
 	default: // a lease that ended, for another request
 		return server.Claim{Status: server.InFlight, Fingerprint: r.fingerprint}, nil
@@ -278,8 +332,17 @@ func (s *Store) Complete(ctx context.Context, id server.ID, token server.Token, 
 		}
 		return nil
 	}
-	tag, err := s.pool.Exec(ctx, s.q.complete, []byte(id.Scope), []byte(id.Key), int64(token), micros(ttl),
-		int32(resp.Status), encodeHeader(resp.Header), resp.Body, resp.BodyOmitted)
+	headers := encodeHeader(resp.Header)
+	if err := storable(id, resp, headers); err != nil {
+		return fmt.Errorf("pgstore: complete: %w", err)
+	}
+	tag, err := retryIdle(ctx, func() (pgconn.CommandTag, error) {
+		return s.pool.Exec(ctx, s.q.complete, s.mode, []byte(id.Scope), []byte(id.Key), int64(token), micros(ttl),
+			int32(resp.Status), headers, resp.Body, resp.BodyOmitted)
+	})
+	if isNotStorable(err) {
+		return fmt.Errorf("pgstore: complete: %w: %w", server.ErrNotStorable, err)
+	}
 	return result("complete", tag, err)
 }
 
@@ -293,7 +356,9 @@ func (s *Store) Release(ctx context.Context, id server.ID, token server.Token) e
 	if s.transactional {
 		return s.releaseTx(ctx, id, token)
 	}
-	tag, err := s.pool.Exec(ctx, s.q.release, []byte(id.Scope), []byte(id.Key), int64(token))
+	tag, err := retryIdle(ctx, func() (pgconn.CommandTag, error) {
+		return s.pool.Exec(ctx, s.q.release, s.mode, []byte(id.Scope), []byte(id.Key), int64(token))
+	})
 	return result("release", tag, err)
 }
 
@@ -312,7 +377,9 @@ func (s *Store) Extend(ctx context.Context, id server.ID, token server.Token, le
 	if s.transactional {
 		return s.extendTx(id, token)
 	}
-	tag, err := s.pool.Exec(ctx, s.q.extend, []byte(id.Scope), []byte(id.Key), int64(token), micros(lease))
+	tag, err := retryIdle(ctx, func() (pgconn.CommandTag, error) {
+		return s.pool.Exec(ctx, s.q.extend, s.mode, []byte(id.Scope), []byte(id.Key), int64(token), micros(lease))
+	})
 	return result("extend", tag, err)
 }
 
@@ -328,8 +395,20 @@ func result(op string, tag pgconn.CommandTag, err error) error {
 	return nil
 }
 
-// micros converts a duration to the microseconds the statements take.
+// micros converts a duration to the microseconds the statements take. Every
+// duration fits: math.MaxInt64 nanoseconds is 292 years, and PostgreSQL's
+// timestamps reach the year 294276.
 func micros(d time.Duration) int64 { return d.Microseconds() }
+
+// fromMicros converts microseconds that PostgreSQL computed back to a
+// duration, saturating: a lease of math.MaxInt64 can come back a microsecond
+// longer, through the statement's floating-point interval arithmetic.
+func fromMicros(us int64) time.Duration {
+	if us > math.MaxInt64/int64(time.Microsecond) {
+		return math.MaxInt64
+	}
+	return time.Duration(us) * time.Microsecond
+}
 
 // stringScanner scans bytea into a string with a single copy.
 type stringScanner string

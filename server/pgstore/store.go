@@ -93,21 +93,38 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 		log:           c.logger,
 		txs:           make(map[txKey]pgx.Tx),
 	}
-	// READ COMMITTED, whatever the session's default, so that a statement
-	// run again sees what committed since the last one. Settings in
-	// milliseconds; SET LOCAL ends with the transaction.
-	s.beginSQL = "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL lock_timeout = " +
-		strconv.FormatInt(c.lockTimeout.Milliseconds(), 10)
-	if c.idleTimeout > 0 {
-		s.beginSQL += "; SET LOCAL idle_in_transaction_session_timeout = " +
-			strconv.FormatInt(max(c.idleTimeout.Milliseconds(), 1), 10)
-	}
+	s.beginSQL = beginSQL(c.lockTimeout, c.idleTimeout)
 	if c.sweepInterval > 0 {
 		ctx, cancel := context.WithCancel(context.Background())
 		s.stopSweep, s.sweepDone = cancel, make(chan struct{})
 		go s.sweepLoop(ctx, c.sweepInterval, c.sweepBatch)
 	}
 	return s, nil
+}
+
+// beginSQL is the statement that begins a transaction of transactional
+// mode: READ COMMITTED, whatever the session's default, so that a statement
+// run again sees what committed since the last one; the lock timeout; the
+// idle timeout unless it is zero. The settings are in milliseconds,
+// saturated at PostgreSQL's maximum (math.MaxInt32, 24 days), and end with
+// the transaction.
+//
+// The lock timeout is at most half the session's statement_timeout, when
+// one is set: a Claim that waits for a concurrent transaction then ends
+// with the lock timeout, which it answers InFlight (409), before the
+// statement timeout, which it could only report as a failure (503).
+func beginSQL(lockTimeout, idleTimeout time.Duration) string {
+	ms := func(d time.Duration) string {
+		return strconv.FormatInt(min(max(d.Milliseconds(), 1), math.MaxInt32), 10)
+	}
+	q := "BEGIN ISOLATION LEVEL READ COMMITTED; " +
+		"SELECT set_config('lock_timeout', (CASE WHEN st > 0 THEN least(" + ms(lockTimeout) + ", greatest(st / 2, 1)) " +
+		"ELSE " + ms(lockTimeout) + " END)::bigint::text, true) " +
+		"FROM (SELECT extract(epoch FROM current_setting('statement_timeout')::interval) * 1000 AS st) AS s"
+	if idleTimeout > 0 {
+		q += "; SET LOCAL idle_in_transaction_session_timeout = " + ms(idleTimeout)
+	}
+	return q
 }
 
 // execMode returns how the Store sends its statements on the pool's

@@ -1,7 +1,6 @@
 package pgstore
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -66,15 +65,4 @@ func closedWhileIdle(err error) bool {
 		return pgErr.Code == "57P05" // idle_session_timeout
 	}
 	return pgconn.SafeToRetry(err)
-}
-
-// retryIdle runs f, and once more when it failed on a connection closed
-// while idle: the statement did not run, and the pool has dropped that
-// connection, so the second try gets another.
-func retryIdle[T any](ctx context.Context, f func() (T, error)) (T, error) {
-	v, err := f()
-	if err != nil && ctx.Err() == nil && closedWhileIdle(err) {
-		v, err = f()
-	}
-	return v, err
 }

@@ -31,12 +31,11 @@ type lookupRow struct {
 
 // lookup reads the live record for id; found is false when there is none.
 func (s *Store) lookup(ctx context.Context, id server.ID) (r lookupRow, found bool, err error) {
-	r, err = retryIdle(ctx, func() (lookupRow, error) {
-		var r lookupRow
-		err := s.pool.QueryRow(ctx, s.q.lookup, s.mode, []byte(id.Scope), []byte(id.Key)).Scan(
+	err = s.retry(ctx, func() error {
+		r = lookupRow{}
+		return s.pool.QueryRow(ctx, s.stmts().lookup, s.coldMode, []byte(id.Scope), []byte(id.Key)).Scan(
 			&r.state, (*stringScanner)(&r.fingerprint), &r.token, &r.abandoned, &r.created, &r.leaseUntil,
 			&r.expires, &r.live, &r.remaining, &r.status, &r.headers, &r.body, &r.bodyOmitted)
-		return r, err
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return lookupRow{}, false, nil
@@ -98,16 +97,20 @@ func (s *Store) Resolve(ctx context.Context, id server.ID, resp *server.Response
 		args []any
 	)
 	if resp == nil {
-		sql, args = s.q.forget, []any{s.mode, []byte(id.Scope), []byte(id.Key)}
+		sql, args = s.stmts().forget, []any{s.coldMode, []byte(id.Scope), []byte(id.Key)}
 	} else {
 		headers := encodeHeader(resp.Header)
 		if err := storable(id, resp, headers); err != nil {
 			return fmt.Errorf("pgstore: resolve: %w", err)
 		}
-		sql, args = s.q.resolve, []any{s.mode, []byte(id.Scope), []byte(id.Key), micros(ttl),
+		sql, args = s.stmts().resolve, []any{s.coldMode, []byte(id.Scope), []byte(id.Key), micros(ttl),
 			int32(resp.Status), headers, resp.Body, resp.BodyOmitted}
 	}
-	tag, err := retryIdle(ctx, func() (pgconn.CommandTag, error) { return s.pool.Exec(ctx, sql, args...) })
+	var tag pgconn.CommandTag
+	err := s.retry(ctx, func() (err error) {
+		tag, err = s.pool.Exec(ctx, sql, args...)
+		return err
+	})
 	switch {
 	case isNotStorable(err):
 		return fmt.Errorf("pgstore: resolve: %w: %w", server.ErrNotStorable, err)

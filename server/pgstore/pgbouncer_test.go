@@ -2,14 +2,17 @@ package pgstore_test
 
 import (
 	"bytes"
+	"context"
 	"flag"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -90,7 +93,8 @@ func TestThroughPgBouncer(t *testing.T) {
 		t.Run(fmt.Sprintf("transactional=%v", transactional), func(t *testing.T) {
 			ctx := testContext(t)
 			_, table := newStore(t, direct)
-			opts := []pgstore.Option{pgstore.WithTable(table)}
+			var logged countingHandler
+			opts := []pgstore.Option{pgstore.WithTable(table), pgstore.WithLogger(slog.New(&logged))}
 			if transactional {
 				opts = append(opts, pgstore.WithTransactions())
 			}
@@ -137,6 +141,22 @@ func TestThroughPgBouncer(t *testing.T) {
 			if len(failed) > 0 {
 				t.Errorf("%d of %d operations failed; the first: %v", len(failed), workers*rounds*3, failed[0])
 			}
+			if n := logged.n.Load(); n > 1 {
+				t.Errorf("the switch to unnamed statements was logged %d times, want once at most", n)
+			}
 		})
 	}
 }
+
+// countingHandler counts the records logged at warn level or above.
+type countingHandler struct{ n atomic.Int64 }
+
+func (h *countingHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h *countingHandler) Handle(_ context.Context, r slog.Record) error {
+	if r.Level >= slog.LevelWarn {
+		h.n.Add(1)
+	}
+	return nil
+}
+func (h *countingHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *countingHandler) WithGroup(string) slog.Handler      { return h }

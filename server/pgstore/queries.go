@@ -1,6 +1,9 @@
 package pgstore
 
-import "strings"
+import (
+	"strconv"
+	"strings"
+)
 
 // queries are a Store's statements, written once for its table. Every time
 // comes from the database's clock, statement_timestamp(), so that instances
@@ -13,18 +16,25 @@ type queries struct {
 	lookup, resolve, forget                                       string
 }
 
-func newQueries(n names) queries {
+// newQueries writes the statements for the table n names, in the version
+// that a Store uses while the table's size is in the given plan epoch (see
+// planEpoch): the statements that run on every request end with a comment
+// that names the epoch, so that each epoch's are distinct statements, which
+// pgx prepares afresh and PostgreSQL plans for the table's size.
+func newQueries(n names, epoch int) queries {
 	r := strings.NewReplacer("{{table}}", n.table, "{{sequence}}", n.sequence)
+	tag := "\n/* pgstore plan epoch " + strconv.Itoa(epoch) + " */"
+	hot := func(sql string) string { return r.Replace(sql) + tag }
 	return queries{
-		claim:    r.Replace(claimSQL),
-		takeover: r.Replace(takeoverSQL),
-		complete: r.Replace(completeSQL),
+		claim:    hot(claimSQL),
+		takeover: hot(takeoverSQL),
+		complete: hot(completeSQL),
 		// In transactional mode the transaction's row lock, not the
 		// record's time to live, keeps others off the record: a handler
 		// that runs longer than the record lives still completes it.
-		completeTx: r.Replace(completeTxSQL),
-		release:    r.Replace(releaseSQL),
-		extend:     r.Replace(extendSQL),
+		completeTx: hot(completeTxSQL),
+		release:    hot(releaseSQL),
+		extend:     hot(extendSQL),
 		sweep:      r.Replace(sweepSQL),
 		lookup:     r.Replace(lookupSQL),
 		resolve:    r.Replace(resolveSQL),
@@ -44,10 +54,13 @@ func newQueries(n names) queries {
 // nothing if it commits, and the statement returns no row at all; Claim then
 // runs it again, with a snapshot that sees the row.
 //
+// The last column is the table's size in bytes, for planEpoch, read from
+// the relation of the row (tableoid) at the cost of one lseek.
+//
 // Parameters: $1 scope, $2 key, $3 fingerprint, $4 lease (µs), $5 time to
 // live (µs, at least the lease).
 const claimSQL = `WITH cur AS (
-	SELECT token, state, fingerprint, lease_until, expires_at, status, headers, body, body_omitted
+	SELECT token, state, fingerprint, lease_until, expires_at, status, headers, body, body_omitted, tableoid
 	FROM {{table}}
 	WHERE scope = $1 AND key = $2
 ), ins AS (
@@ -58,16 +71,18 @@ const claimSQL = `WITH cur AS (
 		statement_timestamp() + $5::bigint * interval '1 microsecond'
 	WHERE NOT EXISTS (SELECT 1 FROM cur)
 	ON CONFLICT (scope, key) DO NOTHING
-	RETURNING token
+	RETURNING token, tableoid
 )
-SELECT true, token, '', NULL::bytea, false, 0::bigint, false, 0, NULL::bytea, NULL::bytea, false
+SELECT true, token, '', NULL::bytea, false, 0::bigint, false, 0, NULL::bytea, NULL::bytea, false,
+	pg_relation_size(tableoid)
 FROM ins
 UNION ALL
 SELECT false, token, state, fingerprint,
 	lease_until > statement_timestamp(),
 	(extract(epoch FROM lease_until - statement_timestamp()) * 1000000)::bigint,
 	expires_at <= statement_timestamp(),
-	coalesce(status, 0), headers, body, body_omitted
+	coalesce(status, 0), headers, body, body_omitted,
+	pg_relation_size(tableoid)
 FROM cur`
 
 // takeoverSQL gives a new lease on a record that Claim found expired, or in

@@ -128,7 +128,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 		return fmt.Errorf("pgstore: migrate: %w", err)
 	}
 	defer rollback(ctx, tx) // after a successful Commit, this does nothing
-	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", s.mode, MigrateLockKey); err != nil {
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", s.coldMode, MigrateLockKey); err != nil {
 		return fmt.Errorf("pgstore: migrate: %w", err)
 	}
 	var exists bool
@@ -137,7 +137,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 	err = tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL
 		AND to_regclass($3) IS NOT NULL
 		AND EXISTS (SELECT 1 FROM pg_attribute
-			WHERE attrelid = to_regclass($1) AND attname = 'abandoned' AND NOT attisdropped)`, s.mode,
+			WHERE attrelid = to_regclass($1) AND attname = 'abandoned' AND NOT attisdropped)`, s.coldMode,
 		s.names.table, s.names.sequence, s.names.indexQualified).Scan(&exists)
 	if err != nil {
 		return fmt.Errorf("pgstore: migrate: %w", err)

@@ -39,14 +39,20 @@ var errContended = errors.New("record changed under every attempt")
 // Schema yourself), and call Close when done. It is safe for concurrent use,
 // by any number of instances of an API sharing the table.
 type Store struct {
-	pool          *pgxpool.Pool
-	mode          pgx.QueryExecMode
-	names         names
-	q             queries
-	transactional bool
-	lockTimeout   time.Duration
-	beginSQL      string
-	log           *slog.Logger
+	pool  *pgxpool.Pool
+	names names
+	// plans holds the statements of each plan epoch; epoch is the current
+	// one (see plans.go).
+	plans [maxPlanEpoch + 1]queries
+	epoch atomic.Int32
+	// poolMode sends the statements of every request, coldMode the others
+	// and, once unprepared is set, all of them.
+	poolMode, coldMode pgx.QueryExecMode
+	unprepared         atomic.Bool
+	transactional      bool
+	lockTimeout        time.Duration
+	beginSQL           string
+	log                *slog.Logger
 
 	closed    atomic.Bool
 	closeOnce sync.Once
@@ -85,15 +91,18 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 	}
 	s := &Store{
 		pool:          pool,
-		mode:          execMode(pool.Config().ConnConfig),
 		names:         n,
-		q:             newQueries(n),
 		transactional: c.transactional,
 		lockTimeout:   c.lockTimeout,
 		log:           c.logger,
 		txs:           make(map[txKey]pgx.Tx),
 	}
 	s.beginSQL = beginSQL(c.lockTimeout, c.idleTimeout)
+	for e := range s.plans {
+		s.plans[e] = newQueries(n, e)
+	}
+	cc := pool.Config().ConnConfig
+	s.poolMode, s.coldMode = cc.DefaultQueryExecMode, unnamedMode(cc)
 	if c.sweepInterval > 0 {
 		ctx, cancel := context.WithCancel(context.Background())
 		s.stopSweep, s.sweepDone = cancel, make(chan struct{})
@@ -125,28 +134,6 @@ func beginSQL(lockTimeout, idleTimeout time.Duration) string {
 		q += "; SET LOCAL idle_in_transaction_session_timeout = " + ms(idleTimeout)
 	}
 	return q
-}
-
-// execMode returns how the Store sends its statements on the pool's
-// connections. With pgx's default, QueryExecModeCacheStatement, each
-// statement is prepared once per connection, and PostgreSQL soon switches a
-// prepared statement to a generic plan, made once with the table's
-// statistics of that moment: made while the table was small, that plan is a
-// sequential scan, kept as the table grows to millions of rows until its
-// statistics next change. The Store sends an unnamed statement instead,
-// planned at each execution for the table as it is, still in one round trip
-// (QueryExecModeCacheDescribe, or QueryExecModeDescribeExec when the pool
-// keeps no descriptions); unnamed statements also work through a pooler in
-// transaction mode. A pool set to any other mode keeps it: they all use
-// unnamed statements.
-func execMode(c *pgx.ConnConfig) pgx.QueryExecMode {
-	switch {
-	case c.DefaultQueryExecMode != pgx.QueryExecModeCacheStatement:
-		return c.DefaultQueryExecMode
-	case c.DescriptionCacheCapacity == 0:
-		return pgx.QueryExecModeDescribeExec
-	}
-	return pgx.QueryExecModeCacheDescribe
 }
 
 // Close stops the background sweeper, if any, and waits for it to end; in
@@ -198,10 +185,16 @@ func (s *Store) Claim(ctx context.Context, id server.ID, fingerprint string, lea
 		err error
 	)
 	if s.transactional {
-		c, err = s.claimTx(ctx, id, fingerprint, lease, ttl)
+		// A failure before the claim ran rolled the transaction back:
+		// nothing was written, and the whole claim runs once more.
+		err = s.retry(ctx, func() (err error) {
+			c, err = s.claimTx(ctx, id, fingerprint, lease, ttl)
+			return err
+		})
 	} else {
-		c, err = retryIdle(ctx, func() (server.Claim, error) {
-			return s.claim(ctx, s.pool, id, fingerprint, lease, ttl)
+		err = s.retry(ctx, func() (err error) {
+			c, err = s.claim(ctx, s.pool, id, fingerprint, lease, ttl)
+			return err
 		})
 	}
 	if err != nil && isReadOnly(err) {
@@ -245,15 +238,18 @@ func (s *Store) claim(ctx context.Context, db querier, id server.ID, fingerprint
 	leaseUS, ttlUS := micros(lease), micros(max(lease, ttl))
 	for range maxClaimAttempts {
 		var r claimRow
-		err := db.QueryRow(ctx, s.q.claim, s.mode, scope, key, fp, leaseUS, ttlUS).Scan(
+		q, mode := s.stmts(), s.hotMode()
+		var size int64
+		err := db.QueryRow(ctx, q.claim, mode, scope, key, fp, leaseUS, ttlUS).Scan(
 			&r.inserted, &r.token, &r.state, (*stringScanner)(&r.fingerprint),
-			&r.live, &r.remaining, &r.expired, &r.status, &r.headers, &r.body, &r.bodyOmitted)
+			&r.live, &r.remaining, &r.expired, &r.status, &r.headers, &r.body, &r.bodyOmitted, &size)
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // a concurrent claimer's record, not in this statement's snapshot
 		}
 		if err != nil {
 			return server.Claim{}, err
 		}
+		s.observeSize(size)
 		if !r.mayTakeOver(fingerprint) {
 			return r.claim()
 		}
@@ -261,7 +257,7 @@ func (s *Store) claim(ctx context.Context, db querier, id server.ID, fingerprint
 			token     int64
 			abandoned int32
 		)
-		err = db.QueryRow(ctx, s.q.takeover, s.mode, scope, key, r.token, fp, leaseUS, ttlUS).Scan(&token, &abandoned)
+		err = db.QueryRow(ctx, q.takeover, mode, scope, key, r.token, fp, leaseUS, ttlUS).Scan(&token, &abandoned)
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // changed since it was read: look again
 		}
@@ -353,9 +349,11 @@ func (s *Store) Complete(ctx context.Context, id server.ID, token server.Token, 
 	if err := storable(id, resp, headers); err != nil {
 		return fmt.Errorf("pgstore: complete: %w", err)
 	}
-	tag, err := retryIdle(ctx, func() (pgconn.CommandTag, error) {
-		return s.pool.Exec(ctx, s.q.complete, s.mode, []byte(id.Scope), []byte(id.Key), int64(token), micros(ttl),
-			int32(resp.Status), headers, resp.Body, resp.BodyOmitted)
+	var tag pgconn.CommandTag
+	err := s.retry(ctx, func() (err error) {
+		tag, err = s.pool.Exec(ctx, s.stmts().complete, s.hotMode(), []byte(id.Scope), []byte(id.Key), int64(token),
+			micros(ttl), int32(resp.Status), headers, resp.Body, resp.BodyOmitted)
+		return err
 	})
 	if isNotStorable(err) {
 		return fmt.Errorf("pgstore: complete: %w: %w", server.ErrNotStorable, err)
@@ -373,8 +371,10 @@ func (s *Store) Release(ctx context.Context, id server.ID, token server.Token) e
 	if s.transactional {
 		return s.releaseTx(ctx, id, token)
 	}
-	tag, err := retryIdle(ctx, func() (pgconn.CommandTag, error) {
-		return s.pool.Exec(ctx, s.q.release, s.mode, []byte(id.Scope), []byte(id.Key), int64(token))
+	var tag pgconn.CommandTag
+	err := s.retry(ctx, func() (err error) {
+		tag, err = s.pool.Exec(ctx, s.stmts().release, s.hotMode(), []byte(id.Scope), []byte(id.Key), int64(token))
+		return err
 	})
 	return result("release", tag, err)
 }
@@ -394,8 +394,10 @@ func (s *Store) Extend(ctx context.Context, id server.ID, token server.Token, le
 	if s.transactional {
 		return s.extendTx(id, token)
 	}
-	tag, err := retryIdle(ctx, func() (pgconn.CommandTag, error) {
-		return s.pool.Exec(ctx, s.q.extend, s.mode, []byte(id.Scope), []byte(id.Key), int64(token), micros(lease))
+	var tag pgconn.CommandTag
+	err := s.retry(ctx, func() (err error) {
+		tag, err = s.pool.Exec(ctx, s.stmts().extend, s.hotMode(), []byte(id.Scope), []byte(id.Key), int64(token), micros(lease))
+		return err
 	})
 	return result("extend", tag, err)
 }

@@ -38,9 +38,7 @@ type txKey struct {
 // in it and, when the claim is Acquired, keeps it open for Bind, Complete and
 // Release.
 func (s *Store) claimTx(ctx context.Context, id server.ID, fingerprint string, lease, ttl time.Duration) (server.Claim, error) {
-	tx, err := retryIdle(ctx, func() (pgx.Tx, error) {
-		return s.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: s.beginSQL})
-	})
+	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: s.beginSQL})
 	if err != nil {
 		return server.Claim{}, err
 	}
@@ -108,8 +106,11 @@ func (s *Store) completeTx(ctx context.Context, id server.ID, token server.Token
 			return fmt.Errorf("pgstore: complete: %w: %v", ErrRolledBack, err)
 		}
 	}
-	tag, err := tx.Exec(ctx, s.q.completeTx, s.mode, []byte(id.Scope), []byte(id.Key), int64(token), micros(ttl),
-		int32(resp.Status), headers, resp.Body, resp.BodyOmitted)
+	// Unnamed: a statement that fails here cannot run again without losing
+	// the handler's writes, so it must not depend on a prepared statement
+	// that a pooler in transaction mode may have lost (see retry).
+	tag, err := tx.Exec(ctx, s.stmts().completeTx, s.coldMode, []byte(id.Scope), []byte(id.Key), int64(token),
+		micros(ttl), int32(resp.Status), headers, resp.Body, resp.BodyOmitted)
 	if err == nil && tag.RowsAffected() == 0 {
 		// Not while the transaction holds the row.
 		err = server.ErrLeaseLost

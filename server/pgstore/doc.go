@@ -63,6 +63,9 @@
 // original's cannot be read yet: a key reused for another request is told
 // 409 while the original runs, and 422 once it has committed.
 //
+// Claim.Abandoned is 0 in this mode: a holder that is lost has its
+// transaction rolled back, its writes with it, and the record is gone.
+//
 // Extend does nothing in this mode, and succeeds while the transaction is
 // open: the row lock, not a lease, protects the record, nobody can take it
 // over, and if the process dies PostgreSQL rolls the transaction back.

@@ -123,8 +123,9 @@ func WithSweeper(interval time.Duration, batch int) Option {
 }
 
 // WithLogger sets where the Store reports what it cannot return to a
-// caller: failures of the background sweeper, and of rollbacks done while
-// closing. The Store is silent by default.
+// caller: failures of the background sweeper, of rollbacks done while
+// closing, and its switch to unnamed statements when the server refuses a
+// prepared one (see README.md, Poolers). The Store is silent by default.
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) { c.logger = l }
 }

@@ -199,5 +199,8 @@ func TestReadOnlyServer(t *testing.T) {
 		assert.Positive(t, c.RetryAfter)
 		_, err = ro.Claim(ctx, scopeID("new"), "fp", time.Minute, time.Hour)
 		assert.ErrorContains(t, err, "read-only")
+		rec, err := ro.Lookup(ctx, done)
+		require.NoError(t, err)
+		assert.True(t, rec.Completed)
 	}
 }

@@ -319,7 +319,9 @@ func (r *claimRow) claim() (server.Claim, error) {
 	}
 }
 
-// Complete implements server.Store. In lease mode it is one statement.
+// Complete implements server.Store. In lease mode it is one statement. A
+// response that can never be stored (README.md lists what) fails with an
+// error wrapping server.ErrNotStorable, and changes nothing.
 //
 // In transactional mode it stores the response in the lease's transaction
 // and commits it, with the handler's writes: two round trips. When the
@@ -420,8 +422,8 @@ func result(op string, tag pgconn.CommandTag, err error) error {
 func micros(d time.Duration) int64 { return d.Microseconds() }
 
 // fromMicros converts microseconds that PostgreSQL computed back to a
-// duration, saturating: a lease of math.MaxInt64 can come back a microsecond
-// longer, through the statement's floating-point interval arithmetic.
+// duration, saturating, in case the statements' floating-point interval
+// arithmetic rounds a lease of math.MaxInt64 up.
 func fromMicros(us int64) time.Duration {
 	if us > math.MaxInt64/int64(time.Microsecond) {
 		return math.MaxInt64

@@ -319,9 +319,10 @@ func (r *claimRow) claim() (server.Claim, error) {
 	}
 }
 
-// Complete implements server.Store. In lease mode it is one statement. A
-// response that can never be stored (README.md lists what) fails with an
-// error wrapping server.ErrNotStorable, and changes nothing.
+// Complete implements server.Store. In lease mode it is one statement, and
+// a response that can never be stored (README.md lists what) fails with an
+// error wrapping server.ErrNotStorable and changes nothing; transactional
+// mode stores such a response without its body and commits.
 //
 // In transactional mode it stores the response in the lease's transaction
 // and commits it, with the handler's writes: two round trips. When the

@@ -244,9 +244,10 @@ func claimLoad(t *testing.T, ctx context.Context, s *pgstore.Store, workers int,
 	return all
 }
 
-// BenchmarkExecModes measures, in lease mode, what pgx's automatic prepared
-// statements (the default, QueryExecModeCacheStatement) are worth against
-// its other ways of sending a statement.
+// BenchmarkExecModes measures replays in lease mode with the pool set to
+// each of pgx's ways of sending a statement. The Store keeps the pool's mode
+// except pgx's default, QueryExecModeCacheStatement, for which it sends
+// unnamed statements (QueryExecModeCacheDescribe): see execMode.
 func BenchmarkExecModes(b *testing.B) {
 	for _, mode := range []pgx.QueryExecMode{
 		pgx.QueryExecModeCacheStatement,

@@ -33,6 +33,15 @@
 // handler's effects live in the same database, transactional mode closes
 // that gap.
 //
+// A Claim that takes over a lease whose holder never completed or released
+// it (it died, hung, or lost the database) reports how many holders were
+// lost before it, in server.Claim.Abandoned: the handler may find its own
+// effect already done. [Store.Lookup] and [Store.Resolve] (server.Inspector)
+// let an operator see such a record and settle it by hand. A response that
+// PostgreSQL can never store (over a gigabyte, or refused for one of its
+// limits) fails Complete with an error wrapping server.ErrNotStorable, on
+// which the middleware records the request as done without its body.
+//
 // # Transactional mode
 //
 // With [WithTransactions], the claim, the handler's own writes and the stored
@@ -54,6 +63,9 @@
 // original's cannot be read yet: a key reused for another request is told
 // 409 while the original runs, and 422 once it has committed.
 //
+// Claim.Abandoned is 0 in this mode: a holder that is lost has its
+// transaction rolled back, its writes with it, and the record is gone.
+//
 // Extend does nothing in this mode, and succeeds while the transaction is
 // open: the row lock, not a lease, protects the record, nobody can take it
 // over, and if the process dies PostgreSQL rolls the transaction back.
@@ -65,8 +77,11 @@
 // lock), the sweep of expired records (Sweep, or WithSweeper's background
 // sweeper, stopped by Close), the queries that report how many records the
 // table holds and how many bytes they take (for metrics, such as an
-// idemotel.StoreSize), and what errors mean. In short: errors start
-// with "pgstore:", an error wrapping server.ErrLeaseLost means the token is
-// not the record's current one, and every other error is a store failure,
-// which the middleware answers with 503.
+// idemotel.StoreSize), what errors mean, and, under "Operating it", what
+// to set on the server and in front of it (poolers, timeouts, read-only
+// servers, plans). In short: errors start with "pgstore:", an error
+// wrapping server.ErrLeaseLost means the token is not the record's current
+// one, one wrapping server.ErrNotStorable that the response can never be
+// stored, and every other error is a store failure, which the middleware
+// answers with 503.
 package pgstore

@@ -2,6 +2,7 @@ package pgstore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 	"net/http"
@@ -115,4 +116,33 @@ func ExampleSchema() {
 	// CREATE SEQUENCE IF NOT EXISTS "billing"."idempotency_token_seq" AS bigint CACHE 1;
 	// CREATE TABLE IF NOT EXISTS "billing"."idempotency" (
 	// CREATE INDEX IF NOT EXISTS "idempotency_expires_at_idx" ON "billing"."idempotency" (expires_at);
+}
+
+// An operator looks a key up, and records a request whose holder was lost
+// after its effect as done, with the response that retries will replay.
+func ExampleStore_Resolve() {
+	var store *pgstore.Store // the application's
+	ctx := context.Background()
+	id := server.ID{Scope: "tenant-42", Key: "order-123"}
+	rec, err := store.Lookup(ctx, id)
+	if errors.Is(err, server.ErrNotFound) {
+		fmt.Println("no record: the next request with the key runs")
+		return
+	}
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("completed %v, abandoned by %d holders, first claimed at %v\n", rec.Completed, rec.Abandoned, rec.Created)
+	if rec.Completed {
+		return
+	}
+	// The order was found in the business database: record it as done.
+	done := &server.Response{
+		Status: http.StatusCreated,
+		Header: http.Header{"Content-Type": {"application/json"}},
+		Body:   []byte(`{"order":123}`),
+	}
+	if err := store.Resolve(ctx, id, done, 24*time.Hour); err != nil {
+		log.Fatal(err)
+	}
 }

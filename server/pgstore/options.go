@@ -14,6 +14,8 @@ const (
 	// DefaultIdleTimeout is how long, in transactional mode, a transaction
 	// may sit idle before PostgreSQL ends its session and rolls it back.
 	DefaultIdleTimeout = time.Minute
+	// MinIdleTimeout is the shortest idle timeout WithIdleTimeout sets.
+	MinIdleTimeout = 100 * time.Millisecond
 	// DefaultSweepBatch is the number of records that one statement of a
 	// sweep deletes, when WithSweeper is given no batch.
 	DefaultSweepBatch = 1000
@@ -52,6 +54,9 @@ func newConfig(opts []Option) (config, error) {
 	case c.sweepBatch < 1:
 		return c, fmt.Errorf("pgstore: sweep batch %d: want at least 1", c.sweepBatch)
 	}
+	if c.idleTimeout > 0 {
+		c.idleTimeout = max(c.idleTimeout, MinIdleTimeout)
+	}
 	if c.logger == nil {
 		c.logger = slog.New(slog.DiscardHandler)
 	}
@@ -78,7 +83,11 @@ func WithTransactions() Option {
 // WithLockTimeout sets how long, in transactional mode, a Claim waits for a
 // concurrent transaction that holds the same key to commit or roll back,
 // before it answers InFlight. Each waiting Claim holds a connection of the
-// pool. The default is DefaultLockTimeout; it is ignored in lease mode.
+// pool. It must be at least a millisecond; PostgreSQL takes at most 24 days
+// (math.MaxInt32 milliseconds), and a longer one is that. When the session
+// has a statement_timeout, the wait is at most half of it, so that it ends
+// as a lock timeout (InFlight) rather than a statement timeout (a failure).
+// The default is DefaultLockTimeout; it is ignored in lease mode.
 func WithLockTimeout(d time.Duration) Option {
 	return func(c *config) { c.lockTimeout = d }
 }
@@ -88,19 +97,25 @@ func WithLockTimeout(d time.Duration) Option {
 // (by a handler that hangs, or a caller that never completes or releases its
 // claim) has its session ended by the server, which rolls it back and frees
 // the key. Zero leaves the session's own setting (PostgreSQL's default is no
-// timeout). The default is DefaultIdleTimeout; it is ignored in lease mode.
+// timeout). A positive one is taken as at least MinIdleTimeout, since a
+// shorter one would end transactions between the Store's own statements,
+// and at most 24 days (math.MaxInt32 milliseconds, PostgreSQL's maximum). The default is DefaultIdleTimeout; it is ignored in lease mode.
 func WithIdleTimeout(d time.Duration) Option {
 	return func(c *config) { c.idleTimeout = d }
 }
 
 // WithSweeper starts a background sweeper that calls Sweep every interval,
-// deleting expired records batch at a time, until Close. A batch below 1
-// means DefaultSweepBatch. There is no sweeper by default: a team may prefer
+// deleting expired records batch at a time, until Close. An interval under
+// a millisecond is taken as a millisecond. A batch below 1 means
+// DefaultSweepBatch. There is no sweeper by default: a team may prefer
 // to sweep from one scheduled job rather than from every instance, and an
 // expired record is taken over by the next Claim of its key anyway.
 func WithSweeper(interval time.Duration, batch int) Option {
 	return func(c *config) {
 		c.sweepInterval = interval
+		if interval > 0 {
+			c.sweepInterval = max(interval, time.Millisecond)
+		}
 		if batch >= 1 {
 			c.sweepBatch = batch
 		}
@@ -108,8 +123,9 @@ func WithSweeper(interval time.Duration, batch int) Option {
 }
 
 // WithLogger sets where the Store reports what it cannot return to a
-// caller: failures of the background sweeper, and of rollbacks done while
-// closing. The Store is silent by default.
+// caller: failures of the background sweeper, of rollbacks done while
+// closing, and its switch to unnamed statements when the server refuses a
+// prepared one (see README.md, Poolers). The Store is silent by default.
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) { c.logger = l }
 }

@@ -1,6 +1,9 @@
 package pgstore
 
-import "strings"
+import (
+	"strconv"
+	"strings"
+)
 
 // queries are a Store's statements, written once for its table. Every time
 // comes from the database's clock, statement_timestamp(), so that instances
@@ -9,18 +12,33 @@ import "strings"
 // time rather than the transaction's start. Durations are bound as
 // microseconds.
 type queries struct {
-	claim, takeover, complete, release, extend, sweep string
+	claim, takeover, complete, completeTx, release, extend, sweep string
+	lookup, resolve, forget                                       string
 }
 
-func newQueries(n names) queries {
+// newQueries writes the statements for the table n names, in the version
+// that a Store uses while the table's size is in the given plan epoch (see
+// planEpoch): the statements that run on every request end with a comment
+// that names the epoch, so that each epoch's are distinct statements, which
+// pgx prepares afresh and PostgreSQL plans for the table's size.
+func newQueries(n names, epoch int) queries {
 	r := strings.NewReplacer("{{table}}", n.table, "{{sequence}}", n.sequence)
+	tag := "\n/* pgstore plan epoch " + strconv.Itoa(epoch) + " */"
+	hot := func(sql string) string { return r.Replace(sql) + tag }
 	return queries{
-		claim:    r.Replace(claimSQL),
-		takeover: r.Replace(takeoverSQL),
-		complete: r.Replace(completeSQL),
-		release:  r.Replace(releaseSQL),
-		extend:   r.Replace(extendSQL),
-		sweep:    r.Replace(sweepSQL),
+		claim:    hot(claimSQL),
+		takeover: hot(takeoverSQL),
+		complete: hot(completeSQL),
+		// In transactional mode the transaction's row lock, not the
+		// record's time to live, keeps others off the record: a handler
+		// that runs longer than the record lives still completes it.
+		completeTx: hot(completeTxSQL),
+		release:    hot(releaseSQL),
+		extend:     hot(extendSQL),
+		sweep:      r.Replace(sweepSQL),
+		lookup:     r.Replace(lookupSQL),
+		resolve:    r.Replace(resolveSQL),
+		forget:     r.Replace(forgetSQL),
 	}
 }
 
@@ -36,10 +54,13 @@ func newQueries(n names) queries {
 // nothing if it commits, and the statement returns no row at all; Claim then
 // runs it again, with a snapshot that sees the row.
 //
+// The last column is the table's size in bytes, for planEpoch, read from
+// the relation of the row (tableoid) at the cost of one lseek.
+//
 // Parameters: $1 scope, $2 key, $3 fingerprint, $4 lease (µs), $5 time to
 // live (µs, at least the lease).
 const claimSQL = `WITH cur AS (
-	SELECT token, state, fingerprint, lease_until, expires_at, status, headers, body, body_omitted
+	SELECT token, state, fingerprint, lease_until, expires_at, status, headers, body, body_omitted, tableoid
 	FROM {{table}}
 	WHERE scope = $1 AND key = $2
 ), ins AS (
@@ -50,21 +71,26 @@ const claimSQL = `WITH cur AS (
 		statement_timestamp() + $5::bigint * interval '1 microsecond'
 	WHERE NOT EXISTS (SELECT 1 FROM cur)
 	ON CONFLICT (scope, key) DO NOTHING
-	RETURNING token
+	RETURNING token, tableoid
 )
-SELECT true, token, '', NULL::bytea, false, 0::bigint, false, 0, NULL::bytea, NULL::bytea, false
+SELECT true, token, '', NULL::bytea, false, 0::bigint, false, 0, NULL::bytea, NULL::bytea, false,
+	pg_relation_size(tableoid)
 FROM ins
 UNION ALL
 SELECT false, token, state, fingerprint,
 	lease_until > statement_timestamp(),
 	(extract(epoch FROM lease_until - statement_timestamp()) * 1000000)::bigint,
 	expires_at <= statement_timestamp(),
-	coalesce(status, 0), headers, body, body_omitted
+	coalesce(status, 0), headers, body, body_omitted,
+	pg_relation_size(tableoid)
 FROM cur`
 
 // takeoverSQL gives a new lease on a record that Claim found expired, or in
 // flight with an expired lease and the same fingerprint. It changes the row
-// only if it is still the one Claim saw (same token) and still eligible.
+// only if it is still the one Claim saw (same token) and still eligible. A
+// record in flight whose lease ended was abandoned by its holder: abandoned
+// counts it (saturating, so that the column never overflows); an expired
+// record starts afresh, at 0.
 //
 // Parameters: $1 scope, $2 key, $3 token seen, $4 fingerprint, $5 lease
 // (µs), $6 time to live (µs, at least the lease).
@@ -75,25 +101,36 @@ const takeoverSQL = `UPDATE {{table}} SET
 	lease_until = statement_timestamp() + $5::bigint * interval '1 microsecond',
 	created_at = CASE WHEN expires_at <= statement_timestamp() THEN statement_timestamp() ELSE created_at END,
 	expires_at = statement_timestamp() + $6::bigint * interval '1 microsecond',
-	status = NULL, headers = NULL, body = NULL, body_omitted = false
+	status = NULL, headers = NULL, body = NULL, body_omitted = false,
+	abandoned = CASE WHEN expires_at <= statement_timestamp() THEN 0
+		ELSE least(abandoned, 2147483646) + 1 END
 WHERE scope = $1 AND key = $2 AND token = $3
 	AND (expires_at <= statement_timestamp()
 		OR (state = 'in_flight' AND lease_until <= statement_timestamp() AND fingerprint = $4))
-RETURNING token`
+RETURNING token, abandoned`
 
 // The record that Complete, Release and Extend may change: held by the token,
 // in flight, not expired.
 const current = `scope = $1 AND key = $2 AND token = $3
 	AND state = 'in_flight' AND expires_at > statement_timestamp()`
 
-// completeSQL parameters: $1 scope, $2 key, $3 token, $4 time to live (µs),
-// $5 status, $6 headers, $7 body, $8 body omitted.
-const completeSQL = `UPDATE {{table}} SET
+// currentTx is current in transactional mode, where the record cannot have
+// been taken over, whatever its expiry, while the transaction holds it.
+const currentTx = `scope = $1 AND key = $2 AND token = $3 AND state = 'in_flight'`
+
+// completeSet stores the response. Parameters: $1 scope, $2 key, $3 token,
+// $4 time to live (µs), $5 status, $6 headers, $7 body, $8 body omitted.
+const completeSet = `UPDATE {{table}} SET
 	state = 'completed',
 	lease_until = statement_timestamp(),
 	expires_at = statement_timestamp() + $4::bigint * interval '1 microsecond',
 	status = $5, headers = $6, body = $7, body_omitted = $8
-WHERE ` + current
+WHERE `
+
+const (
+	completeSQL   = completeSet + current
+	completeTxSQL = completeSet + currentTx
+)
 
 // releaseSQL parameters: $1 scope, $2 key, $3 token.
 const releaseSQL = `DELETE FROM {{table}} WHERE ` + current
@@ -116,3 +153,27 @@ WHERE ctid = ANY(ARRAY(
 	LIMIT $1
 	FOR UPDATE SKIP LOCKED))
 AND expires_at <= statement_timestamp()`
+
+// lookupSQL reads a live record for Inspector.Lookup, and for a Claim that a
+// read-only server refused. Parameters: $1 scope, $2 key.
+const lookupSQL = `SELECT state, fingerprint, token, abandoned, created_at, lease_until, expires_at,
+	lease_until > statement_timestamp(),
+	(extract(epoch FROM lease_until - statement_timestamp()) * 1000000)::bigint,
+	coalesce(status, 0), headers, body, body_omitted
+FROM {{table}}
+WHERE scope = $1 AND key = $2 AND expires_at > statement_timestamp()`
+
+// resolveSQL records a live record as done with the operator's response,
+// whatever its state and lease: its state is no longer in flight, so the
+// holder's token is refused from then on. Parameters: $1 scope, $2 key, $3
+// time to live (µs), $4 status, $5 headers, $6 body, $7 body omitted.
+const resolveSQL = `UPDATE {{table}} SET
+	state = 'completed',
+	lease_until = least(lease_until, statement_timestamp()),
+	expires_at = statement_timestamp() + $3::bigint * interval '1 microsecond',
+	status = $4, headers = $5, body = $6, body_omitted = $7
+WHERE scope = $1 AND key = $2 AND expires_at > statement_timestamp()`
+
+// forgetSQL deletes a live record, for Inspector.Resolve without a response.
+// Parameters: $1 scope, $2 key.
+const forgetSQL = `DELETE FROM {{table}} WHERE scope = $1 AND key = $2 AND expires_at > statement_timestamp()`

@@ -109,8 +109,10 @@ func Schema(table string) (string, error) {
 	return n.schema(), nil
 }
 
-// Migrate creates the Store's table, sequence and index unless they exist.
-// It is safe to call from several instances at once: it applies the schema in
+// Migrate creates the Store's table, sequence and index unless they exist,
+// and adds the columns that a table created by an earlier version of the
+// package lacks (abandoned, with its default: a change of the catalog only,
+// which holds the table's lock for a moment, once). It is safe to call from several instances at once: it applies the schema in
 // one transaction that holds the advisory lock MigrateLockKey, so the
 // instances take turns and all but the first find everything in place.
 //
@@ -126,12 +128,17 @@ func (s *Store) Migrate(ctx context.Context) error {
 		return fmt.Errorf("pgstore: migrate: %w", err)
 	}
 	defer rollback(ctx, tx) // after a successful Commit, this does nothing
-	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", MigrateLockKey); err != nil {
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", s.coldMode, MigrateLockKey); err != nil {
 		return fmt.Errorf("pgstore: migrate: %w", err)
 	}
 	var exists bool
+	// The last column added, abandoned, tells a table of this version from
+	// one created by the first, which Schema's ALTER TABLE brings up to date.
 	err = tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL
-		AND to_regclass($3) IS NOT NULL`, s.names.table, s.names.sequence, s.names.indexQualified).Scan(&exists)
+		AND to_regclass($3) IS NOT NULL
+		AND EXISTS (SELECT 1 FROM pg_attribute
+			WHERE attrelid = to_regclass($1) AND attname = 'abandoned' AND NOT attisdropped)`, s.coldMode,
+		s.names.table, s.names.sequence, s.names.indexQualified).Scan(&exists)
 	if err != nil {
 		return fmt.Errorf("pgstore: migrate: %w", err)
 	}

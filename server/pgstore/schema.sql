@@ -19,8 +19,13 @@ CREATE TABLE IF NOT EXISTS {{table}} (
     headers      bytea,
     body         bytea,
     body_omitted boolean     NOT NULL DEFAULT false,
+    abandoned    integer     NOT NULL DEFAULT 0,
     PRIMARY KEY (scope, key)
 );
+
+-- Added after the first version: a table created by it gains the column
+-- here (a change of the catalog only, since PostgreSQL 11: no rewrite).
+ALTER TABLE {{table}} ADD COLUMN IF NOT EXISTS abandoned integer NOT NULL DEFAULT 0;
 
 -- Dropping the table drops its token sequence too.
 ALTER SEQUENCE {{sequence}} OWNED BY {{table}}.token;

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -38,13 +39,20 @@ var errContended = errors.New("record changed under every attempt")
 // Schema yourself), and call Close when done. It is safe for concurrent use,
 // by any number of instances of an API sharing the table.
 type Store struct {
-	pool          *pgxpool.Pool
-	names         names
-	q             queries
-	transactional bool
-	lockTimeout   time.Duration
-	beginSQL      string
-	log           *slog.Logger
+	pool  *pgxpool.Pool
+	names names
+	// plans holds the statements of each plan epoch; epoch is the current
+	// one (see plans.go).
+	plans [maxPlanEpoch + 1]queries
+	epoch atomic.Int32
+	// poolMode sends the statements of every request, coldMode the others
+	// and, once unprepared is set, all of them.
+	poolMode, coldMode pgx.QueryExecMode
+	unprepared         atomic.Bool
+	transactional      bool
+	lockTimeout        time.Duration
+	beginSQL           string
+	log                *slog.Logger
 
 	closed    atomic.Bool
 	closeOnce sync.Once
@@ -58,8 +66,9 @@ type Store struct {
 }
 
 var (
-	_ server.Store  = (*Store)(nil)
-	_ server.Binder = (*Store)(nil)
+	_ server.Store     = (*Store)(nil)
+	_ server.Binder    = (*Store)(nil)
+	_ server.Inspector = (*Store)(nil)
 )
 
 // New returns a Store that keeps its records in a table of the database that
@@ -83,27 +92,48 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 	s := &Store{
 		pool:          pool,
 		names:         n,
-		q:             newQueries(n),
 		transactional: c.transactional,
 		lockTimeout:   c.lockTimeout,
 		log:           c.logger,
 		txs:           make(map[txKey]pgx.Tx),
 	}
-	// READ COMMITTED, whatever the session's default, so that a statement
-	// run again sees what committed since the last one. Settings in
-	// milliseconds; SET LOCAL ends with the transaction.
-	s.beginSQL = "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL lock_timeout = " +
-		strconv.FormatInt(c.lockTimeout.Milliseconds(), 10)
-	if c.idleTimeout > 0 {
-		s.beginSQL += "; SET LOCAL idle_in_transaction_session_timeout = " +
-			strconv.FormatInt(max(c.idleTimeout.Milliseconds(), 1), 10)
+	s.beginSQL = beginSQL(c.lockTimeout, c.idleTimeout)
+	for e := range s.plans {
+		s.plans[e] = newQueries(n, e)
 	}
+	cc := pool.Config().ConnConfig
+	s.poolMode, s.coldMode = cc.DefaultQueryExecMode, unnamedMode(cc)
 	if c.sweepInterval > 0 {
 		ctx, cancel := context.WithCancel(context.Background())
 		s.stopSweep, s.sweepDone = cancel, make(chan struct{})
 		go s.sweepLoop(ctx, c.sweepInterval, c.sweepBatch)
 	}
 	return s, nil
+}
+
+// beginSQL is the statement that begins a transaction of transactional
+// mode: READ COMMITTED, whatever the session's default, so that a statement
+// run again sees what committed since the last one; the lock timeout; the
+// idle timeout unless it is zero. The settings are in milliseconds,
+// saturated at PostgreSQL's maximum (math.MaxInt32, 24 days), and end with
+// the transaction.
+//
+// The lock timeout is at most half the session's statement_timeout, when
+// one is set: a Claim that waits for a concurrent transaction then ends
+// with the lock timeout, which it answers InFlight (409), before the
+// statement timeout, which it could only report as a failure (503).
+func beginSQL(lockTimeout, idleTimeout time.Duration) string {
+	ms := func(d time.Duration) string {
+		return strconv.FormatInt(min(max(d.Milliseconds(), 1), math.MaxInt32), 10)
+	}
+	q := "BEGIN ISOLATION LEVEL READ COMMITTED; " +
+		"SELECT set_config('lock_timeout', (CASE WHEN st > 0 THEN least(" + ms(lockTimeout) + ", greatest(st / 2, 1)) " +
+		"ELSE " + ms(lockTimeout) + " END)::bigint::text, true) " +
+		"FROM (SELECT extract(epoch FROM current_setting('statement_timeout')::interval) * 1000 AS st) AS s"
+	if idleTimeout > 0 {
+		q += "; SET LOCAL idle_in_transaction_session_timeout = " + ms(idleTimeout)
+	}
+	return q
 }
 
 // Close stops the background sweeper, if any, and waits for it to end; in
@@ -155,14 +185,45 @@ func (s *Store) Claim(ctx context.Context, id server.ID, fingerprint string, lea
 		err error
 	)
 	if s.transactional {
-		c, err = s.claimTx(ctx, id, fingerprint, lease, ttl)
+		// A failure before the claim ran rolled the transaction back:
+		// nothing was written, and the whole claim runs once more.
+		err = s.retry(ctx, func() (err error) {
+			c, err = s.claimTx(ctx, id, fingerprint, lease, ttl)
+			return err
+		})
 	} else {
-		c, err = s.claim(ctx, s.pool, id, fingerprint, lease, ttl)
+		err = s.retry(ctx, func() (err error) {
+			c, err = s.claim(ctx, s.pool, id, fingerprint, lease, ttl)
+			return err
+		})
+	}
+	if err != nil && isReadOnly(err) {
+		c, err = s.claimReadOnly(ctx, id, err)
 	}
 	if err != nil {
 		return server.Claim{}, fmt.Errorf("pgstore: claim: %w", err)
 	}
 	return c, nil
+}
+
+// claimReadOnly answers a Claim that a read-only server (a standby, or one
+// set to default_transaction_read_only) refused with refused: a completed
+// record is replayed and a live lease is in flight, which need no write; a
+// request that would have to claim gets the refusal, a store failure.
+func (s *Store) claimReadOnly(ctx context.Context, id server.ID, refused error) (server.Claim, error) {
+	r, found, err := s.lookup(ctx, id)
+	switch {
+	case err != nil:
+		return server.Claim{}, errors.Join(refused, err)
+	case !found:
+		return server.Claim{}, refused
+	}
+	row := claimRow{state: r.state, fingerprint: r.fingerprint, live: r.live, remaining: r.remaining,
+		status: r.status, headers: r.headers, body: r.body, bodyOmitted: r.bodyOmitted}
+	if row.state != "completed" && !row.live {
+		return server.Claim{}, refused // a takeover would write
+	}
+	return row.claim()
 }
 
 // querier is a pool or a transaction.
@@ -177,27 +238,33 @@ func (s *Store) claim(ctx context.Context, db querier, id server.ID, fingerprint
 	leaseUS, ttlUS := micros(lease), micros(max(lease, ttl))
 	for range maxClaimAttempts {
 		var r claimRow
-		err := db.QueryRow(ctx, s.q.claim, scope, key, fp, leaseUS, ttlUS).Scan(
+		q, mode := s.stmts(), s.hotMode()
+		var size int64
+		err := db.QueryRow(ctx, q.claim, mode, scope, key, fp, leaseUS, ttlUS).Scan(
 			&r.inserted, &r.token, &r.state, (*stringScanner)(&r.fingerprint),
-			&r.live, &r.remaining, &r.expired, &r.status, &r.headers, &r.body, &r.bodyOmitted)
+			&r.live, &r.remaining, &r.expired, &r.status, &r.headers, &r.body, &r.bodyOmitted, &size)
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // a concurrent claimer's record, not in this statement's snapshot
 		}
 		if err != nil {
 			return server.Claim{}, err
 		}
+		s.observeSize(size)
 		if !r.mayTakeOver(fingerprint) {
 			return r.claim()
 		}
-		var token int64
-		err = db.QueryRow(ctx, s.q.takeover, scope, key, r.token, fp, leaseUS, ttlUS).Scan(&token)
+		var (
+			token     int64
+			abandoned int32
+		)
+		err = db.QueryRow(ctx, q.takeover, mode, scope, key, r.token, fp, leaseUS, ttlUS).Scan(&token, &abandoned)
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // changed since it was read: look again
 		}
 		if err != nil {
 			return server.Claim{}, err
 		}
-		return server.Claim{Status: server.Acquired, Token: server.Token(token)}, nil
+		return server.Claim{Status: server.Acquired, Token: server.Token(token), Abandoned: int(abandoned)}, nil
 	}
 	return server.Claim{}, errContended
 }
@@ -245,14 +312,17 @@ func (r *claimRow) claim() (server.Claim, error) {
 		return server.Claim{
 			Status:      server.InFlight,
 			Fingerprint: r.fingerprint,
-			RetryAfter:  max(time.Duration(r.remaining)*time.Microsecond, time.Microsecond),
+			RetryAfter:  max(fromMicros(r.remaining), time.Microsecond),
 		}, nil
 	default: // a lease that ended, for another request
 		return server.Claim{Status: server.InFlight, Fingerprint: r.fingerprint}, nil
 	}
 }
 
-// Complete implements server.Store. In lease mode it is one statement.
+// Complete implements server.Store. In lease mode it is one statement, and
+// a response that can never be stored (README.md lists what) fails with an
+// error wrapping server.ErrNotStorable and changes nothing; transactional
+// mode stores such a response without its body and commits.
 //
 // In transactional mode it stores the response in the lease's transaction
 // and commits it, with the handler's writes: two round trips. When the
@@ -278,8 +348,19 @@ func (s *Store) Complete(ctx context.Context, id server.ID, token server.Token, 
 		}
 		return nil
 	}
-	tag, err := s.pool.Exec(ctx, s.q.complete, []byte(id.Scope), []byte(id.Key), int64(token), micros(ttl),
-		int32(resp.Status), encodeHeader(resp.Header), resp.Body, resp.BodyOmitted)
+	headers := encodeHeader(resp.Header)
+	if err := storable(id, resp, headers); err != nil {
+		return fmt.Errorf("pgstore: complete: %w", err)
+	}
+	var tag pgconn.CommandTag
+	err := s.retry(ctx, func() (err error) {
+		tag, err = s.pool.Exec(ctx, s.stmts().complete, s.hotMode(), []byte(id.Scope), []byte(id.Key), int64(token),
+			micros(ttl), int32(resp.Status), headers, resp.Body, resp.BodyOmitted)
+		return err
+	})
+	if isNotStorable(err) {
+		return fmt.Errorf("pgstore: complete: %w: %w", server.ErrNotStorable, err)
+	}
 	return result("complete", tag, err)
 }
 
@@ -293,7 +374,11 @@ func (s *Store) Release(ctx context.Context, id server.ID, token server.Token) e
 	if s.transactional {
 		return s.releaseTx(ctx, id, token)
 	}
-	tag, err := s.pool.Exec(ctx, s.q.release, []byte(id.Scope), []byte(id.Key), int64(token))
+	var tag pgconn.CommandTag
+	err := s.retry(ctx, func() (err error) {
+		tag, err = s.pool.Exec(ctx, s.stmts().release, s.hotMode(), []byte(id.Scope), []byte(id.Key), int64(token))
+		return err
+	})
 	return result("release", tag, err)
 }
 
@@ -312,7 +397,11 @@ func (s *Store) Extend(ctx context.Context, id server.ID, token server.Token, le
 	if s.transactional {
 		return s.extendTx(id, token)
 	}
-	tag, err := s.pool.Exec(ctx, s.q.extend, []byte(id.Scope), []byte(id.Key), int64(token), micros(lease))
+	var tag pgconn.CommandTag
+	err := s.retry(ctx, func() (err error) {
+		tag, err = s.pool.Exec(ctx, s.stmts().extend, s.hotMode(), []byte(id.Scope), []byte(id.Key), int64(token), micros(lease))
+		return err
+	})
 	return result("extend", tag, err)
 }
 
@@ -328,8 +417,20 @@ func result(op string, tag pgconn.CommandTag, err error) error {
 	return nil
 }
 
-// micros converts a duration to the microseconds the statements take.
+// micros converts a duration to the microseconds the statements take. Every
+// duration fits: math.MaxInt64 nanoseconds is 292 years, and PostgreSQL's
+// timestamps reach the year 294276.
 func micros(d time.Duration) int64 { return d.Microseconds() }
+
+// fromMicros converts microseconds that PostgreSQL computed back to a
+// duration, saturating, in case the statements' floating-point interval
+// arithmetic rounds a lease of math.MaxInt64 up.
+func fromMicros(us int64) time.Duration {
+	if us > math.MaxInt64/int64(time.Microsecond) {
+		return math.MaxInt64
+	}
+	return time.Duration(us) * time.Microsecond
+}
 
 // stringScanner scans bytea into a string with a single copy.
 type stringScanner string

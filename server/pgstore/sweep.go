@@ -21,7 +21,7 @@ func (s *Store) Sweep(ctx context.Context, batch int) (deleted int, err error) {
 		batch = DefaultSweepBatch
 	}
 	for {
-		tag, err := s.pool.Exec(ctx, s.q.sweep, batch)
+		tag, err := s.pool.Exec(ctx, s.stmts().sweep, s.coldMode, batch)
 		if err != nil {
 			return deleted, fmt.Errorf("pgstore: sweep: %w", err)
 		}

@@ -89,11 +89,30 @@ func (s *Store) completeTx(ctx context.Context, id server.ID, token server.Token
 	if tx == nil {
 		return fmt.Errorf("pgstore: complete: %w", server.ErrLeaseLost)
 	}
-	tag, err := tx.Exec(ctx, s.q.complete, []byte(id.Scope), []byte(id.Key), int64(token), micros(ttl),
-		int32(resp.Status), encodeHeader(resp.Header), resp.Body, resp.BodyOmitted)
+	headers := encodeHeader(resp.Header)
+	if storable(id, resp, headers) != nil {
+		// The handler's writes are in this transaction: keep them, and
+		// record the request as done without the body (and, should they be
+		// the trouble, without its headers), as the middleware would after
+		// server.ErrNotStorable in lease mode.
+		resp = &server.Response{Status: resp.Status, Header: resp.Header, BodyOmitted: true}
+		if headers = encodeHeader(resp.Header); storable(id, resp, headers) != nil {
+			resp.Header, headers = nil, nil
+		}
+		if err := storable(id, resp, headers); err != nil {
+			// A status no HTTP server sends; not server.ErrNotStorable,
+			// since what the handler wrote is rolled back.
+			rollback(ctx, tx)
+			return fmt.Errorf("pgstore: complete: %w: %v", ErrRolledBack, err)
+		}
+	}
+	// Unnamed: a statement that fails here cannot run again without losing
+	// the handler's writes, so it must not depend on a prepared statement
+	// that a pooler in transaction mode may have lost (see retry).
+	tag, err := tx.Exec(ctx, s.stmts().completeTx, s.coldMode, []byte(id.Scope), []byte(id.Key), int64(token),
+		micros(ttl), int32(resp.Status), headers, resp.Body, resp.BodyOmitted)
 	if err == nil && tag.RowsAffected() == 0 {
-		// Not while the transaction holds the row, unless the record's
-		// time to live ran out while the handler ran.
+		// Not while the transaction holds the row.
 		err = server.ErrLeaseLost
 	}
 	if err != nil {

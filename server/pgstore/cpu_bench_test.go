@@ -1,0 +1,131 @@
+package pgstore_test
+
+import (
+	"context"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idempotency/server"
+)
+
+// backends records the PostgreSQL backend of each connection of a pool, to
+// read the CPU they spend from /proc (the server runs on this machine).
+type backends struct {
+	mu   sync.Mutex
+	pids []uint32
+}
+
+func (bs *backends) afterConnect(_ context.Context, c *pgx.Conn) error {
+	bs.mu.Lock()
+	defer bs.mu.Unlock()
+	bs.pids = append(bs.pids, c.PgConn().PID())
+	return nil
+}
+
+// cpu returns the CPU time the backends have spent, from the scheduler's
+// nanosecond accounting, or false when /proc does not show them (a server
+// on another machine).
+func (bs *backends) cpu() (time.Duration, bool) {
+	bs.mu.Lock()
+	defer bs.mu.Unlock()
+	var total time.Duration
+	for _, pid := range bs.pids {
+		b, err := os.ReadFile("/proc/" + strconv.FormatUint(uint64(pid), 10) + "/schedstat")
+		if err != nil {
+			return 0, false
+		}
+		f := strings.Fields(string(b)) // time on the CPU (ns), time waiting for it, time slices
+		ns, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil {
+			return 0, false
+		}
+		total += time.Duration(ns)
+	}
+	return total, true
+}
+
+// BenchmarkBackendCPU measures the PostgreSQL backends' CPU per first
+// execution (Claim of a new key, then Complete with a 1 KiB response) and
+// per replay, in lease mode, beside the minimal statements that do a first
+// execution's job: INSERT … ON CONFLICT DO NOTHING, then UPDATE. It reports
+// backend-µs/op, read from /proc, and the WAL written per operation.
+func BenchmarkBackendCPU(b *testing.B) {
+	for _, bc := range []struct {
+		name string
+		run  func(b *testing.B, ctx context.Context, s server.Store, pool *pgxpool.Pool, table, key string)
+	}{
+		{"first", func(b *testing.B, ctx context.Context, s server.Store, _ *pgxpool.Pool, _, key string) {
+			id := server.ID{Scope: "bench", Key: key}
+			c, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
+			if err != nil || c.Status != server.Acquired {
+				b.Errorf("Claim = %v, %v", c.Status, err)
+				return
+			}
+			if err := s.Complete(ctx, id, c.Token, benchResponse(), time.Hour); err != nil {
+				b.Errorf("Complete: %v", err)
+			}
+		}},
+		{"minimal", func(b *testing.B, ctx context.Context, _ server.Store, pool *pgxpool.Pool, table, key string) {
+			t := pgx.Identifier{table}.Sanitize()
+			resp := benchResponse()
+			var token int64
+			err := pool.QueryRow(ctx, `INSERT INTO `+t+` (scope, key, fingerprint, state, token, lease_until, created_at, expires_at)
+				VALUES ($1, $2, $3, 'in_flight', nextval('`+table+`_token_seq'), now() + interval '1 minute', now(), now() + interval '1 hour')
+				ON CONFLICT (scope, key) DO NOTHING RETURNING token`, []byte("bench"), []byte(key), []byte("fp")).Scan(&token)
+			if err != nil {
+				b.Errorf("insert: %v", err)
+				return
+			}
+			if _, err := pool.Exec(ctx, `UPDATE `+t+` SET state = 'completed', status = $4, headers = $5, body = $6
+				WHERE scope = $1 AND key = $2 AND token = $3`, []byte("bench"), []byte(key), token,
+				int32(resp.Status), []byte("h"), resp.Body); err != nil {
+				b.Errorf("update: %v", err)
+			}
+		}},
+		{"replay", func(b *testing.B, ctx context.Context, s server.Store, _ *pgxpool.Pool, _, _ string) {
+			c, err := s.Claim(ctx, server.ID{Scope: "bench", Key: "replayed"}, "fp", time.Minute, time.Hour)
+			if err != nil || c.Status != server.Completed {
+				b.Errorf("Claim = %v, %v", c.Status, err)
+			}
+		}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			ctx := testContext(b)
+			var bs backends
+			pool := newPool(b, maxConns(benchGoroutines), func(c *pgxpool.Config) {
+				c.MinConns = benchGoroutines // every backend known before the clock starts
+				c.AfterConnect = bs.afterConnect
+			})
+			s, table := newStore(b, pool)
+			id := server.ID{Scope: "bench", Key: "replayed"}
+			tok := acquire(b, ctx, s, id, "fp")
+			require.NoError(b, s.Complete(ctx, id, tok, benchResponse(), time.Hour))
+			prefix := uniqueName(b, "k")
+			var n atomic.Int64
+			setParallelism(b)
+			b.ReportAllocs()
+			since := walPosition(b, ctx, pool)
+			cpu0, ok := bs.cpu()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					bc.run(b, ctx, s, pool, table, prefix+strconv.FormatInt(n.Add(1), 10))
+				}
+			})
+			b.StopTimer()
+			if cpu1, ok1 := bs.cpu(); ok && ok1 {
+				b.ReportMetric(float64((cpu1-cpu0).Nanoseconds())/1e3/float64(b.N), "backend-µs/op")
+			}
+			reportWAL(b, ctx, pool, since)
+		})
+	}
+}

@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/idemkit/idempotency/internal/wire"
 )
 
 // Conditions the middleware answers itself, for applications that write
@@ -50,7 +52,7 @@ var (
 var ErrLeaseExpired = fmt.Errorf("idempotency lease ended without renewal: %w", ErrLeaseLost)
 
 // problemBase is where each problem type is documented.
-const problemBase = "https://pkg.go.dev/github.com/idemkit/idempotency/server#"
+const problemBase = wire.ProblemBase
 
 // Error is a refusal by the middleware: what an ErrorWriter receives. It wraps
 // one of the Err... sentinels and, for a store failure, the store's error.
@@ -63,6 +65,11 @@ type Error struct {
 	Title string
 	// Detail explains this occurrence.
 	Detail string
+	// Code is the problem's stable, machine-readable name, sent as the
+	// "code" member: key_missing, key_invalid, key_too_long, ... (the
+	// table in the package documentation lists them all). Unlike Detail it
+	// never changes between releases, so clients can match it.
+	Code string
 	// RetryAfter, when positive, is sent as the Retry-After header.
 	RetryAfter time.Duration
 
@@ -104,12 +111,26 @@ var refusals = map[error]refusal{
 	ErrStoreUnavailable: {http.StatusServiceUnavailable, "ErrStoreUnavailable", "Idempotency store unavailable"},
 }
 
+// codes is the code member of each sentinel's problem, kept apart from
+// refusals so that adding a refusal is one line in each. A key over 255
+// bytes is an ErrInvalidKey with its own code, wire.CodeKeyTooLong.
+var codes = map[error]string{
+	ErrMissingKey:       wire.CodeKeyMissing,
+	ErrInvalidKey:       wire.CodeKeyInvalid,
+	ErrUnidentified:     wire.CodeUnidentified,
+	ErrBodyUnreadable:   wire.CodeBodyUnreadable,
+	ErrBodyTooLarge:     wire.CodeBodyTooLarge,
+	ErrKeyMismatch:      wire.CodeKeyMismatch,
+	ErrInFlight:         wire.CodeInFlight,
+	ErrStoreUnavailable: wire.CodeStoreUnavailable,
+}
+
 // problem makes the refusal of kind, one of the sentinels, with detail to
 // explain this occurrence and cause, if any, behind it (never shown to the
 // client).
 func problem(kind error, detail string, cause error) *Error {
 	r := refusals[kind]
-	return &Error{Status: r.status, Type: problemBase + r.anchor, Title: r.title, Detail: detail, kind: kind, cause: cause}
+	return &Error{Status: r.status, Type: problemBase + r.anchor, Title: r.title, Detail: detail, Code: codes[kind], kind: kind, cause: cause}
 }
 
 // An ErrorWriter answers a request that the middleware refuses. err is an
@@ -117,8 +138,14 @@ func problem(kind error, detail string, cause error) *Error {
 type ErrorWriter func(w http.ResponseWriter, r *http.Request, err error)
 
 // WriteProblem is the default ErrorWriter: it answers with an RFC 9457
-// application/problem+json body, and Retry-After when the error has one. The
-// store's own error is never shown to the client.
+// application/problem+json body, with the problem's code as the "code"
+// extension member, and Retry-After when the error has one:
+//
+//	{"type":"https://pkg.go.dev/github.com/idemkit/idempotency/server#ErrInFlight",
+//	 "title":"Request in flight","status":409,"code":"in_flight","detail":"..."}
+//
+// The store's own error is never shown to the client. An error that is not
+// an *Error is answered 500, without a code.
 func WriteProblem(w http.ResponseWriter, r *http.Request, err error) {
 	var e *Error
 	if !errors.As(err, &e) {
@@ -128,8 +155,9 @@ func WriteProblem(w http.ResponseWriter, r *http.Request, err error) {
 		Type   string `json:"type"`
 		Title  string `json:"title"`
 		Status int    `json:"status"`
+		Code   string `json:"code,omitempty"`
 		Detail string `json:"detail,omitempty"`
-	}{e.Type, e.Title, e.Status, e.Detail})
+	}{e.Type, e.Title, e.Status, e.Code, e.Detail})
 	h := w.Header()
 	h.Set("Content-Type", "application/problem+json")
 	h.Set("Content-Length", strconv.Itoa(len(body)))
@@ -141,8 +169,12 @@ func WriteProblem(w http.ResponseWriter, r *http.Request, err error) {
 	w.Write(body)
 }
 
-// retryAfterSeconds rounds d up to whole seconds, at least one.
+// retryAfterSeconds rounds d up to whole seconds, at least one. It divides
+// before it rounds, so that the largest durations do not overflow.
 func retryAfterSeconds(d time.Duration) string {
-	s := int64((d + time.Second - 1) / time.Second)
+	s := int64(d / time.Second)
+	if d%time.Second > 0 {
+		s++
+	}
 	return strconv.FormatInt(max(s, 1), 10)
 }

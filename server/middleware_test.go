@@ -685,29 +685,6 @@ func TestClientGoneStillStored(t *testing.T) {
 	assert.Equal(t, int64(1), h.executions.Load())
 }
 
-func TestNewValidates(t *testing.T) {
-	store, err := memstore.New()
-	require.NoError(t, err)
-	defer store.Close()
-	_, err = server.New(nil)
-	assert.Error(t, err)
-	for name, opt := range map[string]server.Option{
-		"ttl":            server.WithTTL(0),
-		"lease":          server.WithLease(time.Millisecond),
-		"set-cookie":     server.WithStoredHeaders("Content-Type", "set-cookie"),
-		"authorization":  server.WithStoredHeaders("Authorization"),
-		"methods":        server.WithMethods(),
-		"negative body":  server.WithMaxBody(-1),
-		"lease over ttl": server.WithTTL(time.Second),
-	} {
-		_, err := server.New(store, opt)
-		assert.Error(t, err, name)
-		if err != nil {
-			assert.True(t, strings.HasPrefix(err.Error(), "server: "), "error %q has no package prefix", err)
-		}
-	}
-}
-
 func TestNoContentReplay(t *testing.T) {
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })
 	srv, _ := fixture(t, h)

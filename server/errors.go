@@ -12,15 +12,16 @@ import (
 )
 
 // Conditions the middleware answers itself, for applications that write
-// their own answers with WithErrorWriter. Match them with errors.Is; the
-// error passed to an ErrorWriter is an *Error that wraps one of them.
+// their own answers with [WithErrorWriter]. Match them with errors.Is; the
+// error passed to an [ErrorWriter] is an [*Error] that wraps one of them.
 var (
 	// ErrMissingKey: a protected request came without a key while keys are
 	// required (400).
 	ErrMissingKey = errors.New("idempotency key missing")
-	// ErrInvalidKey: the key is empty, longer than 255 bytes, has a
-	// character outside printable ASCII or is a malformed structured-field
-	// string (400).
+	// ErrInvalidKey: the key is empty, longer than 255 bytes (code
+	// key_too_long), has a character outside printable ASCII, is a
+	// malformed structured-field string, or is refused by [WithKeyFormat]
+	// (400).
 	ErrInvalidKey = errors.New("idempotency key invalid")
 	// ErrBodyTooLarge: the request body is over the limit; the handler did
 	// not run (413).
@@ -46,7 +47,7 @@ var (
 // ErrLeaseExpired is the cause with which a handler's context is cancelled
 // when its lease ended without a successful renewal: the Store failed or
 // was too slow every time it was asked to extend it, and another request may
-// now take the key over. It wraps ErrLeaseLost, so that
+// now take the key over. It wraps [ErrLeaseLost], so that
 // errors.Is(context.Cause(ctx), ErrLeaseLost) holds however the lease was
 // lost.
 var ErrLeaseExpired = fmt.Errorf("idempotency lease ended without renewal: %w", ErrLeaseLost)
@@ -54,7 +55,7 @@ var ErrLeaseExpired = fmt.Errorf("idempotency lease ended without renewal: %w", 
 // problemBase is where each problem type is documented.
 const problemBase = wire.ProblemBase
 
-// Error is a refusal by the middleware: what an ErrorWriter receives. It wraps
+// Error is a refusal by the middleware: what an [ErrorWriter] receives. It wraps
 // one of the Err... sentinels and, for a store failure, the store's error.
 type Error struct {
 	// Status is the HTTP status code to answer with.
@@ -137,7 +138,7 @@ func problem(kind error, detail string, cause error) *Error {
 // *Error.
 type ErrorWriter func(w http.ResponseWriter, r *http.Request, err error)
 
-// WriteProblem is the default ErrorWriter: it answers with an RFC 9457
+// WriteProblem is the default [ErrorWriter]: it answers with an RFC 9457
 // application/problem+json body, with the problem's code as the "code"
 // extension member, and Retry-After when the error has one:
 //

@@ -6,7 +6,7 @@ import (
 )
 
 // An Event is what the middleware did with one request, or with the lease of
-// one, for an observer set with WithObserver: the raw material of metrics,
+// one, for an observer set with [WithObserver]: the raw material of metrics,
 // traces and logs. Every protected request yields exactly one event of a
 // final kind; a request that acquires its key yields an EventAcquired before
 // it, and lease renewals yield their own.

@@ -18,7 +18,7 @@ import (
 )
 
 // Middleware honours the Idempotency-Key header in front of an http.Handler.
-// Create one with New and wrap handlers with its Handler method. Its
+// Create one with [New] and wrap handlers with [Middleware.Handler]. Its
 // configuration is immutable, and it is safe for concurrent use.
 type Middleware struct {
 	store      Store

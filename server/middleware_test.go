@@ -167,14 +167,30 @@ func assertProblem(t *testing.T, got reply, anchor string) {
 	t.Helper()
 	assert.Equal(t, "application/problem+json", got.header.Get("Content-Type"))
 	var p struct {
-		Type, Title, Detail string
-		Status              int
+		Type, Title, Detail, Code string
+		Status                    int
 	}
 	require.NoError(t, json.Unmarshal([]byte(got.body), &p), "body %q", got.body)
 	assert.True(t, strings.HasSuffix(p.Type, "#"+anchor), "problem type = %q, want ...#%s", p.Type, anchor)
 	assert.Equal(t, got.status, p.Status)
 	assert.NotEmpty(t, p.Title)
 	assert.NotEmpty(t, p.Detail)
+	if anchor == "ErrInvalidKey" {
+		assert.Contains(t, []string{"key_invalid", "key_too_long"}, p.Code)
+	} else {
+		assert.Equal(t, problemCodes[anchor], p.Code, "code of %s", anchor)
+	}
+}
+
+// problemCodes is the published code of each problem, by its type's anchor.
+var problemCodes = map[string]string{
+	"ErrMissingKey":       "key_missing",
+	"ErrUnidentified":     "request_unidentified",
+	"ErrBodyUnreadable":   "body_unreadable",
+	"ErrBodyTooLarge":     "body_too_large",
+	"ErrKeyMismatch":      "key_mismatch",
+	"ErrInFlight":         "in_flight",
+	"ErrStoreUnavailable": "store_unavailable",
 }
 
 func TestBadKeys(t *testing.T) {

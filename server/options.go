@@ -11,7 +11,7 @@ import (
 )
 
 // The headers of the protocol, as the middleware reads and writes them by
-// default (WithKeyHeader and WithReplayedHeader change the first two).
+// default ([WithKeyHeader] and [WithReplayedHeader] change the first two).
 const (
 	// HeaderKey carries the idempotency key, on requests and, echoed, on
 	// answers.
@@ -180,7 +180,7 @@ func WithTTL(d time.Duration) Option {
 // is taken as 100 years when longer. The middleware renews it every third of its length (a tenth after
 // a failed renewal) until the response is stored. When the lease's end, less
 // a tenth of it, passes without a successful renewal, the handler's context
-// is cancelled with a cause that wraps ErrLeaseLost: from then on another
+// is cancelled with a cause that wraps [ErrLeaseLost]: from then on another
 // request with the same key may take the record over. If this process dies,
 // another request may take it over once the lease has expired.
 func WithLease(d time.Duration) Option {
@@ -222,7 +222,7 @@ func WithScope(fn func(*http.Request) (string, error)) Option {
 
 // WithFingerprint sets the function that identifies a request, so that a key
 // reused for a different request is refused with 422. body is the whole
-// request body. The default is Fingerprint.
+// request body. The default is [Fingerprint].
 func WithFingerprint(fn func(r *http.Request, body []byte) (string, error)) Option {
 	return func(c *config) {
 		if fn == nil {
@@ -264,7 +264,7 @@ func WithMaxStored(n int) Option {
 
 // WithStoreStatus sets which handler statuses are stored for replay. For the
 // others the claim is released, so that a retry runs the handler again. The
-// default is DefaultStoreStatus; to keep 5xx responses as well, as some
+// default is [DefaultStoreStatus]; to keep 5xx responses as well, as some
 // payment APIs do, pass a function that returns true except for 408 and 429.
 func WithStoreStatus(fn func(status int) bool) Option {
 	return func(c *config) {
@@ -303,7 +303,7 @@ func WithFailOpen() Option {
 	return func(c *config) { c.failOpen = true }
 }
 
-// WithErrorWriter sets how refusals are written, WriteProblem by default.
+// WithErrorWriter sets how refusals are written, [WriteProblem] by default.
 func WithErrorWriter(fn ErrorWriter) Option {
 	return func(c *config) {
 		if fn == nil {
@@ -419,7 +419,7 @@ func WithKeyFormat(fn func(key string) error) Option {
 // language, range, digest, validators), and those that describe the result
 // (Location, Link, caching, Allow, the challenge of a 401). To store one
 // more, pass append(server.DefaultStoredHeaders(), name) to
-// WithStoredHeaders. The slice is the caller's.
+// [WithStoredHeaders]. The slice is the caller's.
 func DefaultStoredHeaders() []string {
 	return slices.Clone(defaultReplayHeaders)
 }

@@ -4,8 +4,6 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
-	"hash"
-	"io"
 	"net/http"
 	"strconv"
 )
@@ -44,40 +42,34 @@ func CredentialHeaders() []string {
 // session cookie, a client certificate) or knows its principal should use
 // [WithScope].
 func CredentialScope(r *http.Request) (string, error) {
-	var h hash.Hash
+	// Most credentials fit on the stack; a long one (a JWT) spills once.
+	var stack [512]byte
+	b := append(stack[:0], "idempotency scope v2"...)
+	found := false
 	for _, name := range credentialHeaders {
 		values := r.Header[name]
 		if len(values) == 0 || len(values) == 1 && values[0] == "" {
 			continue
 		}
-		if h == nil {
-			h = sha256.New()
-			io.WriteString(h, "idempotency scope v2\x00")
-		}
+		found = true
 		// The name, the number of values, and each value
 		// length-prefixed: no two sets of headers are written the same.
-		writeString(h, name)
-		writeLen(h, len(values))
+		b = appendString(b, name)
+		b = binary.BigEndian.AppendUint64(b, uint64(len(values)))
 		for _, v := range values {
-			writeString(h, v)
+			b = appendString(b, v)
 		}
 	}
-	if h == nil {
+	if !found {
 		return "", nil
 	}
-	var sum [sha256.Size]byte
-	return "cred:" + hex.EncodeToString(h.Sum(sum[:0])[:16]), nil
+	sum := sha256.Sum256(b)
+	return "cred:" + hex.EncodeToString(sum[:16]), nil
 }
 
-func writeLen(h hash.Hash, n int) {
-	var b [8]byte
-	binary.BigEndian.PutUint64(b[:], uint64(n))
-	h.Write(b[:])
-}
-
-func writeString(h hash.Hash, s string) {
-	writeLen(h, len(s))
-	io.WriteString(h, s)
+func appendString(b []byte, s string) []byte {
+	b = binary.BigEndian.AppendUint64(b, uint64(len(s)))
+	return append(b, s...)
 }
 
 // Fingerprint is the default fingerprint function: SHA-256 over the method,

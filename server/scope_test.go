@@ -87,3 +87,27 @@ func TestNoCredentialsWarnedOnce(t *testing.T) {
 		assert.NotContains(t, logs.String(), warning)
 	})
 }
+
+// BenchmarkCredentialScope: the default scope of a request with a bearer
+// token, and of one without credentials.
+func BenchmarkCredentialScope(b *testing.B) {
+	for _, tc := range []struct{ name, header, value string }{
+		{"bearer", "Authorization", "Bearer " + strings.Repeat("t", 40)},
+		{"jwt", "Authorization", "Bearer " + strings.Repeat("t", 900)},
+		{"none", "", ""},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			r, err := http.NewRequest(http.MethodPost, "/", nil)
+			require.NoError(b, err)
+			if tc.header != "" {
+				r.Header.Set(tc.header, tc.value)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := server.CredentialScope(r); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -26,20 +26,20 @@ const (
 
 // Defaults, and the shortest lease.
 const (
-	// DefaultTTL is how long a record is kept (WithTTL).
+	// DefaultTTL is how long a record is kept ([WithTTL]).
 	DefaultTTL = 24 * time.Hour
-	// DefaultLease is the lease a handler runs under (WithLease), when the
+	// DefaultLease is the lease a handler runs under ([WithLease]), when the
 	// TTL is not shorter.
 	DefaultLease = time.Minute
 	// MinLease is the shortest lease, and so the shortest TTL, accepted.
 	MinLease = 10 * time.Millisecond
-	// DefaultMaxBody is the largest request body accepted (WithMaxBody).
+	// DefaultMaxBody is the largest request body accepted ([WithMaxBody]).
 	DefaultMaxBody = 1 << 20
-	// DefaultMaxStored is the largest response body stored (WithMaxStored).
+	// DefaultMaxStored is the largest response body stored ([WithMaxStored]).
 	DefaultMaxStored = 1 << 20
-	// DefaultStoreTimeout bounds every Store call (WithStoreTimeout).
+	// DefaultStoreTimeout bounds every Store call ([WithStoreTimeout]).
 	DefaultStoreTimeout = 5 * time.Second
-	// DefaultRetryAfter is the Retry-After of a 409 or 503 (WithRetryAfter).
+	// DefaultRetryAfter is the Retry-After of a 409 or 503 ([WithRetryAfter]).
 	DefaultRetryAfter = time.Second
 )
 
@@ -55,8 +55,8 @@ const maxRecordDuration = 100 * 365 * 24 * time.Hour
 //
 // Every size and duration option is safe at its extremes: 0 is refused
 // where it means nothing (a TTL, a lease, a timeout) and means "none" where
-// it can (no body accepted, no body stored, no wait); the largest values are
-// taken as they are, in effect "unbounded".
+// it can (no body accepted, no body stored, no wait); the largest values
+// mean "unbounded" (a TTL or lease is taken as 100 years at most).
 type Option func(*config)
 
 type config struct {
@@ -177,12 +177,13 @@ func WithTTL(d time.Duration) Option {
 // WithLease sets the lease that the handler holds while it runs,
 // [DefaultLease] (one minute) by default, or the TTL when that is shorter.
 // It must be at least [MinLease] and no longer than the TTL; like the TTL, it
-// is taken as 100 years when longer. The middleware renews it every third of its length (a tenth after
-// a failed renewal) until the response is stored. When the lease's end, less
-// a tenth of it, passes without a successful renewal, the handler's context
-// is cancelled with a cause that wraps [ErrLeaseLost]: from then on another
-// request with the same key may take the record over. If this process dies,
-// another request may take it over once the lease has expired.
+// is taken as 100 years when longer. The middleware renews it every third of
+// its length (a tenth after a failed renewal) until the response is stored.
+// When the lease's end, less a tenth of it, passes without a successful
+// renewal, the handler's context is cancelled with a cause that wraps
+// [ErrLeaseLost]: from then on another request with the same key may take
+// the record over. If this process dies, another request may take it over
+// once the lease has expired.
 func WithLease(d time.Duration) Option {
 	return func(c *config) {
 		if d < MinLease {
@@ -249,9 +250,10 @@ func WithMaxBody(n int64) Option {
 }
 
 // WithMaxStored sets the largest response body stored for replay,
-// [DefaultMaxStored] (1 MiB) by default; 0 stores none. A larger response is still sent, and still recorded as done so
-// that the request never runs twice, but its replay carries the status and
-// headers only, marked with the Idempotent-Body-Omitted header.
+// [DefaultMaxStored] (1 MiB) by default; 0 stores none. A larger response is
+// still sent, and still recorded as done so that the request never runs
+// twice, but its replay carries the status and headers only, marked with the
+// [HeaderBodyOmitted] header.
 func WithMaxStored(n int) Option {
 	return func(c *config) {
 		if n < 0 {

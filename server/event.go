@@ -57,8 +57,8 @@ const (
 	// EventMismatch: refused with 422, the key used for another request.
 	EventMismatch
 	// EventRejected: refused with 400 or 413 before any claim: the key
-	// missing or malformed, the body too large or unreadable, the request
-	// not identified.
+	// missing, malformed or refused by WithKeyFormat, the body too large or
+	// unreadable, the request not identified.
 	EventRejected
 	// EventUnavailable: refused with 503 because the store failed or was
 	// too slow (or a transactional store could not commit).

@@ -404,7 +404,9 @@ func WithObserver(fn Observer) Option {
 // fn's error, so its text must be fit for the client; the handler does not
 // run and nothing is claimed. fn sees the key after the middleware's own
 // checks (1 to 255 bytes of printable ASCII, unquoted if it was sent as a
-// structured-field string), and must be safe for concurrent use.
+// structured-field string), and must be safe for concurrent use. Like the
+// scope and fingerprint functions, it runs before anything is claimed, so a
+// panic in it is left to net/http, as a handler's would be.
 func WithKeyFormat(fn func(key string) error) Option {
 	return func(c *config) {
 		if fn == nil {

@@ -6,7 +6,7 @@
 //	if err != nil { ... }
 //	mw, err := server.New(store, server.WithScope(accountOf))
 //	if err != nil { ... }
-//	mux.Handle("POST /orders", mw.Handler(createOrder))
+//	mux.Handle("POST /orders", mw.Handler(http.HandlerFunc(createOrder)))
 //
 // [New] takes a [Store] and options; [Middleware.Handler] wraps a handler
 // (its shape is the one routers take for middleware); [LeaseFromContext]
@@ -26,43 +26,84 @@
 //     body are replayed, with Idempotent-Replayed: true.
 //   - The same key for a different request: 422.
 //   - The same key, still in flight: 409 with Retry-After, or, with
-//     WithWait, a wait for the original's response.
+//     [WithWait], a wait for the original's response.
 //   - A handler that answers 5xx, 408 or 429, or panics: the claim is
-//     released, so that a retry runs again (see WithStoreStatus).
+//     released, so that a retry runs again ([WithStoreStatus] changes
+//     which statuses are kept).
 //   - A handler that returns without answering because its context ended
 //     (the client went away): the claim is released, nothing is stored.
 //   - A store that fails or is slower than the store timeout: 503 with
-//     Retry-After, and the handler does not run (unless WithFailOpen).
+//     Retry-After, and the handler does not run (unless [WithFailOpen]).
 //   - A request body that cannot be read: 413 when it is too large (for the
 //     middleware's limit or an http.MaxBytesReader in front of it), 400
 //     otherwise; nothing is claimed.
 //
 // Every answer to a request with a valid key, the original, a replay or a
-// refusal, carries the key back in the Idempotency-Key header (WithEchoKey).
+// refusal, carries the key back in the Idempotency-Key header ([WithEchoKey]).
 //
-// WithObserver receives an Event for every protected request (executed,
+// Store failures, lost leases and responses that could not be stored are
+// logged through [slog.Default] unless [WithLogger] says otherwise, each
+// message at most once a second, so that an outage does not flood the log.
+//
+// [WithObserver] receives an Event for every protected request (executed,
 // replayed, in flight, mismatch, rejected, unavailable, released, not
 // stored, unprotected, client gone) with the time the claim, the handler and
 // the store write took, one when a claim acquires its key, and one for
 // every lease renewal or loss: what metrics and traces are made of (the
 // module github.com/idemkit/idempotency/idemotel turns them into
-// OpenTelemetry metrics and spans).
+// OpenTelemetry metrics and spans). An observer that panics is recovered and
+// logged once: it changes no answer and leaves no key claimed.
 //
-// Refusals are RFC 9457 problem+json documents by default (WithErrorWriter
-// changes that); each wraps an exported sentinel such as ErrKeyMismatch.
+// # Problems
+//
+// Refusals are RFC 9457 problem+json documents by default ([WithErrorWriter]
+// changes that). Each has a type URI that names its sentinel error (ErrInFlight
+// is https://pkg.go.dev/github.com/idemkit/idempotency/server#ErrInFlight) and
+// a stable "code" member, also in [Error.Code], for clients to match:
+//
+//	code                  status  sentinel             when
+//	key_missing           400     ErrMissingKey        a protected request without a key, keys required
+//	key_invalid           400     ErrInvalidKey        a malformed key, the header twice, or a key WithKeyFormat refuses
+//	key_too_long          400     ErrInvalidKey        a key over 255 bytes
+//	request_unidentified  400     ErrUnidentified      the scope or fingerprint function failed
+//	body_unreadable       400     ErrBodyUnreadable    the body could not be read to its end
+//	body_too_large        413     ErrBodyTooLarge      the body is over the limit
+//	key_mismatch          422     ErrKeyMismatch       the key was used for a different request
+//	in_flight             409     ErrInFlight          the key's request is still running (Retry-After)
+//	store_unavailable     503     ErrStoreUnavailable  the store failed or was too slow (Retry-After)
+//
+// For example:
+//
+//	HTTP/1.1 409 Conflict
+//	Content-Type: application/problem+json
+//	Retry-After: 1
+//
+//	{"type":"https://pkg.go.dev/github.com/idemkit/idempotency/server#ErrInFlight",
+//	 "title":"Request in flight","status":409,"code":"in_flight",
+//	 "detail":"A request with this idempotency key is still being processed; retry later."}
 //
 // # Keys, scopes and fingerprints
 //
 // A key is 1 to 255 bytes of printable ASCII, sent bare or as a Structured
-// Field string ("..."), which name the same key. Records are addressed by
-// (scope, key): by default the scope is a hash of the Authorization header
-// (never the header itself), so one tenant is never served another's
-// response; WithScope lets the application use its own principal. The default
-// fingerprint is SHA-256 over method, escaped path, query and body.
+// Field string ("..."), which name the same key; [WithKeyFormat] lets an API
+// enforce the narrower format it publishes. Records are addressed by
+// (scope, key): by default the scope is a hash of the credential headers,
+// Authorization, Proxy-Authorization and the common API-key headers
+// ([CredentialScope]; never the headers themselves), so one tenant is never
+// served another's response. A request without any of them falls in a scope
+// shared by every such caller, which is logged once: an application whose
+// callers authenticate another way (a session cookie), or that knows its
+// principal, names it with [WithScope]. The default fingerprint
+// ([Fingerprint]) is SHA-256 over method, escaped path, query and body.
+//
+// Every size and duration option is safe at its extremes: 0 is refused where
+// it means nothing, the largest values work (a TTL or lease over 100 years is
+// taken as 100 years), and a TTL shorter than the default lease shortens it.
 //
 // # Replays
 //
-// Only allow-listed headers are stored (WithStoredHeaders); Set-Cookie,
+// Only allow-listed headers are stored ([WithStoredHeaders], by default those
+// of [DefaultStoredHeaders]); Set-Cookie,
 // Authorization, Date and hop-by-hop headers never are. The default list
 // holds the headers that describe the stored body (Content-Type,
 // Content-Encoding, Content-Language, ETag, ...), so that a replay is the same
@@ -81,7 +122,7 @@
 //
 // Every Store call runs on a context that the client's disconnect does not
 // cancel (a dropped connection is exactly when the retry will come), bounded
-// by the store timeout (WithStoreTimeout, 5 seconds): a Claim that fails,
+// by the store timeout ([WithStoreTimeout], 5 seconds): a Claim that fails,
 // hangs or is slower than that is answered with 503 and Retry-After, and the
 // handler does not run. The bound relies on the Store returning when its
 // context's deadline passes, as the stores of this module do.
@@ -91,10 +132,10 @@
 // after the Claim or Extend that last granted it was sent. If that moment,
 // less a tenth of the lease, passes without a successful renewal (the store
 // failed, was too slow, or said the lease was lost), the handler's context is
-// cancelled with a cause that wraps ErrLeaseLost (ErrLeaseExpired when the
+// cancelled with a cause that wraps [ErrLeaseLost] ([ErrLeaseExpired] when the
 // renewals failed), before another request can take the key over. A holder
 // whose lease was lost cannot complete or release the record: its fencing
-// token (LeaseFromContext) is refused by the store, and can be checked by
+// token ([LeaseFromContext]) is refused by the store, and can be checked by
 // downstream systems too. A handler that ignores its context can still run
 // past its lease.
 //
@@ -117,7 +158,7 @@
 // with no holder: retries get 409 until its lease ends.
 //
 // A 409 for a request in flight carries a short Retry-After, one second by
-// default (WithRetryAfter), never more than the lease has left.
+// default ([WithRetryAfter]), never more than the lease has left.
 //
 // With a Store whose records live outside the handler's own database, the
 // handler's effects and the stored response are not one atomic write: if the

@@ -7,18 +7,21 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/idemkit/idempotency/internal/wire"
 )
 
 // Conditions the middleware answers itself, for applications that write
-// their own answers with WithErrorWriter. Match them with errors.Is; the
-// error passed to an ErrorWriter is an *Error that wraps one of them.
+// their own answers with [WithErrorWriter]. Match them with errors.Is; the
+// error passed to an [ErrorWriter] is an [*Error] that wraps one of them.
 var (
 	// ErrMissingKey: a protected request came without a key while keys are
 	// required (400).
 	ErrMissingKey = errors.New("idempotency key missing")
-	// ErrInvalidKey: the key is empty, longer than 255 bytes, has a
-	// character outside printable ASCII or is a malformed structured-field
-	// string (400).
+	// ErrInvalidKey: the key is empty, longer than 255 bytes (code
+	// key_too_long), has a character outside printable ASCII, is a
+	// malformed structured-field string, or is refused by [WithKeyFormat]
+	// (400).
 	ErrInvalidKey = errors.New("idempotency key invalid")
 	// ErrBodyTooLarge: the request body is over the limit; the handler did
 	// not run (413).
@@ -44,15 +47,15 @@ var (
 // ErrLeaseExpired is the cause with which a handler's context is cancelled
 // when its lease ended without a successful renewal: the Store failed or
 // was too slow every time it was asked to extend it, and another request may
-// now take the key over. It wraps ErrLeaseLost, so that
+// now take the key over. It wraps [ErrLeaseLost], so that
 // errors.Is(context.Cause(ctx), ErrLeaseLost) holds however the lease was
 // lost.
 var ErrLeaseExpired = fmt.Errorf("idempotency lease ended without renewal: %w", ErrLeaseLost)
 
 // problemBase is where each problem type is documented.
-const problemBase = "https://pkg.go.dev/github.com/idemkit/idempotency/server#"
+const problemBase = wire.ProblemBase
 
-// Error is a refusal by the middleware: what an ErrorWriter receives. It wraps
+// Error is a refusal by the middleware: what an [ErrorWriter] receives. It wraps
 // one of the Err... sentinels and, for a store failure, the store's error.
 type Error struct {
 	// Status is the HTTP status code to answer with.
@@ -63,6 +66,11 @@ type Error struct {
 	Title string
 	// Detail explains this occurrence.
 	Detail string
+	// Code is the problem's stable, machine-readable name, sent as the
+	// "code" member: key_missing, key_invalid, key_too_long, ... (the
+	// table in the package documentation lists them all). Unlike Detail it
+	// never changes between releases, so clients can match it.
+	Code string
 	// RetryAfter, when positive, is sent as the Retry-After header.
 	RetryAfter time.Duration
 
@@ -104,21 +112,41 @@ var refusals = map[error]refusal{
 	ErrStoreUnavailable: {http.StatusServiceUnavailable, "ErrStoreUnavailable", "Idempotency store unavailable"},
 }
 
+// codes is the code member of each sentinel's problem, kept apart from
+// refusals so that adding a refusal is one line in each. A key over 255
+// bytes is an ErrInvalidKey with its own code, wire.CodeKeyTooLong.
+var codes = map[error]string{
+	ErrMissingKey:       wire.CodeKeyMissing,
+	ErrInvalidKey:       wire.CodeKeyInvalid,
+	ErrUnidentified:     wire.CodeUnidentified,
+	ErrBodyUnreadable:   wire.CodeBodyUnreadable,
+	ErrBodyTooLarge:     wire.CodeBodyTooLarge,
+	ErrKeyMismatch:      wire.CodeKeyMismatch,
+	ErrInFlight:         wire.CodeInFlight,
+	ErrStoreUnavailable: wire.CodeStoreUnavailable,
+}
+
 // problem makes the refusal of kind, one of the sentinels, with detail to
 // explain this occurrence and cause, if any, behind it (never shown to the
 // client).
 func problem(kind error, detail string, cause error) *Error {
 	r := refusals[kind]
-	return &Error{Status: r.status, Type: problemBase + r.anchor, Title: r.title, Detail: detail, kind: kind, cause: cause}
+	return &Error{Status: r.status, Type: problemBase + r.anchor, Title: r.title, Detail: detail, Code: codes[kind], kind: kind, cause: cause}
 }
 
 // An ErrorWriter answers a request that the middleware refuses. err is an
 // *Error.
 type ErrorWriter func(w http.ResponseWriter, r *http.Request, err error)
 
-// WriteProblem is the default ErrorWriter: it answers with an RFC 9457
-// application/problem+json body, and Retry-After when the error has one. The
-// store's own error is never shown to the client.
+// WriteProblem is the default [ErrorWriter]: it answers with an RFC 9457
+// application/problem+json body, with the problem's code as the "code"
+// extension member, and Retry-After when the error has one:
+//
+//	{"type":"https://pkg.go.dev/github.com/idemkit/idempotency/server#ErrInFlight",
+//	 "title":"Request in flight","status":409,"code":"in_flight","detail":"..."}
+//
+// The store's own error is never shown to the client. An error that is not
+// an *Error is answered 500, without a code.
 func WriteProblem(w http.ResponseWriter, r *http.Request, err error) {
 	var e *Error
 	if !errors.As(err, &e) {
@@ -128,8 +156,9 @@ func WriteProblem(w http.ResponseWriter, r *http.Request, err error) {
 		Type   string `json:"type"`
 		Title  string `json:"title"`
 		Status int    `json:"status"`
+		Code   string `json:"code,omitempty"`
 		Detail string `json:"detail,omitempty"`
-	}{e.Type, e.Title, e.Status, e.Detail})
+	}{e.Type, e.Title, e.Status, e.Code, e.Detail})
 	h := w.Header()
 	h.Set("Content-Type", "application/problem+json")
 	h.Set("Content-Length", strconv.Itoa(len(body)))
@@ -141,8 +170,12 @@ func WriteProblem(w http.ResponseWriter, r *http.Request, err error) {
 	w.Write(body)
 }
 
-// retryAfterSeconds rounds d up to whole seconds, at least one.
+// retryAfterSeconds rounds d up to whole seconds, at least one. It divides
+// before it rounds, so that the largest durations do not overflow.
 func retryAfterSeconds(d time.Duration) string {
-	s := int64((d + time.Second - 1) / time.Second)
+	s := int64(d / time.Second)
+	if d%time.Second > 0 {
+		s++
+	}
 	return strconv.FormatInt(max(s, 1), 10)
 }

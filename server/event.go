@@ -6,7 +6,7 @@ import (
 )
 
 // An Event is what the middleware did with one request, or with the lease of
-// one, for an observer set with WithObserver: the raw material of metrics,
+// one, for an observer set with [WithObserver]: the raw material of metrics,
 // traces and logs. Every protected request yields exactly one event of a
 // final kind; a request that acquires its key yields an EventAcquired before
 // it, and lease renewals yield their own.
@@ -15,7 +15,8 @@ type Event struct {
 	Kind EventKind
 	// Scope and Key name the record; empty when the request was refused
 	// before they were known. Scope is what the scope function returned:
-	// by default a hash of the Authorization header, never the header.
+	// by default a hash of the credential headers ([CredentialScope]),
+	// never the headers.
 	Scope, Key string
 	// Status is the status code the client was sent; 0 when no answer
 	// could be sent (the client had gone, the handler panicked).
@@ -56,8 +57,8 @@ const (
 	// EventMismatch: refused with 422, the key used for another request.
 	EventMismatch
 	// EventRejected: refused with 400 or 413 before any claim: the key
-	// missing or malformed, the body too large or unreadable, the request
-	// not identified.
+	// missing, malformed or refused by WithKeyFormat, the body too large or
+	// unreadable, the request not identified.
 	EventRejected
 	// EventUnavailable: refused with 503 because the store failed or was
 	// too slow (or a transactional store could not commit).
@@ -114,7 +115,8 @@ func (k EventKind) String() string {
 
 // An Observer receives the middleware's events. It is called on the
 // request's goroutine (on a timer's for lease events) before the middleware
-// returns, so it must be quick, and safe for concurrent use.
+// returns, so it must be quick, and safe for concurrent use. A panic in it is
+// recovered (see [WithObserver]).
 type Observer func(ctx context.Context, e Event)
 
 // timing is when each step of an exchange ended, kept only for an observer.
@@ -150,8 +152,7 @@ func since(start, end time.Time) time.Duration {
 
 // emit tells the observer, if there is one, how the exchange ended.
 func (ex *exchange) emit(kind EventKind, status int, err error) {
-	observe := ex.m.cfg.observer
-	if observe == nil {
+	if ex.m.cfg.observer == nil {
 		return
 	}
 	t := &ex.timing
@@ -162,7 +163,7 @@ func (ex *exchange) emit(kind EventKind, status int, err error) {
 	if t.store.IsZero() {
 		t.store = t.handler
 	}
-	observe(ex.r.Context(), Event{
+	ex.m.notify(ex.r.Context(), Event{
 		Kind: kind, Scope: ex.lease.Scope, Key: ex.lease.Key, Status: status,
 		Start: t.start, Claim: since(t.start, t.claim), Handler: since(t.claim, t.handler), Store: since(t.handler, t.store),
 		Err: err, Acquired: ex.acquired,
@@ -172,9 +173,9 @@ func (ex *exchange) emit(kind EventKind, status int, err error) {
 // acquire records that the claim acquired the key, and tells the observer.
 func (ex *exchange) acquire() {
 	ex.acquired = true
-	if observe := ex.m.cfg.observer; observe != nil {
+	if ex.m.cfg.observer != nil {
 		t := &ex.timing
-		observe(ex.r.Context(), Event{
+		ex.m.notify(ex.r.Context(), Event{
 			Kind: EventAcquired, Scope: ex.lease.Scope, Key: ex.lease.Key,
 			Start: t.start, Claim: since(t.start, t.claim),
 		})

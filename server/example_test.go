@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"strings"
 	"sync/atomic"
 
@@ -184,4 +185,141 @@ func ExampleLeaseFromContext() {
 	fmt.Println(string(b))
 	// Output:
 	// key payout-9, token issued: true
+}
+
+// The headers stored and replayed by default. To keep one more, add it to
+// the list rather than name a list of your own, which would drop the others.
+func ExampleDefaultStoredHeaders() {
+	for _, name := range server.DefaultStoredHeaders() {
+		fmt.Println(name)
+	}
+	store, err := memstore.New()
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer store.Close()
+	_, err = server.New(store, server.WithStoredHeaders(append(server.DefaultStoredHeaders(), "X-Request-Id")...))
+	fmt.Println("with X-Request-Id too:", err == nil)
+	// Output:
+	// Allow
+	// Cache-Control
+	// Content-Digest
+	// Content-Disposition
+	// Content-Encoding
+	// Content-Language
+	// Content-Location
+	// Content-Range
+	// Content-Type
+	// Digest
+	// ETag
+	// Expires
+	// Last-Modified
+	// Link
+	// Location
+	// Repr-Digest
+	// Retry-After
+	// Vary
+	// WWW-Authenticate
+	// with X-Request-Id too: true
+}
+
+// An API that publishes its key format (here, a UUID) enforces it: any other
+// key is answered 400 with the key_invalid problem, and nothing runs.
+func ExampleWithKeyFormat() {
+	store, err := memstore.New()
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer store.Close()
+	isUUID := regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
+	mw, err := server.New(store, server.WithKeyFormat(func(key string) error {
+		if !isUUID.MatchString(key) {
+			return errors.New("the key must be a lowercase UUID")
+		}
+		return nil
+	}))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	srv := httptest.NewServer(mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+	})))
+	defer srv.Close()
+
+	for _, key := range []string{"order-1", "7d444840-9dc0-11d1-b245-5ffdce74fad2"} {
+		req, err := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader("{}"))
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		req.Header.Set("Idempotency-Key", key)
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		var p struct{ Code, Detail string }
+		json.NewDecoder(resp.Body).Decode(&p)
+		resp.Body.Close()
+		fmt.Println(resp.StatusCode, p.Code, p.Detail)
+	}
+	// Output:
+	// 400 key_invalid The Idempotency-Key header is invalid: the key must be a lowercase UUID.
+	// 201
+}
+
+// The package documentation's snippet, as it compiles: a handler function
+// behind the middleware on a ServeMux, each caller in its own scope.
+func Example_serveMux() {
+	accountOf := func(r *http.Request) (string, error) {
+		account := r.Header.Get("X-Account") // set by the application's authentication
+		if account == "" {
+			return "", errors.New("no account")
+		}
+		return account, nil
+	}
+	createOrder := func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintln(w, "order created")
+	}
+
+	store, err := memstore.New() // one process; pgstore or redisstore for several
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer store.Close()
+	mw, err := server.New(store, server.WithScope(accountOf))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	mux := http.NewServeMux()
+	mux.Handle("POST /orders", mw.Handler(http.HandlerFunc(createOrder)))
+
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	for range 2 {
+		req, err := http.NewRequest(http.MethodPost, srv.URL+"/orders", strings.NewReader("{}"))
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		req.Header.Set("Idempotency-Key", "order-1")
+		req.Header.Set("X-Account", "acct_alice")
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		fmt.Printf("%d replayed=%q %s", resp.StatusCode, resp.Header.Get("Idempotent-Replayed"), b)
+	}
+	// Output:
+	// 201 replayed="" order created
+	// 201 replayed="true" order created
 }

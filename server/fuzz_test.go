@@ -3,6 +3,7 @@ package server_test
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -185,6 +186,12 @@ func FuzzMiddleware(f *testing.F) {
 			}
 			if a.status != http.StatusCreated && a.contentType != "application/problem+json" {
 				t.Fatalf("%s %q with headers %q: refusal %d is %q, want a problem document", method, target, header, a.status, a.contentType)
+			}
+			if a.contentType == "application/problem+json" {
+				var p struct{ Code string }
+				if err := json.Unmarshal([]byte(a.body), &p); err != nil || p.Code == "" {
+					t.Fatalf("%s %q with headers %q: problem %q has no code (%v)", method, target, header, a.body, err)
+				}
 			}
 			if a.status == http.StatusCreated && !a.replayed && !strings.HasPrefix(a.body, "caller="+auth+" ") {
 				t.Fatalf("caller %s got an original answer for another: %q", auth, a.body)

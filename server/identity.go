@@ -2,30 +2,74 @@ package server
 
 import (
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
-	"io"
 	"net/http"
 	"strconv"
 )
 
-// AuthorizationScope is the default scope function. It names the caller by a
-// SHA-256 hash of the request's Authorization header, so that one tenant is
-// never served another tenant's stored response, and so that the credential
-// itself is never stored. Requests without the header share the empty scope.
+// credentialHeaders are the request headers that carry a caller's
+// credential in the APIs people run, in canonical form: the standard two,
+// then the API-key headers of API gateways and hosted APIs.
+var credentialHeaders = [...]string{
+	"Authorization",
+	"Proxy-Authorization",
+	"X-Api-Key",                 // AWS API Gateway, many APIs
+	"Api-Key",                   // Azure OpenAI, Azure Cognitive Search
+	"X-Auth-Token",              // OpenStack, Docker registries
+	"X-Access-Token",            // a common form of a bearer token
+	"X-Goog-Api-Key",            // Google APIs
+	"Ocp-Apim-Subscription-Key", // Azure API Management
+	"Private-Token",             // GitLab
+}
+
+// CredentialHeaders returns the request headers that [CredentialScope]
+// hashes, in canonical form. The slice is the caller's.
+func CredentialHeaders() []string {
+	return append([]string(nil), credentialHeaders[:]...)
+}
+
+// CredentialScope is the default scope function. It names the caller by a
+// SHA-256 hash of the request's credential headers, those that
+// [CredentialHeaders] lists (Authorization, Proxy-Authorization and the
+// common API-key headers), so that one tenant is never served another
+// tenant's stored response, and so that no credential is ever stored.
+// Cookies are left out: a request and its retry often carry different ones.
+// Requests without any of those headers share the empty scope.
 //
 // A hash of a low-entropy credential (a Basic password) can be guessed by
 // whoever reads the store; an API that authenticates callers another way (a
-// cookie, an API-key header) or knows its principal should use WithScope.
-func AuthorizationScope(r *http.Request) (string, error) {
-	auth := r.Header.Get("Authorization")
-	if auth == "" {
+// session cookie, a client certificate) or knows its principal should use
+// [WithScope].
+func CredentialScope(r *http.Request) (string, error) {
+	// Most credentials fit on the stack; a long one (a JWT) spills once.
+	var stack [512]byte
+	b := append(stack[:0], "idempotency scope v2"...)
+	found := false
+	for _, name := range credentialHeaders {
+		values := r.Header[name]
+		if len(values) == 0 || len(values) == 1 && values[0] == "" {
+			continue
+		}
+		found = true
+		// The name, the number of values, and each value
+		// length-prefixed: no two sets of headers are written the same.
+		b = appendString(b, name)
+		b = binary.BigEndian.AppendUint64(b, uint64(len(values)))
+		for _, v := range values {
+			b = appendString(b, v)
+		}
+	}
+	if !found {
 		return "", nil
 	}
-	h := sha256.New()
-	io.WriteString(h, "idempotency scope v1\x00")
-	io.WriteString(h, auth)
-	var sum [sha256.Size]byte
-	return "auth:" + hex.EncodeToString(h.Sum(sum[:0])[:16]), nil
+	sum := sha256.Sum256(b)
+	return "cred:" + hex.EncodeToString(sum[:16]), nil
+}
+
+func appendString(b []byte, s string) []byte {
+	b = binary.BigEndian.AppendUint64(b, uint64(len(s)))
+	return append(b, s...)
 }
 
 // Fingerprint is the default fingerprint function: SHA-256 over the method,

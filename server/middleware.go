@@ -1,38 +1,56 @@
 package server
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"io"
+	"log/slog"
+	"math"
 	"net/http"
+	"reflect"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemkit/idempotency/internal/keyfield"
+	"github.com/idemkit/idempotency/internal/wire"
 )
 
 // Middleware honours the Idempotency-Key header in front of an http.Handler.
-// Create one with New and wrap handlers with its Handler method. It is
-// immutable and safe for concurrent use.
+// Create one with [New] and wrap handlers with [Middleware.Handler]. Its
+// configuration is immutable, and it is safe for concurrent use.
 type Middleware struct {
 	store      Store
 	binder     Binder
 	cfg        config
 	replayable map[string]struct{} // cfg.replayHeaders
+
+	// What is logged once per Middleware.
+	observerPanicked atomic.Bool
+	noCredentials    atomic.Bool
 }
 
 // New returns middleware that protects requests with store. The options are
-// checked: an invalid one is an error.
+// checked: an invalid one is an error that names every invalid option. A nil
+// store, or a nil pointer in a Store interface (var s *memstore.Store), is
+// refused.
 func New(store Store, opts ...Option) (*Middleware, error) {
-	if store == nil {
-		return nil, errors.New("server: New needs a Store")
+	if isNil(store) {
+		return nil, errors.New("server: New needs a Store, not a nil one")
 	}
 	cfg := defaultConfig()
-	for _, o := range opts {
+	for i, o := range opts {
+		if o == nil {
+			cfg.invalid("option %d is nil", i)
+			continue
+		}
 		o(&cfg)
 	}
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	cfg.logger = slog.New(newRateLimited(cfg.logger.Handler(), time.Second))
 	m := &Middleware{store: store, cfg: cfg, replayable: make(map[string]struct{}, len(cfg.replayHeaders))}
 	for _, name := range cfg.replayHeaders {
 		// net/http keeps headers under their canonical names: "Etag",
@@ -41,6 +59,19 @@ func New(store Store, opts ...Option) (*Middleware, error) {
 	}
 	m.binder, _ = store.(Binder)
 	return m, nil
+}
+
+// isNil reports whether store is nil, or holds a nil pointer, map, slice,
+// func or channel: a Store whose every method would panic.
+func isNil(store Store) bool {
+	if store == nil {
+		return true
+	}
+	switch v := reflect.ValueOf(store); v.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan, reflect.Interface:
+		return v.IsNil()
+	}
+	return false
 }
 
 // Handler wraps next. Its shape, func(http.Handler) http.Handler, is the one
@@ -85,8 +116,18 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	key, err := keyfield.Parse(values[0])
 	if err != nil {
-		m.reject(w, r, start, ID{}, problem(ErrInvalidKey, "The "+m.cfg.header+" header is invalid: "+err.Error()+".", nil))
+		e := problem(ErrInvalidKey, "The "+m.cfg.header+" header is invalid: "+err.Error()+".", nil)
+		if errors.Is(err, keyfield.ErrTooLong) {
+			e.Code = wire.CodeKeyTooLong
+		}
+		m.reject(w, r, start, ID{}, e)
 		return
+	}
+	if m.cfg.keyFormat != nil {
+		if err := m.cfg.keyFormat(key); err != nil {
+			m.reject(w, r, start, ID{}, problem(ErrInvalidKey, "The "+m.cfg.header+" header is invalid: "+err.Error()+".", err))
+			return
+		}
 	}
 	ex := &exchange{m: m, w: w, r: r, next: next, timing: timing{start: start}}
 	if m.cfg.echoKey {
@@ -104,6 +145,11 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	if err != nil {
 		m.reject(w, r, start, ID{Key: key}, problem(ErrUnidentified, "The caller of this request could not be identified.", err))
 		return
+	}
+	if scope == "" && !m.cfg.scopeSet && !m.noCredentials.Load() && !m.noCredentials.Swap(true) {
+		m.cfg.logger.LogAttrs(r.Context(), slog.LevelWarn,
+			"idempotent request without credentials: every such caller shares one scope, and can be replayed another's response; set WithScope to the authenticated principal",
+			slog.Any("headers", credentialHeaders[:]), slog.String("method", r.Method), slog.String("path", r.URL.Path))
 	}
 	fp, err := m.cfg.fingerprint(r, body)
 	if err != nil {
@@ -128,8 +174,23 @@ func (m *Middleware) reject(w http.ResponseWriter, r *http.Request, start time.T
 // observe gives e to the observer, if there is one.
 func (m *Middleware) observe(r *http.Request, e Event) {
 	if m.cfg.observer != nil {
-		m.cfg.observer(r.Context(), e)
+		m.notify(r.Context(), e)
 	}
+}
+
+// notify calls the observer, which must be set. A panic in it must neither
+// leave a key claimed (EventAcquired comes between the claim and the
+// handler) nor end the process (lease events run on a timer's goroutine),
+// so it is recovered, and logged the first time only: an observer that
+// panics once will panic on every request.
+func (m *Middleware) notify(ctx context.Context, e Event) {
+	defer func() {
+		if v := recover(); v != nil && !m.observerPanicked.Swap(true) {
+			m.cfg.logger.LogAttrs(ctx, slog.LevelError, "idempotency observer panicked; its panics are recovered, and not logged again",
+				slog.String("event", e.Kind.String()), slog.String("panic", fmt.Sprint(v)))
+		}
+	}()
+	m.cfg.observer(ctx, e)
 }
 
 // bodyFailed is the refusal of a request whose body could not be read.
@@ -166,18 +227,25 @@ func (m *Middleware) readBody(r *http.Request) ([]byte, error) {
 	if r.ContentLength > limit {
 		return nil, ErrBodyTooLarge
 	}
-	size := bodyChunk
+	// One byte past the limit is read to tell a body at the limit from a
+	// longer one; at the largest limit there is no such byte, and a slice
+	// cannot be that long anyway.
+	reach := limit
+	if limit < math.MaxInt64 {
+		reach = limit + 1
+	}
+	size := int64(bodyChunk)
 	if r.ContentLength >= 0 && r.ContentLength < bodyChunk {
 		// The whole body, and one byte more to see its end without a
 		// second allocation.
-		size = int(r.ContentLength) + 1
+		size = r.ContentLength + 1
 	}
-	buf := make([]byte, 0, min(int64(size), limit+1))
+	buf := make([]byte, 0, min(size, reach))
 	for {
 		if len(buf) == cap(buf) {
 			buf = append(buf, 0)[:len(buf)]
 		}
-		n, err := r.Body.Read(buf[len(buf):min(int64(cap(buf)), limit+1)])
+		n, err := r.Body.Read(buf[len(buf):min(int64(cap(buf)), reach)])
 		buf = buf[:len(buf)+n]
 		if int64(len(buf)) > limit {
 			return nil, ErrBodyTooLarge

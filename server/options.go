@@ -5,12 +5,13 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 )
 
 // The headers of the protocol, as the middleware reads and writes them by
-// default (WithKeyHeader and WithReplayedHeader change the first two).
+// default ([WithKeyHeader] and [WithReplayedHeader] change the first two).
 const (
 	// HeaderKey carries the idempotency key, on requests and, echoed, on
 	// answers.
@@ -23,17 +24,39 @@ const (
 	HeaderBodyOmitted = "Idempotent-Body-Omitted"
 )
 
-// Defaults.
+// Defaults, and the shortest lease.
 const (
-	DefaultTTL          = 24 * time.Hour
-	DefaultLease        = time.Minute
-	DefaultMaxBody      = 1 << 20
-	DefaultMaxStored    = 1 << 20
+	// DefaultTTL is how long a record is kept ([WithTTL]).
+	DefaultTTL = 24 * time.Hour
+	// DefaultLease is the lease a handler runs under ([WithLease]), when the
+	// TTL is not shorter.
+	DefaultLease = time.Minute
+	// MinLease is the shortest lease, and so the shortest TTL, accepted.
+	MinLease = 10 * time.Millisecond
+	// DefaultMaxBody is the largest request body accepted ([WithMaxBody]).
+	DefaultMaxBody = 1 << 20
+	// DefaultMaxStored is the largest response body stored ([WithMaxStored]).
+	DefaultMaxStored = 1 << 20
+	// DefaultStoreTimeout bounds every Store call ([WithStoreTimeout]).
 	DefaultStoreTimeout = 5 * time.Second
-	DefaultRetryAfter   = time.Second
+	// DefaultRetryAfter is the Retry-After of a 409 or 503 ([WithRetryAfter]).
+	DefaultRetryAfter = time.Second
 )
 
-// Option configures the middleware.
+// maxRecordDuration is the longest TTL or lease given to a Store: longer
+// ones are taken as it. A Store adds them to its clock, and a century is
+// as good as forever while leaving that sum far from overflowing.
+const maxRecordDuration = 100 * 365 * 24 * time.Hour
+
+// Option configures the middleware. Options are applied in order, a later
+// one overriding an earlier one of the same kind; [New] refuses an invalid
+// one (a nil Option included) with an error that names every invalid option
+// at once.
+//
+// Every size and duration option is safe at its extremes: 0 is refused
+// where it means nothing (a TTL, a lease, a timeout) and means "none" where
+// it can (no body accepted, no body stored, no wait); the largest values
+// mean "unbounded" (a TTL or lease is taken as 100 years at most).
 type Option func(*config)
 
 type config struct {
@@ -57,6 +80,9 @@ type config struct {
 	retryAfter     time.Duration
 	echoKey        bool
 	observer       Observer
+	keyFormat      func(key string) error
+	leaseSet       bool // WithLease was given: the lease does not follow the TTL
+	scopeSet       bool // WithScope was given
 	invalidOptions []error
 }
 
@@ -67,14 +93,13 @@ func defaultConfig() config {
 		replayHeader:  HeaderReplayed,
 		ttl:           DefaultTTL,
 		lease:         DefaultLease,
-		scope:         AuthorizationScope,
+		scope:         CredentialScope,
 		fingerprint:   Fingerprint,
 		maxBody:       DefaultMaxBody,
 		maxStored:     DefaultMaxStored,
 		storeStatus:   DefaultStoreStatus,
 		errorWriter:   WriteProblem,
 		replayHeaders: defaultReplayHeaders,
-		logger:        slog.New(slog.DiscardHandler),
 		storeTimeout:  DefaultStoreTimeout,
 		retryAfter:    DefaultRetryAfter,
 		echoKey:       true,
@@ -86,8 +111,16 @@ func (c *config) invalid(format string, args ...any) {
 }
 
 func (c *config) validate() error {
+	if !c.leaseSet && c.lease > c.ttl {
+		// The default lease follows a TTL shorter than itself: a lease
+		// cannot outlive its record.
+		c.lease = c.ttl
+	}
 	if c.lease > c.ttl {
 		c.invalid("lease %v is longer than TTL %v", c.lease, c.ttl)
+	}
+	if c.logger == nil {
+		c.logger = slog.Default()
 	}
 	return errors.Join(c.invalidOptions...)
 }
@@ -126,38 +159,57 @@ func WithKeyHeader(name string) Option {
 }
 
 // WithTTL sets how long a record is kept after it is claimed or completed,
-// 24 hours by default. A retry that comes later runs again.
+// [DefaultTTL] (24 hours) by default. A retry that comes later runs again.
+// A TTL shorter than the default lease shortens the lease to the TTL, unless
+// [WithLease] is given too, which must then be no longer than the TTL. A TTL
+// shorter than [MinLease] is refused; one longer than 100 years is taken as
+// 100 years.
 func WithTTL(d time.Duration) Option {
 	return func(c *config) {
-		if d <= 0 {
-			c.invalid("TTL %v is not positive", d)
+		if d < MinLease {
+			c.invalid("TTL %v is shorter than %v", d, MinLease)
 			return
 		}
-		c.ttl = d
+		c.ttl = min(d, maxRecordDuration)
 	}
 }
 
-// WithLease sets the lease that the handler holds while it runs, one minute by
-// default. The middleware renews it every third of its length (a tenth after
-// a failed renewal) until the response is stored. When the lease's end, less
-// a tenth of it, passes without a successful renewal, the handler's context
-// is cancelled with a cause that wraps ErrLeaseLost: from then on another
-// request with the same key may take the record over. If this process dies,
-// another request may take it over once the lease has expired.
+// WithLease sets the lease that the handler holds while it runs,
+// [DefaultLease] (one minute) by default, or the TTL when that is shorter.
+// It must be at least [MinLease] and no longer than the TTL; like the TTL, it
+// is taken as 100 years when longer. The middleware renews it every third of
+// its length (a tenth after a failed renewal) until the response is stored.
+// When the lease's end, less a tenth of it, passes without a successful
+// renewal, the handler's context is cancelled with a cause that wraps
+// [ErrLeaseLost]: from then on another request with the same key may take
+// the record over. If this process dies, another request may take it over
+// once the lease has expired.
 func WithLease(d time.Duration) Option {
 	return func(c *config) {
-		if d < 10*time.Millisecond {
-			c.invalid("lease %v is shorter than 10ms", d)
+		if d < MinLease {
+			c.invalid("lease %v is shorter than %v", d, MinLease)
 			return
 		}
-		c.lease = d
+		c.lease, c.leaseSet = min(d, maxRecordDuration), true
 	}
 }
 
 // WithScope sets the function that names the caller a key belongs to, so that
-// two callers never share a record. The default, AuthorizationScope, hashes
-// the Authorization header; an application that knows its principal (a tenant
-// or account ID set by its authentication middleware) should use it instead.
+// two callers never share a record.
+//
+// The default, [CredentialScope], is a hash of the request's credential
+// headers: Authorization, Proxy-Authorization and the API-key headers listed
+// in [CredentialHeaders] (X-Api-Key, Api-Key, X-Auth-Token, ...), never the
+// headers themselves. Cookies are not part of it: a request and its retry
+// often carry different cookies. A keyed request that carries none of those
+// headers falls in the one scope shared by every such caller, and the first
+// of them is logged at warn level. An application that knows its principal
+// (a tenant or account ID set by its authentication middleware, or the
+// session behind a cookie) should name it here instead; so should one whose
+// credentials change between a request and its retry (a request signature,
+// a token refreshed between attempts), which would put the retry in another
+// scope, where it runs again.
+//
 // An error from the function refuses the request with 400.
 func WithScope(fn func(*http.Request) (string, error)) Option {
 	return func(c *config) {
@@ -165,13 +217,13 @@ func WithScope(fn func(*http.Request) (string, error)) Option {
 			c.invalid("WithScope needs a function")
 			return
 		}
-		c.scope = fn
+		c.scope, c.scopeSet = fn, true
 	}
 }
 
 // WithFingerprint sets the function that identifies a request, so that a key
 // reused for a different request is refused with 422. body is the whole
-// request body. The default is Fingerprint.
+// request body. The default is [Fingerprint].
 func WithFingerprint(fn func(r *http.Request, body []byte) (string, error)) Option {
 	return func(c *config) {
 		if fn == nil {
@@ -182,8 +234,11 @@ func WithFingerprint(fn func(r *http.Request, body []byte) (string, error)) Opti
 	}
 }
 
-// WithMaxBody sets the largest request body accepted, 1 MiB by default. A
-// larger one is refused with 413 and the handler does not run.
+// WithMaxBody sets the largest request body accepted, [DefaultMaxBody]
+// (1 MiB) by default. A larger one is refused with 413 and the handler does
+// not run. 0 accepts only requests without a body. The body is read whole
+// before the claim, into a buffer that grows as its bytes arrive, so a
+// large limit reserves nothing ahead of them.
 func WithMaxBody(n int64) Option {
 	return func(c *config) {
 		if n < 0 {
@@ -194,10 +249,11 @@ func WithMaxBody(n int64) Option {
 	}
 }
 
-// WithMaxStored sets the largest response body stored for replay, 1 MiB by
-// default. A larger response is still sent, and still recorded as done so
-// that the request never runs twice, but its replay carries the status and
-// headers only, marked with the Idempotent-Body-Omitted header.
+// WithMaxStored sets the largest response body stored for replay,
+// [DefaultMaxStored] (1 MiB) by default; 0 stores none. A larger response is
+// still sent, and still recorded as done so that the request never runs
+// twice, but its replay carries the status and headers only, marked with the
+// [HeaderBodyOmitted] header.
 func WithMaxStored(n int) Option {
 	return func(c *config) {
 		if n < 0 {
@@ -210,7 +266,7 @@ func WithMaxStored(n int) Option {
 
 // WithStoreStatus sets which handler statuses are stored for replay. For the
 // others the claim is released, so that a retry runs the handler again. The
-// default is DefaultStoreStatus; to keep 5xx responses as well, as some
+// default is [DefaultStoreStatus]; to keep 5xx responses as well, as some
 // payment APIs do, pass a function that returns true except for 408 and 429.
 func WithStoreStatus(fn func(status int) bool) Option {
 	return func(c *config) {
@@ -231,7 +287,7 @@ func DefaultStoreStatus(status int) bool {
 // WithWait makes a request whose key is in flight wait up to d for the
 // original to finish and then answer with its replay (or run, if the original
 // released its claim), instead of answering 409 at once. A request still
-// waiting after d gets 409.
+// waiting after d gets 409. 0, the default, does not wait.
 func WithWait(d time.Duration) Option {
 	return func(c *config) {
 		if d < 0 {
@@ -249,7 +305,7 @@ func WithFailOpen() Option {
 	return func(c *config) { c.failOpen = true }
 }
 
-// WithErrorWriter sets how refusals are written, WriteProblem by default.
+// WithErrorWriter sets how refusals are written, [WriteProblem] by default.
 func WithErrorWriter(fn ErrorWriter) Option {
 	return func(c *config) {
 		if fn == nil {
@@ -260,9 +316,16 @@ func WithErrorWriter(fn ErrorWriter) Option {
 	}
 }
 
-// WithLogger sets where the middleware logs store failures, lost leases and
-// responses it could not store. It logs nothing by default. Keys are logged;
-// credentials and bodies never are.
+// WithLogger sets where the middleware logs store failures, lost leases,
+// responses it could not store, and an observer's panic; by default it logs
+// to [slog.Default] as it is when [New] is called. Each message is logged at
+// most once a second: the next record of a message after some were dropped
+// carries their number as "suppressed", so that an outage does not flood
+// the log. Keys are logged; credentials and bodies never are.
+//
+// A nil logger is refused, so that a logger that was never set cannot
+// silence store failures: to log nothing, pass
+// slog.New(slog.DiscardHandler).
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) {
 		if l == nil {
@@ -273,7 +336,8 @@ func WithLogger(l *slog.Logger) Option {
 	}
 }
 
-// WithStoreTimeout bounds every Store call, 5 seconds by default: a Claim
+// WithStoreTimeout bounds every Store call, [DefaultStoreTimeout]
+// (5 seconds) by default: a Claim
 // that takes longer is answered with 503 and the handler does not run; a
 // Complete or Release that fails is retried until the timeout ends; an Extend
 // is given at most what is left of the lease. Store calls run on a context
@@ -291,7 +355,8 @@ func WithStoreTimeout(d time.Duration) Option {
 }
 
 // WithRetryAfter sets the Retry-After of a 409 (a request with the same key
-// is in flight) and of a 503 (the store failed), one second by default. A
+// is in flight) and of a 503 (the store failed), [DefaultRetryAfter] (one
+// second) by default. A
 // 409's is never longer than what is left of the lease of the request in
 // flight. Retry-After is sent in whole seconds, at least one.
 func WithRetryAfter(d time.Duration) Option {
@@ -313,12 +378,16 @@ func WithEchoKey(on bool) Option {
 	return func(c *config) { c.echoKey = on }
 }
 
-// WithObserver sets a function that receives an Event for every protected
+// WithObserver sets a function that receives an [Event] for every protected
 // request (what the middleware did, with the time each step took), for
 // every claim that acquires its key and for every lease renewal: the raw
-// material for metrics and traces. The
-// middleware does none of that work, and allocates nothing for it, without
-// an observer.
+// material for metrics and traces. The middleware does none of that work,
+// and allocates nothing for it, without an observer.
+//
+// A panic in the observer is recovered, and logged once per [Middleware]
+// with the event's kind: the request goes on as if the observer had
+// returned, so that a key is never left claimed and a lease event, which
+// runs on a timer's goroutine, never takes the process down.
 func WithObserver(fn Observer) Option {
 	return func(c *config) {
 		if fn == nil {
@@ -327,4 +396,34 @@ func WithObserver(fn Observer) Option {
 		}
 		c.observer = fn
 	}
+}
+
+// WithKeyFormat sets a check of the key's format, for an API that publishes
+// one (a UUID, a prefix, a length): a key that fn refuses is answered 400
+// with the [ErrInvalidKey] problem (code key_invalid) whose detail quotes
+// fn's error, so its text must be fit for the client; the handler does not
+// run and nothing is claimed. fn sees the key after the middleware's own
+// checks (1 to 255 bytes of printable ASCII, unquoted if it was sent as a
+// structured-field string), and must be safe for concurrent use. Like the
+// scope and fingerprint functions, it runs before anything is claimed, so a
+// panic in it is left to net/http, as a handler's would be.
+func WithKeyFormat(fn func(key string) error) Option {
+	return func(c *config) {
+		if fn == nil {
+			c.invalid("WithKeyFormat needs a function")
+			return
+		}
+		c.keyFormat = fn
+	}
+}
+
+// DefaultStoredHeaders returns the response headers stored and replayed
+// unless [WithStoredHeaders] says otherwise: those that describe the stored
+// body, so that a replay is the same representation (type, encoding,
+// language, range, digest, validators), and those that describe the result
+// (Location, Link, caching, Allow, the challenge of a 401). To store one
+// more, pass append(server.DefaultStoredHeaders(), name) to
+// [WithStoredHeaders]. The slice is the caller's.
+func DefaultStoredHeaders() []string {
+	return slices.Clone(defaultReplayHeaders)
 }

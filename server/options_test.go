@@ -1,0 +1,167 @@
+package server_test
+
+import (
+	"log/slog"
+	"math"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/server/memstore"
+)
+
+func TestNewValidates(t *testing.T) {
+	store := newMem(t)
+	for _, tc := range []struct {
+		name string
+		opts []server.Option
+	}{
+		{"ttl zero", []server.Option{server.WithTTL(0)}},
+		{"ttl under the shortest lease", []server.Option{server.WithTTL(server.MinLease - 1)}},
+		{"lease", []server.Option{server.WithLease(time.Millisecond)}},
+		{"set-cookie", []server.Option{server.WithStoredHeaders("Content-Type", "set-cookie")}},
+		{"authorization", []server.Option{server.WithStoredHeaders("Authorization")}},
+		{"methods", []server.Option{server.WithMethods()}},
+		{"negative body", []server.Option{server.WithMaxBody(-1)}},
+		{"lease over its default ttl", []server.Option{server.WithLease(25 * time.Hour)}},
+		{"lease over a short ttl", []server.Option{server.WithTTL(time.Second), server.WithLease(2 * time.Second)}},
+		{"nil option", []server.Option{nil}},
+		{"nil logger", []server.Option{server.WithLogger(nil)}},
+		{"nil key format", []server.Option{server.WithKeyFormat(nil)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mw, err := server.New(store, tc.opts...)
+			require.Error(t, err)
+			assert.Nil(t, mw)
+			assert.True(t, strings.HasPrefix(err.Error(), "server: "), "error %q has no package prefix", err)
+		})
+	}
+}
+
+func TestNewNamesEveryInvalidOption(t *testing.T) {
+	_, err := server.New(newMem(t), server.WithMaxBody(-1), nil, server.WithRetryAfter(0))
+	require.Error(t, err)
+	for _, want := range []string{"body limit -1", "option 1 is nil", "Retry-After 0s"} {
+		assert.Contains(t, err.Error(), want)
+	}
+}
+
+// TestNewRefusesNilStore: a nil Store, or a nil pointer in the interface,
+// would panic on every request; New refuses it.
+func TestNewRefusesNilStore(t *testing.T) {
+	var typed *memstore.Store
+	for name, store := range map[string]server.Store{"nil": nil, "typed nil": typed} {
+		t.Run(name, func(t *testing.T) {
+			mw, err := server.New(store)
+			assert.Error(t, err)
+			assert.Nil(t, mw)
+		})
+	}
+}
+
+// TestDefaultLeaseFollowsShortTTL: a TTL shorter than the default lease is
+// enough on its own; the lease follows it.
+func TestDefaultLeaseFollowsShortTTL(t *testing.T) {
+	h := &orders{}
+	srv, _ := fixture(t, h, server.WithTTL(2*time.Second))
+	assert.Equal(t, http.StatusCreated, post(t, srv.URL, "k", "x").status)
+	got := post(t, srv.URL, "k", "x")
+	assert.Equal(t, http.StatusCreated, got.status)
+	assert.Equal(t, "true", got.header.Get("Idempotent-Replayed"))
+}
+
+// TestOptionExtremes: every size and duration option, at 0, 1 and its
+// largest value, is either refused by New or serves a request with a body
+// (and its replay) without panicking.
+func TestOptionExtremes(t *testing.T) {
+	type outcome int
+	const (
+		refused     outcome = iota // New returns an error
+		replayed                   // 201, then the same 201 replayed
+		tooLarge                   // 413: the body is over the limit
+		noBody                     // 201, replayed without its body
+		unavailable                // 503: the store is not given time to answer
+	)
+	for _, tc := range []struct {
+		name string
+		opt  server.Option
+		want outcome
+	}{
+		{"WithTTL(0)", server.WithTTL(0), refused},
+		{"WithTTL(1)", server.WithTTL(1), refused},
+		{"WithTTL(max)", server.WithTTL(math.MaxInt64), replayed},
+		{"WithLease(0)", server.WithLease(0), refused},
+		{"WithLease(1)", server.WithLease(1), refused},
+		{"WithLease(max)", server.WithLease(math.MaxInt64), refused}, // longer than the TTL
+		{"WithMaxBody(0)", server.WithMaxBody(0), tooLarge},
+		{"WithMaxBody(1)", server.WithMaxBody(1), tooLarge},
+		{"WithMaxBody(max)", server.WithMaxBody(math.MaxInt64), replayed},
+		{"WithMaxStored(0)", server.WithMaxStored(0), noBody},
+		{"WithMaxStored(1)", server.WithMaxStored(1), noBody},
+		{"WithMaxStored(max)", server.WithMaxStored(math.MaxInt), replayed},
+		{"WithWait(0)", server.WithWait(0), replayed},
+		{"WithWait(1)", server.WithWait(1), replayed},
+		{"WithWait(max)", server.WithWait(math.MaxInt64), replayed},
+		{"WithStoreTimeout(0)", server.WithStoreTimeout(0), refused},
+		{"WithStoreTimeout(1)", server.WithStoreTimeout(1), unavailable},
+		{"WithStoreTimeout(max)", server.WithStoreTimeout(math.MaxInt64), replayed},
+		{"WithRetryAfter(0)", server.WithRetryAfter(0), refused},
+		{"WithRetryAfter(1)", server.WithRetryAfter(1), replayed},
+		{"WithRetryAfter(max)", server.WithRetryAfter(math.MaxInt64), replayed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			store := newMem(t)
+			mw, err := server.New(store, tc.opt)
+			if tc.want == refused {
+				require.Error(t, err)
+				return
+			}
+			require.NoError(t, err)
+			h := &orders{}
+			srv := startServer(t, mw.Handler(h))
+			first := post(t, srv.URL, "k", `{"sku":"A1"}`)
+			switch tc.want {
+			case tooLarge:
+				assert.Equal(t, http.StatusRequestEntityTooLarge, first.status)
+				assert.Equal(t, int64(0), h.executions.Load())
+				return
+			case unavailable:
+				assert.Equal(t, http.StatusServiceUnavailable, first.status)
+				assert.Equal(t, "1", first.header.Get("Retry-After"))
+				assert.Equal(t, int64(0), h.executions.Load())
+				return
+			}
+			require.Equal(t, http.StatusCreated, first.status, first.body)
+			again := post(t, srv.URL, "k", `{"sku":"A1"}`)
+			assert.Equal(t, http.StatusCreated, again.status)
+			assert.Equal(t, "true", again.header.Get("Idempotent-Replayed"))
+			if tc.want == noBody {
+				assert.Equal(t, "true", again.header.Get("Idempotent-Body-Omitted"))
+				assert.Empty(t, again.body)
+			} else {
+				assert.Equal(t, first.body, again.body)
+			}
+			assert.Equal(t, int64(1), h.executions.Load())
+		})
+	}
+	t.Run("WithTTL(max) and WithLease(max)", func(t *testing.T) {
+		h := &orders{}
+		srv, _ := fixture(t, h, server.WithTTL(math.MaxInt64), server.WithLease(math.MaxInt64))
+		assert.Equal(t, http.StatusCreated, post(t, srv.URL, "k", "x").status)
+		assert.Equal(t, "true", post(t, srv.URL, "k", "x").header.Get("Idempotent-Replayed"))
+		assert.Equal(t, int64(1), h.executions.Load())
+	})
+	t.Run("Retry-After at its largest", func(t *testing.T) {
+		srv := fixtureWith(t, failing{}, &orders{}, server.WithRetryAfter(math.MaxInt64), server.WithLogger(discardLogger()))
+		got := post(t, srv.URL, "k", "x")
+		assert.Equal(t, http.StatusServiceUnavailable, got.status)
+		assert.Equal(t, "9223372037", got.header.Get("Retry-After"), "whole seconds, rounded up")
+	})
+}
+
+func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }

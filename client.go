@@ -310,7 +310,9 @@ type Outcome struct {
 	// Stopped is why no further attempt was made although this response's
 	// status is one that is retried (one of ErrAttemptsExhausted,
 	// ErrNotIdempotent, ErrBodyNotReplayable, ErrDeadline,
-	// ErrBudgetExhausted), or nil.
+	// ErrBudgetExhausted, ErrRetryRefused); or the server's final answer
+	// that the response is, which is never retried (ErrOutcomeUnknown,
+	// ErrKeyMismatch); or nil.
 	Stopped error
 
 	// Kind is how the call ended, as an observer is told (see Event):
@@ -318,6 +320,11 @@ type Outcome struct {
 	// EventCanceled when the caller's context ended before a response that
 	// would have been retried.
 	Kind EventKind
+
+	// Honour says whether the response shows that the server honours the
+	// key: Honoured when it echoes the key or is a replay, MayNotHonour
+	// when a retried request got neither.
+	Honour KeyHonour
 }
 
 // OutcomeOf returns the Outcome of a response returned by a Client's Do or
@@ -337,6 +344,7 @@ func OutcomeOf(resp *http.Response) (Outcome, bool) {
 		Replayed: resp.Header.Get(c.cfg.replayHeader) == "true",
 		Stopped:  c.stopped,
 		Kind:     c.kind,
+		Honour:   c.honour,
 	}
 	if out.Kind == EventCompleted && out.Replayed {
 		out.Kind = EventReplayed

@@ -204,6 +204,12 @@ func (cfg *config) keyFor(req *http.Request, method string) (key, wire string, e
 		return "", "", nil
 	}
 	key, ok := KeyFromContext(req.Context())
+	if !ok {
+		if key, ok := derivedKeyFor(req.Context(), method, req.URL); ok {
+			// A UUID: valid by construction.
+			return key, cfg.wireKey(key), nil
+		}
+	}
 	if !ok && cfg.keyFunc == nil {
 		// A UUID: valid by construction.
 		if key, err = cfg.keys.newKey(cfg.keyV7); err != nil {

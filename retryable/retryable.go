@@ -28,9 +28,9 @@ package retryable
 import (
 	"context"
 	"errors"
+	"math"
 	"math/rand/v2"
 	"net/http"
-	"math"
 	"net/textproto"
 	"time"
 

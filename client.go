@@ -58,8 +58,9 @@ func (c *Client) config() *config {
 // response, Do returns a *RetryError.
 //
 // If req's method gets a key (POST and PATCH by default) and req has none in
-// its header, Do uses the key in req's context (ContextWithKey) or else makes a new
-// one, and sends it on every attempt. A key in req's header is found under
+// its header, Do uses the key in req's context (ContextWithKey), or one
+// derived from the incoming key in req's context (ContextWithStep), or else
+// makes a new one, and sends it on every attempt. A key in req's header is found under
 // any letter case of the header's name (as in a header map filled by hand,
 // such as req.Header["idempotency-key"]), and is sent as it is, once, under
 // the canonical name; a header that holds two keys (two values, under one

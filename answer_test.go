@@ -64,6 +64,7 @@ func TestServerAnswers(t *testing.T) {
 		{"false on a final status", status(400, "X-Should-Retry", "false"), nil, 1, nil, idempotency.EventCompleted},
 		{"Stripe-Should-Retry: true", status(400, "Stripe-Should-Retry", "true"), nil, 2, nil, idempotency.EventCompleted},
 		{"X-Should-Retry: true", status(409, "X-Should-Retry", "true"), nil, 2, nil, idempotency.EventCompleted},
+		{"true on a success", status(201, "X-Should-Retry", "true"), nil, 1, nil, idempotency.EventCompleted},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

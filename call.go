@@ -215,7 +215,8 @@ func (c *call) transient(resp *http.Response, err error) (transient bool, refuse
 	if finalAnswer(c.answer) != nil {
 		return false, nil
 	}
-	if err == nil && resp != nil {
+	// Only an error status: no hint makes a success retried.
+	if err == nil && resp != nil && resp.StatusCode >= 400 {
 		if allow, ok := shouldRetryHint(resp.Header); ok {
 			if !allow && c.callPolicy(resp, err) {
 				return false, ErrRetryRefused

@@ -55,9 +55,10 @@ type Policy func(resp *http.Response, err error) bool
 //
 // Whatever the policy, Do never retries the final answers of the
 // middleware (ErrOutcomeUnknown, ErrKeyMismatch), and it follows the retry
-// hint of a server that sends Stripe-Should-Retry or X-Should-Retry:
-// "false" stops (ErrRetryRefused), "true" retries, within the same limits
-// of methods, attempts, deadline and budget.
+// hint of a server that sends Stripe-Should-Retry or X-Should-Retry with an
+// error status (4xx, 5xx): "false" stops (ErrRetryRefused), "true"
+// retries, within the same limits of methods, attempts, deadline and
+// budget; "false" wins over "true".
 func DefaultPolicy(resp *http.Response, err error) bool {
 	if err != nil {
 		return resp == nil && !permanent(err)

@@ -14,7 +14,7 @@
 //     decides: idempotency.DefaultPolicy for errors and statuses (a 409
 //     only when it is the in-flight answer), the server's final answers
 //     never (idempotency.ErrOutcomeUnknown, idempotency.ErrKeyMismatch),
-//     Stripe-Should-Retry and X-Should-Retry followed, Retry-After honoured
+//     Stripe-Should-Retry and X-Should-Retry followed on an error status, Retry-After honoured
 //     on any status, up to the client's RetryWaitMax, and otherwise
 //     exponential backoff with full jitter between 0 and
 //     min(RetryWaitMax, RetryWaitMin·2ⁿ).
@@ -182,7 +182,8 @@ func checkRetry(ctx context.Context, resp *http.Response, err error) (bool, erro
 	case hint.OutcomeUnknown, hint.KeyMismatch:
 		return false, nil
 	}
-	if allow, ok := hint.ShouldRetry(resp.Header); ok {
+	if allow, ok := hint.ShouldRetry(resp.Header); ok && resp.StatusCode >= 400 {
+		// Only an error status: no hint makes a success retried.
 		return allow, nil
 	}
 	return idempotency.DefaultPolicy(resp, nil), nil

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemkit/idempotency/internal/derive"
 	"github.com/idemkit/idempotency/internal/keyfield"
 )
 
@@ -206,7 +207,7 @@ func (cfg *config) keyFor(req *http.Request, method string) (key, wire string, e
 	}
 	key, ok := KeyFromContext(req.Context())
 	if !ok {
-		if key, ok := derivedKeyFor(req.Context(), method, req.URL); ok {
+		if key, ok := derive.ForRequest(req.Context(), method, req.URL); ok {
 			// A UUID: valid by construction.
 			return key, cfg.wireKey(key), nil
 		}

@@ -2,14 +2,8 @@ package idempotency
 
 import (
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/binary"
-	"net/url"
 
-	"github.com/google/uuid"
-
-	"github.com/idemkit/idempotency/internal/incoming"
+	"github.com/idemkit/idempotency/internal/derive"
 )
 
 // Keys carried downstream.
@@ -24,12 +18,6 @@ import (
 // of making a random one: every run of the handler sends the same key for
 // the same step.
 
-// derivation is the label of the derivation, so that no other use of an
-// HMAC keyed by the incoming key can give the same bytes.
-const derivation = "idempotency derived key v1\x00"
-
-type stepKey struct{}
-
 // ContextWithStep returns a copy of ctx that names, with step, the
 // downstream operation of the requests made with it, for the key that the
 // Client derives from the incoming key of the request being handled (see
@@ -42,7 +30,7 @@ type stepKey struct{}
 // that changes from one run to the next (a time, a random number) defeats
 // it.
 func ContextWithStep(ctx context.Context, step string) context.Context {
-	return context.WithValue(ctx, stepKey{}, step)
+	return derive.WithStep(ctx, step)
 }
 
 // DerivedKey returns the idempotency key derived from the incoming key that
@@ -60,40 +48,5 @@ func ContextWithStep(ctx context.Context, step string) context.Context {
 // written as a version 8 UUID (RFC 9562: 122 bits of the HMAC), which is
 // valid in the syntax of the IETF draft and in APIs that ask for a UUID.
 func DerivedKey(ctx context.Context, step string) (string, bool) {
-	in, ok := incoming.FromContext(ctx)
-	if !ok {
-		return "", false
-	}
-	return deriveKey(in, step), true
-}
-
-// derivedKeyFor returns the key derived for a request made with ctx, to u
-// with method, if ctx carries an incoming key.
-func derivedKeyFor(ctx context.Context, method string, u *url.URL) (string, bool) {
-	in, ok := incoming.FromContext(ctx)
-	if !ok {
-		return "", false
-	}
-	step, ok := ctx.Value(stepKey{}).(string)
-	if !ok {
-		target := url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path, RawPath: u.RawPath, RawQuery: u.RawQuery}
-		step = method + " " + target.String()
-	}
-	return deriveKey(in, step), true
-}
-
-func deriveKey(in *incoming.Key, step string) string {
-	mac := hmac.New(sha256.New, []byte(in.Key))
-	mac.Write([]byte(derivation))
-	// The scope's length first, so that no scope and step can pass for
-	// another pair.
-	var n [binary.MaxVarintLen64]byte
-	mac.Write(n[:binary.PutUvarint(n[:], uint64(len(in.Scope)))])
-	mac.Write([]byte(in.Scope))
-	mac.Write([]byte(step))
-	var u uuid.UUID
-	copy(u[:], mac.Sum(nil))
-	u[6] = u[6]&0x0f | 0x80 // version 8
-	u[8] = u[8]&0x3f | 0x80 // variant 10, RFC 9562's
-	return u.String()
+	return derive.Key(ctx, step)
 }

@@ -7,7 +7,10 @@
 //   - a POST or PATCH gets an idempotency key once, before its first
 //     attempt, and sends the same key on every retry. A key that the
 //     caller set in the header (under any letter case of its name) or
-//     carried in the context with idempotency.ContextWithKey wins.
+//     carried in the context with idempotency.ContextWithKey wins. Inside
+//     a handler behind the middleware of package server, the key is
+//     derived from the handler's incoming key, as the Client derives it
+//     (idempotency.ContextWithStep, idempotency.DerivedKey).
 //   - a request is retried only if it is safe to repeat: its method is
 //     idempotent (GET, HEAD, PUT, DELETE, OPTIONS, TRACE) or it has a key.
 //   - what is retried is decided as the Client of package idempotency
@@ -38,6 +41,7 @@ import (
 	"github.com/hashicorp/go-retryablehttp"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/internal/derive"
 	"github.com/idemkit/idempotency/internal/hint"
 )
 
@@ -97,6 +101,9 @@ func setKey(req *http.Request) {
 		return
 	}
 	key, ok := idempotency.KeyFromContext(req.Context())
+	if !ok {
+		key, ok = derive.ForRequest(req.Context(), req.Method, req.URL)
+	}
 	if !ok {
 		key = idempotency.NewKey()
 	}

@@ -18,6 +18,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/internal/incoming"
 	"github.com/idemkit/idempotency/internal/testkit/faultnet"
 	"github.com/idemkit/idempotency/internal/wire"
 	"github.com/idemkit/idempotency/retryable"
@@ -253,4 +254,22 @@ func TestProtectRefuses(t *testing.T) {
 	rc := retryablehttp.NewClient()
 	require.NoError(t, retryable.Protect(rc))
 	assert.Error(t, retryable.Protect(rc), "Protect() twice")
+}
+
+// TestDerivedKey: inside a handler, the key is derived from the incoming
+// key, as the Client derives it.
+func TestDerivedKey(t *testing.T) {
+	s := &script{steps: []http.HandlerFunc{status(503), status(201)}}
+	srv := httptest.NewServer(s)
+	defer srv.Close()
+	rc := newRetryClient(t, true)
+	ctx := idempotency.ContextWithStep(incoming.NewContext(t.Context(), &incoming.Key{Scope: "t", Key: "in"}), "charge")
+	want, ok := idempotency.DerivedKey(ctx, "charge")
+	require.True(t, ok)
+	req, err := retryablehttp.NewRequestWithContext(ctx, http.MethodPost, srv.URL, []byte("x"))
+	require.NoError(t, err)
+	resp, err := rc.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, []string{want, want}, s.seen())
 }

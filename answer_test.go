@@ -226,3 +226,24 @@ func TestRetryHookPanics(t *testing.T) {
 	assert.Equal(t, 2, outcome(t, resp).Attempts)
 	assert.Contains(t, logged.String(), "hook bug")
 }
+
+// TestKeyFuncPanics: a key function that panics fails the call before any
+// attempt, and closes the request body.
+func TestKeyFuncPanics(t *testing.T) {
+	s := newScript(status(http.StatusCreated))
+	srv := newServer(t, s)
+	var logged bytes.Buffer
+	c := newClient(t, srv,
+		idempotency.WithLogger(slog.New(slog.NewTextHandler(&logged, nil))),
+		idempotency.WithKeyFunc(func() (string, error) { panic("key bug") }),
+	)
+	body := &closeTracker{Reader: strings.NewReader("x")}
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL, body)
+	require.NoError(t, err)
+	_, err = c.Do(req)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "key bug")
+	assert.True(t, body.closed.Load(), "request body closed")
+	assert.Zero(t, s.hits.Load(), "server hits")
+	assert.Contains(t, logged.String(), "recovered a panic")
+}

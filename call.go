@@ -137,9 +137,6 @@ func (c *call) nextRequest(prev *http.Request) *http.Request {
 		req.Body = c.nextBody
 		c.nextBody = nil
 	}
-	if c.obs != nil {
-		c.obs.sent = time.Now()
-	}
 	return req
 }
 

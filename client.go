@@ -220,7 +220,7 @@ func (cfg *config) keyFor(req *http.Request, method string) (key, wire string, e
 		return key, cfg.wireKey(key), nil
 	}
 	if !ok {
-		if key, err = cfg.keyFunc(); err != nil {
+		if key, err = cfg.callKeyFunc(req.Context()); err != nil {
 			return "", "", fmt.Errorf("making a key: %w", err)
 		}
 	}

@@ -86,7 +86,8 @@ func TestQuietByDefault(t *testing.T) {
 	srv := newServer(t, newScript(lost, status(http.StatusServiceUnavailable), status(http.StatusCreated)))
 	c := mustClient(t, idempotency.WithHTTPClient(srv.Client()), idempotency.WithBackoff(time.Millisecond, time.Millisecond))
 
-	// go-retryablehttp's default logger writes to os.Stderr.
+	// Nothing on os.Stderr, where go-retryablehttp's default logger, which
+	// the Client once used, writes.
 	r, w, err := os.Pipe()
 	require.NoError(t, err)
 	stderr := os.Stderr

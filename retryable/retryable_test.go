@@ -273,3 +273,25 @@ func TestDerivedKey(t *testing.T) {
 	resp.Body.Close()
 	assert.Equal(t, []string{want, want}, s.seen())
 }
+
+// TestUnkeyedPostNotRetried: a POST that went without a key (here because
+// the hook that sets it was replaced after Protect) is sent once, whether
+// its response is lost or says 503.
+func TestUnkeyedPostNotRetried(t *testing.T) {
+	for _, first := range []http.HandlerFunc{lost, status(503)} {
+		s := &script{steps: []http.HandlerFunc{first, status(201)}}
+		srv := httptest.NewUnstartedServer(s)
+		srv.Config.ErrorLog = log.New(io.Discard, "", 0)
+		srv.Start()
+		rc := newRetryClient(t, true)
+		rc.RequestLogHook = nil
+		req, err := retryablehttp.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL, []byte("x"))
+		require.NoError(t, err)
+		resp, err := rc.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		assert.Equal(t, []string{""}, s.seen(), "requests, and their keys")
+		srv.Close()
+	}
+}

@@ -349,7 +349,7 @@ func OutcomeOf(resp *http.Response) (Outcome, bool) {
 	out := Outcome{
 		Key:      c.key,
 		Attempts: c.attempts,
-		Replayed: resp.Header.Get(c.cfg.replayHeader) == "true",
+		Replayed: c.cfg.replayed(resp.Header),
 		Stopped:  c.stopped,
 		Kind:     c.kind,
 		Honour:   c.honour,

@@ -189,7 +189,7 @@ func (o *observation) record(c *call, resp *http.Response, err error) {
 	o.status, o.replayed = 0, false
 	if resp != nil && err == nil {
 		o.status = resp.StatusCode
-		o.replayed = resp.Header.Get(c.cfg.replayHeader) == "true"
+		o.replayed = c.cfg.replayed(resp.Header)
 	}
 	o.err = err
 }

@@ -52,7 +52,7 @@ func (c *call) checkHonoured(resp *http.Response) {
 		return
 	}
 	switch {
-	case echoes(resp.Header[c.cfg.header], c.key) || resp.Header.Get(c.cfg.replayHeader) == "true":
+	case echoes(resp.Header[c.cfg.header], c.key) || c.cfg.replayed(resp.Header):
 		c.honour = Honoured
 	case c.attempts > 1:
 		c.honour = MayNotHonour
@@ -77,4 +77,11 @@ func echoes(values []string, key string) bool {
 	}
 	got, err := keyfield.Parse(values[0])
 	return err == nil && got == key
+}
+
+// replayed reports whether h, a response's header, marks it as a replay.
+// The name is canonical already: no need for Header.Get to make it so.
+func (cfg *config) replayed(h http.Header) bool {
+	vs := h[cfg.replayHeader]
+	return len(vs) > 0 && vs[0] == "true"
 }

@@ -145,12 +145,13 @@ func (c *call) nextRequest(prev *http.Request) *http.Request {
 func (c *call) decide(resp *http.Response, err error) bool {
 	c.attempts++
 	cfg := c.cfg
+	if c.obs != nil {
+		// Before the problem document is read: Took ends at the headers.
+		c.obs.record(c, resp, err)
+	}
 	c.answer = answerNone
 	if err == nil && resp != nil {
 		c.answer = readAnswer(resp, c.drainBound())
-	}
-	if c.obs != nil {
-		c.obs.record(c, resp, err)
 	}
 	transient, refused := c.transient(resp, err)
 	if c.ctx.Err() != nil {

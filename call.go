@@ -4,12 +4,9 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"math"
 	"net/http"
 	"net/url"
 	"time"
-
-	"github.com/hashicorp/go-retryablehttp"
 )
 
 // Bounds of the drain of a response body that is discarded before a retry.
@@ -18,9 +15,8 @@ const (
 	drainTimeout = 250 * time.Millisecond
 )
 
-// call is the state of one call to Do. The engine, go-retryablehttp, runs
-// the attempts; every decision is taken here, in checkRetry, and the engine
-// only carries it out.
+// call is the state of one call to Do: run makes its attempts, and every
+// decision between two of them is taken in decide.
 type call struct {
 	ctx context.Context // the caller's
 
@@ -33,132 +29,153 @@ type call struct {
 	viaTransport bool
 
 	body     replay
-	nextBody io.ReadCloser // made in checkRetry, sent by prepareRetry
-	hasNext  bool
+	nextBody io.ReadCloser // the next attempt's, made by prepare
 
 	attempts int
 	spent    int64 // budget tokens taken by this call's retries
 	wait     time.Duration
 	stopped  error
 	kind     EventKind    // what followed the last attempt
+	answer   answerKind   // what the last response's problem document says
+	honour   KeyHonour    // what the returned response tells of the key
 	obs      *observation // for the observer, if there is one
 
-	clone  http.Request // the request of the first attempt
-	first  attemptCtx   // the context of the first attempt
-	engine retryablehttp.Client
-	req    retryablehttp.Request
+	clone http.Request // the request of the first attempt
+	first attemptCtx   // the context of the first attempt
 }
 
 type callKey struct{}
 
 // run makes the attempts of req, whose body is prepared and whose context
-// is c.first.
+// is c.first, one after the other: send, decide, drain, wait, send again.
 func (c *call) run(req *http.Request, hc *http.Client) (*http.Response, error) {
-	e := &c.engine
-	e.HTTPClient = hc
-	e.Logger = nil // the engine logs on stderr unless told not to
-	// The engine asks checkRetry after every attempt; its own count must
-	// never be what stops it, or it would drop the last response.
-	e.RetryMax = math.MaxInt
-	// Not the method value c.checkRetry, which would cost an allocation
-	// per call: the engine passes the request's context, which is c.
-	e.CheckRetry = checkRetry
-	// Backoff, PrepareRetry and ErrorHandler are set by checkRetry when
-	// they are needed: the first attempt usually succeeds.
-
-	// The engine's body field stays empty, so that it never touches the
-	// request body; prepareRetry gives each retry its own.
-	c.req.Request = req
-	observe := c.obs != nil
-	if observe {
-		c.obs.sent = time.Now()
-	}
-	resp, err := e.Do(&c.req)
-	if c.hasNext && c.nextBody != nil {
-		c.nextBody.Close()
-	}
-	if err != nil {
-		re, ok := err.(*RetryError)
-		if !ok {
-			// The context ended during the wait before a retry.
-			c.kind = EventCanceled
-			if observe {
-				c.obs.noAttempt(err)
-			}
-			re = &RetryError{Key: c.key, Attempts: c.attempts, Err: err, Stopped: c.stopped}
+	for {
+		if c.obs != nil {
+			c.obs.sent = time.Now()
 		}
-		if observe {
-			c.finish()
+		resp, err := hc.Do(req)
+		if !c.decide(resp, err) {
+			return c.end(resp, err)
 		}
-		return nil, re
-	}
-	if observe {
-		c.finish()
-	}
-	return resp, nil
-}
-
-// checkRetry is the engine's CheckRetry: c.checkRetry for the call whose
-// attempt has ctx, the context of the request.
-func checkRetry(ctx context.Context, resp *http.Response, err error) (bool, error) {
-	a, ok := ctx.(*attemptCtx)
-	if !ok {
-		// The engine always passes the context of the request that run
-		// gave it, or that checkRetry set, which is an attemptCtx.
-		return false, nil
-	}
-	return a.call.checkRetry(resp, err)
-}
-
-// checkRetry decides after each attempt. It never returns an error, so
-// that when it says no the engine returns the attempt's response, or, if
-// there is none, calls giveUp.
-func (c *call) checkRetry(resp *http.Response, err error) (bool, error) {
-	retry := c.decide(resp, err)
-	if retry {
 		if resp != nil {
-			// Not left to the engine, whose drain has no time limit.
+			// Drained, so that its connection is reused; bounded, so that a
+			// body that stalls does not hold up the retry.
 			c.discard(resp)
 		}
-		// The next attempt has a context of its own, which the last
-		// attempt's timeout has not canceled. The engine waits on it,
-		// then sends a copy of this request.
-		next := new(attemptCtx)
-		next.init(c.ctx, c, c.cfg.attemptTimeout, c.wait)
-		c.req.Request = c.req.Request.WithContext(next)
+		if err := c.sleep(); err != nil {
+			if c.nextBody != nil {
+				c.nextBody.Close()
+			}
+			return c.canceled(err)
+		}
+		req = c.nextRequest(req)
 	}
-	if (retry || err != nil) && c.engine.ErrorHandler == nil {
-		// The engine reads these after CheckRetry returns. Set only now,
-		// they cost nothing to the many requests whose first attempt
-		// succeeds.
-		c.engine.Backoff = c.backoff
-		c.engine.PrepareRetry = c.prepareRetry
-		c.engine.ErrorHandler = c.giveUp
-	}
-	return retry, nil
 }
 
-// decide decides whether to make another attempt and, if so, prepares it.
+// end returns the last attempt's result: its response, or, when it has
+// none, a *RetryError.
+func (c *call) end(resp *http.Response, err error) (*http.Response, error) {
+	if err == nil {
+		c.checkHonoured(resp)
+		if c.obs != nil {
+			c.finish()
+		}
+		return resp, nil
+	}
+	if resp != nil && resp.Body != nil {
+		// Only a refused redirect comes with a response, already closed.
+		resp.Body.Close()
+	}
+	if c.viaTransport {
+		// The http.Client calling the RoundTripper adds its own.
+		if ue, ok := err.(*url.Error); ok {
+			err = ue.Err
+		}
+	}
+	if c.obs != nil {
+		c.finish()
+	}
+	return nil, &RetryError{Key: c.key, Attempts: c.attempts, Err: err, Stopped: c.stopped}
+}
+
+// canceled ends a call whose context ended, with err, while it waited to
+// retry.
+func (c *call) canceled(err error) (*http.Response, error) {
+	c.kind = EventCanceled
+	if c.obs != nil {
+		c.obs.noAttempt(err)
+		c.finish()
+	}
+	return nil, &RetryError{Key: c.key, Attempts: c.attempts, Err: err, Stopped: c.stopped}
+}
+
+// sleep waits c.wait, or until the caller's context ends: then it returns
+// the context's error.
+func (c *call) sleep() error {
+	if c.wait <= 0 {
+		return c.ctx.Err()
+	}
+	t := time.NewTimer(c.wait)
+	defer t.Stop()
+	select {
+	case <-c.ctx.Done():
+		return c.ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// nextRequest returns the request of the next attempt: a copy of prev, so
+// that a Transport still writing prev (net/http may, after RoundTrip
+// returns) never sees it change, with a context of its own, which the last
+// attempt's timeout has not canceled, and the body that prepare made.
+func (c *call) nextRequest(prev *http.Request) *http.Request {
+	next := new(attemptCtx)
+	next.init(c.ctx, c, c.cfg.attemptTimeout, 0)
+	req := prev.WithContext(next)
+	if c.nextBody != nil {
+		req.Body = c.nextBody
+		c.nextBody = nil
+	}
+	return req
+}
+
+// decide decides after each attempt whether to make another and, if so,
+// prepares it: its body, its wait, its share of the budget.
 func (c *call) decide(resp *http.Response, err error) bool {
 	c.attempts++
 	cfg := c.cfg
 	if c.obs != nil {
+		// Before the problem document is read: Took ends at the headers.
 		c.obs.record(c, resp, err)
 	}
+	c.answer = answerNone
+	if err == nil && resp != nil {
+		c.answer = readAnswer(resp, c.drainBound())
+	}
+	transient, refused := c.transient(resp, err)
 	if c.ctx.Err() != nil {
 		// The caller canceled or ran out of time: no policy can overrule
 		// that.
 		c.kind = EventCanceled
-		if err == nil && !cfg.policy(resp, err) {
+		if err == nil && !transient && refused == nil {
 			// An answer that needed no retry anyway.
 			c.kind = EventCompleted
+			c.stopped = finalAnswer(c.answer)
 		}
 		return false
 	}
-	if !cfg.policy(resp, err) {
+	if refused != nil {
+		c.kind = EventGaveUp
+		c.stopped = refused
+		c.log(slog.LevelWarn, "idempotency: not retrying", resp, err, slog.String("reason", refused.Error()))
+		return false
+	}
+	if !transient {
 		c.kind = EventFailed
 		if err == nil {
 			c.kind = EventCompleted
+			c.stopped = finalAnswer(c.answer)
 			cfg.budget.succeeded(c.attempts, c.spent)
 		}
 		return false
@@ -178,13 +195,34 @@ func (c *call) decide(resp *http.Response, err error) bool {
 		if resp != nil {
 			info.StatusCode = resp.StatusCode
 		}
-		cfg.onRetry(info)
+		c.callOnRetry(info)
 	}
 	if c.obs != nil {
 		c.emit(EventRetried)
 	}
 	c.log(slog.LevelInfo, "idempotency: retrying", resp, err, slog.Duration("wait", wait))
 	return true
+}
+
+// transient reports whether the result of an attempt is one that another
+// attempt may change: never a final answer of the server; else what the
+// server's retry hint says, if it gives one; else what the policy says.
+// When the hint alone stops a result that the policy would retry, refused
+// says so.
+func (c *call) transient(resp *http.Response, err error) (transient bool, refused error) {
+	if finalAnswer(c.answer) != nil {
+		return false, nil
+	}
+	// Only an error status: no hint makes a success retried.
+	if err == nil && resp != nil && resp.StatusCode >= 400 {
+		if allow, ok := shouldRetryHint(resp.Header); ok {
+			if !allow && c.callPolicy(resp, err) {
+				return false, ErrRetryRefused
+			}
+			return allow, nil
+		}
+	}
+	return c.callPolicy(resp, err), nil
 }
 
 // prepare checks that another attempt is allowed and possible, and prepares
@@ -226,67 +264,38 @@ func (c *call) prepare(resp *http.Response, err error) (time.Duration, error) {
 		return 0, ErrBudgetExhausted
 	}
 	c.spent += cost
-	c.nextBody, c.hasNext = body, true
+	c.nextBody = body
 	return wait, nil
+}
+
+// drainBound is how long a response body that is discarded, or whose
+// problem document is read, may take: drainTimeout, or the attempt timeout
+// if shorter.
+func (c *call) drainBound() time.Duration {
+	bound := drainTimeout
+	if t := c.cfg.attemptTimeout; t > 0 {
+		bound = min(bound, t)
+	}
+	return bound
 }
 
 // discard drains and closes the body of a response that is not returned,
 // so that its connection can be reused, and replaces it with http.NoBody.
-// It reads at most drainLimit bytes, for at most drainTimeout (or the
-// attempt timeout, if shorter): a body that stalls is closed unread, which
-// closes its connection, and the retry goes on.
+// It reads at most drainLimit bytes, for at most drainBound: a body that
+// stalls is closed unread, which closes its connection, and the retry goes
+// on.
 func (c *call) discard(resp *http.Response) {
 	body := resp.Body
 	resp.Body = http.NoBody
 	if body == nil || body == http.NoBody {
 		return
 	}
-	bound := drainTimeout
-	if t := c.cfg.attemptTimeout; t > 0 {
-		bound = min(bound, t)
-	}
 	// net/http's response bodies may be closed while a Read is blocked,
 	// which ends the Read.
-	timer := time.AfterFunc(bound, func() { body.Close() })
+	timer := time.AfterFunc(c.drainBound(), func() { body.Close() })
 	io.Copy(io.Discard, io.LimitReader(body, drainLimit))
 	timer.Stop()
 	body.Close()
-}
-
-// backoff is the engine's Backoff: the wait that checkRetry chose.
-func (c *call) backoff(_, _ time.Duration, _ int, _ *http.Response) time.Duration {
-	return c.wait
-}
-
-// prepareRetry is the engine's PrepareRetry, called with a fresh shallow
-// copy of the request before each retry: it gives the copy its own body.
-func (c *call) prepareRetry(req *http.Request) error {
-	if c.obs != nil {
-		c.obs.sent = time.Now()
-	}
-	if c.hasNext {
-		if c.nextBody != nil {
-			req.Body = c.nextBody
-		}
-		c.nextBody, c.hasNext = nil, false
-	}
-	return nil
-}
-
-// giveUp is the engine's ErrorHandler, called when checkRetry said no to an
-// attempt that has no usable response.
-func (c *call) giveUp(resp *http.Response, err error, _ int) (*http.Response, error) {
-	if resp != nil && resp.Body != nil {
-		// Only a refused redirect comes with a response, already closed.
-		resp.Body.Close()
-	}
-	if c.viaTransport {
-		// The http.Client calling the RoundTripper adds its own.
-		if ue, ok := err.(*url.Error); ok {
-			err = ue.Err
-		}
-	}
-	return nil, &RetryError{Key: c.key, Attempts: c.attempts, Err: err, Stopped: c.stopped}
 }
 
 func (c *call) log(level slog.Level, msg string, resp *http.Response, err error, extra slog.Attr) {

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemkit/idempotency/internal/derive"
 	"github.com/idemkit/idempotency/internal/keyfield"
 )
 
@@ -58,8 +59,9 @@ func (c *Client) config() *config {
 // response, Do returns a *RetryError.
 //
 // If req's method gets a key (POST and PATCH by default) and req has none in
-// its header, Do uses the key in req's context (ContextWithKey) or else makes a new
-// one, and sends it on every attempt. A key in req's header is found under
+// its header, Do uses the key in req's context (ContextWithKey), or one
+// derived from the incoming key in req's context (ContextWithStep), or else
+// makes a new one, and sends it on every attempt. A key in req's header is found under
 // any letter case of the header's name (as in a header map filled by hand,
 // such as req.Header["idempotency-key"]), and is sent as it is, once, under
 // the canonical name; a header that holds two keys (two values, under one
@@ -204,6 +206,12 @@ func (cfg *config) keyFor(req *http.Request, method string) (key, wire string, e
 		return "", "", nil
 	}
 	key, ok := KeyFromContext(req.Context())
+	if !ok {
+		if key, ok := derive.ForRequest(req.Context(), method, req.URL); ok {
+			// A UUID: valid by construction.
+			return key, cfg.wireKey(key), nil
+		}
+	}
 	if !ok && cfg.keyFunc == nil {
 		// A UUID: valid by construction.
 		if key, err = cfg.keys.newKey(cfg.keyV7); err != nil {
@@ -212,7 +220,7 @@ func (cfg *config) keyFor(req *http.Request, method string) (key, wire string, e
 		return key, cfg.wireKey(key), nil
 	}
 	if !ok {
-		if key, err = cfg.keyFunc(); err != nil {
+		if key, err = cfg.callKeyFunc(req.Context()); err != nil {
 			return "", "", fmt.Errorf("making a key: %w", err)
 		}
 	}
@@ -310,7 +318,9 @@ type Outcome struct {
 	// Stopped is why no further attempt was made although this response's
 	// status is one that is retried (one of ErrAttemptsExhausted,
 	// ErrNotIdempotent, ErrBodyNotReplayable, ErrDeadline,
-	// ErrBudgetExhausted), or nil.
+	// ErrBudgetExhausted, ErrRetryRefused); or the server's final answer
+	// that the response is, which is never retried (ErrOutcomeUnknown,
+	// ErrKeyMismatch); or nil.
 	Stopped error
 
 	// Kind is how the call ended, as an observer is told (see Event):
@@ -318,6 +328,11 @@ type Outcome struct {
 	// EventCanceled when the caller's context ended before a response that
 	// would have been retried.
 	Kind EventKind
+
+	// Honour says whether the response shows that the server honours the
+	// key: Honoured when it echoes the key or is a replay, MayNotHonour
+	// when a retried request got neither.
+	Honour KeyHonour
 }
 
 // OutcomeOf returns the Outcome of a response returned by a Client's Do or
@@ -334,9 +349,10 @@ func OutcomeOf(resp *http.Response) (Outcome, bool) {
 	out := Outcome{
 		Key:      c.key,
 		Attempts: c.attempts,
-		Replayed: resp.Header.Get(c.cfg.replayHeader) == "true",
+		Replayed: c.cfg.replayed(resp.Header),
 		Stopped:  c.stopped,
 		Kind:     c.kind,
+		Honour:   c.honour,
 	}
 	if out.Kind == EventCompleted && out.Replayed {
 		out.Kind = EventReplayed

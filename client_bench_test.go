@@ -11,6 +11,7 @@ import (
 	"github.com/hashicorp/go-retryablehttp"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/retryable"
 )
 
 // BenchmarkPost measures the happy path, one POST of 1 KiB answered 201
@@ -134,6 +135,18 @@ func BenchmarkPostOverhead(b *testing.B) {
 			check(b, resp, err)
 		}
 	})
+	b.Run("bare_key", func(b *testing.B) {
+		// What the Client is measured against: a bare client that sets a
+		// new key header itself.
+		hc := &http.Client{Transport: cannedTransport{}}
+		b.ReportAllocs()
+		for b.Loop() {
+			req := newRequest(b)
+			req.Header.Set(idempotency.HeaderKey, idempotency.NewKey())
+			resp, err := hc.Do(req)
+			check(b, resp, err)
+		}
+	})
 	b.Run("idempotency", func(b *testing.B) {
 		c := mustClient(b, idempotency.WithHTTPClient(&http.Client{Transport: cannedTransport{}}))
 		b.ReportAllocs()
@@ -175,4 +188,38 @@ func BenchmarkPostOverhead(b *testing.B) {
 			check(b, resp, err)
 		}
 	})
+}
+
+// BenchmarkPostOverheadRetryable is BenchmarkPostOverhead for a
+// go-retryablehttp client before and after retryable.Protect.
+func BenchmarkPostOverheadRetryable(b *testing.B) {
+	payload := bytes.Repeat([]byte("x"), 1024)
+	for _, protect := range []bool{false, true} {
+		name := "retryablehttp"
+		if protect {
+			name = "retryablehttp_protected"
+		}
+		b.Run(name, func(b *testing.B) {
+			rc := retryablehttp.NewClient()
+			rc.Logger = nil
+			rc.HTTPClient = &http.Client{Transport: cannedTransport{}}
+			if protect {
+				if err := retryable.Protect(rc); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				req, err := retryablehttp.NewRequestWithContext(context.Background(), http.MethodPost, "http://api.example/orders", payload)
+				if err != nil {
+					b.Fatal(err)
+				}
+				resp, err := rc.Do(req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				resp.Body.Close()
+			}
+		})
+	}
 }

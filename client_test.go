@@ -114,7 +114,6 @@ func TestStatuses(t *testing.T) {
 		retry bool
 	}{
 		{http.StatusRequestTimeout, true},
-		{http.StatusConflict, true},
 		{http.StatusTooEarly, true},
 		{http.StatusTooManyRequests, true},
 		{http.StatusInternalServerError, true},
@@ -122,6 +121,7 @@ func TestStatuses(t *testing.T) {
 		{http.StatusServiceUnavailable, true},
 		{http.StatusGatewayTimeout, true},
 		{http.StatusBadRequest, false},
+		{http.StatusConflict, false}, // without Retry-After or an in-flight problem: a business conflict
 		{http.StatusUnauthorized, false},
 		{http.StatusNotFound, false},
 		{http.StatusUnprocessableEntity, false},
@@ -431,11 +431,12 @@ func TestNewClientValidates(t *testing.T) {
 		idempotency.WithMaxBufferedBody(-1),
 		idempotency.WithKeyHeader(""),
 		idempotency.WithRetryPolicy(nil),
+		idempotency.WithMethods(),
 	)
 	require.Error(t, err)
 	assert.Nil(t, c)
 	lines := strings.Split(err.Error(), "\n")
-	assert.Len(t, lines, 6, "one line per invalid option: %q", err)
+	assert.Len(t, lines, 7, "one line per invalid option: %q", err)
 	for _, l := range lines {
 		assert.True(t, strings.HasPrefix(l, "idempotency: "), "line %q has no package prefix", l)
 	}
@@ -445,7 +446,6 @@ func TestNewClientValidates(t *testing.T) {
 		idempotency.WithAttemptTimeout(0),
 		idempotency.WithMaxRetryAfter(0),
 		idempotency.WithMaxBufferedBody(0),
-		idempotency.WithMethods(),
 		idempotency.WithoutBudget(),
 	} {
 		_, err := idempotency.NewClient(ok)

@@ -14,6 +14,10 @@
 // [Client.Do] takes any *http.Request, [Client.StandardClient] gives an
 // *http.Client for SDKs that take one, and [ContextWithKey] carries a key
 // stored with an operation, so that a retry after a restart sends it again.
+// Inside a handler behind the middleware of package server, the Client
+// derives the key of each downstream call from the handler's own incoming
+// key ([ContextWithStep], [DerivedKey]). Package retryable makes an
+// existing go-retryablehttp client safe in the same way.
 //
 // # The problem
 //
@@ -33,7 +37,9 @@
 //
 //   - adds a key to every request of a keyed method (POST and PATCH by
 //     default) that has none: the key from the request's context if
-//     ContextWithKey put one there, or else a new random UUID (NewKey). A key
+//     ContextWithKey put one there, or one derived from the incoming key
+//     of the request being handled (see Keys carried downstream), or else
+//     a new random UUID (NewKey). A key
 //     already in the header, under any letter case of its name, is kept
 //     and sent once, under the canonical name; a header with two keys is
 //     refused (ErrInvalidKey). The same key is sent on every attempt. The
@@ -42,7 +48,13 @@
 //     where the response may have been lost, and the statuses that say
 //     "try again"; [DefaultPolicy] lists them, and what is never retried
 //     (the caller's own cancellation or deadline, certificate errors,
-//     refused redirects, 422 and the other client errors).
+//     refused redirects, 422 and the other client errors). A 409 is
+//     retried only when it is the in-flight answer (InFlight), not when it
+//     is a business conflict. The server's final answers, "outcome
+//     unknown" and "key reused for another request", are never retried
+//     (ErrOutcomeUnknown, ErrKeyMismatch in Outcome.Stopped). The retry
+//     hints Stripe-Should-Retry and X-Should-Retry are followed: "false"
+//     stops (ErrRetryRefused), "true" retries, within the same limits.
 //   - retries only requests that are safe to repeat: those whose method is
 //     idempotent by HTTP semantics (GET, HEAD, PUT, DELETE, OPTIONS,
 //     TRACE) and those with a key. A POST without a key is sent once,
@@ -64,8 +76,11 @@
 //   - returns the last response, whatever its status, as net/http does, and
 //     an error (*RetryError) only when there is no response. OutcomeOf
 //     tells from the response which key was sent, how many attempts were
-//     made, whether the response is a replay, and why retrying stopped if
-//     it stopped early.
+//     made, whether the response is a replay, why retrying stopped if it
+//     stopped early, and whether the server showed that it honours the key
+//     (Outcome.Honour): a retried request answered with neither the key
+//     echoed back nor a replay marker is reported, and logged once, as
+//     from a server that may not honour keys.
 //
 // It is quiet: it logs only to a logger given with WithLogger, reports
 // retries to a hook given with WithOnRetry, and tells an observer given with
@@ -77,8 +92,25 @@
 // shorter) and closed, so that their connections can be reused; a body that
 // stalls is closed unread, with its connection, and the retry goes on. Idle
 // connections of the Transport, which may be shared, are never closed.
-// Attempts are run by github.com/hashicorp/go-retryablehttp, configured so
-// that the decisions above are this package's.
+// A Policy, retry hook or observer that panics is recovered: the first
+// panic is logged, the response bodies are still drained or closed, and
+// the call goes on (a Policy that panics says "do not retry").
+//
+// # Keys carried downstream
+//
+// A handler behind the middleware of package server runs once per key, but
+// it runs again when its holder dies after its effect and a retry takes the
+// key over. If the effect is a call to another service, only the same key
+// on both runs lets that service deduplicate it. So, with the context of
+// such a handler's request, which carries the incoming key, the Client
+// derives the key of a downstream POST from the incoming key, its scope and
+// a step name (ContextWithStep), or, without a step, the request's method
+// and URL: the same in every run, distinct for distinct steps. Two calls to
+// one endpoint in one handler need two step names, or they share a key. A
+// key in the header or from ContextWithKey still wins. DerivedKey gives the
+// same key to code that calls a service through an SDK of its own. A
+// derived key is an HMAC-SHA256 keyed by the incoming key, written as a
+// version 8 UUID: it reveals neither the incoming key nor the scope.
 //
 // # Limits
 //
@@ -89,7 +121,7 @@
 // through ContextWithKey. Reusing a key for a different request is an error that a
 // careful server answers with 422, which is not retried. The server may
 // answer 409 while an earlier attempt with the same key is still running;
-// that is retried, after the Retry-After it gives.
+// that is retried, after the Retry-After it gives; any other 409 is not.
 //
 // The Client keys POST and PATCH requests and not PUT or DELETE, which are
 // idempotent by definition and retried without a key; WithMethods

@@ -65,6 +65,29 @@ var (
 	// ErrBudgetExhausted means that the retry budget had too few tokens left
 	// (see Budget).
 	ErrBudgetExhausted = errors.New("retry budget exhausted")
+
+	// ErrRetryRefused means that the server said not to retry, with
+	// Stripe-Should-Retry: false or X-Should-Retry: false, a response that
+	// the retry policy would have retried.
+	ErrRetryRefused = errors.New("server says not to retry")
+)
+
+// The final answers of a server that honours keys, which are never
+// retried, whatever the Policy says. They are reported in Outcome.Stopped
+// and Event.Stopped of the response that carries them.
+var (
+	// ErrOutcomeUnknown means that the server answered "outcome unknown"
+	// (409, without Retry-After, with the problem type or code of package
+	// server's at-most-once policy): an earlier attempt with this key was
+	// abandoned by the server while it ran, so its effect may or may not
+	// have happened, and the server will not run the request again. Find
+	// out from the service, or have an operator resolve the key.
+	ErrOutcomeUnknown = errors.New("server says the outcome of the key is unknown")
+
+	// ErrKeyMismatch means that the server answered that the key was used
+	// before with a different request (422, with the problem type or code
+	// of package server): another attempt would get the same answer.
+	ErrKeyMismatch = errors.New("server says the key was used for another request")
 )
 
 // RetryError is the error returned by Do when there is no response to
@@ -92,7 +115,9 @@ type RetryError struct {
 
 	// Stopped is why no further attempt was made although Err was
 	// retryable (one of ErrAttemptsExhausted, ErrNotIdempotent,
-	// ErrBodyNotReplayable, ErrDeadline, ErrBudgetExhausted), or nil.
+	// ErrBodyNotReplayable, ErrDeadline, ErrBudgetExhausted), or nil. (The
+	// server's final answers, ErrOutcomeUnknown and ErrKeyMismatch, come
+	// with a response, so Do returns it and they are in its Outcome.)
 	Stopped error
 }
 

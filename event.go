@@ -56,7 +56,9 @@ type Event struct {
 	Wait time.Duration
 	// Stopped is, on EventGaveUp, why no further attempt was made: one of
 	// ErrAttemptsExhausted, ErrNotIdempotent, ErrBodyNotReplayable,
-	// ErrDeadline, ErrBudgetExhausted.
+	// ErrDeadline, ErrBudgetExhausted, ErrRetryRefused; on EventCompleted
+	// and EventReplayed, the server's final answer (ErrOutcomeUnknown,
+	// ErrKeyMismatch), if the response is one.
 	Stopped error
 	// Budget is the number of tokens left in the Client's retry budget
 	// once this attempt's retry took its cost or its success gave tokens
@@ -187,7 +189,7 @@ func (o *observation) record(c *call, resp *http.Response, err error) {
 	o.status, o.replayed = 0, false
 	if resp != nil && err == nil {
 		o.status = resp.StatusCode
-		o.replayed = resp.Header.Get(c.cfg.replayHeader) == "true"
+		o.replayed = c.cfg.replayed(resp.Header)
 	}
 	o.err = err
 }
@@ -211,10 +213,10 @@ func (c *call) emit(kind EventKind) {
 	switch kind {
 	case EventRetried:
 		e.Wait = c.wait
-	case EventGaveUp:
+	case EventGaveUp, EventCompleted, EventReplayed:
 		e.Stopped = c.stopped
 	}
-	c.cfg.observer(c.ctx, e)
+	c.observe(e)
 }
 
 // finish tells the observer how the call ended.

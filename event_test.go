@@ -88,7 +88,7 @@ func TestEvents(t *testing.T) {
 		},
 		{
 			name:   "gave up: attempts",
-			steps:  []http.HandlerFunc{status(http.StatusConflict)},
+			steps:  []http.HandlerFunc{status(http.StatusConflict, "Retry-After", "0")},
 			opts:   []idempotency.Option{idempotency.WithMaxAttempts(2)},
 			want:   []idempotency.EventKind{idempotency.EventRetried, idempotency.EventGaveUp},
 			result: []idempotency.Result{idempotency.ResultResponse, idempotency.ResultResponse},
@@ -105,7 +105,7 @@ func TestEvents(t *testing.T) {
 		{
 			name:   "gave up: not keyed",
 			steps:  []http.HandlerFunc{status(http.StatusServiceUnavailable)},
-			opts:   []idempotency.Option{idempotency.WithMethods(), idempotency.WithoutBudget()},
+			opts:   []idempotency.Option{idempotency.WithMethods(http.MethodPatch), idempotency.WithoutBudget()},
 			want:   []idempotency.EventKind{idempotency.EventGaveUp},
 			result: []idempotency.Result{idempotency.ResultResponse},
 			status: []int{503}, budget: []int{-1}, stopped: idempotency.ErrNotIdempotent, response: true,

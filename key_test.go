@@ -229,7 +229,7 @@ func TestUnkeyedPostNotRetried(t *testing.T) {
 	t.Run("lost response", func(t *testing.T) {
 		s := newScript(lost, status(http.StatusCreated))
 		srv := newServer(t, s)
-		c := newClient(t, srv, idempotency.WithMethods())
+		c := newClient(t, srv, idempotency.WithMethods(http.MethodPatch))
 
 		_, err := c.Do(post(t, t.Context(), srv.URL, "x"))
 		require.Error(t, err)

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/textproto"
+	"strings"
 	"sync/atomic"
 	"time"
 )
@@ -59,6 +60,9 @@ type config struct {
 	transport *roundTripper
 	keys      keySource
 	calls     atomic.Uint64 // numbers the calls, for the observer
+
+	panicLogged atomic.Bool // a function of the caller's panicked, and it was logged
+	doubtLogged atomic.Bool // a server that may not honour keys was logged
 }
 
 // refuse records an invalid option, for NewClient to report.
@@ -102,9 +106,9 @@ func newConfig(opts []Option) (*config, error) {
 	if base == nil {
 		base = http.DefaultTransport
 	}
-	// The engine calls CloseIdleConnections on the http.Client after a
-	// failure; attemptTransport does not implement it, so those calls never
-	// reach base, which may be shared with the rest of the program.
+	// attemptTransport has no CloseIdleConnections method, so that no
+	// call of it on the internal http.Clients can reach base, which may be
+	// shared with the rest of the program.
 	at := &attemptTransport{
 		base:     base,
 		cause:    &attemptTimeoutError{d: cfg.attemptTimeout},
@@ -201,11 +205,21 @@ func WithKeyVersion7() Option {
 }
 
 // WithMethods sets the methods whose requests get a key: POST and PATCH
-// by default. Methods are compared exactly, so give them in upper case. With
-// no methods at all, no request gets a key from the Client, and so a POST is
-// never retried unless its caller puts a key in the header.
+// by default. Methods are upper-cased, as the server's WithMethods does, so
+// "post" is POST. An empty list is an error, as it is for the server: a
+// Client that keys nothing never retries a POST, which WithMaxAttempts(1)
+// says more plainly.
 func WithMethods(methods ...string) Option {
-	return func(c *config) { c.keyed = append([]string(nil), methods...) }
+	return func(c *config) {
+		if len(methods) == 0 {
+			c.refuse("WithMethods needs at least one method")
+			return
+		}
+		c.keyed = make([]string, len(methods))
+		for i, m := range methods {
+			c.keyed[i] = strings.ToUpper(m)
+		}
+	}
 }
 
 // WithRetryPolicy replaces DefaultPolicy, which decides which results are

@@ -6,8 +6,9 @@ import (
 	"errors"
 	"math"
 	"net/http"
-	"strings"
 	"time"
+
+	"github.com/idemkit/idempotency/internal/hint"
 )
 
 // Policy decides whether the result of one attempt is worth retrying: resp
@@ -29,10 +30,20 @@ type Policy func(resp *http.Response, err error) bool
 // It retries transport errors, such as a refused or reset connection, an
 // unexpected EOF from a server that closed the connection without
 // answering, or a timeout (including ErrAttemptTimeout and the
-// http.Client's Timeout), and the statuses 408 Request Timeout, 409 Conflict
-// (the server is still processing an earlier attempt with the same key), 425
-// Too Early, 429 Too Many Requests, 500 Internal Server Error, 502 Bad
-// Gateway, 503 Service Unavailable and 504 Gateway Timeout.
+// http.Client's Timeout), and the statuses 408 Request Timeout, 425 Too
+// Early, 429 Too Many Requests, 500 Internal Server Error, 502 Bad Gateway,
+// 503 Service Unavailable and 504 Gateway Timeout.
+//
+// It retries a 409 Conflict only when it is the answer that a request with
+// the same key is still being processed (see InFlight): a 409 whose
+// problem document has this module's in-flight type or code, or the
+// in-flight title of the IETF draft's examples, or a 409 with Retry-After.
+// Any other 409 is a business conflict ("email already registered"),
+// which another attempt would only repeat. To retry every 409, widen it:
+//
+//	func(resp *http.Response, err error) bool {
+//		return resp != nil && resp.StatusCode == http.StatusConflict || idempotency.DefaultPolicy(resp, err)
+//	}
 //
 // It does not retry errors that another attempt would repeat: TLS
 // certificate errors, a TLS handshake with something that does not speak
@@ -41,6 +52,13 @@ type Policy func(resp *http.Response, err error) bool
 // other status, such as 422 Unprocessable Content (the key was reused with a
 // different request), the other 4xx, 501 Not Implemented or 505 HTTP
 // Version Not Supported.
+//
+// Whatever the policy, Do never retries the final answers of the
+// middleware (ErrOutcomeUnknown, ErrKeyMismatch), and it follows the retry
+// hint of a server that sends Stripe-Should-Retry or X-Should-Retry with an
+// error status (4xx, 5xx): "false" stops (ErrRetryRefused), "true"
+// retries, within the same limits of methods, attempts, deadline and
+// budget; "false" wins over "true".
 func DefaultPolicy(resp *http.Response, err error) bool {
 	if err != nil {
 		return resp == nil && !permanent(err)
@@ -49,12 +67,34 @@ func DefaultPolicy(resp *http.Response, err error) bool {
 		return false
 	}
 	switch resp.StatusCode {
-	case http.StatusRequestTimeout, http.StatusConflict, http.StatusTooEarly,
+	case http.StatusRequestTimeout, http.StatusTooEarly,
 		http.StatusTooManyRequests, http.StatusInternalServerError, http.StatusBadGateway,
 		http.StatusServiceUnavailable, http.StatusGatewayTimeout:
 		return true
+	case http.StatusConflict:
+		return InFlight(resp)
 	}
 	return false
+}
+
+// InFlight reports whether resp is a server's answer that a request with
+// the same key is still being processed, so that a retry after a while is
+// safe and may get the response: a 409 Conflict with Retry-After, or whose
+// problem document (which Do reads, up to 4 KiB, before it asks the Policy,
+// and leaves for the caller to read) has the type or the code of this
+// module's in-flight answer, or the title of the IETF draft's in-flight
+// example. A 409 that says "outcome unknown" is final, never in flight.
+func InFlight(resp *http.Response) bool {
+	if resp == nil || resp.StatusCode != http.StatusConflict {
+		return false
+	}
+	switch hint.Of(resp) {
+	case hint.InFlight:
+		return true
+	case hint.OutcomeUnknown:
+		return false
+	}
+	return len(resp.Header["Retry-After"]) > 0
 }
 
 var _ Policy = DefaultPolicy
@@ -141,42 +181,36 @@ func backoff(n int, base, limit time.Duration, rnd func(int64) int64) time.Durat
 	return time.Duration(rnd(k))
 }
 
-// retryAfter returns the wait asked for by the Retry-After header in h, in
-// either form (delta-seconds or HTTP-date), clamped to [0, limit]. A date in
-// the past means no wait. It reports false when there is no usable header
-// or limit is not positive.
+// retryAfter returns the wait asked for by the Retry-After header in h; see
+// hint.RetryAfter.
 func retryAfter(h http.Header, now time.Time, limit time.Duration) (time.Duration, bool) {
-	vs := h["Retry-After"]
-	if len(vs) == 0 || limit <= 0 {
-		return 0, false
+	return hint.RetryAfter(h, now, limit)
+}
+
+// answerKind is what the problem document of a response says about its key.
+type answerKind = hint.Answer
+
+const answerNone = hint.None
+
+// readAnswer reads the problem document of a 409 or a 422 response, within
+// bound, and leaves its body whole for the caller.
+func readAnswer(resp *http.Response, bound time.Duration) answerKind {
+	return hint.Read(resp, bound)
+}
+
+// finalAnswer returns the error that says which final answer a is, or nil
+// if a is not final.
+func finalAnswer(a answerKind) error {
+	switch a {
+	case hint.OutcomeUnknown:
+		return ErrOutcomeUnknown
+	case hint.KeyMismatch:
+		return ErrKeyMismatch
 	}
-	// Optional whitespace is spaces and tabs (RFC 9110, section 5.6.3).
-	v := strings.Trim(vs[0], " \t")
-	if v == "" {
-		return 0, false
-	}
-	if v[0] >= '0' && v[0] <= '9' {
-		// delta-seconds: digits only, as many as there are; past the limit
-		// their value no longer matters.
-		most := int64(limit / time.Second)
-		var secs int64
-		for i := 0; i < len(v); i++ {
-			c := v[i]
-			if c < '0' || c > '9' {
-				return 0, false
-			}
-			if secs <= most {
-				secs = secs*10 + int64(c-'0')
-			}
-		}
-		if secs > most {
-			return limit, true
-		}
-		return time.Duration(secs) * time.Second, true
-	}
-	t, err := http.ParseTime(v)
-	if err != nil {
-		return 0, false
-	}
-	return min(max(t.Sub(now), 0), limit), true
+	return nil
+}
+
+// shouldRetryHint returns what a server's retry hint headers say.
+func shouldRetryHint(h http.Header) (allow, ok bool) {
+	return hint.ShouldRetry(h)
 }

@@ -3,8 +3,8 @@
 # Go module proxy and the npm registry, each serving the same orders
 # endpoint on a loopback port, and writes the compatibility table.
 #
-#   idemtest/thirdparty/run.sh                 # the table on standard output
-#   idemtest/thirdparty/run.sh -readme         # and into idemtest/README.md
+#   compat/run.sh                 # the table on standard output
+#   compat/run.sh -readme         # and into idemtest/README.md
 #
 # Needs Go, Node.js 20 or later with npm, and access to both registries.
 # Everything is built and installed in a work directory ($WORK, a fresh
@@ -14,7 +14,10 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/../.." && pwd)
+root=$(cd "$here/.." && pwd)
+# Each Go server is built in its own module, whatever workspace the
+# repository has.
+export GOWORK=off
 work=${WORK:-$(mktemp -d)}
 base_port=${BASE_PORT:-18300}
 readme=
@@ -29,16 +32,16 @@ log() { printf '%s\n' "$*" >&2; }
 
 log "building idemcheck and the Go servers in $work"
 (cd "$root" && go build -o "$work/bin/idemcheck" ./cmd/idemcheck)
-for server in fiber2 fiber3 ours; do
-	(cd "$here/go/$server" && go build -o "$work/bin/$server" .)
+for server in fiber2 fiber3; do
+	(cd "$here/$server" && go build -o "$work/bin/$server" .)
 done
-(cd "$here/go/ours" && go build -o "$work/bin/table" ./table)
+(cd "$here" && go build -o "$work/bin/ours" ./ours && go build -o "$work/bin/table" ./table)
 
 log "installing the Node servers' packages"
 cp "$here/node/package.json" "$here/node/package-lock.json" "$here/node/"*.js "$work/node/"
 (cd "$work/node" && npm ci --no-audit --no-fund --ignore-scripts --loglevel=error >&2)
 
-gomod() { (cd "$here/go/$1" && go list -m -f '{{.Version}}' "$2"); }
+gomod() { (cd "$here/$1" && go list -m -f '{{.Version}}' "$2"); }
 npmver() { (cd "$work/node" && node -p "require('$1/package.json').version"); }
 
 pid=
@@ -137,7 +140,7 @@ implementation "gofiber/fiber/v3 middleware/idempotency" "$(gomod fiber3 github.
 	"-keys-optional -key-header X-Idempotency-Key -max-key-len 36" \
 	-- "$work/bin/fiber3"
 
-header="Observed on $(date -u +%Y-%m-%d) with $(go env GOVERSION) and Node.js $(node --version), by \`idemtest/thirdparty/run.sh\`."
+header="Observed on $(date -u +%Y-%m-%d) with $(go env GOVERSION) and Node.js $(node --version), by \`compat/run.sh\`."
 if [[ -n $readme ]]; then
 	"$work/bin/table" -header "$header" -readme "$readme" "$results"
 	log "wrote the table into $readme"

@@ -1,5 +1,5 @@
 // Command table writes the compatibility table of the kit's README from the
-// reports of a run of ../../../run.sh: a column per implementation, a row
+// reports of a run of ../run.sh: a column per implementation, a row
 // per check, and below it what each implementation was seen to do. With
 // -readme, it replaces the text between the README's compat markers
 // instead of writing to standard output.

@@ -115,9 +115,9 @@ func (r *runner) replay() Result {
 		} else {
 			unseen = true
 		}
-		if changes := headerChanges(a, b); len(changes) > 0 {
+		if changes, brief := headerChanges(a, b); len(changes) > 0 {
 			got[len(got)-1] += "\n" + strings.Join(changes, "\n")
-			bad.add("The replay's headers differ from the first answer's: "+strings.Join(changes, "; ")+
+			bad.add("The replay's headers differ from the first answer's: "+strings.Join(brief, "; ")+
 				". A client that reads them (the Location of what it created, the ETag of what it got) gets them only if its first attempt's answer reached it.", q.form)
 		}
 	}
@@ -140,9 +140,8 @@ var replayedHeaders = [...]string{
 }
 
 // headerChanges describes how the replayedHeaders of replay differ from
-// those of first.
-func headerChanges(first, replay answer) []string {
-	var changes []string
+// those of first, with their values and, in brief, without.
+func headerChanges(first, replay answer) (changes, brief []string) {
 	for _, name := range replayedHeaders {
 		was, now := first.header.Values(name), replay.header.Values(name)
 		before, after := clip(strings.Join(was, ", ")), clip(strings.Join(now, ", "))
@@ -150,13 +149,16 @@ func headerChanges(first, replay answer) []string {
 		case len(was) == 0 && len(now) == 0:
 		case len(now) == 0:
 			changes = append(changes, name+" "+before+" was dropped")
+			brief = append(brief, name+" was dropped")
 		case len(was) == 0:
 			changes = append(changes, name+" "+after+" was added")
+			brief = append(brief, name+" was added")
 		case !sameHeader(name, was, now):
 			changes = append(changes, name+" "+before+" became "+after)
+			brief = append(brief, name+" changed")
 		}
 	}
-	return changes
+	return changes, brief
 }
 
 // sameHeader compares two values of a header: a media type by its type and

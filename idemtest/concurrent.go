@@ -204,7 +204,7 @@ func (r *runner) concurrentOnce(expect bool) (res Result, again bool) {
 		return pass(sent, got, want, fmt.Sprintf("%d of %d requests were answered 409 while the first was in flight.", conflicts, n)), false
 	case continued > 1:
 		return pass(sent, got, want, fmt.Sprintf("No 409, but %d of the requests were in the target at once: each was answered 100 Continue, "+
-			"which a server sends when it is ready to read the request's body, before any body was sent. The others waited for the first and got its answer.", continued)), false
+			"which a server sends when it is ready to read the request's body, before any body was sent. One ran, and the others got its answer (replayed, or after waiting for it).", continued)), false
 	}
 	seen := "none was answered 409"
 	if expect {

@@ -388,9 +388,11 @@ func oneAtATime(h http.Handler) http.Handler {
 }
 
 // TestCheckThenInsertRace isolates the concurrent check against the seed's
-// handler, with a race window that only the race itself ends.
+// handler. Its race window is ended by the race itself (the second
+// look-up), or after 200ms for the lone requests of the checks that the
+// concurrent check runs first.
 func TestCheckThenInsertRace(t *testing.T) {
-	h := newCheckThenInsert(time.Second)
+	h := newCheckThenInsert(200 * time.Millisecond)
 	srv := start(t, h)
 	tg := target(srv.URL)
 	tg.Checks = []string{idemtest.CheckConcurrent}

@@ -167,7 +167,10 @@ type Target struct {
 	DropAfter time.Duration
 
 	// Checks names the checks to run, all of them when empty. See Checks
-	// for the names.
+	// for the names. A check whose evidence comes from another (whether
+	// the target takes the kit's keys, whether two executions answer
+	// differently, whether replays are marked) runs that one first,
+	// unreported, so that it judges alone as it does in a full run.
 	Checks []string
 }
 

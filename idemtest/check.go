@@ -15,8 +15,10 @@ import (
 
 // Check runs the checks against the target, one after another, and reports
 // every outcome; it stops early only when ctx ends. Each check uses fresh
-// keys of its own, so that the checks are independent of each other and of
-// earlier runs against the same target.
+// keys of its own (replay repeats first-request's), so that the checks are
+// independent of earlier runs against the same target. A check that needs
+// what another learns runs it first, unreported, when it was not asked for
+// (see Target.Checks).
 //
 // The error is for a target that cannot be checked: a Target that is not
 // valid (no URL, a malformed one, an invalid header, an unknown check name),

@@ -13,7 +13,8 @@
 // advisory (a recommendation, or a policy the Target does not require, that
 // the target does not follow), or inconclusive (the check ran but could not
 // tell; Result.Detail says what would make it tell). Only a fail makes
-// Report.Err fail. Each check uses fresh random keys of its own. A check
+// Report.Err fail. Each check uses fresh random keys of its own (replay
+// repeats first-request's requests, with their keys). A check
 // that uses what another learns (whether two executions answer
 // differently, whether replays are marked, which keys the target takes)
 // runs that one first, unreported, when it was not asked for: each check

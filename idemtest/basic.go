@@ -16,59 +16,120 @@ const (
 	wantReplay  = "the first answer's status and body, replayed"
 )
 
+// firstRequest sends the request once with a fresh key of each form the
+// target's declarations allow. It is the precondition of most other checks:
+// they use the forms that succeeded, and the answers tell whether two
+// executions of the request answer differently.
 func (r *runner) firstRequest() Result {
-	q := r.keyed(0)
-	a := r.send(q)
-	sent, got := r.describe(q), r.describeAnswer(a)
-	if !a.ok() {
-		return fail(sent, got, wantSuccess,
-			"The request did not succeed, so the checks that need it cannot run: check the target's URL, method, headers and body.")
+	var sent, got []string
+	var failed []string
+	var ok []answer
+	for _, f := range r.forms {
+		q := r.withKey(0, f.make())
+		q.form = f.name
+		a := r.send(q)
+		sent = append(sent, r.describe(q))
+		got = append(got, r.describeAnswer(a))
+		if !a.ok() {
+			failed = append(failed, fmt.Sprintf("%s (%s)", f.name, shortAnswer(a)))
+			r.firstStatuses = append(r.firstStatuses, a.status)
+			continue
+		}
+		r.working = append(r.working, f)
+		r.firsts = append(r.firsts, seen{CheckFirstRequest, q, a})
+		ok = append(ok, a)
 	}
-	r.first = &a
-	return pass(sent, got, wantSuccess, "")
+	if len(ok) == 1 {
+		// A second execution under another key tells whether two
+		// executions answer differently, which the later checks need to
+		// tell a replay from an execution.
+		f := r.working[0]
+		q := r.withKey(0, f.make())
+		q.form = f.name
+		a := r.send(q)
+		sent = append(sent, r.describe(q))
+		got = append(got, r.describeAnswer(a))
+		if a.ok() {
+			r.firsts = append(r.firsts, seen{CheckFirstRequest, q, a})
+			ok = append(ok, a)
+		}
+	}
+	if len(ok) > 0 {
+		r.first = &r.firsts[0].a
+	}
+	if len(ok) > 1 {
+		r.distinct = no
+		for i, a := range ok {
+			if !sameAsAny(a, ok[:i]) && i > 0 {
+				r.distinct = yes
+			}
+		}
+	}
+	res := pass(strings.Join(sent, "\n"), strings.Join(got, "\n"), wantSuccess+" for each", "")
+	switch {
+	case len(ok) == 0:
+		res = fail(res.Sent, res.Got, res.Want,
+			"The request did not succeed, so the checks that need it cannot run: check the target's URL, method, headers and body.")
+	case len(failed) > 0:
+		var names []string
+		for _, f := range r.working {
+			names = append(names, f.name)
+		}
+		res = fail(res.Sent, res.Got, res.Want, "Not every valid key was taken: "+strings.Join(failed, ", ")+
+			". If the target documents a key length or alphabet, declare it (Target.MinKeyLen, MaxKeyLen and KeyAlphabet; idemcheck -min-key-len, -max-key-len and -key-alphabet). "+
+			"The other checks send the keys that were taken: "+strings.Join(names, ", ")+".")
+	}
+	return res
 }
 
+// replay repeats each request of the first-request check, with its key and
+// body, and expects the first answer back.
 func (r *runner) replay() Result {
-	q := r.keyed(0)
-	a := r.send(q)
-	sent := r.describe(q) + "; then the same again"
-	if !a.ok() {
-		return fail(sent, r.describeAnswer(a), wantSuccess+", then "+wantReplay,
-			"The first request with the key did not succeed.")
-	}
-	if r.first != nil {
-		r.distinct = triOf(!a.same(*r.first))
-	}
-	b, conflicts := r.settle(q)
-	r.saw(CheckReplay, q, b)
-	got := r.describeAnswer(a) + "; then " + conflictsThen(conflicts) + r.describeAnswer(b)
-	if !b.same(a) {
-		detail := "The repeat did not get the first answer back."
-		switch {
-		case b.ok() && b.status == a.status && !r.marked(b):
-			r.ranAgain = true
-			detail = "The repeat got another body: the request ran again."
-		case b.status == http.StatusConflict:
-			detail = fmt.Sprintf("The key was still in flight after %v, long after the first answer came.", r.t.Patience)
+	var sent, got []string
+	var bad outcomes // by detail, the forms of key that got it
+	unseen := false
+	for _, s := range r.firsts {
+		q, a := s.q, s.a
+		sent = append(sent, r.describe(q)+"; then the same again")
+		b, conflicts := r.settle(q)
+		r.saw(CheckReplay, q, b)
+		got = append(got, r.describeAnswer(a)+"; then "+conflictsThen(conflicts)+r.describeAnswer(b))
+		if !b.same(a) {
+			detail := "The repeat did not get the first answer back."
+			switch {
+			case b.ok() && b.status == a.status && !r.marked(b):
+				r.ranAgain = true
+				detail = "The repeat got another body: the request ran again."
+			case b.status == http.StatusConflict:
+				detail = fmt.Sprintf("The key was still in flight after %v, long after the first answer came.", r.t.Patience)
+			}
+			bad.add(detail, q.form)
+			continue
 		}
-		return fail(sent, got, wantReplay, detail)
+		if r.original == nil {
+			r.original, r.replayed = &s.a, &b
+			r.marks = triOf(r.marked(b))
+		}
+		if r.marked(b) || r.distinct == yes {
+			r.keyEffect = true
+		} else {
+			unseen = true
+		}
+		if changes, brief := headerChanges(a, b); len(changes) > 0 {
+			got[len(got)-1] += "\n" + strings.Join(changes, "\n")
+			bad.add("The replay's headers differ from the first answer's: "+strings.Join(brief, "; ")+
+				". A client that reads them (the Location of what it created, the ETag of what it got) gets them only if its first attempt's answer reached it.", q.form)
+		}
 	}
-	r.original, r.replayed = &a, &b
-	r.marks = triOf(r.marked(b))
-	if r.marks == yes || r.distinct == yes {
-		r.keyEffect = true
+	res := pass(strings.Join(sent, "\n"), strings.Join(got, "\n"), wantReplay, "")
+	switch {
+	case len(bad) > 0:
+		res = fail(res.Sent, res.Got, res.Want, bad.byForm(len(r.firsts)))
+	case unseen:
+		res = inconclusive(res.Sent, res.Got, res.Want, "The answers are equal, but so were the answers to two requests under different keys, and the repeat is not marked as a replay: "+
+			"from outside, a replay cannot be told from a second execution. An answer that names what the request created (an ID) would tell them apart.")
 	}
-	if changes := headerChanges(a, b); len(changes) > 0 {
-		return fail(sent, got+"\n"+strings.Join(changes, "\n"), wantReplay,
-			"The replay's headers differ from the first answer's: "+strings.Join(changes, "; ")+
-				". A client that reads them (the Location of what it created, the ETag of what it got) gets them only if its first attempt's answer reached it.")
-	}
-	detail := ""
-	if r.marks == no && r.distinct == no {
-		detail = "The answers are equal, but so were the answers to two requests under different keys, and the repeat is not marked as a replay: " +
-			"from outside, a replay cannot be told from a second execution. An answer that names what the request created (an ID) would tell them apart."
-	}
-	return pass(sent, got, wantReplay, detail)
+	return res
 }
 
 // replayedHeaders are the headers a replay must carry as the first answer
@@ -79,9 +140,8 @@ var replayedHeaders = [...]string{
 }
 
 // headerChanges describes how the replayedHeaders of replay differ from
-// those of first.
-func headerChanges(first, replay answer) []string {
-	var changes []string
+// those of first, with their values and, in brief, without.
+func headerChanges(first, replay answer) (changes, brief []string) {
 	for _, name := range replayedHeaders {
 		was, now := first.header.Values(name), replay.header.Values(name)
 		before, after := clip(strings.Join(was, ", ")), clip(strings.Join(now, ", "))
@@ -89,13 +149,16 @@ func headerChanges(first, replay answer) []string {
 		case len(was) == 0 && len(now) == 0:
 		case len(now) == 0:
 			changes = append(changes, name+" "+before+" was dropped")
+			brief = append(brief, name+" was dropped")
 		case len(was) == 0:
 			changes = append(changes, name+" "+after+" was added")
+			brief = append(brief, name+" was added")
 		case !sameHeader(name, was, now):
 			changes = append(changes, name+" "+before+" became "+after)
+			brief = append(brief, name+" changed")
 		}
 	}
-	return changes
+	return changes, brief
 }
 
 // sameHeader compares two values of a header: a media type by its type and
@@ -201,8 +264,12 @@ func (r *runner) missingKey() Result {
 	sent, got := r.describe(q), r.describeAnswer(a)
 	const want = "400 Bad Request"
 	switch {
+	case a.status == http.StatusBadRequest && a.err == nil && r.refusedValid(a):
+		return inconclusive(sent, got, want, "Refused with 400, but so were the requests with a valid key (see "+CheckFirstRequest+"): the refusal may not be for the missing key.")
 	case a.status == http.StatusBadRequest && a.err == nil:
 		return pass(sent, got, want, "")
+	case a.ok() && r.marked(a):
+		return fail(sent, got, want, "The request without a key got a stored answer (marked as a replay), as if no key were a key used before: requests without a key share one record.")
 	case a.ok():
 		return fail(sent, got, want, "The request ran without a key. If keys are optional for this target, say so (Target.KeysOptional, idemcheck -keys-optional).")
 	case refused(a) && a.status != http.StatusUnauthorized && a.status != http.StatusForbidden:

@@ -11,13 +11,14 @@ import (
 	"net/url"
 	"slices"
 	"strings"
-	"time"
 )
 
 // Check runs the checks against the target, one after another, and reports
 // every outcome; it stops early only when ctx ends. Each check uses fresh
-// keys of its own, so that the checks are independent of each other and of
-// earlier runs against the same target.
+// keys of its own (replay repeats first-request's), so that the checks are
+// independent of earlier runs against the same target. A check that needs
+// what another learns runs it first, unreported, when it was not asked for
+// (see Target.Checks).
 //
 // The error is for a target that cannot be checked: a Target that is not
 // valid (no URL, a malformed one, an invalid header, an unknown check name),
@@ -52,6 +53,8 @@ func Check(ctx context.Context, target Target) (*Report, error) {
 		KeysOptional: t.KeysOptional,
 		KeyForm:      t.KeyForm,
 		MaxKeyLen:    t.MaxKeyLen,
+		MinKeyLen:    t.MinKeyLen,
+		KeyAlphabet:  t.KeyAlphabet,
 		Release5xx:   t.Require5xxRelease,
 	}}
 	if t.Handler == nil {
@@ -62,32 +65,51 @@ func Check(ctx context.Context, target Target) (*Report, error) {
 			return nil, err
 		}
 	}
-	firstFailed := false
-	for _, c := range checks() {
-		if len(t.Checks) > 0 && !slices.Contains(t.Checks, c.Name) {
-			continue
+	ran := map[string]bool{}
+	var firstFailed bool
+	// run runs c, and first, unreported, the checks whose evidence it
+	// needs that have not run, so that a check run alone establishes its
+	// own preconditions. It returns false when ctx ended.
+	var run func(c check, reported bool) bool
+	run = func(c check, reported bool) bool {
+		for _, name := range c.needs {
+			if !ran[name] && !run(byName(name), false) {
+				return false
+			}
 		}
+		ran[c.Name] = true
 		if err := ctx.Err(); err != nil {
-			return report, fmt.Errorf("idemtest: %w", err)
+			return false
 		}
 		var res Result
 		if c.needsSuccess && firstFailed {
-			res = notApplicable("Skipped: the " + CheckFirstRequest + " check failed, and this check needs the request to succeed.")
+			res = notApplicable("Skipped: the " + CheckFirstRequest + " check failed (no request with a valid key succeeded), and this check needs the request to succeed.")
 		} else {
 			res = c.run(r)
-			if err := ctx.Err(); err != nil {
+			if ctx.Err() != nil {
 				// The check was cut short: its result says nothing.
-				return report, fmt.Errorf("idemtest: %w", err)
+				return false
 			}
 		}
 		res.Name = c.Name
 		if c.Advisory && res.Status == StatusFail {
 			res.Status = StatusAdvisory
 		}
-		if c.Name == CheckFirstRequest && res.Status == StatusFail {
+		if c.Name == CheckFirstRequest && r.first == nil {
 			firstFailed = true
 		}
-		report.Results = append(report.Results, res)
+		if reported {
+			report.Results = append(report.Results, res)
+		}
+		return true
+	}
+	for _, c := range checks() {
+		if len(t.Checks) > 0 && !slices.Contains(t.Checks, c.Name) {
+			continue
+		}
+		if !run(c, true) {
+			return report, fmt.Errorf("idemtest: %w", ctx.Err())
+		}
 	}
 	report.Notes = r.notes()
 	return report, nil
@@ -167,9 +189,21 @@ type runner struct {
 	own      *http.Transport // the transport of a client of Check's own
 	body     [2][]byte       // Body(0), Body(1)
 
-	first    *answer // the first-request check's answer, if it succeeded
-	original *answer // the replay check's first answer
-	replayed *answer // its replay, if it matched
+	// forms are the forms of valid key the target's declarations allow,
+	// and working those that the first-request check saw succeed; turn
+	// picks the next one.
+	forms, working []keyForm
+	turn           int
+	// firsts are the first-request check's requests and answers, one per
+	// form; first is the first of them that succeeded.
+	firsts []seen
+	first  *answer
+	// firstStatuses are the statuses of the first-request check's
+	// answers that did not succeed.
+	firstStatuses []int
+	// original and replayed are the replay check's first answer and its
+	// replay, if it matched.
+	original, replayed *answer
 	// marks: the target marks replays (the replay check saw one marked).
 	marks tri
 	// distinct: two executions of the request under different keys gave
@@ -183,8 +217,6 @@ type runner struct {
 	markers []string
 	// markedWith is the first of them seen marking a replay.
 	markedWith string
-	// quickest is the quickest whole answer a request got from the target.
-	quickest time.Duration
 	// ranAgain: the replay check's repeat ran the request again.
 	ranAgain bool
 	// keyEffect: some answer showed that the target reads the key: a
@@ -215,6 +247,7 @@ func newRunner(ctx context.Context, t Target, base string) (*runner, error) {
 		display:  t.Method + " " + u.RequestURI(),
 		body:     [2][]byte{t.Body(0), t.Body(1)},
 		markers:  []string{t.ReplayedHeader},
+		forms:    keyForms(t),
 	}
 	for _, name := range commonReplayHeaders {
 		if name != t.ReplayedHeader {
@@ -285,6 +318,13 @@ func (r *runner) saw(check string, q request, a answer) {
 		}
 	}
 	r.problems = append(r.problems, seen{check, q, a})
+}
+
+// refusedValid reports whether a, a refusal of a missing or malformed key,
+// is also what every request with a valid key got: the refusal may then be
+// for something else than the key.
+func (r *runner) refusedValid(a answer) bool {
+	return r.first == nil && slices.Contains(r.firstStatuses, a.status)
 }
 
 func pass(sent, got, want, detail string) Result {

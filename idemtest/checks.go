@@ -45,7 +45,28 @@ type check struct {
 	// so it is skipped when first-request has failed.
 	needsSuccess bool
 	run          func(r *runner) Result
+	// needs names the checks whose evidence this one uses: Check runs
+	// them first, unreported, when they were not asked for.
+	needs []string
 }
+
+// byName returns the check of that name, which must exist.
+func byName(name string) check {
+	for _, c := range checks() {
+		if c.Name == name {
+			return c
+		}
+	}
+	return check{}
+}
+
+// Most checks need to know that a request with a valid key succeeds, which
+// forms of key the target takes, whether two executions answer differently
+// (first-request), and whether the target marks its replays (replay).
+var (
+	needsFirst = []string{CheckFirstRequest}
+	needsBoth  = []string{CheckFirstRequest, CheckReplay}
+)
 
 // Checks returns the checks that Check runs, in the order it runs them.
 func Checks() []CheckInfo {
@@ -60,40 +81,40 @@ func Checks() []CheckInfo {
 func checks() []check {
 	return []check{
 		{CheckInfo{Name: CheckFirstRequest,
-			Description: "A request with a fresh key succeeds (2xx). Most other checks need it to."},
-			false, (*runner).firstRequest},
+			Description: "A request with a fresh key of each form succeeds (2xx): keys of 12, 36 (a UUID), 64 and 255 bytes and a stripe-go style key, those within the declared lengths, and with the UTF-8 alphabet a key with non-ASCII characters. Most other checks need it to, and use the forms that succeeded."},
+			false, (*runner).firstRequest, nil},
 		{CheckInfo{Name: CheckReplay,
-			Description: "The request is sent twice with the same key; the second answer has the first's status and body, and the same Location, Content-Location, Content-Type, Content-Encoding, Content-Language, ETag and Last-Modified headers."},
-			true, (*runner).replay},
+			Description: "Each request of first-request is sent again with its key; the second answer has the first's status and body, and the same Location, Content-Location, Content-Type, Content-Encoding, Content-Language, ETag and Last-Modified headers."},
+			true, (*runner).replay, needsFirst},
 		{CheckInfo{Name: CheckReplayMarked, Advisory: true,
 			Description: "The replay seen by the replay check carries a replay header (Idempotent-Replayed: true, or one of its common spellings), and the first answer does not."},
-			false, (*runner).replayMarked},
+			false, (*runner).replayMarked, needsBoth},
 		{CheckInfo{Name: CheckKeyMismatch,
 			Description: "A key already used is sent with a different body (variant 1); the request does not run, and is refused with 422 (another 4xx is advisory: the draft recommends 422)."},
-			true, (*runner).keyMismatch},
+			true, (*runner).keyMismatch, needsBoth},
 		{CheckInfo{Name: CheckMissingKey,
 			Description: "The request without a key is refused with 400 (another 4xx is advisory). Not applicable when keys are optional."},
-			false, (*runner).missingKey},
+			false, (*runner).missingKey, needsFirst},
 		{CheckInfo{Name: CheckMalformedKey,
-			Description: "Keys that break the syntax of the draft's Structured Field string, each as long as a valid key: an empty key, one with a tab, one with a non-ASCII character, and an unclosed quoted string; and, with a key length limit, a key one byte over it. Each is refused with 400; where keys are optional, it may instead be ignored (the request runs as if it had no key), but never used as a key."},
-			false, (*runner).malformedKey},
+			Description: "Keys that break the syntax of the draft's Structured Field string, each of a valid length: an empty key, one with a tab, one with a character outside the declared alphabet, and an unclosed quoted string; and, with declared key lengths, a key one byte over the longest and one under the shortest. Each is refused with 400; where keys are optional, it may instead be ignored (the request runs as if it had no key), but never used as a key."},
+			false, (*runner).malformedKey, needsBoth},
 		{CheckInfo{Name: CheckKeyForms,
 			Description: "For a target that accepts keys both bare and quoted: a key sent bare and then quoted, and another sent quoted and then bare, are one key each: the second request gets the first's answer. Not applicable unless both forms are declared (-key-form both)."},
-			true, (*runner).keyForms},
+			true, (*runner).keyForms, needsBoth},
 		{CheckInfo{Name: CheckConcurrent,
-			Description: "N identical requests with one key are written at once on N raw connections, the last byte of each held until all are written; they have one effect: every success has the same status and body (the rest are 409), and where replays are marked, at most one success is unmarked. Inconclusive when no request was seen in flight (no 409, and no answer held back until the first was done)."},
-			true, (*runner).concurrent},
+			Description: "N identical requests with one key are written at once on N raw connections, with Expect: 100-continue, their bodies held until the target has answered 100 Continue to each; they have one effect: every success has the same status and body (the rest are 409), and where replays are marked, at most one success is unmarked. Inconclusive when no overlap was seen (no 409, and no two requests answered 100 Continue together)."},
+			true, (*runner).concurrent, needsBoth},
 		{CheckInfo{Name: CheckDroppedResponse,
 			Description: "The request is sent on a raw connection, which is closed after a short wait (DropAfter, -drop-after) without the answer being read; a retry with the same key, repeated while it gets 409, then gets the first request's answer, or runs it if the first never ran, and a further retry gets the same answer."},
-			true, (*runner).droppedResponse},
+			true, (*runner).droppedResponse, needsBoth},
 		{CheckInfo{Name: CheckCrossTenant,
 			Description: "The same key and body are sent as two callers (the usual headers, then the second credential); the second runs afresh rather than getting the first caller's answer, and the first still gets its own. Not applicable without a second credential."},
-			true, (*runner).crossTenant},
+			true, (*runner).crossTenant, needsBoth},
 		{CheckInfo{Name: Check5xxNotCached, Policy: PolicyRelease5xx,
 			Description: "The request is made to fail (a 5xx) with the fail-trigger header, then sent again with the same key without it. The key must not stay in flight (409) once the failure is answered. Policy release-5xx: the retry runs and succeeds rather than getting the 5xx replayed; advisory unless required (-require-5xx-release), since the draft lets a server store errors. Not applicable without a fail trigger."},
-			true, (*runner).fiveXXNotCached},
+			true, (*runner).fiveXXNotCached, needsBoth},
 		{CheckInfo{Name: CheckProblemJSON, Advisory: true,
 			Description: "The 400, 409 and 422 answers seen by the other checks are RFC 9457 problem documents: Content-Type application/problem+json, with type, title and a status equal to the answer's."},
-			false, (*runner).problemJSON},
+			false, (*runner).problemJSON, []string{CheckKeyMismatch, CheckMissingKey, CheckMalformedKey}},
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"slices"
@@ -13,28 +14,52 @@ import (
 	"time"
 )
 
-// heldMargin is how much longer than twice the quickest answer of the run
-// the first answer of the concurrent check must take for the kit to count
-// the others, which came after it, as held back until it was done: more than
-// a scheduler's or a network's hiccup.
-const heldMargin = 25 * time.Millisecond
+// continueWait bounds how long the concurrent check waits for the target
+// to answer each request's Expect: 100-continue before it sends the bodies
+// anyway, as RFC 9110 lets a client do.
+const continueWait = time.Second
 
-// concurrent sends Concurrency identical requests at once. It opens a
-// connection for each first, writes each request but its last byte, and
-// then writes every last byte together, so that the requests reach the
-// target's code together rather than as fast as a client would write them.
+// concurrent sends Concurrency identical requests at once, and sees whether
+// they were in the target at once.
 //
-// A target that answers quickly may still handle them one after another;
-// the check then saw nothing in flight, and says so rather than passing.
-// It counts as seen in flight a 409, and answers held back until the first
-// was done: the first answer came late enough after the release (by
-// heldMargin more than twice the quickest answer of the run) that the
-// others, sent before, would have been answered already had they not
-// waited for it.
+// It opens a connection for each first, and writes on each the request's
+// head with Expect: 100-continue. A server answers 100 Continue when it is
+// ready to read the body, which net/http does when the handler first reads
+// it: a request so answered is in the target, being handled. Once every
+// request has its 100 Continue (or continueWait has passed), the kit writes
+// every body together, so that the requests reach the target's code
+// together rather than as fast as a client would write them. Two requests
+// answered 100 Continue before either body was sent were in the target at
+// once: the overlap is seen, and not inferred from how long the answers
+// took. So is it when a request is answered 409.
+//
+// A target that refuses the expectation (417) is asked again without it,
+// the last byte of each request held instead: only a 409 can then show the
+// overlap. A target that handles the requests one after another shows
+// none, and the check says so rather than passing.
 func (r *runner) concurrent() Result {
+	res, again := r.concurrentOnce(true)
+	if again {
+		res, _ = r.concurrentOnce(false)
+	}
+	return res
+}
+
+// concurrentOnce runs the concurrent check, with Expect: 100-continue when
+// expect is true. It reports again when the target refused the
+// expectation.
+func (r *runner) concurrentOnce(expect bool) (res Result, again bool) {
 	n := r.t.Concurrency
 	q := r.keyed(0)
-	sent := strconv.Itoa(n) + " at once, each on a raw connection opened beforehand, the last byte of each held until all were written: " + r.describe(q)
+	how := "the last byte of each held until all were written"
+	if expect && len(q.body) > 0 {
+		q.header = q.header.Clone()
+		q.header.Set("Expect", "100-continue")
+		how = "each with Expect: 100-continue and its body held until all were answered 100 Continue (or " + continueWait.String() + " had passed)"
+	} else {
+		expect = false
+	}
+	sent := strconv.Itoa(n) + " at once, each on a raw connection opened beforehand, " + how + ": " + r.describe(q)
 	ctx, cancel := context.WithTimeout(r.ctx, r.t.Timeout)
 	defer cancel()
 	conns := make([]net.Conn, 0, n)
@@ -43,15 +68,10 @@ func (r *runner) concurrent() Result {
 			c.Close()
 		}
 	}()
-	var dialled time.Duration
 	for range n {
-		start := time.Now()
 		c, _, err := r.dial(ctx)
 		if err != nil {
-			return fail(sent, "no connection: "+err.Error(), "", fmt.Sprintf("Could not open %d connections to the target.", n))
-		}
-		if d := time.Since(start); dialled == 0 || d < dialled {
-			dialled = d
+			return fail(sent, "no connection: "+err.Error(), "", fmt.Sprintf("Could not open %d connections to the target.", n)), false
 		}
 		conns = append(conns, c)
 	}
@@ -63,31 +83,76 @@ func (r *runner) concurrent() Result {
 	defer stop()
 	raw, req, err := r.wire(ctx, q)
 	if err != nil {
-		return fail(sent, err.Error(), "", "The request could not be written.")
+		return fail(sent, err.Error(), "", "The request could not be written."), false
 	}
+	cut := len(raw) - 1
+	if expect {
+		cut = len(raw) - len(q.body)
+	}
+	head, tail := raw[:cut], raw[cut:]
 	for _, c := range conns {
-		if _, err := c.Write(raw[:len(raw)-1]); err != nil {
-			return fail(sent, "writing the request: "+err.Error(), "", "The request could not be sent on a raw connection.")
+		if _, err := c.Write(head); err != nil {
+			return fail(sent, "writing the request: "+err.Error(), "", "The request could not be sent on a raw connection."), false
 		}
 	}
 
 	answers := make([]answer, n)
+	readers := make([]*bufio.Reader, n)
+	answered := make([]bool, n) // answered before its body was sent
+	continued := 0
+	if expect {
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		deadline := time.Now().Add(continueWait)
+		for i, c := range conns {
+			readers[i] = bufio.NewReader(c)
+			wg.Go(func() {
+				c.SetReadDeadline(deadline)
+				a, interim := readInterim(readers[i], req)
+				c.SetReadDeadline(time.Time{})
+				mu.Lock()
+				defer mu.Unlock()
+				switch {
+				case interim:
+					continued++
+				case a.status != 0:
+					answers[i], answered[i] = a, true
+				}
+			})
+		}
+		wg.Wait()
+		if ctx.Err() != nil {
+			return fail(sent, "", "", "The check was cut short."), false
+		}
+		for _, a := range answers {
+			if a.status == http.StatusExpectationFailed {
+				return Result{}, true
+			}
+		}
+	} else {
+		for i, c := range conns {
+			readers[i] = bufio.NewReader(c)
+		}
+	}
+
 	release := make(chan struct{})
 	var wg sync.WaitGroup
 	for i, c := range conns {
+		if answered[i] {
+			continue
+		}
 		wg.Go(func() {
 			<-release
-			_, werr := c.Write(raw[len(raw)-1:])
-			// A target may answer before the last byte, and close: its
+			_, werr := c.Write(tail)
+			// A target may answer before the body, and close: its
 			// answer is still to be read.
-			a := readAnswer(bufio.NewReader(c), req)
+			a := readAnswer(readers[i], req)
 			if werr != nil && a.status == 0 {
 				a.err = fmt.Errorf("writing the request: %w", werr)
 			}
 			answers[i] = a
 		})
 	}
-	released := time.Now()
 	close(release)
 	wg.Wait()
 
@@ -110,6 +175,9 @@ func (r *runner) concurrent() Result {
 		}
 	}
 	got := r.tally(answers)
+	if expect {
+		got = fmt.Sprintf("%d of %d answered 100 Continue before any body was sent\n", continued, n) + got
+	}
 	distinct := 0
 	for i, a := range successes {
 		if !sameAsAny(a, successes[:i]) {
@@ -118,42 +186,54 @@ func (r *runner) concurrent() Result {
 	}
 	switch {
 	case distinct > 1:
-		return fail(sent, got, want, fmt.Sprintf("%d different successful answers: the request ran at least %d times.", distinct, distinct))
+		return fail(sent, got, want, fmt.Sprintf("%d different successful answers: the request ran at least %d times.", distinct, distinct)), false
 	case r.marks == yes && unmarked > 1:
-		return fail(sent, got, want, fmt.Sprintf("%d successes are not marked as replays, though this target marks its replays: the request ran %d times.", unmarked, unmarked))
+		return fail(sent, got, want, fmt.Sprintf("%d successes are not marked as replays, though this target marks its replays: the request ran %d times.", unmarked, unmarked)), false
 	case len(other) > 0:
-		return fail(sent, got, want, "Answers other than a success or 409: "+strings.Join(other, "; ")+".")
+		return fail(sent, got, want, "Answers other than a success or 409: "+strings.Join(other, "; ")+"."), false
 	case len(successes) == 0:
-		return fail(sent, got, want, "No request succeeded.")
+		return fail(sent, got, want, "No request succeeded."), false
 	}
 
-	unsure := ""
 	if unmarked > 1 && r.distinct != yes {
-		unsure = fmt.Sprintf(" %d equal successes, not marked as replays: they are replays only if two executions of the request would answer differently, which the kit could not see.", unmarked)
+		return inconclusive(sent, got, want, fmt.Sprintf("%d equal successes, not marked as replays: they are replays only if two executions of the request would answer differently, which the kit could not see. "+
+			"An answer that names what the request created (an ID), or a replay header, would tell them apart.", unmarked)), false
 	}
-	if conflicts > 0 {
-		return pass(sent, got, want, fmt.Sprintf("%d of %d requests were answered 409 while the first was in flight.", conflicts, n)+unsure)
+	switch {
+	case conflicts > 0:
+		return pass(sent, got, want, fmt.Sprintf("%d of %d requests were answered 409 while the first was in flight.", conflicts, n)), false
+	case continued > 1:
+		return pass(sent, got, want, fmt.Sprintf("No 409, but %d of the requests were in the target at once: each was answered 100 Continue, "+
+			"which a server sends when it is ready to read the request's body, before any body was sent. One ran, and the others got its answer (replayed, or after waiting for it).", continued)), false
 	}
-	firstAt := successes[0].at
-	for _, a := range successes[1:] {
-		if a.at.Before(firstAt) {
-			firstAt = a.at
-		}
+	seen := "none was answered 409"
+	if expect {
+		seen += fmt.Sprintf(", and %d of %d was answered 100 Continue before the bodies were sent (within %v)", continued, n, continueWait)
+	} else {
+		seen += " (the target refused Expect: 100-continue, which would have shown the requests in the target)"
 	}
-	took := firstAt.Sub(released)
-	quickest := r.quickest
-	if quickest == 0 {
-		quickest = dialled // no answer yet: the network's round trip
+	return inconclusive(sent, got, want, "No request was seen in flight: "+seen+
+		". The target may have handled them one after another, so concurrent duplicates were not tested. "+
+		"A handler that takes some time (tens of milliseconds, as a write to a database does) or a higher concurrency (Target.Concurrency, idemcheck -n) makes them overlap; run again."), false
+}
+
+// readInterim reads the first answer to a request sent with Expect:
+// 100-continue, before its body: interim is true for 100 Continue. A
+// final answer is returned as such; a read that times out returns neither.
+func readInterim(br *bufio.Reader, req *http.Request) (a answer, interim bool) {
+	resp, err := http.ReadResponse(br, req)
+	if err != nil {
+		return answer{}, false
 	}
-	held := took >= 2*quickest+heldMargin
-	took, quickest = took.Round(10*time.Microsecond), quickest.Round(10*time.Microsecond)
-	if held {
-		return pass(sent, got, want, fmt.Sprintf("No 409, but the first answer took %v, and the others came after it: they waited for it (the quickest answer in this run took %v).", took, quickest)+unsure)
+	if resp.StatusCode == http.StatusContinue {
+		return answer{}, true
 	}
-	return inconclusive(sent, got, want, fmt.Sprintf("No request was seen in flight: none was answered 409, and the first answer came %v after the release, "+
-		"too soon to show that the others waited for it (the quickest answer in this run took %v). The target may have handled them one after another, "+
-		"so concurrent duplicates were not tested. Slow the endpoint down (a handler that takes %v or more) or raise the concurrency (Target.Concurrency, idemcheck -n), and run again.",
-		took, quickest, (2*quickest+heldMargin).Round(time.Millisecond))+unsure)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
+	if err != nil {
+		err = fmt.Errorf("reading the body: %w", err)
+	}
+	return answer{status: resp.StatusCode, header: resp.Header, body: body, err: err, at: time.Now()}, false
 }
 
 func sameAsAny(a answer, others []answer) bool {

@@ -13,13 +13,26 @@
 // advisory (a recommendation, or a policy the Target does not require, that
 // the target does not follow), or inconclusive (the check ran but could not
 // tell; Result.Detail says what would make it tell). Only a fail makes
-// Report.Err fail. Each check uses fresh random keys of its own.
+// Report.Err fail. Each check uses fresh random keys of its own (replay
+// repeats first-request's requests, with their keys). A check
+// that uses what another learns (whether two executions answer
+// differently, whether replays are marked, which keys the target takes)
+// runs that one first, unreported, when it was not asked for: each check
+// run alone (Target.Checks) establishes its own preconditions, and says
+// inconclusive when it still cannot tell.
 //
-//   - first-request: a request with a fresh key succeeds (2xx). The checks
-//     that need a success are skipped when it fails.
-//   - replay: the same key and body again get the first answer's status and
-//     body back, and its Location, Content-Location, Content-Type,
-//     Content-Encoding, Content-Language, ETag and Last-Modified headers.
+// The checks that need a valid key send keys of several lengths and forms:
+// 12, 36 (a UUID), 64 and 255 bytes, and a key as stripe-go makes them,
+// those within Target.MinKeyLen and Target.MaxKeyLen, and with
+// AlphabetUTF8 a key with non-ASCII characters.
+//
+//   - first-request: a request with a fresh key of each form succeeds
+//     (2xx). The checks that need a success are skipped when none did, and
+//     use the forms that succeeded otherwise.
+//   - replay: each request of first-request, sent again, gets the first
+//     answer's status and body back, and its Location, Content-Location,
+//     Content-Type, Content-Encoding, Content-Language, ETag and
+//     Last-Modified headers.
 //   - replay-marked (advisory): that replay carries Idempotent-Replayed:
 //     true (or Idempotency-Replayed, X-Idempotent-Replayed,
 //     X-Idempotency-Replayed, which the report names), and the first answer
@@ -27,18 +40,23 @@
 //   - key-mismatch: the same key with a different body (Body(1)) does not
 //     run, and gets 422 (another 4xx is advisory).
 //   - missing-key: no key gets 400 (another 4xx is advisory), unless
-//     Target.KeysOptional.
+//     Target.KeysOptional. A stored answer marked as a replay is named as
+//     such, not as a run; a 400 that requests with a valid key got too is
+//     inconclusive.
 //   - malformed-key: keys that break the draft's syntax but that HTTP
-//     parsers let through (empty, with a tab, with a non-ASCII character, an
-//     unclosed quoted string), each as long as a valid key, and with
-//     Target.MaxKeyLen a key one byte too long, each get 400. Where keys are
+//     parsers let through (empty, with a tab, with a character outside
+//     Target.KeyAlphabet, an unclosed quoted string), each of a valid
+//     length, and with Target.MaxKeyLen a key one byte too long and with
+//     Target.MinKeyLen one a byte too short, each get 400. Where keys are
 //     optional, a malformed key may instead be ignored, as RFC 8941 says of
 //     a field that does not parse, but not used as a key.
 //   - key-forms: with Target.KeyForm KeyBoth, a key sent bare and then
 //     quoted (and another the other way round) is one key.
 //   - concurrent: Target.Concurrency identical requests, released together,
 //     have one effect: every success has the same status and body, the
-//     others are 409. Inconclusive when no request was seen in flight.
+//     others are 409. The overlap is seen, not inferred from timing: a 409,
+//     or requests that the target answered 100 Continue together, before
+//     any body was sent. Inconclusive when no overlap was seen.
 //   - dropped-response: the kit sends the request, closes the connection
 //     after Target.DropAfter without reading the answer, and retries (again
 //     while it gets 409, for up to Target.Patience): the retry gets the
@@ -104,9 +122,13 @@
 // could not tell.
 //
 // Concurrent requests test nothing if the target handles them one after
-// another, as a fast endpoint may: the concurrent check then reports
-// inconclusive rather than pass. A test endpoint that takes some time (tens
-// of milliseconds, as a write to a database does) makes them overlap.
+// another. The concurrent check sends each with Expect: 100-continue and
+// holds the bodies until the target has answered 100 Continue to each (a
+// net/http server does so when the handler reads the body): requests so
+// answered together were in the target at once. Without that, or a 409, it
+// reports inconclusive rather than pass. A test endpoint that takes some
+// time (tens of milliseconds, as a write to a database does) makes them
+// overlap.
 //
 // # Before you point it at a server
 //

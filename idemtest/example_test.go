@@ -108,3 +108,53 @@ func ExampleReport_Failed() {
 	// dropped-response
 	// 1 passed, 6 failed, 5 not applicable
 }
+
+// A server that takes only UUIDs declares it, and one check, run alone,
+// runs the checks whose evidence it needs first: here, first-request
+// learns which keys the server takes. The keys one byte too short and one
+// too long must then be refused with 400; this server answers them 500.
+func ExampleTarget_keyLengths() {
+	uuidsOnly := func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if len(r.Header.Get("Idempotency-Key")) != 36 {
+				http.Error(w, "bad key", http.StatusInternalServerError)
+				return
+			}
+			h.ServeHTTP(w, r)
+		})
+	}
+	var created atomic.Int64
+	orders := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"order":%d}`, created.Add(1))
+	})
+	store, err := memstore.New()
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer store.Close()
+	mw, err := server.New(store)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	report, err := idemtest.Check(context.Background(), idemtest.Target{
+		Handler:   uuidsOnly(mw.Handler(orders)),
+		MinKeyLen: 36,
+		MaxKeyLen: 36,
+		Checks:    []string{idemtest.CheckMalformedKey},
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	res := report.Results[0]
+	fmt.Println(res.Name, res.Status)
+	fmt.Println(res.Detail)
+	fmt.Println("policy:", report.Policy)
+	// Output:
+	// malformed-key fail
+	// Answered with a server error, which tells a client to retry a request that can never succeed: the empty key (500), the 37-byte key (500), the 35-byte key (500).
+	// policy: keys required, sent bare; keys of exactly 36 bytes; release after 5xx advisory
+}

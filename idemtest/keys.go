@@ -3,6 +3,7 @@ package idemtest
 import (
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -14,10 +15,12 @@ type probe struct {
 }
 
 // malformedProbes returns keys that the draft's syntax forbids but that an
-// HTTP parser lets through to the application, each as long as the kit's
-// valid keys in the target's key form, so that a target that takes keys of
-// one length only judges them by what they contain. With Target.MaxKeyLen,
-// a valid key one byte too long joins them.
+// HTTP parser lets through to the application, each of a valid length in
+// the target's key form, so that a target that takes keys of one length
+// only judges them by what they contain: empty, with a tab, with a
+// character outside the declared alphabet, and a broken quoted string. With
+// Target.MaxKeyLen, a key one byte too long joins them, and with
+// Target.MinKeyLen, one a byte too short.
 func (r *runner) malformedProbes() []probe {
 	quoted := r.t.KeyForm == KeyQuoted
 	form := func(inner string) string {
@@ -26,33 +29,44 @@ func (r *runner) malformedProbes() []probe {
 		}
 		return inner
 	}
-	k := newKey()
-	tab := k[:8] + "\t" + k[9:]
-	nonASCII := k[:8] + "é" + k[10:] // two bytes in UTF-8
+	n := r.t.probeLen()
+	k := randomHex(n)
+	at := min(8, n-2) // where the bad character goes: inside the key
+	tab := k[:at] + "\t" + k[at+1:]
+	outside, outsideNote, outsideName := k[:at]+"é"+k[at+2:], " (é, in UTF-8)", "the key with a non-ASCII character"
+	if r.t.KeyAlphabet == AlphabetUTF8 {
+		outside, outsideNote, outsideName = k[:at]+"\xff"+k[at+1:], " (a byte that is not UTF-8)", "the key with a byte that is not UTF-8"
+	}
+	if len(outside) != n { // a 3-byte key has no room for é's two bytes
+		outside = outside[:n]
+	}
 	unclosed := `"` + k[1:]
+	unclosedText := " (no closing quote)"
 	if quoted {
 		// As long as a valid quoted key, with a character after the
 		// closing quote.
-		unclosed = `"` + k[:keyLen-1] + `"x`
-	}
-	unclosedText := " (no closing quote)"
-	if quoted {
+		unclosed = `"` + k[:n-1] + `"x`
 		unclosedText = " (a character after the closing quote)"
 	}
 	probes := []probe{
 		r.probe("", "(empty)", "the empty key"),
 		r.probe(form(tab), " (a tab)", "the key with a tab"),
-		r.probe(form(nonASCII), " (é, in UTF-8)", "the key with a non-ASCII character"),
+		r.probe(form(outside), outsideNote, outsideName),
 		r.probe(unclosed, unclosedText, "the broken quoted string"),
 	}
-	if n := r.t.MaxKeyLen; n > 0 {
-		long := (k + strings.Repeat("k", max(n+1-len(k), 0)))[:n+1]
-		p := r.probe(form(long), "", fmt.Sprintf("the %d-byte key", n+1))
-		how := ""
-		if quoted {
-			how = ", between quotes"
-		}
-		p.q.keyText = quote([]byte(long[:min(len(long), keyLen)])) + fmt.Sprintf("... (%d bytes, one over the limit of %d%s)", n+1, n, how)
+	how := ""
+	if quoted {
+		how = ", between quotes"
+	}
+	if m := r.t.MaxKeyLen; m > 0 {
+		long := randomHex(m + 1)
+		p := r.probe(form(long), "", fmt.Sprintf("the %d-byte key", m+1))
+		p.q.keyText = quote([]byte(long[:min(len(long), uuidKeyLen)])) + fmt.Sprintf("... (%d bytes, one over the limit of %d%s)", m+1, m, how)
+		probes = append(probes, p)
+	}
+	if m := r.t.MinKeyLen; m > 1 {
+		short := randomHex(m - 1)
+		p := r.probe(form(short), fmt.Sprintf(" (%d bytes, one under the shortest of %d%s)", m-1, m, how), fmt.Sprintf("the %d-byte key", m-1))
 		probes = append(probes, p)
 	}
 	return probes
@@ -75,14 +89,18 @@ func (r *runner) malformedKey() Result {
 		want += ", or, keys being optional, a request that runs as if it had no key (a second one with the same key runs again)"
 	}
 	var sent, got []string
-	var bad, other, notes outcomes
+	var bad, other, notes, unsure outcomes
 	for _, p := range r.malformedProbes() {
 		a := r.send(p.q)
 		r.saw(CheckMalformedKey, p.q, a)
 		sent = append(sent, r.describe(p.q))
 		line := r.describeAnswer(a)
 		switch {
+		case a.status == http.StatusBadRequest && a.err == nil && r.refusedValid(a):
+			unsure.add("Refused with 400, as the requests with a valid key were too, so the refusal may not be for the key", p.name)
 		case a.status == http.StatusBadRequest && a.err == nil:
+		case a.ok() && r.marked(a):
+			bad.add("Answered with a stored answer (marked as a replay), as if it were a key used before, not refused", p.name)
 		case a.ok() && r.t.KeysOptional:
 			// Ignored as a field that does not parse, or used as a key?
 			b := r.send(p.q)
@@ -96,7 +114,7 @@ func (r *runner) malformedKey() Result {
 			case b.ok() && (!b.same(a) || r.marks == yes):
 				notes.add("Ignored, as RFC 8941 allows of a field that does not parse (two requests with it both ran, as requests without a key do)", p.name)
 			case b.ok():
-				notes.add("Accepted twice with equal answers, not marked as replays (the kit cannot tell whether it was ignored or used as a key)", p.name)
+				unsure.add("Accepted twice with equal answers, not marked as replays, from a target whose executions answer alike: the kit cannot tell whether it was ignored or used as a key", p.name)
 			default:
 				bad.add("Accepted, but a second request with it was not", p.name)
 			}
@@ -116,6 +134,8 @@ func (r *runner) malformedKey() Result {
 	switch {
 	case len(bad) > 0:
 		res = fail(res.Sent, res.Got, want, append(bad, other...).String())
+	case len(unsure) > 0:
+		res = inconclusive(res.Sent, res.Got, want, append(unsure, other...).String())
 	case len(other) > 0:
 		res = advise(res.Sent, res.Got, want, other.String())
 	}
@@ -154,6 +174,21 @@ func (o outcomes) String() string {
 	return strings.Join(sentences, " ")
 }
 
+// byForm writes o, whose outcomes are the details of a check and whose
+// names are forms of key, as the detail alone when all of n requests got
+// it, and otherwise as a sentence per detail that names the forms: "With
+// the 12-byte key: The repeat ..."
+func (o outcomes) byForm(n int) string {
+	if len(o) == 1 && len(o[0].names) == n {
+		return o[0].what
+	}
+	sentences := make([]string, len(o))
+	for i, c := range o {
+		sentences[i] = "With " + strings.Join(slices.Compact(c.names), ", ") + ": " + c.what
+	}
+	return strings.Join(sentences, " ")
+}
+
 // withForm returns the request for variant with key written bare or
 // quoted.
 func (r *runner) withForm(variant int, key string, quoted bool) request {
@@ -174,7 +209,7 @@ func (r *runner) keyForms() Result {
 	formName := map[bool]string{false: "bare", true: "quoted"}
 	var sent, got, bad, unsure []string
 	for _, quotedFirst := range []bool{false, true} {
-		key := newKey()
+		key := r.keyed(0).key
 		first, second := r.withForm(0, key, quotedFirst), r.withForm(0, key, !quotedFirst)
 		sent = append(sent, r.describe(first)+"; then "+r.describe(second))
 		a := r.send(first)
@@ -204,8 +239,8 @@ func (r *runner) keyForms() Result {
 	case len(bad) > 0:
 		res = fail(res.Sent, res.Got, want, capitalize(strings.Join(bad, "; "))+".")
 	case len(unsure) > 0:
-		res.Detail = capitalize(strings.Join(unsure, "; ")) +
-			": two executions under different keys answer equally too, so the kit cannot tell a replay from a second execution."
+		res = inconclusive(res.Sent, res.Got, want, capitalize(strings.Join(unsure, "; "))+
+			": two executions under different keys answer equally too, so the kit cannot tell a replay from a second execution.")
 	}
 	return res
 }

@@ -73,6 +73,12 @@ type Policy struct {
 	// MaxKeyLen is the key length limit that was probed, 0 for none
 	// (Target.MaxKeyLen).
 	MaxKeyLen int `json:"max_key_len"`
+	// MinKeyLen is the shortest key length declared, 0 for none
+	// (Target.MinKeyLen).
+	MinKeyLen int `json:"min_key_len,omitempty"`
+	// KeyAlphabet is the alphabet the keys were judged by
+	// (Target.KeyAlphabet).
+	KeyAlphabet KeyAlphabet `json:"key_alphabet,omitempty"`
 	// Release5xx is true when a retry after a 5xx had to run again, and
 	// false when a stored 5xx was only advisory
 	// (Target.Require5xxRelease).
@@ -90,9 +96,13 @@ func (p Policy) String() string {
 	if form == "" {
 		form = "sent " + string(p.KeyForm)
 	}
-	limit := "no key length limit probed"
-	if p.MaxKeyLen > 0 {
-		limit = "keys of at most " + strconv.Itoa(p.MaxKeyLen) + " bytes"
+	limit := describeKeyLimits(Target{MinKeyLen: p.MinKeyLen, MaxKeyLen: p.MaxKeyLen, KeyAlphabet: p.KeyAlphabet})
+	if p.MaxKeyLen == 0 && p.MinKeyLen == 0 {
+		if limit == "" {
+			limit = "no key length limit probed"
+		} else {
+			limit = "no key length limit probed, " + limit
+		}
 	}
 	release := "release after 5xx advisory"
 	if p.Release5xx {

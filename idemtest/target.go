@@ -112,7 +112,23 @@ type Target struct {
 	// bytes: the malformed-key check then also sends a key one byte longer
 	// and expects it refused. The draft sets no limit, so zero, the
 	// default, sends no over-long key.
+	//
+	// The checks that need a valid key send keys of several lengths and
+	// forms (12, 36, 64 and 255 bytes, and a key as stripe-go makes
+	// them), those within MinKeyLen and MaxKeyLen: a target that takes
+	// keys of one length only must declare it, as MinKeyLen and MaxKeyLen
+	// both 36 declare a UUID's.
 	MaxKeyLen int
+
+	// MinKeyLen, when set, is the shortest key the target accepts, in
+	// bytes: the malformed-key check then also sends a key one byte
+	// shorter and expects it refused.
+	MinKeyLen int
+
+	// KeyAlphabet is the set of characters the target documents for its
+	// keys: AlphabetASCII (printable ASCII, the draft's) by default, or
+	// AlphabetUTF8.
+	KeyAlphabet KeyAlphabet
 
 	// Require5xxRelease makes the release-5xx policy a requirement: after
 	// a 5xx, a retry with the same key runs again, as it does behind this
@@ -151,7 +167,10 @@ type Target struct {
 	DropAfter time.Duration
 
 	// Checks names the checks to run, all of them when empty. See Checks
-	// for the names.
+	// for the names. A check whose evidence comes from another (whether
+	// the target takes the kit's keys, whether two executions answer
+	// differently, whether replays are marked) runs that one first,
+	// unreported, so that it judges alone as it does in a full run.
 	Checks []string
 }
 
@@ -240,11 +259,26 @@ func (t Target) withDefaults() (Target, error) {
 	default:
 		bad("Target.KeyForm %q is not %q, %q or %q", t.KeyForm, KeyBare, KeyQuoted, KeyBoth)
 	}
-	if t.MaxKeyLen < 0 {
-		bad("Target.MaxKeyLen %d is negative", t.MaxKeyLen)
+	for _, n := range []struct {
+		name string
+		v    int
+	}{{"MaxKeyLen", t.MaxKeyLen}, {"MinKeyLen", t.MinKeyLen}} {
+		if n.v < 0 {
+			bad("Target.%s %d is negative", n.name, n.v)
+		}
+		if n.v > maxKeyProbe {
+			bad("Target.%s %d is over %d: a longer key would be refused for the size of the header, not for its length", n.name, n.v, maxKeyProbe)
+		}
 	}
-	if t.MaxKeyLen > maxKeyProbe {
-		bad("Target.MaxKeyLen %d is over %d: a longer key would be refused for the size of the header, not for its length", t.MaxKeyLen, maxKeyProbe)
+	if t.MaxKeyLen > 0 && t.MinKeyLen > t.MaxKeyLen {
+		bad("Target.MinKeyLen %d is over Target.MaxKeyLen %d", t.MinKeyLen, t.MaxKeyLen)
+	}
+	switch t.KeyAlphabet {
+	case "":
+		t.KeyAlphabet = AlphabetASCII
+	case AlphabetASCII, AlphabetUTF8:
+	default:
+		bad("Target.KeyAlphabet %q is not %q or %q", t.KeyAlphabet, AlphabetASCII, AlphabetUTF8)
 	}
 	for _, name := range []string{t.KeyHeader, t.ReplayedHeader} {
 		if !validToken(name) {

@@ -4,9 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/rand"
 	"crypto/tls"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -34,31 +32,9 @@ type request struct {
 	keyText string
 	// as says who sends it or how, for reports: "as the second caller".
 	as string
-}
-
-// keyLen is the length of the keys the kit makes, and of the malformed keys
-// it makes from them: a target that takes only keys of one length, such as
-// a UUID's, refuses the malformed ones for what they contain, not for their
-// length.
-const keyLen = 36
-
-// newKey returns a fresh random key in the form of a version 4 UUID.
-func newKey() string {
-	var b [16]byte
-	rand.Read(b[:]) // never fails; see its documentation
-	b[6] = b[6]&0x0f | 0x40
-	b[8] = b[8]&0x3f | 0x80
-	var s [keyLen]byte
-	hex.Encode(s[0:8], b[0:4])
-	s[8] = '-'
-	hex.Encode(s[9:13], b[4:6])
-	s[13] = '-'
-	hex.Encode(s[14:18], b[6:8])
-	s[18] = '-'
-	hex.Encode(s[19:23], b[8:10])
-	s[23] = '-'
-	hex.Encode(s[24:], b[10:])
-	return string(s[:])
+	// form names the form of a valid key, for reports: "the 64-byte hex
+	// key".
+	form string
 }
 
 // written returns key as the target's key form writes it: quoted for
@@ -69,11 +45,6 @@ func (r *runner) written(key string) string {
 		return `"` + key + `"`
 	}
 	return key
-}
-
-// keyed returns the request for variant with a fresh key.
-func (r *runner) keyed(variant int) request {
-	return r.withKey(variant, newKey())
 }
 
 // withKey returns the request for variant with the given key, written in
@@ -169,7 +140,6 @@ func (r *runner) send(q request) answer {
 	if err != nil {
 		return answer{err: err}
 	}
-	start := time.Now()
 	resp, err := r.client.Do(req)
 	if err != nil {
 		return answer{err: err}
@@ -179,18 +149,7 @@ func (r *runner) send(q request) answer {
 	if err != nil {
 		err = fmt.Errorf("reading the body: %w", err)
 	}
-	a := answer{status: resp.StatusCode, header: resp.Header, body: body, err: err, at: time.Now()}
-	r.sawLatency(a.at.Sub(start))
-	return a
-}
-
-// sawLatency keeps the quickest whole answer the target gave, a measure of
-// the network and of the target's least work that the concurrent check
-// compares its answers with.
-func (r *runner) sawLatency(d time.Duration) {
-	if r.quickest == 0 || d < r.quickest {
-		r.quickest = d
-	}
+	return answer{status: resp.StatusCode, header: resp.Header, body: body, err: err, at: time.Now()}
 }
 
 func (r *runner) httpRequest(ctx context.Context, q request) (*http.Request, error) {
@@ -286,6 +245,10 @@ func (r *runner) writeRaw(ctx context.Context, conn net.Conn, q request) (*http.
 
 func readAnswer(br *bufio.Reader, req *http.Request) answer {
 	resp, err := http.ReadResponse(br, req)
+	// Interim answers (100 Continue) come before the final one.
+	for err == nil && resp.StatusCode >= 100 && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
+		resp, err = http.ReadResponse(br, req)
+	}
 	if err != nil {
 		return answer{err: fmt.Errorf("reading the answer: %w", err)}
 	}

@@ -55,6 +55,8 @@ func parseArgs(args []string, stdout io.Writer) (options, error) {
 		keysOptional = fs.Bool("keys-optional", false, "the endpoint runs requests without a key (the missing-key check does not apply, and a malformed key may be ignored)")
 		keyForm      = fs.String("key-form", string(idemtest.KeyBare), "the key `form`: bare, quoted (an RFC 8941 string, as the draft defines keys), or both (keys sent bare, and the key-forms check)")
 		maxKeyLen    = fs.Int("max-key-len", 0, "the longest key the endpoint accepts, in `bytes`: a key one byte longer must be refused (default: no limit probed, the draft sets none)")
+		minKeyLen    = fs.Int("min-key-len", 0, "the shortest key the endpoint accepts, in `bytes`: a key one byte shorter must be refused, and the valid keys sent (12, 36, 64 and 255 bytes, a stripe-go style key) are those within -min-key-len and -max-key-len; both 36 for an endpoint that takes only UUIDs")
+		keyAlphabet  = fs.String("key-alphabet", string(idemtest.AlphabetASCII), "the characters the endpoint documents for keys: ascii (printable ASCII, the draft's) or utf8 (UTF-8 text: a non-ASCII key is then valid, and a byte that is not UTF-8 malformed)")
 		release5xx   = fs.Bool("require-5xx-release", false, "require policy release-5xx: a retry after a 5xx runs again (default: a stored 5xx is advisory, as the draft allows it)")
 		timeout      = fs.Duration("timeout", idemtest.DefaultTimeout, "the longest each request may take")
 		patience     = fs.Duration("patience", idemtest.DefaultPatience, "how long to keep retrying while the endpoint answers 409 (in flight)")
@@ -93,6 +95,8 @@ func parseArgs(args []string, stdout io.Writer) (options, error) {
 		KeysOptional:      *keysOptional,
 		KeyForm:           idemtest.KeyForm(*keyForm),
 		MaxKeyLen:         *maxKeyLen,
+		MinKeyLen:         *minKeyLen,
+		KeyAlphabet:       idemtest.KeyAlphabet(*keyAlphabet),
 		Require5xxRelease: *release5xx,
 		KeyHeader:         *keyHeader,
 		ReplayedHeader:    *replayHeader,
@@ -159,12 +163,15 @@ proxy.
 
 Where the draft leaves a choice to the server, the endpoint is judged by the
 policy that the flags declare, and the report says which: -keys-optional,
--key-form, -max-key-len and -require-5xx-release.
+-key-form, -max-key-len, -min-key-len, -key-alphabet and -require-5xx-release.
+The checks that need a valid key send keys of several lengths and forms, so
+an endpoint that takes keys of one length only must declare it.
 
-The concurrent check needs requests that overlap: against an endpoint that
-answers quickly, they may be handled one after another, and the check is
-then inconclusive. An endpoint that takes tens of milliseconds, or a larger
--n, makes them overlap.
+The concurrent check needs requests that overlap, and sees it: a 409, or
+requests that the endpoint answered 100 Continue (to Expect: 100-continue)
+at once, before any body was sent. Against an endpoint that handles them one
+after another, it is inconclusive. An endpoint that takes tens of
+milliseconds, or a larger -n, makes them overlap.
 
 Flags:
 `)

@@ -239,7 +239,7 @@ func TestJSON(t *testing.T) {
 	assert.Equal(t, idemtest.Summary{Passed: 11, NotApplicable: 1}, doc.Summary)
 	var policy struct{ Policy map[string]any }
 	require.NoError(t, json.Unmarshal([]byte(out), &policy))
-	assert.Equal(t, map[string]any{"keys_optional": false, "key_form": "bare", "max_key_len": 0.0, "release_5xx_required": false}, policy.Policy)
+	assert.Equal(t, map[string]any{"keys_optional": false, "key_form": "bare", "max_key_len": 0.0, "key_alphabet": "ascii", "release_5xx_required": false}, policy.Policy)
 }
 
 func TestHelp(t *testing.T) {
@@ -253,7 +253,7 @@ func TestHelp(t *testing.T) {
 		assert.Contains(t, out, strings.Join(first[:3], " "), "the description of %s", c.Name)
 	}
 	for _, flag := range []string{"-H header", "-H2 header", "-fail-header header", "-d body", "-json", "-n int", "-keys-optional", "-timeout duration",
-		"-key-form form", "-max-key-len bytes", "-require-5xx-release"} {
+		"-key-form form", "-max-key-len bytes", "-min-key-len bytes", "-key-alphabet string", "-require-5xx-release"} {
 		assert.Contains(t, out, "  "+flag+"\n")
 	}
 	assert.Contains(t, out, "Exit status: 0")
@@ -277,6 +277,8 @@ func TestUsageErrors(t *testing.T) {
 		"negative wait": {"-patience", "-1s", "http://a"},
 		"key form":      {"-key-form", "shouted", "http://a"},
 		"key length":    {"-max-key-len", "-5", "http://a"},
+		"min over max":  {"-min-key-len", "40", "-max-key-len", "36", "http://a"},
+		"alphabet":      {"-key-alphabet", "klingon", "http://a"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			code, out, errOut := runCmd(t, args...)
@@ -302,7 +304,7 @@ func TestParseArgs(t *testing.T) {
 		"-H2", "Authorization: Bearer b", "-fail-header", "X-Fail: yes",
 		"-d", "@" + file, "-n", "4", "-key-header", "X-Key", "-replay-header", "X-Replay",
 		"-keys-optional", "-timeout", "3s", "-patience", "2s", "-drop-after", "50ms",
-		"-key-form", "quoted", "-max-key-len", "64", "-require-5xx-release",
+		"-key-form", "quoted", "-max-key-len", "64", "-min-key-len", "8", "-key-alphabet", "utf8", "-require-5xx-release",
 		"-checks", "replay, concurrent", "-json", "-url", "https://api.example.com/v1/orders?x=1",
 	}, io.Discard)
 	require.NoError(t, err)
@@ -322,6 +324,8 @@ func TestParseArgs(t *testing.T) {
 	assert.True(t, tg.KeysOptional)
 	assert.Equal(t, idemtest.KeyQuoted, tg.KeyForm)
 	assert.Equal(t, 64, tg.MaxKeyLen)
+	assert.Equal(t, 8, tg.MinKeyLen)
+	assert.Equal(t, idemtest.AlphabetUTF8, tg.KeyAlphabet)
 	assert.True(t, tg.Require5xxRelease)
 	assert.Equal(t, 3*time.Second, tg.Timeout)
 	assert.Equal(t, 2*time.Second, tg.Patience)

@@ -1,4 +1,4 @@
-module github.com/idemkit/idempotency/idemtest/thirdparty/go/fiber2
+module github.com/idemkit/idempotency/compat/fiber2
 
 go 1.26.0
 

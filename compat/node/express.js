@@ -23,6 +23,8 @@ app.post('/orders', async (req, res, next) => {
     return;
   }
   if (req.get('X-Fail')) {
+    // As the library's README asks: a failed request's key is released.
+    getSharedIdempotencyService().reportError(req);
     if (failMode === 'respond') {
       res.status(500).json({ error: 'induced failure' });
       return;

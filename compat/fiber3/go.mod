@@ -1,4 +1,4 @@
-module github.com/idemkit/idempotency/idemtest/thirdparty/go/fiber3
+module github.com/idemkit/idempotency/compat/fiber3
 
 go 1.26.0
 

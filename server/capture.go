@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"time"
 )
 
 // recorder is the ResponseWriter the handler writes to. It keeps the response
@@ -22,6 +23,12 @@ type recorder struct {
 	body      []byte
 	streaming bool
 	hijacked  bool
+	// The write deadline the handler set, and when the handler returned:
+	// the store write after the handler must not spend the handler's
+	// deadline, so the response is sent under the deadline shifted by it.
+	deadline    time.Time
+	deadlineSet bool
+	returnedAt  time.Time
 }
 
 var (
@@ -115,6 +122,34 @@ func (rec *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 // features the recorder does not change (deadlines, full duplex).
 func (rec *recorder) Unwrap() http.ResponseWriter { return rec.w }
 
+// SetWriteDeadline is what http.ResponseController calls to set a write
+// deadline. It is passed on at once, so that the handler learns whether the
+// writer supports it; a kept response is sent under it again, shifted by the
+// time the store took after the handler returned.
+func (rec *recorder) SetWriteDeadline(t time.Time) error {
+	err := http.NewResponseController(rec.w).SetWriteDeadline(t)
+	if err == nil && !rec.streaming {
+		rec.deadline, rec.deadlineSet = t, true
+	}
+	return err
+}
+
+// returned records that the handler returned.
+func (rec *recorder) returned() {
+	if rec.deadlineSet {
+		rec.returnedAt = time.Now()
+	}
+}
+
+// restoreDeadline gives the response the handler's write deadline again,
+// from the moment the store let it go.
+func (rec *recorder) restoreDeadline() {
+	if !rec.deadlineSet || rec.deadline.IsZero() || rec.returnedAt.IsZero() {
+		return
+	}
+	http.NewResponseController(rec.w).SetWriteDeadline(rec.deadline.Add(time.Since(rec.returnedAt)))
+}
+
 // wrote reports whether the handler answered at all.
 func (rec *recorder) wrote() bool {
 	return rec.status != 0 || rec.streaming || len(rec.body) > 0
@@ -130,6 +165,7 @@ func (rec *recorder) finalStatus() int {
 
 // send writes the kept response to the client.
 func (rec *recorder) send() {
+	rec.restoreDeadline()
 	status := rec.finalStatus()
 	h := rec.w.Header()
 	if needsLength(status, len(rec.body)) && h.Get("Content-Length") == "" && h.Get("Transfer-Encoding") == "" {
@@ -145,6 +181,7 @@ func (rec *recorder) send() {
 // length, so that the client has all of it while the handler's goroutine
 // goes on working.
 func (rec *recorder) sendNow() {
+	rec.restoreDeadline()
 	status := rec.finalStatus()
 	h := rec.w.Header()
 	if bodyAllowed(status) && h.Get("Transfer-Encoding") == "" {

@@ -217,7 +217,12 @@ func (ex *exchange) run() {
 	// released, not only while the handler runs: a retry must not take
 	// the key over while the outcome is being written.
 	ex.renewal.start(ex, cancel)
-	defer ex.renewal.stop()
+	renewing := true
+	defer func() {
+		if renewing {
+			ex.renewal.stop()
+		}
+	}()
 
 	done := false
 	defer func() {
@@ -231,6 +236,7 @@ func (ex *exchange) run() {
 	}()
 	ex.next.ServeHTTP(&ex.capture, r)
 	done = true
+	ex.capture.returned()
 	ex.timing.handled(m)
 
 	rec := &ex.capture
@@ -266,7 +272,8 @@ func (ex *exchange) run() {
 		resp := &Response{Status: status, Header: ex.keptHeader(), BodyOmitted: true}
 		err := ex.complete(resp)
 		if storeLater(err) {
-			err = ex.completeLater(resp)
+			renewing = !ex.storeAfterSend(resp, err, true)
+			return
 		}
 		ex.completed(status, err)
 	default:
@@ -286,11 +293,10 @@ func (ex *exchange) run() {
 			// happened once, and the client is told what it was now;
 			// then the response is stored as soon as the store
 			// answers, so that a retry gets it replayed.
-			rec.sendNow()
-			err = ex.completeLater(resp)
-		} else {
-			rec.send()
+			renewing = !ex.storeAfterSend(resp, err, false)
+			return
 		}
+		rec.send()
 		ex.completed(status, err)
 	}
 }
@@ -298,58 +304,14 @@ func (ex *exchange) run() {
 // storeLater reports whether a Complete that failed with err should be tried
 // again after the response is sent: the store failed, rather than refused.
 func storeLater(err error) bool {
-	return err != nil && !errors.Is(err, ErrLeaseLost) && !errors.Is(err, ErrNotCommitted)
+	return err != nil && !final(err)
 }
 
-// completeLater keeps trying to store resp after it was sent, for one lease
-// length at most: until the store takes it, or refuses it (a retry took the
-// key over after the lease ended, or a transaction ended). Fencing makes a
-// try after a takeover harmless. A response stored
-// late is replayed to the retries that come after; until then they get 409.
-// The request's goroutine does this work, so it is over when ServeHTTP
-// returns, and a server's graceful shutdown waits for it.
-func (ex *exchange) completeLater(resp *Response) error {
-	m := ex.m
-	deadline := time.Now().Add(m.cfg.lease)
-	if end := ex.claimed.Add(m.cfg.ttl); end.Before(deadline) {
-		deadline = end
-	}
-	timer := time.NewTimer(0)
-	defer timer.Stop()
-	<-timer.C
-	var err error
-	tries := 0
-	// Often enough to get in before a retry once the store is back: the
-	// lease may have ended meanwhile, and a retry could take the key over.
-	maxWait := min(250*time.Millisecond, m.cfg.lease/10)
-	for wait := min(50*time.Millisecond, maxWait); time.Now().Add(wait).Before(deadline); wait = min(2*wait, maxWait) {
-		timer.Reset(wait)
-		<-timer.C
-		ctx := ex.storeContext(m.cfg.storeTimeout)
-		err = m.store.Complete(ctx, ex.lease.ID, ex.lease.Token, resp, m.cfg.ttl)
-		ctx.stop()
-		tries++
-		if !storeLater(err) {
-			break
-		}
-	}
-	ex.timing.stored(m)
-	switch {
-	case err == nil:
-		m.cfg.logger.LogAttrs(ex.r.Context(), slog.LevelWarn, "idempotent response stored after it was sent",
-			slog.String("key", ex.lease.Key), slog.String("scope", ex.lease.Scope), slog.Int("tries", tries))
-		return nil
-	case errors.Is(err, ErrLeaseLost):
-		// After tries that failed, this is ambiguous: one of them may
-		// have been stored with its answer lost, or a retry took the
-		// key over.
-		m.cfg.logger.LogAttrs(ex.r.Context(), slog.LevelWarn, "idempotent response stored by an earlier try whose answer was lost, or the key was taken over",
-			slog.String("key", ex.lease.Key), slog.String("scope", ex.lease.Scope), slog.Int("tries", tries))
-		return err
-	}
-	m.cfg.logger.LogAttrs(ex.r.Context(), slog.LevelError, "idempotent response never stored; a retry after its lease ends runs the request again",
-		slog.String("key", ex.lease.Key), slog.String("scope", ex.lease.Scope), slog.Any("error", err))
-	return err
+// final reports whether a store write that failed with err cannot succeed
+// if tried again.
+func final(err error) bool {
+	return errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrNotCommitted) ||
+		errors.Is(err, ErrNotStorable) || errors.Is(err, ErrStoreClosed)
 }
 
 // completed reports the outcome of a response sent after Complete.
@@ -396,7 +358,7 @@ func (ex *exchange) retryStore(resp *Response) error {
 		} else {
 			err = m.store.Release(ctx, ex.lease.ID, ex.lease.Token)
 		}
-		if err == nil || errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrNotCommitted) {
+		if err == nil || final(err) {
 			return err
 		}
 		left := time.Until(ctx.deadline)
@@ -418,7 +380,7 @@ func (ex *exchange) retryStore(resp *Response) error {
 // ErrNotCommitted.
 func (ex *exchange) complete(resp *Response) error {
 	m := ex.m
-	err := ex.retryStore(resp)
+	err := completeOrOmit(resp, ex.retryStore)
 	ex.timing.stored(m)
 	switch {
 	case err == nil:

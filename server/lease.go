@@ -219,3 +219,13 @@ func (rn *renewal) stop() {
 	rn.mu.Unlock()
 	rn.inflight.Wait()
 }
+
+// addSat is t.Add(d), saturated: a duration from the configuration, however
+// long, never wraps a deadline into the past.
+func addSat(t time.Time, d time.Duration) time.Time {
+	u := t.Add(d)
+	if d > 0 && u.Before(t) {
+		return time.Unix(1<<62, 0)
+	}
+	return u
+}

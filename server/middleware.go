@@ -18,6 +18,7 @@ type Middleware struct {
 	binder     Binder
 	cfg        config
 	replayable map[string]struct{} // cfg.replayHeaders
+	late       lateWork            // responses stored after they were sent
 }
 
 // New returns middleware that protects requests with store. The options are

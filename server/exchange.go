@@ -106,13 +106,20 @@ func (ex *exchange) claim() (Claim, error) {
 		// The first claim's context lives in the exchange: one allocation
 		// fewer on every request. It is never reused.
 		ctx = &ex.claimCtx
-		ctx.init(ex.r.Context(), m.cfg.storeTimeout)
+		ctx.init(ex.r.Context(), m.claimTimeout())
 	} else {
-		ctx = ex.storeContext(m.cfg.storeTimeout)
+		ctx = ex.storeContext(m.claimTimeout())
 	}
 	defer ctx.stop()
 	ex.claimed = time.Now()
 	return m.store.Claim(ctx, ex.lease.ID, ex.fingerprint, m.cfg.lease, m.cfg.ttl)
+}
+
+// claimTimeout bounds a Claim: by the store timeout, and by the lease less
+// its margin, since a lease granted by an answer that comes later is too
+// short to run the handler under.
+func (m *Middleware) claimTimeout() time.Duration {
+	return min(m.cfg.storeTimeout, m.cfg.lease-leaseMargin(m.cfg.lease))
 }
 
 // await claims again until the request in flight finishes or the wait ends.
@@ -216,7 +223,16 @@ func (ex *exchange) run() {
 	// The lease is renewed until the response is stored or the claim
 	// released, not only while the handler runs: a retry must not take
 	// the key over while the outcome is being written.
-	ex.renewal.start(ex, cancel)
+	if !ex.renewal.start(ex, cancel) {
+		// The Claim's answer came too late: the lease it granted is
+		// over, or nearly, and another request may take the key over
+		// and run. The handler must not run at the same time.
+		ex.release("the claim was answered too late to run the handler")
+		ex.m.cfg.logger.LogAttrs(ex.r.Context(), slog.LevelWarn, "idempotency claim answered after its lease ended, or nearly; handler not run, answering 503",
+			slog.String("key", ex.lease.Key), slog.String("scope", ex.lease.Scope), slog.Duration("claim", time.Since(ex.claimed)))
+		ex.unavailable(errClaimTooLate)
+		return
+	}
 	renewing := true
 	defer func() {
 		if renewing {

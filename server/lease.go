@@ -99,14 +99,33 @@ func (e *leaseExpired) Unwrap() []error {
 }
 
 // margin is how long before the lease's known end the handler is cancelled.
-func (rn *renewal) margin() time.Duration { return rn.ex.m.cfg.lease / 10 }
+func (rn *renewal) margin() time.Duration { return leaseMargin(rn.ex.m.cfg.lease) }
 
-func (rn *renewal) start(ex *exchange, cancel context.CancelCauseFunc) {
+// leaseMargin is the part of a lease that the handler never runs in: a
+// tenth of it, time for a cancelled handler to stop before another request
+// may take the key over.
+func leaseMargin(lease time.Duration) time.Duration { return lease / 10 }
+
+// errClaimTooLate is why a request whose Claim was answered after the lease
+// it granted ended (less its margin) is refused.
+var errClaimTooLate = errors.New("server: claim answered after its lease ended")
+
+// start begins renewing the lease granted by the Claim sent at ex.claimed.
+// It reports false, and starts nothing, when that lease has less than its
+// margin left: the Claim's answer came too late for the handler to run, and
+// a renewal that cancelled it from a timer would race its first lines.
+func (rn *renewal) start(ex *exchange, cancel context.CancelCauseFunc) bool {
 	rn.mu.Lock()
 	defer rn.mu.Unlock()
 	rn.ex, rn.cancel = ex, cancel
-	rn.until = ex.claimed.Add(ex.m.cfg.lease)
-	rn.timer = time.AfterFunc(rn.nextRenewal(time.Now()), rn.tick)
+	rn.until = addSat(ex.claimed, ex.m.cfg.lease)
+	now := time.Now()
+	if !now.Before(rn.until.Add(-rn.margin())) {
+		rn.stopped = true
+		return false
+	}
+	rn.timer = time.AfterFunc(rn.nextRenewal(now), rn.tick)
+	return true
 }
 
 // nextRenewal is how long to wait, from now, before the next Extend: a third
@@ -177,7 +196,7 @@ func (rn *renewal) tick() {
 	}
 	switch {
 	case err == nil:
-		rn.until = now.Add(m.cfg.lease)
+		rn.until = addSat(now, m.cfg.lease)
 		rn.lastErr = nil
 		m.observe(ex.r, Event{Kind: EventLeaseRenewed, Scope: ex.lease.Scope, Key: ex.lease.Key, Start: now, Store: time.Since(now)})
 	case errors.Is(err, ErrLeaseLost):

@@ -274,7 +274,13 @@ func WithLogger(l *slog.Logger) Option {
 }
 
 // WithStoreTimeout bounds every Store call, 5 seconds by default: a Claim
-// that takes longer is answered with 503 and the handler does not run; a
+// that takes longer is answered with 503 and the handler does not run. A
+// Claim is also bounded by the lease less a tenth, and a Claim answered
+// after that, measured from when it was sent, is released and answered with
+// 503 without running the handler: the lease it granted is over, or nearly,
+// and another request may already have taken the key over. So a lease only
+// a little longer than the store's slowest answers refuses requests rather
+// than running them twice; New accepts it. A
 // Complete or Release that fails is retried until the timeout ends; an Extend
 // is given at most what is left of the lease. Store calls run on a context
 // that the client's disconnect does not cancel (a dropped connection is

@@ -143,6 +143,9 @@ func WriteProblem(w http.ResponseWriter, r *http.Request, err error) {
 
 // retryAfterSeconds rounds d up to whole seconds, at least one.
 func retryAfterSeconds(d time.Duration) string {
-	s := int64((d + time.Second - 1) / time.Second)
+	s := int64(d / time.Second)
+	if d%time.Second != 0 {
+		s++ // d + time.Second - 1 would overflow near math.MaxInt64
+	}
 	return strconv.FormatInt(max(s, 1), 10)
 }

@@ -133,7 +133,7 @@ func (ex *exchange) await(c Claim) (Claim, error) {
 		if left <= 0 {
 			break
 		}
-		d := min(step, c.RetryAfter+time.Millisecond, left)
+		d := min(step, addDur(c.RetryAfter, time.Millisecond), left)
 		if timer == nil {
 			timer = time.NewTimer(d)
 			defer timer.Stop()

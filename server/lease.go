@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math"
 	"sync"
 	"time"
 )
@@ -247,4 +248,12 @@ func addSat(t time.Time, d time.Duration) time.Time {
 		return time.Unix(1<<62, 0)
 	}
 	return u
+}
+
+// addDur is a + b for b >= 0, saturated at the longest duration.
+func addDur(a, b time.Duration) time.Duration {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
 }

@@ -39,6 +39,11 @@ var (
 	// ErrUnidentified: the scope or fingerprint function failed, so the
 	// request could not be identified (400).
 	ErrUnidentified = errors.New("request could not be identified")
+	// ErrOutcomeUnknown: under RefuseAbandoned, a retry found that an
+	// earlier holder of its key was lost without completing it, so whether
+	// the request took effect is unknown; the answer is recorded and
+	// replayed for the TTL, and never retried (409, without Retry-After).
+	ErrOutcomeUnknown = errors.New("outcome of the idempotent request unknown")
 )
 
 // ErrLeaseExpired is the cause with which a handler's context is cancelled
@@ -102,6 +107,7 @@ var refusals = map[error]refusal{
 	ErrKeyMismatch:      {http.StatusUnprocessableEntity, "ErrKeyMismatch", "Idempotency key reused"},
 	ErrInFlight:         {http.StatusConflict, "ErrInFlight", "Request in flight"},
 	ErrStoreUnavailable: {http.StatusServiceUnavailable, "ErrStoreUnavailable", "Idempotency store unavailable"},
+	ErrOutcomeUnknown:   {http.StatusConflict, "ErrOutcomeUnknown", "Outcome unknown"},
 }
 
 // problem makes the refusal of kind, one of the sentinels, with detail to

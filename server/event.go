@@ -85,22 +85,29 @@ const (
 	// to run; Claim is how long that took. The request's final event
 	// follows, with Acquired set.
 	EventAcquired
+	// EventOutcomeUnknown: under RefuseAbandoned, the claim took over a
+	// key whose earlier holders were abandoned; the handler did not run and
+	// the final "outcome unknown" answer was recorded and sent (409). If
+	// the store failed to record it, the request ends with
+	// EventUnavailable instead. A final kind, like the first ten.
+	EventOutcomeUnknown
 )
 
 var eventKindNames = [...]string{
-	EventExecuted:     "executed",
-	EventReplayed:     "replayed",
-	EventInFlight:     "in_flight",
-	EventMismatch:     "mismatch",
-	EventRejected:     "rejected",
-	EventUnavailable:  "unavailable",
-	EventReleased:     "released",
-	EventNotStored:    "not_stored",
-	EventUnprotected:  "unprotected",
-	EventClientGone:   "client_gone",
-	EventLeaseRenewed: "lease_renewed",
-	EventLeaseLost:    "lease_lost",
-	EventAcquired:     "acquired",
+	EventExecuted:       "executed",
+	EventReplayed:       "replayed",
+	EventInFlight:       "in_flight",
+	EventMismatch:       "mismatch",
+	EventRejected:       "rejected",
+	EventUnavailable:    "unavailable",
+	EventReleased:       "released",
+	EventNotStored:      "not_stored",
+	EventUnprotected:    "unprotected",
+	EventClientGone:     "client_gone",
+	EventLeaseRenewed:   "lease_renewed",
+	EventLeaseLost:      "lease_lost",
+	EventAcquired:       "acquired",
+	EventOutcomeUnknown: "outcome_unknown",
 }
 
 // String returns the kind's name, in snake case for use as a metric

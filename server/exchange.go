@@ -11,6 +11,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/idemkit/idempotency/internal/incoming"
 )
 
 // exchange is one protected request, from its claim to its answer. It holds
@@ -24,6 +26,7 @@ type exchange struct {
 	body        []byte    // the whole request body, read before the claim
 	fingerprint string
 	lease       Lease
+	incoming    incoming.Key // the handler's incoming key, for the client
 	// claimed is when the Claim that acquired the lease was sent: the
 	// store's lease cannot have begun earlier.
 	claimed    time.Time
@@ -60,8 +63,12 @@ func (ex *exchange) handle() {
 	}
 	switch c.Status {
 	case Acquired:
-		ex.lease.Token = c.Token
+		ex.lease.Token, ex.lease.Abandoned = c.Token, c.Abandoned
 		ex.acquire()
+		if c.Abandoned > 0 && m.cfg.abandoned == RefuseAbandoned {
+			ex.outcomeUnknown()
+			return
+		}
 		if r.Context().Err() != nil {
 			// The client left while the claim was made: nothing has
 			// run, so give the key back rather than leave it in flight.
@@ -205,7 +212,8 @@ func (ex *exchange) run() {
 	m := ex.m
 	cctx, cancel := context.WithCancelCause(ex.r.Context())
 	defer cancel(nil)
-	ex.handlerCtx = leaseContext{Context: cctx, lease: &ex.lease}
+	ex.incoming = incoming.Key{Scope: ex.lease.Scope, Key: ex.lease.Key}
+	ex.handlerCtx = leaseContext{Context: cctx, lease: &ex.lease, in: &ex.incoming}
 	var ctx context.Context = &ex.handlerCtx
 	if m.binder != nil {
 		ctx = m.binder.Bind(ctx, ex.lease.ID, ex.lease.Token)

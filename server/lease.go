@@ -7,15 +7,34 @@ import (
 	"math"
 	"sync"
 	"time"
+
+	"github.com/idemkit/idempotency/internal/incoming"
 )
 
 // Lease describes the lease a protected handler runs under. The handler can
 // pass its Token to downstream systems so that they refuse writes from a
 // holder whose lease was lost.
+//
+// Abandoned tells a handler that it took over a request whose earlier
+// holders never completed or released it (their process died, hung, or lost
+// its store): they may have done the work before they were lost. Such a
+// handler must look for its own effect first (an order with this key, a
+// payment whose downstream idempotency key it derives from Key) and answer
+// with it rather than do it again; WithAbandoned can refuse such requests
+// instead.
 type Lease struct {
 	ID
 	Token Token
+	// Abandoned counts the holders of this key that came before and were
+	// lost without completing or releasing it (Claim.Abandoned): 0 on a
+	// request's first run.
+	Abandoned int
 }
+
+// Attempt is the number of this run of the request: 1, or 1 more than the
+// holders abandoned before it. Holders that released the key (after a 5xx
+// or a panic) are not counted.
+func (l Lease) Attempt() int { return l.Abandoned + 1 }
 
 type leaseKey struct{}
 
@@ -31,16 +50,20 @@ func LeaseFromContext(ctx context.Context) (Lease, bool) {
 }
 
 // leaseContext is the handler's context: the request's, cancelled if the
-// lease is lost, carrying the lease (one allocation fewer than
-// context.WithValue).
+// lease is lost, carrying the lease and the incoming key that the client
+// derives downstream keys from (allocations fewer than context.WithValue).
 type leaseContext struct {
 	context.Context
 	lease *Lease
+	in    *incoming.Key
 }
 
 func (c *leaseContext) Value(key any) any {
-	if _, ok := key.(leaseKey); ok {
+	switch key.(type) {
+	case leaseKey:
 		return c.lease
+	case incoming.ContextKey:
+		return c.in
 	}
 	return c.Context.Value(key)
 }

@@ -57,6 +57,7 @@ type config struct {
 	retryAfter     time.Duration
 	echoKey        bool
 	observer       Observer
+	abandoned      AbandonedPolicy
 	invalidOptions []error
 }
 

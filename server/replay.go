@@ -24,6 +24,7 @@ var neverReplayed = []string{
 	"Authorization", "Connection", "Content-Length", "Date", "Keep-Alive",
 	"Proxy-Authenticate", "Proxy-Authorization", "Proxy-Connection",
 	"Set-Cookie", "Set-Cookie2", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
+	HeaderOutcome,
 }
 
 // WithReplayedHeader sets the name of the response header that marks a replay,

@@ -45,6 +45,12 @@ func WithReplayedHeader(name string) Option {
 // Last-Modified, Link, Location, Retry-After and Vary. Set-Cookie,
 // Authorization, Date, Content-Length and hop-by-hop headers are never
 // stored: naming one is an error.
+//
+// Trailers the handler declares (in the Trailer header, with their values
+// set after the body) reach the first client as trailers. A replay sends
+// its stored body whole and has no trailers: a trailer whose name is on the
+// list (Content-Digest, say) is stored and replayed as a header, and the
+// others are not stored.
 func WithStoredHeaders(names ...string) Option {
 	return func(c *config) {
 		c.replayHeaders = make([]string, 0, len(names))

@@ -411,6 +411,12 @@ func (ex *exchange) complete(resp *Response) error {
 	case errors.Is(err, ErrNotCommitted):
 		m.cfg.logger.LogAttrs(ex.r.Context(), slog.LevelError, "idempotent request not committed; answering 503",
 			slog.String("key", ex.lease.Key), slog.String("scope", ex.lease.Scope), slog.Any("error", err))
+	case errors.Is(err, ErrStoreClosed):
+		m.cfg.logger.LogAttrs(ex.r.Context(), slog.LevelWarn, "idempotent response not stored: the store was closed",
+			slog.String("key", ex.lease.Key), slog.String("scope", ex.lease.Scope), slog.Any("error", err))
+	case errors.Is(err, ErrNotStorable):
+		m.cfg.logger.LogAttrs(ex.r.Context(), slog.LevelError, "idempotent response refused by the store even without its body; sending it, and the key stays in flight until its lease ends",
+			slog.String("key", ex.lease.Key), slog.String("scope", ex.lease.Scope), slog.Any("error", err))
 	case errors.Is(err, ErrLeaseLost):
 		// Either a try whose answer was lost stored it, or the lease
 		// was lost to a retry.

@@ -67,8 +67,10 @@ const (
 	// ended. A retry runs again.
 	EventReleased
 	// EventNotStored: the handler ran and its response was sent, but
-	// Complete failed even when retried; the key stays in flight until its
-	// lease ends.
+	// Complete failed even when retried within the store timeout; the
+	// middleware goes on storing it after the request (see
+	// Middleware.Shutdown), and the key stays in flight until then, or
+	// until its lease ends.
 	EventNotStored
 	// EventUnprotected: the handler ran without protection: no key while
 	// keys are optional, or the store failed with WithFailOpen.

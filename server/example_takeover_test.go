@@ -90,3 +90,54 @@ func ExampleLease_Abandoned() {
 	// order-124: order 8 (created, attempt 1) (replayed "")
 	// order-123: order 7 (found, attempt 2) (replayed "true")
 }
+
+// With RefuseAbandoned, a retry that takes a key over from an abandoned
+// holder does not run: it gets a final "outcome unknown" problem, recorded
+// and replayed to every retry until an operator resolves the key.
+func ExampleWithAbandoned() {
+	mem, err := memstore.New()
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer mem.Close()
+	mw, err := server.New(&takenOver{Store: mem}, server.WithAbandoned(server.RefuseAbandoned))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer mw.Shutdown(context.Background())
+	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Println("the handler ran")
+		w.WriteHeader(http.StatusCreated)
+	}))
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+
+	for range 2 {
+		req, err := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader("{}"))
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		req.Header.Set("Idempotency-Key", "payout-9")
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		resp.Body.Close()
+		fmt.Printf("%d, outcome %q, Retry-After %q, replayed %q\n", resp.StatusCode,
+			resp.Header.Get(server.HeaderOutcome), resp.Header.Get("Retry-After"), resp.Header.Get("Idempotent-Replayed"))
+	}
+	c, err := mem.Claim(context.Background(), server.ID{Key: "payout-9"}, "", time.Minute, time.Hour)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("recorded as unknown:", c.Response.OutcomeUnknown())
+	// Output:
+	// 409, outcome "unknown", Retry-After "", replayed ""
+	// 409, outcome "unknown", Retry-After "", replayed "true"
+	// recorded as unknown: true
+}

@@ -273,6 +273,7 @@ func (ex *exchange) run() {
 		cause := context.Cause(cctx)
 		ex.release("the handler returned without an answer after its context ended: " + cause.Error())
 		if ex.r.Context().Err() == nil {
+			rec.restoreDeadline()
 			ex.unavailable(cause)
 			return
 		}
@@ -309,6 +310,7 @@ func (ex *exchange) run() {
 			h := ex.w.Header()
 			clear(h)
 			maps.Copy(h, before)
+			rec.restoreDeadline()
 			ex.unavailable(err)
 			return
 		}

@@ -52,13 +52,15 @@ func (l *lateWork) base() context.Context {
 }
 
 // reserve takes a place for a late Complete of size bytes on a goroutine of
-// its own, and reports whether there was one.
+// its own, and reports whether there was one. The context it returns is the
+// one Shutdown cancels when it gives up; without a place, the late Complete
+// belongs to its request, and its context is not Shutdown's.
 func (l *lateWork) reserve(size int) (context.Context, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	ctx := l.base()
 	if l.closed || l.n >= maxLate || l.bytes+size > maxLateBytes {
-		return ctx, false
+		return context.Background(), false
 	}
 	l.n++
 	l.bytes += size
@@ -84,7 +86,8 @@ func (l *lateWork) done(size int) {
 // Call it after http.Server.Shutdown has returned, so that no request is
 // still in the middleware. After Shutdown, the middleware goes on serving,
 // but a late Complete runs on its request's goroutine, which the server's
-// own shutdown waits for. Shutdown may be called more than once.
+// own shutdown waits for, as it does beyond 1024 late Completes at once or
+// 64 MiB of their responses. Shutdown may be called more than once.
 func (m *Middleware) Shutdown(ctx context.Context) error {
 	l := &m.late
 	l.mu.Lock()
@@ -126,8 +129,10 @@ func (ex *exchange) storeAfterSend(resp *Response, firstErr error, sent bool) (h
 			slog.String("key", ex.lease.Key), slog.String("scope", ex.lease.Scope))
 		if !sent {
 			// The client's next request must not wait on this
-			// connection, nor its answer on the handler's return.
-			ex.w.Header().Set("Connection", "close")
+			// connection (HTTP/2 multiplexes: nothing waits there).
+			if ex.r.ProtoMajor == 1 {
+				ex.w.Header().Set("Connection", "close")
+			}
 			rec.sendNow()
 		}
 		ex.emit(EventNotStored, rec.finalStatus(), firstErr)

@@ -144,7 +144,11 @@ func WithTTL(d time.Duration) Option {
 // a tenth of it, passes without a successful renewal, the handler's context
 // is cancelled with a cause that wraps ErrLeaseLost: from then on another
 // request with the same key may take the record over. If this process dies,
-// another request may take it over once the lease has expired.
+// another request may take it over once the lease has expired. The handler
+// never starts with less than that tenth left: a Claim answered later,
+// counted from when it was sent, is released and answered with 503 (see
+// WithStoreTimeout), so choose a lease well above the store's slowest
+// answers.
 func WithLease(d time.Duration) Option {
 	return func(c *config) {
 		if d < 10*time.Millisecond {

@@ -406,7 +406,7 @@ func (ex *exchange) retryStore(resp *Response) error {
 // ErrNotCommitted.
 func (ex *exchange) complete(resp *Response) error {
 	m := ex.m
-	err := completeOrOmit(resp, ex.retryStore)
+	err := ex.completeOrOmit(resp, ex.retryStore)
 	ex.timing.stored(m)
 	switch {
 	case err == nil:

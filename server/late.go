@@ -193,7 +193,7 @@ func (ex *exchange) completeLater(base context.Context, resp *Response) {
 			err = base.Err()
 			break
 		}
-		err = completeOrOmit(resp, func(resp *Response) error {
+		err = ex.completeOrOmit(resp, func(resp *Response) error {
 			ctx, cancel := context.WithTimeout(base, m.cfg.storeTimeout)
 			defer cancel()
 			return m.store.Complete(lateContext{ctx, ex.r.Context()}, ex.lease.ID, ex.lease.Token, resp, m.cfg.ttl)
@@ -228,11 +228,13 @@ func (ex *exchange) completeLater(base context.Context, resp *Response) {
 // it (ErrNotStorable), records the request as done without its body, then,
 // if even that is refused, without its headers: a request that ran must not
 // run again because its answer is too large for the store.
-func completeOrOmit(resp *Response, complete func(*Response) error) error {
+func (ex *exchange) completeOrOmit(resp *Response, complete func(*Response) error) error {
 	err := complete(resp)
 	if !errors.Is(err, ErrNotStorable) {
 		return err
 	}
+	ex.m.cfg.logger.LogAttrs(ex.r.Context(), slog.LevelWarn, "idempotent response cannot be stored; recording the request as done without its body",
+		slog.String("key", ex.lease.Key), slog.String("scope", ex.lease.Scope), slog.Int("status", resp.Status), slog.Any("error", err))
 	if !resp.BodyOmitted || len(resp.Body) > 0 {
 		resp = &Response{Status: resp.Status, Header: resp.Header, BodyOmitted: true}
 		if err = complete(resp); !errors.Is(err, ErrNotStorable) {

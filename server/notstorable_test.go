@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -44,7 +45,9 @@ func TestResponseNeverStorable(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 		io.WriteString(w, body)
 	})
-	srv := fixtureWith(t, store, h, server.WithLease(50*time.Millisecond), server.WithStoreTimeout(time.Second))
+	var logs syncBuffer
+	srv := fixtureWith(t, store, h, server.WithLease(50*time.Millisecond), server.WithStoreTimeout(time.Second),
+		server.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	first := post(t, srv.URL, "k", "x")
 	assert.Equal(t, http.StatusCreated, first.status)
 	assert.Equal(t, body, first.body, "the client gets the whole response")
@@ -58,4 +61,5 @@ func TestResponseNeverStorable(t *testing.T) {
 		assert.Empty(t, again.body)
 	}
 	assert.Equal(t, int32(1), runs.Load(), "the request ran once")
+	assert.Contains(t, logs.String(), "recording the request as done without its body")
 }

@@ -42,9 +42,10 @@ type Event struct {
 // EventKind says what the middleware did.
 type EventKind int
 
-// The kinds of Event. Each protected request ends with one of the first ten;
-// EventLeaseRenewed and EventLeaseLost come from the lease's renewal, and
-// EventAcquired from a claim that acquired the key.
+// The kinds of Event. Each protected request ends with one of the first ten
+// or with EventOutcomeUnknown; EventLeaseRenewed and EventLeaseLost come
+// from the lease's renewal, and EventAcquired from a claim that acquired the
+// key.
 const (
 	// EventExecuted: the handler ran for the first time and its response
 	// was stored.

@@ -2,9 +2,13 @@ package server
 
 import (
 	"bufio"
+	"maps"
 	"net"
 	"net/http"
+	"net/textproto"
 	"strconv"
+	"strings"
+	"time"
 )
 
 // recorder is the ResponseWriter the handler writes to. It keeps the response
@@ -22,6 +26,12 @@ type recorder struct {
 	body      []byte
 	streaming bool
 	hijacked  bool
+	// The write deadline the handler set, and when the handler returned:
+	// the store write after the handler must not spend the handler's
+	// deadline, so the response is sent under the deadline shifted by it.
+	deadline    time.Time
+	deadlineSet bool
+	returnedAt  time.Time
 }
 
 var (
@@ -115,6 +125,34 @@ func (rec *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 // features the recorder does not change (deadlines, full duplex).
 func (rec *recorder) Unwrap() http.ResponseWriter { return rec.w }
 
+// SetWriteDeadline is what http.ResponseController calls to set a write
+// deadline. It is passed on at once, so that the handler learns whether the
+// writer supports it; a kept response is sent under it again, shifted by the
+// time the store took after the handler returned.
+func (rec *recorder) SetWriteDeadline(t time.Time) error {
+	err := http.NewResponseController(rec.w).SetWriteDeadline(t)
+	if err == nil && !rec.streaming {
+		rec.deadline, rec.deadlineSet = t, true
+	}
+	return err
+}
+
+// returned records that the handler returned.
+func (rec *recorder) returned() {
+	if rec.deadlineSet {
+		rec.returnedAt = time.Now()
+	}
+}
+
+// restoreDeadline gives the response the handler's write deadline again,
+// from the moment the store let it go.
+func (rec *recorder) restoreDeadline() {
+	if !rec.deadlineSet || rec.deadline.IsZero() || rec.returnedAt.IsZero() {
+		return
+	}
+	http.NewResponseController(rec.w).SetWriteDeadline(rec.deadline.Add(time.Since(rec.returnedAt)))
+}
+
 // wrote reports whether the handler answered at all.
 func (rec *recorder) wrote() bool {
 	return rec.status != 0 || rec.streaming || len(rec.body) > 0
@@ -130,31 +168,60 @@ func (rec *recorder) finalStatus() int {
 
 // send writes the kept response to the client.
 func (rec *recorder) send() {
-	status := rec.finalStatus()
-	h := rec.w.Header()
-	if needsLength(status, len(rec.body)) && h.Get("Content-Length") == "" && h.Get("Transfer-Encoding") == "" {
-		h.Set("Content-Length", strconv.Itoa(len(rec.body)))
-	}
-	rec.w.WriteHeader(status)
-	if len(rec.body) > 0 {
-		rec.w.Write(rec.body)
-	}
+	rec.write(false)
 }
 
 // sendNow writes the kept response to the client and flushes it, with its
 // length, so that the client has all of it while the handler's goroutine
 // goes on working.
 func (rec *recorder) sendNow() {
+	rec.write(true)
+	http.NewResponseController(rec.w).Flush()
+}
+
+// write sends the kept response: with an explicit Content-Length when
+// net/http would not set one (a large body, or now, a response flushed
+// before the request ends), unless the handler declared trailers, which go
+// out after the body, as trailers, on a chunked (HTTP/1.1) or HTTP/2
+// response.
+func (rec *recorder) write(now bool) {
+	rec.restoreDeadline()
 	status := rec.finalStatus()
 	h := rec.w.Header()
-	if bodyAllowed(status) && h.Get("Transfer-Encoding") == "" {
+	trailers := rec.holdTrailers()
+	length := needsLength(status, len(rec.body)) || (now && bodyAllowed(status))
+	if length && trailers == nil && h.Get("Content-Length") == "" && h.Get("Transfer-Encoding") == "" {
 		h.Set("Content-Length", strconv.Itoa(len(rec.body)))
 	}
 	rec.w.WriteHeader(status)
 	if len(rec.body) > 0 {
 		rec.w.Write(rec.body)
 	}
-	http.NewResponseController(rec.w).Flush()
+	// Set after the header is written, a declared trailer is sent as one.
+	maps.Copy(h, trailers)
+}
+
+// holdTrailers takes the values of the trailers the handler declared (in
+// the Trailer header) out of the header, so that they are not sent before
+// the body, and returns them; nil if there are none.
+func (rec *recorder) holdTrailers() http.Header {
+	h := rec.w.Header()
+	var held http.Header
+	for _, v := range h["Trailer"] {
+		for name := range strings.SplitSeq(v, ",") {
+			name = http.CanonicalHeaderKey(textproto.TrimString(name))
+			vs, ok := h[name]
+			if !ok || name == "" {
+				continue
+			}
+			if held == nil {
+				held = make(http.Header, 1)
+			}
+			held[name] = vs
+			delete(h, name)
+		}
+	}
+	return held
 }
 
 // needsLength reports whether a response written in one piece needs an

@@ -71,6 +71,7 @@
 //	key_mismatch          422     ErrKeyMismatch       the key was used for a different request
 //	in_flight             409     ErrInFlight          the key's request is still running (Retry-After)
 //	store_unavailable     503     ErrStoreUnavailable  the store failed or was too slow (Retry-After)
+//	outcome_unknown       409     ErrOutcomeUnknown    a retry after an abandoned holder, under RefuseAbandoned (final)
 //
 // For example:
 //

@@ -42,6 +42,11 @@ var (
 	// ErrUnidentified: the scope or fingerprint function failed, so the
 	// request could not be identified (400).
 	ErrUnidentified = errors.New("request could not be identified")
+	// ErrOutcomeUnknown: under RefuseAbandoned, a retry found that an
+	// earlier holder of its key was lost without completing it, so whether
+	// the request took effect is unknown; the answer is recorded and
+	// replayed for the TTL, and never retried (409, without Retry-After).
+	ErrOutcomeUnknown = errors.New("outcome of the idempotent request unknown")
 )
 
 // ErrLeaseExpired is the cause with which a handler's context is cancelled
@@ -110,6 +115,7 @@ var refusals = map[error]refusal{
 	ErrKeyMismatch:      {http.StatusUnprocessableEntity, "ErrKeyMismatch", "Idempotency key reused"},
 	ErrInFlight:         {http.StatusConflict, "ErrInFlight", "Request in flight"},
 	ErrStoreUnavailable: {http.StatusServiceUnavailable, "ErrStoreUnavailable", "Idempotency store unavailable"},
+	ErrOutcomeUnknown:   {http.StatusConflict, "ErrOutcomeUnknown", "Outcome unknown"},
 }
 
 // codes is the code member of each sentinel's problem, kept apart from
@@ -124,6 +130,7 @@ var codes = map[error]string{
 	ErrKeyMismatch:      wire.CodeKeyMismatch,
 	ErrInFlight:         wire.CodeInFlight,
 	ErrStoreUnavailable: wire.CodeStoreUnavailable,
+	ErrOutcomeUnknown:   wire.CodeOutcomeUnknown,
 }
 
 // problem makes the refusal of kind, one of the sentinels, with detail to
@@ -174,8 +181,8 @@ func WriteProblem(w http.ResponseWriter, r *http.Request, err error) {
 // before it rounds, so that the largest durations do not overflow.
 func retryAfterSeconds(d time.Duration) string {
 	s := int64(d / time.Second)
-	if d%time.Second > 0 {
-		s++
+	if d%time.Second != 0 {
+		s++ // d + time.Second - 1 would overflow near math.MaxInt64
 	}
 	return strconv.FormatInt(max(s, 1), 10)
 }

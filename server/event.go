@@ -43,9 +43,10 @@ type Event struct {
 // EventKind says what the middleware did.
 type EventKind int
 
-// The kinds of Event. Each protected request ends with one of the first ten;
-// EventLeaseRenewed and EventLeaseLost come from the lease's renewal, and
-// EventAcquired from a claim that acquired the key.
+// The kinds of Event. Each protected request ends with one of the first ten
+// or with EventOutcomeUnknown; EventLeaseRenewed and EventLeaseLost come
+// from the lease's renewal, and EventAcquired from a claim that acquired the
+// key.
 const (
 	// EventExecuted: the handler ran for the first time and its response
 	// was stored.
@@ -68,8 +69,10 @@ const (
 	// ended. A retry runs again.
 	EventReleased
 	// EventNotStored: the handler ran and its response was sent, but
-	// Complete failed even when retried; the key stays in flight until its
-	// lease ends.
+	// Complete failed even when retried within the store timeout; the
+	// middleware goes on storing it after the request (see
+	// Middleware.Shutdown), and the key stays in flight until then, or
+	// until its lease ends.
 	EventNotStored
 	// EventUnprotected: the handler ran without protection: no key while
 	// keys are optional, or the store failed with WithFailOpen.
@@ -86,22 +89,29 @@ const (
 	// to run; Claim is how long that took. The request's final event
 	// follows, with Acquired set.
 	EventAcquired
+	// EventOutcomeUnknown: under RefuseAbandoned, the claim took over a
+	// key whose earlier holders were abandoned; the handler did not run and
+	// the final "outcome unknown" answer was recorded and sent (409). If
+	// the store failed to record it, the request ends with
+	// EventUnavailable instead. A final kind, like the first ten.
+	EventOutcomeUnknown
 )
 
 var eventKindNames = [...]string{
-	EventExecuted:     "executed",
-	EventReplayed:     "replayed",
-	EventInFlight:     "in_flight",
-	EventMismatch:     "mismatch",
-	EventRejected:     "rejected",
-	EventUnavailable:  "unavailable",
-	EventReleased:     "released",
-	EventNotStored:    "not_stored",
-	EventUnprotected:  "unprotected",
-	EventClientGone:   "client_gone",
-	EventLeaseRenewed: "lease_renewed",
-	EventLeaseLost:    "lease_lost",
-	EventAcquired:     "acquired",
+	EventExecuted:       "executed",
+	EventReplayed:       "replayed",
+	EventInFlight:       "in_flight",
+	EventMismatch:       "mismatch",
+	EventRejected:       "rejected",
+	EventUnavailable:    "unavailable",
+	EventReleased:       "released",
+	EventNotStored:      "not_stored",
+	EventUnprotected:    "unprotected",
+	EventClientGone:     "client_gone",
+	EventLeaseRenewed:   "lease_renewed",
+	EventLeaseLost:      "lease_lost",
+	EventAcquired:       "acquired",
+	EventOutcomeUnknown: "outcome_unknown",
 }
 
 // String returns the kind's name, in snake case for use as a metric

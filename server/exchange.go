@@ -11,6 +11,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/idemkit/idempotency/internal/incoming"
 )
 
 // exchange is one protected request, from its claim to its answer. It holds
@@ -24,6 +26,7 @@ type exchange struct {
 	body        []byte    // the whole request body, read before the claim
 	fingerprint string
 	lease       Lease
+	incoming    incoming.Key // the handler's incoming key, for the client
 	// claimed is when the Claim that acquired the lease was sent: the
 	// store's lease cannot have begun earlier.
 	claimed    time.Time
@@ -60,8 +63,12 @@ func (ex *exchange) handle() {
 	}
 	switch c.Status {
 	case Acquired:
-		ex.lease.Token = c.Token
+		ex.lease.Token, ex.lease.Abandoned = c.Token, c.Abandoned
 		ex.acquire()
+		if c.Abandoned > 0 && m.cfg.abandoned == RefuseAbandoned {
+			ex.outcomeUnknown()
+			return
+		}
 		if r.Context().Err() != nil {
 			// The client left while the claim was made: nothing has
 			// run, so give the key back rather than leave it in flight.
@@ -106,13 +113,20 @@ func (ex *exchange) claim() (Claim, error) {
 		// The first claim's context lives in the exchange: one allocation
 		// fewer on every request. It is never reused.
 		ctx = &ex.claimCtx
-		ctx.init(ex.r.Context(), m.cfg.storeTimeout)
+		ctx.init(ex.r.Context(), m.claimTimeout())
 	} else {
-		ctx = ex.storeContext(m.cfg.storeTimeout)
+		ctx = ex.storeContext(m.claimTimeout())
 	}
 	defer ctx.stop()
 	ex.claimed = time.Now()
 	return m.store.Claim(ctx, ex.lease.ID, ex.fingerprint, m.cfg.lease, m.cfg.ttl)
+}
+
+// claimTimeout bounds a Claim: by the store timeout, and by the lease less
+// its margin, since a lease granted by an answer that comes later is too
+// short to run the handler under.
+func (m *Middleware) claimTimeout() time.Duration {
+	return min(m.cfg.storeTimeout, m.cfg.lease-leaseMargin(m.cfg.lease))
 }
 
 // await claims again until the request in flight finishes or the wait ends.
@@ -126,7 +140,7 @@ func (ex *exchange) await(c Claim) (Claim, error) {
 		if left <= 0 {
 			break
 		}
-		d := min(step, c.RetryAfter+time.Millisecond, left)
+		d := min(step, addDur(c.RetryAfter, time.Millisecond), left)
 		if timer == nil {
 			timer = time.NewTimer(d)
 			defer timer.Stop()
@@ -198,7 +212,8 @@ func (ex *exchange) run() {
 	m := ex.m
 	cctx, cancel := context.WithCancelCause(ex.r.Context())
 	defer cancel(nil)
-	ex.handlerCtx = leaseContext{Context: cctx, lease: &ex.lease}
+	ex.incoming = incoming.Key{Scope: ex.lease.Scope, Key: ex.lease.Key}
+	ex.handlerCtx = leaseContext{Context: cctx, lease: &ex.lease, in: &ex.incoming}
 	var ctx context.Context = &ex.handlerCtx
 	if m.binder != nil {
 		ctx = m.binder.Bind(ctx, ex.lease.ID, ex.lease.Token)
@@ -216,8 +231,22 @@ func (ex *exchange) run() {
 	// The lease is renewed until the response is stored or the claim
 	// released, not only while the handler runs: a retry must not take
 	// the key over while the outcome is being written.
-	ex.renewal.start(ex, cancel)
-	defer ex.renewal.stop()
+	if !ex.renewal.start(ex, cancel) {
+		// The Claim's answer came too late: the lease it granted is
+		// over, or nearly, and another request may take the key over
+		// and run. The handler must not run at the same time.
+		ex.release("the claim was answered too late to run the handler")
+		ex.m.cfg.logger.LogAttrs(ex.r.Context(), slog.LevelWarn, "idempotency claim answered after its lease ended, or nearly; handler not run, answering 503",
+			slog.String("key", ex.lease.Key), slog.String("scope", ex.lease.Scope), slog.Duration("claim", time.Since(ex.claimed)))
+		ex.unavailable(errClaimTooLate)
+		return
+	}
+	renewing := true
+	defer func() {
+		if renewing {
+			ex.renewal.stop()
+		}
+	}()
 
 	done := false
 	defer func() {
@@ -231,6 +260,7 @@ func (ex *exchange) run() {
 	}()
 	ex.next.ServeHTTP(&ex.capture, r)
 	done = true
+	ex.capture.returned()
 	ex.timing.handled(m)
 
 	rec := &ex.capture
@@ -243,6 +273,7 @@ func (ex *exchange) run() {
 		cause := context.Cause(cctx)
 		ex.release("the handler returned without an answer after its context ended: " + cause.Error())
 		if ex.r.Context().Err() == nil {
+			rec.restoreDeadline()
 			ex.unavailable(cause)
 			return
 		}
@@ -266,7 +297,8 @@ func (ex *exchange) run() {
 		resp := &Response{Status: status, Header: ex.keptHeader(), BodyOmitted: true}
 		err := ex.complete(resp)
 		if storeLater(err) {
-			err = ex.completeLater(resp)
+			renewing = !ex.storeAfterSend(resp, err, true)
+			return
 		}
 		ex.completed(status, err)
 	default:
@@ -278,6 +310,7 @@ func (ex *exchange) run() {
 			h := ex.w.Header()
 			clear(h)
 			maps.Copy(h, before)
+			rec.restoreDeadline()
 			ex.unavailable(err)
 			return
 		}
@@ -286,11 +319,10 @@ func (ex *exchange) run() {
 			// happened once, and the client is told what it was now;
 			// then the response is stored as soon as the store
 			// answers, so that a retry gets it replayed.
-			rec.sendNow()
-			err = ex.completeLater(resp)
-		} else {
-			rec.send()
+			renewing = !ex.storeAfterSend(resp, err, false)
+			return
 		}
+		rec.send()
 		ex.completed(status, err)
 	}
 }
@@ -298,58 +330,14 @@ func (ex *exchange) run() {
 // storeLater reports whether a Complete that failed with err should be tried
 // again after the response is sent: the store failed, rather than refused.
 func storeLater(err error) bool {
-	return err != nil && !errors.Is(err, ErrLeaseLost) && !errors.Is(err, ErrNotCommitted)
+	return err != nil && !final(err)
 }
 
-// completeLater keeps trying to store resp after it was sent, for one lease
-// length at most: until the store takes it, or refuses it (a retry took the
-// key over after the lease ended, or a transaction ended). Fencing makes a
-// try after a takeover harmless. A response stored
-// late is replayed to the retries that come after; until then they get 409.
-// The request's goroutine does this work, so it is over when ServeHTTP
-// returns, and a server's graceful shutdown waits for it.
-func (ex *exchange) completeLater(resp *Response) error {
-	m := ex.m
-	deadline := time.Now().Add(m.cfg.lease)
-	if end := ex.claimed.Add(m.cfg.ttl); end.Before(deadline) {
-		deadline = end
-	}
-	timer := time.NewTimer(0)
-	defer timer.Stop()
-	<-timer.C
-	var err error
-	tries := 0
-	// Often enough to get in before a retry once the store is back: the
-	// lease may have ended meanwhile, and a retry could take the key over.
-	maxWait := min(250*time.Millisecond, m.cfg.lease/10)
-	for wait := min(50*time.Millisecond, maxWait); time.Now().Add(wait).Before(deadline); wait = min(2*wait, maxWait) {
-		timer.Reset(wait)
-		<-timer.C
-		ctx := ex.storeContext(m.cfg.storeTimeout)
-		err = m.store.Complete(ctx, ex.lease.ID, ex.lease.Token, resp, m.cfg.ttl)
-		ctx.stop()
-		tries++
-		if !storeLater(err) {
-			break
-		}
-	}
-	ex.timing.stored(m)
-	switch {
-	case err == nil:
-		m.cfg.logger.LogAttrs(ex.r.Context(), slog.LevelWarn, "idempotent response stored after it was sent",
-			slog.String("key", ex.lease.Key), slog.String("scope", ex.lease.Scope), slog.Int("tries", tries))
-		return nil
-	case errors.Is(err, ErrLeaseLost):
-		// After tries that failed, this is ambiguous: one of them may
-		// have been stored with its answer lost, or a retry took the
-		// key over.
-		m.cfg.logger.LogAttrs(ex.r.Context(), slog.LevelWarn, "idempotent response stored by an earlier try whose answer was lost, or the key was taken over",
-			slog.String("key", ex.lease.Key), slog.String("scope", ex.lease.Scope), slog.Int("tries", tries))
-		return err
-	}
-	m.cfg.logger.LogAttrs(ex.r.Context(), slog.LevelError, "idempotent response never stored; a retry after its lease ends runs the request again",
-		slog.String("key", ex.lease.Key), slog.String("scope", ex.lease.Scope), slog.Any("error", err))
-	return err
+// final reports whether a store write that failed with err cannot succeed
+// if tried again.
+func final(err error) bool {
+	return errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrNotCommitted) ||
+		errors.Is(err, ErrNotStorable) || errors.Is(err, ErrStoreClosed)
 }
 
 // completed reports the outcome of a response sent after Complete.
@@ -396,7 +384,7 @@ func (ex *exchange) retryStore(resp *Response) error {
 		} else {
 			err = m.store.Release(ctx, ex.lease.ID, ex.lease.Token)
 		}
-		if err == nil || errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrNotCommitted) {
+		if err == nil || final(err) {
 			return err
 		}
 		left := time.Until(ctx.deadline)
@@ -418,12 +406,18 @@ func (ex *exchange) retryStore(resp *Response) error {
 // ErrNotCommitted.
 func (ex *exchange) complete(resp *Response) error {
 	m := ex.m
-	err := ex.retryStore(resp)
+	err := ex.completeOrOmit(resp, ex.retryStore)
 	ex.timing.stored(m)
 	switch {
 	case err == nil:
 	case errors.Is(err, ErrNotCommitted):
 		m.cfg.logger.LogAttrs(ex.r.Context(), slog.LevelError, "idempotent request not committed; answering 503",
+			slog.String("key", ex.lease.Key), slog.String("scope", ex.lease.Scope), slog.Any("error", err))
+	case errors.Is(err, ErrStoreClosed):
+		m.cfg.logger.LogAttrs(ex.r.Context(), slog.LevelWarn, "idempotent response not stored: the store was closed",
+			slog.String("key", ex.lease.Key), slog.String("scope", ex.lease.Scope), slog.Any("error", err))
+	case errors.Is(err, ErrNotStorable):
+		m.cfg.logger.LogAttrs(ex.r.Context(), slog.LevelError, "idempotent response refused by the store even without its body; sending it, and the key stays in flight until its lease ends",
 			slog.String("key", ex.lease.Key), slog.String("scope", ex.lease.Scope), slog.Any("error", err))
 	case errors.Is(err, ErrLeaseLost):
 		// Either a try whose answer was lost stored it, or the lease

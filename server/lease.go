@@ -4,17 +4,37 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math"
 	"sync"
 	"time"
+
+	"github.com/idemkit/idempotency/internal/incoming"
 )
 
 // Lease describes the lease a protected handler runs under. The handler can
 // pass its Token to downstream systems so that they refuse writes from a
 // holder whose lease was lost.
+//
+// Abandoned tells a handler that it took over a request whose earlier
+// holders never completed or released it (their process died, hung, or lost
+// its store): they may have done the work before they were lost. Such a
+// handler must look for its own effect first (an order with this key, a
+// payment whose downstream idempotency key it derives from Key) and answer
+// with it rather than do it again; WithAbandoned can refuse such requests
+// instead.
 type Lease struct {
 	ID
 	Token Token
+	// Abandoned counts the holders of this key that came before and were
+	// lost without completing or releasing it (Claim.Abandoned): 0 on a
+	// request's first run.
+	Abandoned int
 }
+
+// Attempt is the number of this run of the request: 1, or 1 more than the
+// holders abandoned before it. Holders that released the key (after a 5xx
+// or a panic) are not counted.
+func (l Lease) Attempt() int { return l.Abandoned + 1 }
 
 type leaseKey struct{}
 
@@ -30,16 +50,20 @@ func LeaseFromContext(ctx context.Context) (Lease, bool) {
 }
 
 // leaseContext is the handler's context: the request's, cancelled if the
-// lease is lost, carrying the lease (one allocation fewer than
-// context.WithValue).
+// lease is lost, carrying the lease and the incoming key that the client
+// derives downstream keys from (allocations fewer than context.WithValue).
 type leaseContext struct {
 	context.Context
 	lease *Lease
+	in    *incoming.Key
 }
 
 func (c *leaseContext) Value(key any) any {
-	if _, ok := key.(leaseKey); ok {
+	switch key.(type) {
+	case leaseKey:
 		return c.lease
+	case incoming.ContextKey:
+		return c.in
 	}
 	return c.Context.Value(key)
 }
@@ -99,14 +123,33 @@ func (e *leaseExpired) Unwrap() []error {
 }
 
 // margin is how long before the lease's known end the handler is cancelled.
-func (rn *renewal) margin() time.Duration { return rn.ex.m.cfg.lease / 10 }
+func (rn *renewal) margin() time.Duration { return leaseMargin(rn.ex.m.cfg.lease) }
 
-func (rn *renewal) start(ex *exchange, cancel context.CancelCauseFunc) {
+// leaseMargin is the part of a lease that the handler never runs in: a
+// tenth of it, time for a cancelled handler to stop before another request
+// may take the key over.
+func leaseMargin(lease time.Duration) time.Duration { return lease / 10 }
+
+// errClaimTooLate is why a request whose Claim was answered after the lease
+// it granted ended (less its margin) is refused.
+var errClaimTooLate = errors.New("server: claim answered after its lease ended")
+
+// start begins renewing the lease granted by the Claim sent at ex.claimed.
+// It reports false, and starts nothing, when that lease has less than its
+// margin left: the Claim's answer came too late for the handler to run, and
+// a renewal that cancelled it from a timer would race its first lines.
+func (rn *renewal) start(ex *exchange, cancel context.CancelCauseFunc) bool {
 	rn.mu.Lock()
 	defer rn.mu.Unlock()
 	rn.ex, rn.cancel = ex, cancel
-	rn.until = ex.claimed.Add(ex.m.cfg.lease)
-	rn.timer = time.AfterFunc(rn.nextRenewal(time.Now()), rn.tick)
+	rn.until = addSat(ex.claimed, ex.m.cfg.lease)
+	now := time.Now()
+	if !now.Before(rn.until.Add(-rn.margin())) {
+		rn.stopped = true
+		return false
+	}
+	rn.timer = time.AfterFunc(rn.nextRenewal(now), rn.tick)
+	return true
 }
 
 // nextRenewal is how long to wait, from now, before the next Extend: a third
@@ -177,7 +220,7 @@ func (rn *renewal) tick() {
 	}
 	switch {
 	case err == nil:
-		rn.until = now.Add(m.cfg.lease)
+		rn.until = addSat(now, m.cfg.lease)
 		rn.lastErr = nil
 		m.observe(ex.r, Event{Kind: EventLeaseRenewed, Scope: ex.lease.Scope, Key: ex.lease.Key, Start: now, Store: time.Since(now)})
 	case errors.Is(err, ErrLeaseLost):
@@ -218,4 +261,22 @@ func (rn *renewal) stop() {
 	}
 	rn.mu.Unlock()
 	rn.inflight.Wait()
+}
+
+// addSat is t.Add(d), saturated: a duration from the configuration, however
+// long, never wraps a deadline into the past.
+func addSat(t time.Time, d time.Duration) time.Time {
+	u := t.Add(d)
+	if d > 0 && u.Before(t) {
+		return time.Unix(1<<62, 0)
+	}
+	return u
+}
+
+// addDur is a + b for b >= 0, saturated at the longest duration.
+func addDur(a, b time.Duration) time.Duration {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
 }

@@ -25,6 +25,7 @@ type Middleware struct {
 	binder     Binder
 	cfg        config
 	replayable map[string]struct{} // cfg.replayHeaders
+	late       lateWork            // responses stored after they were sent
 
 	// What is logged once per Middleware.
 	observerPanicked atomic.Bool

@@ -59,6 +59,11 @@ func fixtureWith(t *testing.T, store server.Store, h http.Handler, opts ...serve
 	t.Helper()
 	mw, err := server.New(store, opts...)
 	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		assert.NoError(t, mw.Shutdown(ctx), "Shutdown")
+	})
 	return startServer(t, mw.Handler(h))
 }
 

@@ -83,6 +83,7 @@ type config struct {
 	keyFormat      func(key string) error
 	leaseSet       bool // WithLease was given: the lease does not follow the TTL
 	scopeSet       bool // WithScope was given
+	abandoned      AbandonedPolicy
 	invalidOptions []error
 }
 
@@ -183,7 +184,10 @@ func WithTTL(d time.Duration) Option {
 // renewal, the handler's context is cancelled with a cause that wraps
 // [ErrLeaseLost]: from then on another request with the same key may take
 // the record over. If this process dies, another request may take it over
-// once the lease has expired.
+// once the lease has expired. The handler never starts with less than that
+// tenth left: a Claim answered later, counted from when it was sent, is
+// released and answered with 503 (see [WithStoreTimeout]), so choose a lease
+// well above the store's slowest answers.
 func WithLease(d time.Duration) Option {
 	return func(c *config) {
 		if d < MinLease {
@@ -337,8 +341,13 @@ func WithLogger(l *slog.Logger) Option {
 }
 
 // WithStoreTimeout bounds every Store call, [DefaultStoreTimeout]
-// (5 seconds) by default: a Claim
-// that takes longer is answered with 503 and the handler does not run; a
+// (5 seconds) by default: a Claim that takes longer is answered with 503 and
+// the handler does not run. A Claim is also bounded by the lease less a
+// tenth, and a Claim answered after that, measured from when it was sent, is
+// released and answered with 503 without running the handler: the lease it
+// granted is over, or nearly, and another request may already have taken the
+// key over. So a lease only a little longer than the store's slowest answers
+// refuses requests rather than running them twice; New accepts it. A
 // Complete or Release that fails is retried until the timeout ends; an Extend
 // is given at most what is left of the lease. Store calls run on a context
 // that the client's disconnect does not cancel (a dropped connection is

@@ -7,7 +7,7 @@ import (
 )
 
 // defaultReplayHeaders are the response headers stored and replayed by
-// default; WithStoredHeaders lists them. They are the headers that describe
+// default; [DefaultStoredHeaders] returns them. They are the headers that describe
 // the stored body, so that a replay is the same representation (type,
 // encoding, language, range, digest, validators), and those that describe
 // the result (Location, Link, caching, Allow, the challenge of a 401).
@@ -24,6 +24,7 @@ var neverReplayed = []string{
 	"Authorization", "Connection", "Content-Length", "Date", "Keep-Alive",
 	"Proxy-Authenticate", "Proxy-Authorization", "Proxy-Connection",
 	"Set-Cookie", "Set-Cookie2", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
+	HeaderOutcome,
 }
 
 // WithReplayedHeader sets the name of the response header that marks a replay,
@@ -39,11 +40,16 @@ func WithReplayedHeader(name string) Option {
 }
 
 // WithStoredHeaders sets the response headers stored and replayed. Headers
-// not on the list are not stored. The default list is Cache-Control,
-// Content-Language, Content-Location, Content-Type, ETag, Expires,
-// Last-Modified, Link, Location, Retry-After and Vary. Set-Cookie,
-// Authorization, Date, Content-Length and hop-by-hop headers are never
-// stored: naming one is an error.
+// not on the list are not stored. The default list is [DefaultStoredHeaders];
+// to store one more, pass append(server.DefaultStoredHeaders(), name).
+// Set-Cookie, Authorization, Date, Content-Length and hop-by-hop headers are
+// never stored: naming one is an error.
+//
+// Trailers the handler declares (in the Trailer header, with their values
+// set after the body) reach the first client as trailers. A replay sends
+// its stored body whole and has no trailers: a trailer whose name is on the
+// list (Content-Digest, say) is stored and replayed as a header, and the
+// others are not stored.
 func WithStoredHeaders(names ...string) Option {
 	return func(c *config) {
 		c.replayHeaders = make([]string, 0, len(names))

@@ -121,6 +121,13 @@ func (r *Response) Size() int {
 // never run again.
 var ErrNotStorable = errors.New("idempotent response cannot be stored")
 
+// ErrStoreClosed is what a Store's error wraps when the Store was closed
+// and will never answer again. A response that could not be stored before
+// then is not tried again: its record went with the store. The middleware
+// also recognises it in the late Complete, so that Shutdown does not wait a
+// lease for a store that is gone.
+var ErrStoreClosed = errors.New("idempotency store closed")
+
 // ErrNotFound is returned, wrapped, by Inspector.Lookup and
 // Inspector.Resolve when no live record exists for the ID.
 var ErrNotFound = errors.New("idempotency record not found")

@@ -77,8 +77,9 @@ var (
 	// the store past its bound on records or on bytes.
 	ErrFull = errors.New("store full")
 	// ErrClosed is returned, wrapped, by every method after Close; by
-	// Complete, Release and Extend together with server.ErrLeaseLost.
-	ErrClosed = errors.New("store closed")
+	// Complete, Release and Extend together with server.ErrLeaseLost. It
+	// is server.ErrStoreClosed, so that the middleware stops trying.
+	ErrClosed = server.ErrStoreClosed
 )
 
 // Store is an in-memory server.Store. Create one with New; it is safe for

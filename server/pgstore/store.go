@@ -18,8 +18,9 @@ import (
 	"github.com/idemkit/idempotency/server"
 )
 
-// ErrClosed is returned, wrapped, by Claim after Close.
-var ErrClosed = errors.New("store closed")
+// ErrClosed is returned, wrapped, by Claim after Close. It is
+// server.ErrStoreClosed, so that the middleware stops trying.
+var ErrClosed = server.ErrStoreClosed
 
 const (
 	// maxClaimAttempts bounds how often Claim runs its statement again when

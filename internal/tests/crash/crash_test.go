@@ -26,6 +26,8 @@ import (
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/internal/testkit/testproc"
 	"github.com/idemkit/idempotency/internal/testkit/teststores"
+	"github.com/idemkit/idempotency/internal/wire"
+	"github.com/idemkit/idempotency/server"
 )
 
 var long = flag.Bool("crash.long", false, "run the long crash runs (thousands of orders, dozens of crashes), for the figures")
@@ -63,27 +65,38 @@ func TestCrash(t *testing.T) {
 	type mode struct {
 		name, kind string
 		args       []string // more flags of crashserver
+		refuse     bool     // -abandoned refuse
 	}
-	modes := []mode{{"pg-tx", "pg-tx", nil}, {"pg-lease", "pg-lease", nil}, {"redis-lease", "redis-lease", nil}}
+	modes := []mode{
+		{"pg-tx", "pg-tx", nil, false}, {"pg-lease", "pg-lease", nil, false}, {"redis-lease", "redis-lease", nil, false},
+		{"pg-lease, refuse", "pg-lease", []string{"-abandoned", "refuse"}, true},
+	}
 	if *long {
 		// The window between the handler's commit and its stored
 		// response decides how often a crash lands in it.
-		modes = append(modes, mode{"pg-lease, answering at once after the commit", "pg-lease", []string{"-after", "0s"}})
+		modes = append(modes, mode{"pg-lease, answering at once after the commit", "pg-lease", []string{"-after", "0s"}, false},
+			mode{"redis-lease, refuse", "redis-lease", []string{"-abandoned", "refuse"}, true})
 	}
 	for _, m := range modes {
 		t.Run(m.name, func(t *testing.T) {
 			kind := m.kind
+			if m.refuse {
+				requireAbandonedReported(t, kind)
+			}
 			r := newCrashRun(t, bin, kind, runSize())
 			r.args = append(r.args, m.args...)
 			res := r.run(t)
-			t.Logf("%s: %d orders, %d crashes (orders in flight at the kills: %v); %d executions, %d orders run twice or more (%d extra executions), %d half done, %d answered but absent; answers seen: %s",
+			t.Logf("%s: %d orders, %d crashes (orders in flight at the kills: %v); %d executions, %d orders run twice or more (%d extra executions), %d half done, %d answered but absent, %d answered \"outcome unknown\" (%d of them executed); answers seen: %s",
 				m.name, res.orders, len(res.killedInflight), res.killedInflight, res.executions, res.duplicatedOrders,
-				res.extraExecutions, res.halfDone, res.lost, r.answers)
+				res.extraExecutions, res.halfDone, res.lost, res.unknown, res.unknownExecuted, r.answers)
 			assert.Zero(t, res.halfDone, "orders half done")
 			assert.Zero(t, res.lost, "orders answered whose order is not in the database")
 			assert.Zero(t, res.missing, "orders never executed")
-			if kind == "pg-tx" {
-				assert.Zero(t, res.extraExecutions, "extra executions in transactional mode")
+			if kind == "pg-tx" || m.refuse {
+				assert.Zero(t, res.extraExecutions, "extra executions")
+			}
+			if !m.refuse {
+				assert.Zero(t, res.unknown, "\"outcome unknown\" answers without the refuse policy")
 			}
 			assert.LessOrEqual(t, res.extraExecutions, sum(res.killedInflight),
 				"more orders ran twice than were in flight at the kills")
@@ -163,6 +176,8 @@ type result struct {
 	halfDone         int
 	lost             int // answered with an order that is not in the database
 	missing          int // never executed
+	unknown          int // answered "outcome unknown" (the refuse policy)
+	unknownExecuted  int // of those, the orders the database holds
 }
 
 func (r *crashRun) run(t *testing.T) result {
@@ -334,7 +349,7 @@ func send(ctx context.Context, hc *http.Client, url string, i int) (body string,
 	if err != nil {
 		return "", false, err
 	}
-	if resp.StatusCode != http.StatusCreated {
+	if resp.StatusCode != http.StatusCreated && !outcomeUnknown(resp.StatusCode, b) {
 		return "", false, fmt.Errorf("status %d: %s", resp.StatusCode, b)
 	}
 	return string(b), resp.Header.Get("Idempotent-Replayed") == "true", nil
@@ -364,6 +379,16 @@ func (r *crashRun) count(t *testing.T, res *result, answers map[int]string) {
 	require.NoError(t, rows.Err())
 	for i, a := range answers {
 		n := perRef["ref-"+strconv.Itoa(i)]
+		if outcomeUnknown(http.StatusConflict, []byte(a)) {
+			// The order ran at most once, and no one was told which.
+			res.unknown++
+			res.unknownExecuted += min(n, 1)
+			if n > 1 {
+				res.duplicatedOrders++
+				res.extraExecutions += n - 1
+			}
+			continue
+		}
 		switch {
 		case n == 0:
 			res.missing++
@@ -374,6 +399,43 @@ func (r *crashRun) count(t *testing.T, res *result, answers map[int]string) {
 		if !exists[a] {
 			res.lost++
 		}
+	}
+}
+
+// outcomeUnknown reports whether an answer is the final "outcome unknown"
+// problem of the refuse policy.
+func outcomeUnknown(status int, body []byte) bool {
+	return status == http.StatusConflict && strings.Contains(string(body), wire.TypeOutcomeUnknown)
+}
+
+// requireAbandonedReported skips the test when the store of kind does not
+// report, in Claim.Abandoned, a takeover of an expired lease: the refuse
+// policy cannot see takeovers without it.
+func requireAbandonedReported(t *testing.T, kind string) {
+	t.Helper()
+	var store server.Store
+	if kind == "redis-lease" {
+		store = teststores.Redis(t)
+	} else {
+		store = teststores.Postgres(t)
+	}
+	ctx := context.Background()
+	id := server.ID{Key: "probe"}
+	c, err := store.Claim(ctx, id, "fp", 10*time.Millisecond, time.Minute)
+	require.NoError(t, err)
+	require.Equal(t, server.Acquired, c.Status)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err = store.Claim(ctx, id, "fp", 10*time.Millisecond, time.Minute)
+		require.NoError(t, err)
+		if c.Status == server.Acquired {
+			if c.Abandoned == 0 {
+				t.Skipf("%s does not report Claim.Abandoned on a takeover: the refuse policy needs it", kind)
+			}
+			return
+		}
+		require.True(t, time.Now().Before(deadline), "the probe's lease never expired")
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 

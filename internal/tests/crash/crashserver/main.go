@@ -14,6 +14,10 @@
 // live in PostgreSQL or Redis in lease mode, and the order is written in a
 // transaction of the handler's own, committed before the pause -after.
 //
+// With -abandoned refuse, a retry that takes over an order whose holder was
+// killed is not run again: it gets the final "outcome unknown" answer
+// (server.RefuseAbandoned).
+//
 // GET /inflight answers the number of orders in flight: past the server's
 // accepting them, not yet answered. The program prints
 // "listening on ADDR" once it serves, and runs until it is killed.
@@ -51,11 +55,20 @@ func main() {
 	lease := flag.Duration("lease", time.Second, "the middleware's lease")
 	step := flag.Duration("step", 5*time.Millisecond, "pause before each line")
 	after := flag.Duration("after", 10*time.Millisecond, "pause between the last write and the answer")
+	abandoned := flag.String("abandoned", "rerun", "what a retry after an abandoned lease gets: rerun or refuse (server.WithAbandoned)")
 	flag.Parse()
 	if *records == "" || *orders == "" {
 		log.Fatal("crashserver: -records and -orders are required")
 	}
-	if err := run(*addr, *kind, *records, *orders, *lease, *step, *after); err != nil {
+	policy := server.RerunAbandoned
+	switch *abandoned {
+	case "rerun":
+	case "refuse":
+		policy = server.RefuseAbandoned
+	default:
+		log.Fatalf("crashserver: -abandoned %q: want rerun or refuse", *abandoned)
+	}
+	if err := run(*addr, *kind, *records, *orders, *lease, *step, *after, policy); err != nil {
 		log.Fatal(err)
 	}
 }
@@ -67,7 +80,7 @@ func env(name, def string) string {
 	return def
 }
 
-func run(addr, kind, records, orders string, lease, step, after time.Duration) error {
+func run(addr, kind, records, orders string, lease, step, after time.Duration, policy server.AbandonedPolicy) error {
 	ctx := context.Background()
 	cfg, err := pgxpool.ParseConfig(env("IDEMPOTENCY_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"))
 	if err != nil {
@@ -116,7 +129,8 @@ func run(addr, kind, records, orders string, lease, step, after time.Duration) e
 		return fmt.Errorf("crashserver: unknown store %q", kind)
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	mw, err := server.New(store, server.WithLease(lease), server.WithTTL(time.Hour), server.WithLogger(logger))
+	mw, err := server.New(store, server.WithLease(lease), server.WithTTL(time.Hour), server.WithLogger(logger),
+		server.WithAbandoned(policy))
 	if err != nil {
 		return err
 	}

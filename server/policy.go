@@ -1,0 +1,95 @@
+package server
+
+import (
+	"log/slog"
+	"math"
+	"net/http"
+)
+
+// AbandonedPolicy decides what a request gets when its Claim takes over a
+// key whose earlier holders were abandoned: they lost their lease without
+// completing or releasing it (the process died, hung, or lost its store),
+// so they may have done the work before they were lost.
+type AbandonedPolicy int
+
+const (
+	// RerunAbandoned, the default, runs the handler again, with the
+	// takeover visible in its Lease (Lease.Abandoned, Lease.Attempt): the
+	// handler looks for its own effect before doing it again. With effects
+	// in another service, the key the client derives from the incoming key
+	// deduplicates them there.
+	RerunAbandoned AbandonedPolicy = iota
+	// RefuseAbandoned makes the request at most once: the handler does not
+	// run again, and the key is recorded as done with a final problem,
+	// "outcome unknown" (ErrOutcomeUnknown), replayed for the TTL to every
+	// retry, until an operator resolves it (Inspector.Resolve).
+	RefuseAbandoned
+)
+
+// HeaderOutcome is the response header, stored and replayed with the
+// "outcome unknown" answer, that marks it: "Idempotent-Outcome: unknown".
+// Response.OutcomeUnknown looks for it, so that an operator's tool can tell
+// such a record from a completed request. A handler cannot forge it: it is
+// never stored from a handler's response.
+const HeaderOutcome = "Idempotent-Outcome"
+
+// OutcomeUnknown reports whether r is the "outcome unknown" answer recorded
+// under RefuseAbandoned, rather than the response of a request that ran.
+func (r *Response) OutcomeUnknown() bool {
+	return r != nil && r.Header.Get(HeaderOutcome) == "unknown"
+}
+
+// WithAbandoned sets what a request gets when its Claim takes over a key
+// whose earlier holders were abandoned: RerunAbandoned (the default) or
+// RefuseAbandoned.
+//
+// The refusal's status is 409 Conflict, without Retry-After: the request
+// conflicts with the state of the key's record, which only an operator can
+// settle, as the Idempotency-Key draft and the payment APIs that use keys
+// answer a key that cannot be processed as asked. It is not a 5xx, which
+// every client retries, and not 422, which means the key was reused for
+// another request. The client of this module retries a 409 only when it is
+// the in-flight problem or carries Retry-After, so it treats this one as
+// final; its problem type is
+// https://pkg.go.dev/github.com/idemkit/idempotency/server#ErrOutcomeUnknown
+// and its code "outcome_unknown".
+func WithAbandoned(p AbandonedPolicy) Option {
+	return func(c *config) {
+		if p != RerunAbandoned && p != RefuseAbandoned {
+			c.invalid("WithAbandoned: unknown policy %d", int(p))
+			return
+		}
+		c.abandoned = p
+	}
+}
+
+// outcomeUnknown records the "outcome unknown" answer under the lease the
+// Claim granted, then sends it. The handler does not run.
+//
+// If the store fails, the answer is 503 and the key is not released: a
+// release would delete the record with its count of abandoned holders, and
+// the retry would run the handler. Kept claimed, the key is taken over again
+// once the lease ends, and refused again.
+func (ex *exchange) outcomeUnknown() {
+	m := ex.m
+	e := problem(ErrOutcomeUnknown, "An earlier attempt at this request was interrupted and whether it took effect is unknown; this answer is final. Do not retry with this key: check the outcome, or ask the operator to resolve the key.", nil)
+	ex.w.Header().Set(HeaderOutcome, "unknown")
+	rec := &ex.capture
+	*rec = recorder{w: ex.w, limit: math.MaxInt}
+	m.refuse(rec, ex.r, e)
+	h := ex.keptHeader()
+	if h == nil {
+		h = make(http.Header, 1)
+	}
+	h.Set(HeaderOutcome, "unknown")
+	resp := &Response{Status: rec.finalStatus(), Header: h, Body: rec.body}
+	m.cfg.logger.LogAttrs(ex.r.Context(), slog.LevelWarn, "idempotency key taken over from abandoned holders; recording its outcome as unknown",
+		slog.String("key", ex.lease.Key), slog.String("scope", ex.lease.Scope), slog.Int("abandoned", ex.lease.Abandoned))
+	if err := ex.complete(resp); err != nil {
+		delete(ex.w.Header(), HeaderOutcome)
+		ex.unavailable(err)
+		return
+	}
+	rec.send()
+	ex.emit(EventOutcomeUnknown, resp.Status, nil)
+}

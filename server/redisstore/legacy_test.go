@@ -118,8 +118,11 @@ func TestVersion1Records(t *testing.T) {
 		if err != nil || got.Status != server.Acquired || got.Token != ahead+1 {
 			t.Fatalf("Claim = %v %d, %v; want acquired with %d", got.Status, got.Token, err, ahead+1)
 		}
-		if v, err := c.GetRange(ctx, s.RecordKey(id), 0, 0).Result(); err != nil || v != "\x02" {
-			t.Errorf("taken over record's version = %q, %v; want 2", v, err)
+		if v, err := c.GetRange(ctx, s.RecordKey(id), 0, 0).Result(); err != nil || v != "\x03" {
+			t.Errorf("taken over record's version = %q, %v; want 3", v, err)
+		}
+		if got.Abandoned != 1 {
+			t.Errorf("takeover of a version 1 lease: Abandoned = %d, want 1", got.Abandoned)
 		}
 		if err := s.Complete(ctx, id, got.Token, want, time.Hour); err != nil {
 			t.Fatalf("Complete error = %v", err)

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"time"
 
@@ -99,24 +100,29 @@ func (s *Store) Claim(ctx context.Context, id server.ID, fingerprint string, lea
 	if err != nil {
 		return server.Claim{}, fmt.Errorf("redisstore: claim: %w", err)
 	}
-	c, err := parseClaim(reply, proposed)
+	c, created, err := parseClaim(reply)
 	if err != nil {
 		return server.Claim{}, fmt.Errorf("redisstore: claim: %w", err)
 	}
 	if c.Status == server.Acquired {
-		s.fps.put(leaseKey{key, c.Token}, fingerprint)
+		s.fps.put(leaseKey{key, c.Token}, leaseFacts{fingerprint, uint32(c.Abandoned), created})
 	}
 	return c, nil
 }
 
-// parseClaim reads the claim function's answer to a call that proposed the
-// token proposed.
-func parseClaim(reply any, proposed server.Token) (server.Claim, error) {
+// parseClaim reads the claim function's answer, and, for a lease, when the
+// record was first claimed (ms since the epoch).
+func parseClaim(reply any) (server.Claim, int64, error) {
+	c, err := parseClaimReply(reply)
+	if err != nil || c.Status != server.Acquired {
+		return c, 0, err
+	}
+	r := reply.([]any)
+	return c, r[3].(int64), nil
+}
+
+func parseClaimReply(reply any) (server.Claim, error) {
 	switch r := reply.(type) {
-	case int64:
-		if r == replyAcquired {
-			return server.Claim{Status: server.Acquired, Token: proposed}, nil
-		}
 	case string:
 		rec, err := decodeRecord(r)
 		if err != nil {
@@ -129,9 +135,12 @@ func parseClaim(reply any, proposed server.Token) (server.Claim, error) {
 	case []any:
 		switch code(r) {
 		case replyAcquired:
-			if len(r) == 2 {
-				if tok, ok := r[1].(int64); ok {
-					return server.Claim{Status: server.Acquired, Token: server.Token(tok)}, nil
+			if len(r) == 4 {
+				tok, ok1 := r[1].(int64)
+				ab, ok2 := r[2].(int64)
+				_, ok3 := r[3].(int64)
+				if ok1 && ok2 && ok3 && ab >= 0 && ab <= math.MaxUint32 {
+					return server.Claim{Status: server.Acquired, Token: server.Token(tok), Abandoned: int(ab)}, nil
 				}
 			}
 		case replyInFlight:
@@ -159,13 +168,15 @@ func (s *Store) Complete(ctx context.Context, id server.ID, token server.Token, 
 		return errors.New("redisstore: complete: nil response")
 	}
 	key := s.RecordKey(id)
-	fp, _ := s.fps.take(leaseKey{key, token})
+	facts, _ := s.fps.take(leaseKey{key, token})
 	rec, err := encodeRecord(record{
 		version:     recordVersion,
 		state:       stateCompleted,
 		token:       token,
 		nonce:       rand.Uint64(),
-		fingerprint: fp,
+		fingerprint: facts.fingerprint,
+		abandoned:   facts.abandoned,
+		created:     facts.created,
 		response:    resp,
 	})
 	if err != nil {
@@ -183,8 +194,7 @@ func (s *Store) Release(ctx context.Context, id server.ID, token server.Token) e
 	}
 	key := s.RecordKey(id)
 	s.fps.take(leaseKey{key, token})
-	tomb := binary.BigEndian.AppendUint32(appendHead(make([]byte, 0, recordHeader), stateReleased, token, rand.Uint64(), 0), 0)
-	return s.update(ctx, "release", s.lib.release, key, heldBy(token), tomb)
+	return s.update(ctx, "release", s.lib.release, key, heldBy(token), tombstone(token))
 }
 
 // Extend implements server.Store in one round trip. The record's expiry is
@@ -194,6 +204,13 @@ func (s *Store) Extend(ctx context.Context, id server.ID, token server.Token, le
 		return fmt.Errorf("redisstore: extend: %w", err)
 	}
 	return s.update(ctx, "extend", s.lib.extend, s.RecordKey(id), heldBy(token), millis(lease))
+}
+
+// tombstone returns a released record that keeps token, with a nonce of
+// its own.
+func tombstone(token server.Token) []byte {
+	b := appendHead(make([]byte, 0, recordHeader), recordVersion, stateReleased, token, rand.Uint64(), 0)
+	return append(b, make([]byte, recordHeader-len(b))...)
 }
 
 // heldBy returns the first ten bytes of a record in flight with token:

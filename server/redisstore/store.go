@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"math/rand/v2"
 	"time"
@@ -29,6 +30,8 @@ type Store struct {
 	prefix string
 	lib    library
 	fps    *fingerprints
+	logger *slog.Logger
+	strict bool
 }
 
 var _ server.Store = (*Store)(nil)
@@ -268,13 +271,33 @@ func (s *Store) call(ctx context.Context, fn, key string, args ...any) (any, err
 		}
 		if attempt < loadAttempts && functionMissing(err) {
 			if err := s.load(ctx, key); err != nil {
-				return nil, contextual(ctx, fmt.Errorf("loading the function library: %w", err))
+				return nil, contextual(ctx, fmt.Errorf("loading the function library: %w", explained(err)))
 			}
 			continue
 		}
 		s.reloadSlots(err)
-		return nil, contextual(ctx, err)
+		return nil, contextual(ctx, explained(err))
 	}
+}
+
+// permissionRefused reports whether err is Redis's refusal of a command by
+// the user's ACL: NOPERM, or, from a function on Redis 7.0, an error of its
+// own words.
+func permissionRefused(err error) bool {
+	return redis.HasErrorPrefix(err, "NOPERM") ||
+		redis.HasErrorPrefix(err, "The user executing the script can't run this command")
+}
+
+// explained adds to an error of Redis's that the operator must act on
+// what to do about it.
+func explained(err error) error {
+	switch {
+	case permissionRefused(err):
+		return fmt.Errorf("the Redis user may not run a command the Store needs (the package documentation, ACL, lists them): %w", err)
+	case redis.HasErrorPrefix(err, "unknown command") || redis.HasErrorPrefix(err, "ERR unknown command"):
+		return fmt.Errorf("the Store needs Redis 7.0 or later, with Functions (FCALL): %w", err)
+	}
+	return err
 }
 
 // reloadSlots asks a Cluster client to read the cluster's slot map again

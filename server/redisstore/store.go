@@ -163,6 +163,13 @@ func parseClaimReply(reply any) (server.Claim, error) {
 
 // Complete implements server.Store in one round trip. The record, response
 // included, then expires after ttl.
+//
+// A response that Redis will never accept fails with an error wrapping
+// server.ErrNotStorable, and the record stays in flight with its lease: a
+// record larger than a Redis string (512 MiB), one that Redis refuses as an
+// argument larger than its proto-max-bulk-len ("Protocol error: invalid bulk
+// length"), or a string larger than Redis keeps ("string exceeds maximum
+// allowed size"). Every other error, a full Redis (OOM) included, may pass.
 func (s *Store) Complete(ctx context.Context, id server.ID, token server.Token, resp *server.Response, ttl time.Duration) error {
 	if err := s.usable(ctx); err != nil {
 		return fmt.Errorf("redisstore: complete: %w", err)
@@ -182,10 +189,30 @@ func (s *Store) Complete(ctx context.Context, id server.ID, token server.Token, 
 		created:     facts.created,
 		response:    resp,
 	})
+	if err == nil && len(rec) > maxValue {
+		err = fmt.Errorf("a record of %d bytes, larger than Redis keeps: %w", len(rec), server.ErrNotStorable)
+	}
 	if err != nil {
 		return fmt.Errorf("redisstore: complete: %w", err)
 	}
-	return s.update(ctx, "complete", s.lib.complete, key, heldBy(token), rec, millis(ttl))
+	err = s.update(ctx, "complete", s.lib.complete, key, heldBy(token), rec, millis(ttl))
+	if err != nil && notStorable(err) {
+		return fmt.Errorf("%w (%w)", err, server.ErrNotStorable)
+	}
+	return err
+}
+
+// maxValue is the largest string Redis keeps: 512 MiB.
+const maxValue = 512 << 20
+
+// notStorable reports whether err is Redis's refusal of a value that it
+// refuses whatever the time: an argument larger than its proto-max-bulk-len
+// (a protocol error, after which it closes the connection), or a string
+// larger than it keeps. A full Redis (OOM) is not one of them: memory comes
+// back.
+func notStorable(err error) bool {
+	return redis.HasErrorPrefix(err, "Protocol error: invalid bulk length") ||
+		redis.HasErrorPrefix(err, "string exceeds maximum allowed size")
 }
 
 // Release implements server.Store in one round trip. The record becomes a

@@ -32,6 +32,9 @@ type Store struct {
 	fps    *fingerprints
 	logger *slog.Logger
 	strict bool
+	// deaf is set for a client without ContextTimeoutEnabled, which bounds
+	// its I/O by its own timeouts and not by the call's context.
+	deaf bool
 }
 
 var _ server.Store = (*Store)(nil)
@@ -61,11 +64,24 @@ func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 	if client == nil {
 		return nil, errors.New("redisstore: nil client")
 	}
-	s := &Store{client: client, prefix: DefaultPrefix, lib: newLibrary(), fps: newFingerprints()}
+	s := &Store{client: client, prefix: DefaultPrefix, lib: newLibrary(), fps: newFingerprints(), deaf: !hearsContext(client)}
 	for _, o := range opts {
 		o(s)
 	}
 	return s, nil
+}
+
+// hearsContext reports whether client bounds its I/O by a call's context.
+func hearsContext(client redis.UniversalClient) bool {
+	switch c := client.(type) {
+	case *redis.Client:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.Ring:
+		return c.Options().ContextTimeoutEnabled
+	}
+	return false
 }
 
 // RecordKey returns the Redis key that holds id's record, for an operator
@@ -292,7 +308,7 @@ const loadAttempts = 3
 // so calling it again is safe.
 func (s *Store) call(ctx context.Context, fn, key string, args ...any) (any, error) {
 	for attempt := 0; ; attempt++ {
-		reply, err := s.client.FCall(ctx, fn, []string{key}, args...).Result()
+		reply, err := s.fcall(ctx, fn, key, args...)
 		if err == nil {
 			return reply, nil
 		}
@@ -325,6 +341,31 @@ func explained(err error) error {
 		return fmt.Errorf("the Store needs Redis 7.0 or later, with Functions (FCALL): %w", err)
 	}
 	return err
+}
+
+// fcall calls fn once. With a client that does not bound its I/O by the
+// context, the call runs on a goroutine of its own, which the client's own
+// timeouts end, and fcall returns when ctx is done, so that a Redis that
+// hangs costs no more than the context allows.
+func (s *Store) fcall(ctx context.Context, fn, key string, args ...any) (any, error) {
+	if !s.deaf || ctx.Done() == nil {
+		return s.client.FCall(ctx, fn, []string{key}, args...).Result()
+	}
+	type result struct {
+		reply any
+		err   error
+	}
+	done := make(chan result, 1)
+	go func() {
+		reply, err := s.client.FCall(ctx, fn, []string{key}, args...).Result()
+		done <- result{reply, err}
+	}()
+	select {
+	case r := <-done:
+		return r.reply, r.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 }
 
 // reloadSlots asks a Cluster client to read the cluster's slot map again

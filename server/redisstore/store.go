@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
+	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -35,6 +37,11 @@ type Store struct {
 	// deaf is set for a client without ContextTimeoutEnabled, which bounds
 	// its I/O by its own timeouts and not by the call's context.
 	deaf bool
+	// ack is what WithReplicaAck asks for; replicas 0 asks for nothing.
+	ack     replicaAck
+	optErrs []error
+	// bulkLimit is the server's proto-max-bulk-len once read, 0 before.
+	bulkLimit atomic.Int64
 }
 
 var _ server.Store = (*Store)(nil)
@@ -67,6 +74,9 @@ func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 	s := &Store{client: client, prefix: DefaultPrefix, lib: newLibrary(), fps: newFingerprints(), deaf: !hearsContext(client)}
 	for _, o := range opts {
 		o(s)
+	}
+	if err := errors.Join(s.optErrs...); err != nil {
+		return nil, fmt.Errorf("redisstore: %w", err)
 	}
 	return s, nil
 }
@@ -115,7 +125,12 @@ func (s *Store) Claim(ctx context.Context, id server.ID, fingerprint string, lea
 		return server.Claim{}, fmt.Errorf("redisstore: claim: %w", err)
 	}
 	key := s.RecordKey(id)
-	reply, err := s.call(ctx, s.lib.claim, key, rec, px)
+	var reply any
+	if s.ack.replicas > 0 {
+		reply, err = s.claimAcked(ctx, id, key, rec, px)
+	} else {
+		reply, err = s.call(ctx, s.lib.claim, key, rec, px)
+	}
 	if err != nil {
 		return server.Claim{}, fmt.Errorf("redisstore: claim: %w", err)
 	}
@@ -184,8 +199,10 @@ func parseClaimReply(reply any) (server.Claim, error) {
 // server.ErrNotStorable, and the record stays in flight with its lease: a
 // record larger than a Redis string (512 MiB), one that Redis refuses as an
 // argument larger than its proto-max-bulk-len ("Protocol error: invalid bulk
-// length"), or a string larger than Redis keeps ("string exceeds maximum
-// allowed size"). Every other error, a full Redis (OOM) included, may pass.
+// length", or the connection reset while the record was sent, when the
+// record is larger than the limit that CONFIG GET reads), or a string larger
+// than Redis keeps ("string exceeds maximum allowed size"). Every other
+// error, a full Redis (OOM) included, may pass.
 func (s *Store) Complete(ctx context.Context, id server.ID, token server.Token, resp *server.Response, ttl time.Duration) error {
 	if err := s.usable(ctx); err != nil {
 		return fmt.Errorf("redisstore: complete: %w", err)
@@ -211,11 +228,52 @@ func (s *Store) Complete(ctx context.Context, id server.ID, token server.Token, 
 	if err != nil {
 		return fmt.Errorf("redisstore: complete: %w", err)
 	}
+	if limit := s.bulkLimit.Load(); limit > 0 && int64(len(rec)) > limit {
+		return fmt.Errorf("redisstore: complete: a record of %d bytes, above the server's proto-max-bulk-len %d: %w", len(rec), limit, server.ErrNotStorable)
+	}
 	err = s.update(ctx, "complete", s.lib.complete, key, heldBy(token), rec, millis(ttl))
-	if err != nil && notStorable(err) {
+	if err != nil && (notStorable(err) || s.aboveBulkLimit(ctx, key, len(rec), err)) {
 		return fmt.Errorf("%w (%w)", err, server.ErrNotStorable)
 	}
 	return err
+}
+
+// minBulkLimit is the smallest proto-max-bulk-len that Redis accepts.
+const minBulkLimit = 1 << 20
+
+// aboveBulkLimit reports whether a record of n bytes, whose call failed
+// with err, is larger than the server's proto-max-bulk-len. Redis answers
+// such an argument with a protocol error and closes the connection, often
+// while the client still writes it: the client then sees the connection
+// reset, not the answer. So after a failure with no answer from Redis, a
+// record that large has the limit read (CONFIG GET, once per Store) and
+// compared; where the limit cannot be read, the failure stays one that
+// another try may mend.
+func (s *Store) aboveBulkLimit(ctx context.Context, key string, n int, err error) bool {
+	var reply redis.Error
+	if n <= minBulkLimit || errors.As(err, &reply) || ctx.Err() != nil {
+		return false
+	}
+	limit := s.bulkLimit.Load()
+	if limit == 0 {
+		var node redis.Cmdable = s.client
+		if c, ok := s.client.(*redis.ClusterClient); ok {
+			m, err := c.MasterForKey(ctx, key)
+			if err != nil {
+				return false
+			}
+			node = m
+		}
+		cfg, err := node.ConfigGet(ctx, "proto-max-bulk-len").Result()
+		if err != nil {
+			return false
+		}
+		if limit, err = strconv.ParseInt(cfg["proto-max-bulk-len"], 10, 64); err != nil || limit <= 0 {
+			return false
+		}
+		s.bulkLimit.Store(limit)
+	}
+	return int64(n) > limit
 }
 
 // maxValue is the largest string Redis keeps: 512 MiB.
@@ -274,26 +332,52 @@ func (s *Store) usable(ctx context.Context) error {
 	return ctx.Err()
 }
 
-// update calls a function that answers done or lease lost.
+// update calls a function that answers done or lease lost. A completion
+// WithReplicaAck waits for the replicas too.
 func (s *Store) update(ctx context.Context, op, fn, key string, args ...any) error {
-	reply, err := s.call(ctx, fn, key, args...)
-	if err == nil {
-		switch r := reply.(type) {
-		case int64:
-			switch r {
-			case replyDone:
-				return nil
-			case replyLeaseLost:
-				return fmt.Errorf("redisstore: %s: %w", op, server.ErrLeaseLost)
-			}
-		case []any:
-			if code(r) == replyCorrupt {
-				return fmt.Errorf("redisstore: %s: %w", op, corruptReply(r))
-			}
+	if op != "complete" || s.ack.replicas == 0 {
+		reply, err := s.call(ctx, fn, key, args...)
+		if err == nil {
+			err = updated(reply)
 		}
-		err = unexpected(reply)
+		if err != nil {
+			return fmt.Errorf("redisstore: %s: %w", op, err)
+		}
+		return nil
 	}
-	return fmt.Errorf("redisstore: %s: %w", op, err)
+	reply, acked, err := s.callAcked(ctx, fn, key, args...)
+	if reply != nil {
+		if uerr := updated(reply); uerr != nil {
+			return fmt.Errorf("redisstore: %s: %w", op, uerr)
+		}
+		if err == nil && acked < int64(s.ack.replicas) {
+			err = fmt.Errorf("%d of %d replicas in %v: %w", acked, s.ack.replicas, s.ack.timeout, ErrNotReplicated)
+		} else if err != nil {
+			err = fmt.Errorf("%w: %w", ErrNotReplicated, err)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("redisstore: %s: %w", op, err)
+	}
+	return nil
+}
+
+// updated reads the answer of a function that answers done or lease lost.
+func updated(reply any) error {
+	switch r := reply.(type) {
+	case int64:
+		switch r {
+		case replyDone:
+			return nil
+		case replyLeaseLost:
+			return server.ErrLeaseLost
+		}
+	case []any:
+		if code(r) == replyCorrupt {
+			return corruptReply(r)
+		}
+	}
+	return unexpected(reply)
 }
 
 // loadAttempts bounds how many times a call loads the library and tries
@@ -343,28 +427,36 @@ func explained(err error) error {
 	return err
 }
 
-// fcall calls fn once. With a client that does not bound its I/O by the
-// context, the call runs on a goroutine of its own, which the client's own
-// timeouts end, and fcall returns when ctx is done, so that a Redis that
-// hangs costs no more than the context allows.
+// fcall calls fn once.
 func (s *Store) fcall(ctx context.Context, fn, key string, args ...any) (any, error) {
-	if !s.deaf || ctx.Done() == nil {
+	return bounded(ctx, s.deaf, func() (any, error) {
 		return s.client.FCall(ctx, fn, []string{key}, args...).Result()
+	})
+}
+
+// bounded returns what f returns, or, when deaf (the client does not bound
+// its I/O by the context), ctx's error as soon as ctx is done: f then runs
+// on a goroutine of its own, which the client's own timeouts end, so that a
+// Redis that hangs costs no more than the context allows.
+func bounded[T any](ctx context.Context, deaf bool, f func() (T, error)) (T, error) {
+	if !deaf || ctx.Done() == nil {
+		return f()
 	}
 	type result struct {
-		reply any
-		err   error
+		v   T
+		err error
 	}
 	done := make(chan result, 1)
 	go func() {
-		reply, err := s.client.FCall(ctx, fn, []string{key}, args...).Result()
-		done <- result{reply, err}
+		v, err := f()
+		done <- result{v, err}
 	}()
 	select {
 	case r := <-done:
-		return r.reply, r.err
+		return r.v, r.err
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		var zero T
+		return zero, ctx.Err()
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -120,10 +121,15 @@ func (s *Store) nodeFor(ctx context.Context, key, ask string) (*redis.Client, er
 		if ask == "" {
 			return c.MasterForKey(ctx, key)
 		}
-		var node *redis.Client
+		var (
+			mu   sync.Mutex
+			node *redis.Client
+		)
 		err := c.ForEachMaster(ctx, func(_ context.Context, m *redis.Client) error {
 			if m.Options().Addr == ask {
+				mu.Lock()
 				node = m
+				mu.Unlock()
 			}
 			return nil
 		})

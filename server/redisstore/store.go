@@ -485,16 +485,18 @@ func functionMissing(err error) bool {
 	return redis.HasErrorPrefix(err, "Function not found")
 }
 
-// load loads the library into the master that owns key.
+// load loads the library where a call on key found it missing: on a
+// Cluster, on every master, since the node that answered may not be the
+// one that owns key in the client's map (the target of an ASK or MOVED
+// redirection while a slot migrates, a replica just promoted); elsewhere,
+// on the one server a call on key goes to.
 func (s *Store) load(ctx context.Context, key string) error {
 	var node redis.Cmdable = s.client
 	switch c := s.client.(type) {
 	case *redis.ClusterClient:
-		m, err := c.MasterForKey(ctx, key)
-		if err != nil {
-			return err
-		}
-		node = m
+		return c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+			return m.FunctionLoadReplace(ctx, s.lib.code).Err()
+		})
 	case *redis.Ring:
 		shard, err := c.GetShardClientForKey(key)
 		if err != nil {

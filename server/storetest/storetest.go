@@ -10,6 +10,12 @@
 // The suite waits for leases and TTLs of a few hundred milliseconds to pass,
 // using the Store's own clock (a database's, for instance), so it takes a few
 // seconds.
+//
+// Besides the Store's methods, the suite checks Claim.Abandoned (how many
+// holders lost their lease before a takeover), leases and TTLs at both ends
+// of their range (1ns and math.MaxInt64), and, for a Store that implements
+// server.Inspector, Lookup and Resolve; those subtests are skipped for a
+// Store that does not.
 package storetest
 
 import (
@@ -65,6 +71,20 @@ func Run(t *testing.T, newStore NewStore) {
 		{"BinaryRoundTrip", testBinaryRoundTrip},
 		{"LargeBody", testLargeBody},
 		{"ContextCancellation", testContextCancellation},
+		{"AbandonedZeroWhenNew", testAbandonedZeroWhenNew},
+		{"TakeoverCountsAbandoned", testTakeoverCountsAbandoned},
+		{"ReleaseForgetsAbandoned", testReleaseForgetsAbandoned},
+		{"ExtendKeepsAbandoned", testExtendKeepsAbandoned},
+		{"MaxTTL", testMaxTTL},
+		{"MaxLease", testMaxLease},
+		{"TinyDurations", testTinyDurations},
+		{"LookupNotFound", testLookupNotFound},
+		{"LookupInFlight", testLookupInFlight},
+		{"LookupCompleted", testLookupCompleted},
+		{"ResolveWithResponse", testResolveWithResponse},
+		{"ResolveTTL", testResolveTTL},
+		{"ResolveForget", testResolveForget},
+		{"ResolveNotFound", testResolveNotFound},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// Every subtest has keys of its own, and a Store must be

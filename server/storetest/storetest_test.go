@@ -3,6 +3,8 @@ package storetest_test
 import (
 	"bytes"
 	"context"
+	"errors"
+	"math"
 	"os"
 	"os/exec"
 	"runtime"
@@ -44,6 +46,34 @@ var brokenStores = map[string]struct {
 	"text-only": {
 		store:    func(m *memstore.Store) server.Store { return textOnly{m} },
 		mustFail: []string{"BinaryRoundTrip", "LargeBody"},
+	},
+	"never-abandoned": {
+		store:    func(m *memstore.Store) server.Store { return neverAbandoned{m} },
+		mustFail: []string{"TakeoverCountsAbandoned", "ExtendKeepsAbandoned", "TinyDurations"},
+	},
+	"release-expires-lease": {
+		store:    func(m *memstore.Store) server.Store { return releaseExpiresLease{m} },
+		mustFail: []string{"AbandonedZeroWhenNew", "ReleaseForgetsAbandoned"},
+	},
+	"overflows": {
+		store:    func(m *memstore.Store) server.Store { return overflows{m} },
+		mustFail: []string{"MaxTTL", "MaxLease"},
+	},
+	"sub-millisecond-is-forever": {
+		store:    func(m *memstore.Store) server.Store { return subMillisecondForever{m} },
+		mustFail: []string{"TinyDurations"},
+	},
+	"not-found-unwrapped": {
+		store:    func(m *memstore.Store) server.Store { return notFoundUnwrapped{m} },
+		mustFail: []string{"LookupNotFound", "ResolveNotFound"},
+	},
+	"resolve-by-token": {
+		store:    func(m *memstore.Store) server.Store { return resolveByToken{m} },
+		mustFail: []string{"ResolveWithResponse", "ResolveForget"},
+	},
+	"times-without-epoch": {
+		store:    func(m *memstore.Store) server.Store { return timesWithoutEpoch{m, time.Now()} },
+		mustFail: []string{"LookupInFlight", "LookupCompleted"},
 	},
 }
 
@@ -148,4 +178,121 @@ func (s textOnly) Complete(ctx context.Context, id server.ID, tok server.Token, 
 		}
 	}
 	return s.Store.Complete(ctx, id, tok, &r, ttl)
+}
+
+// neverAbandoned reports every acquired claim as a new record's.
+type neverAbandoned struct{ *memstore.Store }
+
+func (s neverAbandoned) Claim(ctx context.Context, id server.ID, fp string, lease, ttl time.Duration) (server.Claim, error) {
+	c, err := s.Store.Claim(ctx, id, fp, lease, ttl)
+	c.Abandoned = 0
+	return c, err
+}
+
+// releaseExpiresLease releases by ending the lease instead of deleting the
+// record, so that the next claim counts the releaser as abandoned.
+type releaseExpiresLease struct{ *memstore.Store }
+
+func (s releaseExpiresLease) Release(ctx context.Context, id server.ID, tok server.Token) error {
+	return s.Store.Extend(ctx, id, tok, time.Nanosecond)
+}
+
+// overflows computes deadlines as a store that adds a duration to the Unix
+// time in nanoseconds without saturating does: past the year 2262 the sum
+// wraps to a time before 1970, a deadline already past.
+type overflows struct{ *memstore.Store }
+
+func wrapped(d time.Duration) time.Duration {
+	now := time.Now().UnixNano()
+	if deadline := now + int64(d); deadline < now {
+		return 0
+	}
+	return d
+}
+
+func (s overflows) Claim(ctx context.Context, id server.ID, fp string, lease, ttl time.Duration) (server.Claim, error) {
+	return s.Store.Claim(ctx, id, fp, wrapped(lease), wrapped(ttl))
+}
+
+func (s overflows) Complete(ctx context.Context, id server.ID, tok server.Token, resp *server.Response, ttl time.Duration) error {
+	return s.Store.Complete(ctx, id, tok, resp, wrapped(ttl))
+}
+
+func (s overflows) Extend(ctx context.Context, id server.ID, tok server.Token, lease time.Duration) error {
+	return s.Store.Extend(ctx, id, tok, wrapped(lease))
+}
+
+// subMillisecondForever rounds durations to milliseconds and takes 0 for
+// "no expiry", as a store that leaves out PX 0 would.
+type subMillisecondForever struct{ *memstore.Store }
+
+func roundToForever(d time.Duration) time.Duration {
+	if d < time.Millisecond {
+		return math.MaxInt64
+	}
+	return d
+}
+
+func (s subMillisecondForever) Claim(ctx context.Context, id server.ID, fp string, lease, ttl time.Duration) (server.Claim, error) {
+	return s.Store.Claim(ctx, id, fp, roundToForever(lease), roundToForever(ttl))
+}
+
+func (s subMillisecondForever) Complete(ctx context.Context, id server.ID, tok server.Token, resp *server.Response, ttl time.Duration) error {
+	return s.Store.Complete(ctx, id, tok, resp, roundToForever(ttl))
+}
+
+func (s subMillisecondForever) Extend(ctx context.Context, id server.ID, tok server.Token, lease time.Duration) error {
+	return s.Store.Extend(ctx, id, tok, roundToForever(lease))
+}
+
+// notFoundUnwrapped reports a missing record with an error of its own.
+type notFoundUnwrapped struct{ *memstore.Store }
+
+func unwrapNotFound(err error) error {
+	if errors.Is(err, server.ErrNotFound) {
+		return errors.New("no such record")
+	}
+	return err
+}
+
+func (s notFoundUnwrapped) Lookup(ctx context.Context, id server.ID) (server.Record, error) {
+	r, err := s.Store.Lookup(ctx, id)
+	return r, unwrapNotFound(err)
+}
+
+func (s notFoundUnwrapped) Resolve(ctx context.Context, id server.ID, resp *server.Response, ttl time.Duration) error {
+	return unwrapNotFound(s.Store.Resolve(ctx, id, resp, ttl))
+}
+
+// resolveByToken settles a record as its holder would: completing it with
+// the current token, or forgetting it by ending the lease. Neither works on a
+// completed record, and ending the lease leaves the holder's token valid.
+type resolveByToken struct{ *memstore.Store }
+
+func (s resolveByToken) Resolve(ctx context.Context, id server.ID, resp *server.Response, ttl time.Duration) error {
+	r, err := s.Store.Lookup(ctx, id)
+	if err != nil {
+		return err
+	}
+	if resp == nil {
+		return s.Store.Extend(ctx, id, r.Token, time.Nanosecond)
+	}
+	return s.Store.Complete(ctx, id, r.Token, resp, ttl)
+}
+
+// timesWithoutEpoch reports times on the store's own clock as if they were
+// wall-clock times: offsets from when it started, counted from 1970.
+type timesWithoutEpoch struct {
+	*memstore.Store
+	start time.Time
+}
+
+func (s timesWithoutEpoch) Lookup(ctx context.Context, id server.ID) (server.Record, error) {
+	r, err := s.Store.Lookup(ctx, id)
+	for _, t := range []*time.Time{&r.Created, &r.LeaseEnds, &r.Expires} {
+		if !t.IsZero() {
+			*t = time.Unix(0, int64(t.Sub(s.start)))
+		}
+	}
+	return r, err
 }

@@ -81,14 +81,14 @@ func recordOf(id server.ID, v string, pttl int64, now time.Time) (server.Record,
 	// PTTL is -1 for a key without expiry, which only an operator's write
 	// makes: the record never expires.
 	if pttl >= 0 {
-		out.Expires = now.Add(time.Duration(pttl) * time.Millisecond)
+		out.Expires = now.Add(fromMillis(pttl))
 	}
 	if !out.Completed {
 		switch rec.version {
 		case legacyVersion:
 			out.LeaseEnds = time.UnixMicro(rec.leaseEnd)
 		default:
-			out.LeaseEnds = now.Add(time.Duration(pttl-rec.slack) * time.Millisecond)
+			out.LeaseEnds = now.Add(fromMillis(pttl - rec.slack))
 		}
 	}
 	return out, nil

@@ -182,7 +182,7 @@ func parseClaimReply(reply any) (server.Claim, error) {
 				fp, ok1 := r[1].(string)
 				left, ok2 := r[2].(int64)
 				if ok1 && ok2 {
-					return server.Claim{Status: server.InFlight, Fingerprint: fp, RetryAfter: time.Duration(left) * time.Millisecond}, nil
+					return server.Claim{Status: server.InFlight, Fingerprint: fp, RetryAfter: fromMillis(left)}, nil
 				}
 			}
 		case replyCorrupt:
@@ -544,4 +544,17 @@ func corruptReply(reply []any) error {
 
 func unexpected(reply any) error {
 	return fmt.Errorf("unexpected function reply %T", reply)
+}
+
+// fromMillis converts ms to a Duration, saturating: a lease or a TTL of
+// math.MaxInt64 has more milliseconds left than a Duration holds.
+func fromMillis(ms int64) time.Duration {
+	const most = math.MaxInt64 / int64(time.Millisecond)
+	switch {
+	case ms > most:
+		return math.MaxInt64
+	case ms < -most:
+		return math.MinInt64
+	}
+	return time.Duration(ms) * time.Millisecond
 }

@@ -52,18 +52,26 @@ func TestRedisClusterFailover(t *testing.T) {
 		// go-redis's own slot-map reload comes once a minute: the store
 		// asks for one when a node stops answering.
 		{name: "kill, go-redis's default reload interval", orders: 600},
+		// The replica acknowledges every claim and completion (WAIT)
+		// before the handler runs and before the answer.
+		{name: "kill with 100ms replication lag, replica ack", lag: 100 * time.Millisecond, reload: time.Second, orders: 300, ack: time.Second},
 	}
 	if *failoverLong {
 		cases = []failoverCase{
 			{name: "kill", reload: time.Second, orders: 5000},
 			{name: "kill with 100ms replication lag", lag: 100 * time.Millisecond, reload: time.Second, orders: 5000},
 			{name: "kill with 10ms replication lag", lag: 10 * time.Millisecond, reload: time.Second, orders: 5000},
+			{name: "kill with 100ms replication lag, replica ack", lag: 100 * time.Millisecond, reload: time.Second, orders: 5000, ack: time.Second},
+			{name: "kill with 10ms replication lag, replica ack", lag: 10 * time.Millisecond, reload: time.Second, orders: 5000, ack: time.Second},
 		}
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			began := time.Now()
-			cl := startFailoverCluster(t, tc.lag)
+			// WAIT needs a replica after the failover too: the failed
+			// master gets a second one, which replicates from the
+			// promoted one.
+			cl := startFailoverCluster(t, tc.lag, tc.ack > 0)
 			t.Logf("cluster up in %v", time.Since(began).Round(time.Millisecond))
 			res := runFailover(t, cl, tc, tc.orders)
 			t.Logf("%s", res)
@@ -73,7 +81,11 @@ func TestRedisClusterFailover(t *testing.T) {
 			assert.Zero(t, res.oldLost, "records lost that were answered long before the kill")
 			assert.Zero(t, res.newLost, "records lost of orders first sent after the kill")
 			assert.Equal(t, res.duplicated, res.failedDuplicated, "orders run twice that were not on the failed master")
-			if tc.lag > 0 {
+			switch {
+			case tc.ack > 0:
+				assert.Zero(t, res.duplicated, "orders run twice with the replica's acknowledgement")
+				assert.Zero(t, res.lost, "records lost with the replica's acknowledgement")
+			case tc.lag > 0:
 				assert.Positive(t, res.lost+res.reverted, "the lag lost no record: the test shows nothing")
 			}
 		})
@@ -95,6 +107,10 @@ type failoverCase struct {
 	// orders are answered before the kill, and as many again after the
 	// failover.
 	orders int
+	// ack, when set, makes the store wait for the replica's
+	// acknowledgement of each claim and completion, this long at most
+	// (redisstore.WithReplicaAck(1, ack)).
+	ack time.Duration
 }
 
 // failoverCluster is a Redis Cluster of three masters and three replicas
@@ -111,7 +127,7 @@ type failoverCluster struct {
 // slotsOf is the slot range each master gets.
 var slotsOf = [3][2]int{{0, 5460}, {5461, 10922}, {10923, 16383}}
 
-func startFailoverCluster(t *testing.T, lag time.Duration) *failoverCluster {
+func startFailoverCluster(t *testing.T, lag time.Duration, secondReplica bool) *failoverCluster {
 	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		msg := fmt.Sprintf("this test starts a Redis Cluster of its own and needs redis-server: %v", err)
@@ -135,7 +151,11 @@ func startFailoverCluster(t *testing.T, lag time.Duration) *failoverCluster {
 		}
 		cl.masters = append(cl.masters, startFailoverNode(t, port, extra...))
 	}
-	for range 3 {
+	replicas := 3
+	if secondReplica {
+		replicas = 4
+	}
+	for range replicas {
 		cl.replicas = append(cl.replicas, startFailoverNode(t, failoverPort(t)))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -153,12 +173,12 @@ func startFailoverCluster(t *testing.T, lag time.Duration) *failoverCluster {
 		return err == nil && strings.Count(nodes, "\n") == len(all) && !strings.Contains(nodes, "handshake")
 	})
 	for i, r := range cl.replicas {
-		require.NoError(t, r.c.ClusterReplicate(ctx, cl.masters[i].id).Err())
+		require.NoError(t, r.c.ClusterReplicate(ctx, cl.masters[i%3].id).Err())
 	}
 	waitCluster(t, ctx, "the replicas to be in sync and known as such", all, func(n *failoverNode) bool {
 		nodes, err := n.c.ClusterNodes(ctx).Result()
 		info, err2 := n.c.ClusterInfo(ctx).Result()
-		if err != nil || err2 != nil || strings.Count(nodes, "slave") != 3 || !strings.Contains(info, "cluster_state:ok") {
+		if err != nil || err2 != nil || strings.Count(nodes, "slave") != len(cl.replicas) || !strings.Contains(info, "cluster_state:ok") {
 			return false
 		}
 		if slices.Contains(cl.replicas, n) {
@@ -269,7 +289,11 @@ func runFailover(t *testing.T, cl *failoverCluster, tc failoverCase, before int)
 	ctx := context.Background()
 	rc := cl.client(t, tc.reload)
 	prefix := "idempotency-failover:"
-	store, err := redisstore.New(rc, redisstore.WithPrefix(prefix))
+	opts := []redisstore.Option{redisstore.WithPrefix(prefix)}
+	if tc.ack > 0 {
+		opts = append(opts, redisstore.WithReplicaAck(1, tc.ack))
+	}
+	store, err := redisstore.New(rc, opts...)
 	require.NoError(t, err)
 	svc := newFailoverOrders()
 	var logs failoverLog
@@ -358,14 +382,22 @@ func runFailover(t *testing.T, cl *failoverCluster, tc failoverCase, before int)
 	if cl.lag != nil {
 		cl.lag.close()
 	}
-	promoted := cl.replicas[0]
+	candidates := []*failoverNode{cl.replicas[0]}
+	if len(cl.replicas) > 3 {
+		candidates = append(candidates, cl.replicas[3])
+	}
 	waitFor("the replica's promotion", time.Minute, func() bool {
-		info, err := promoted.c.Info(ctx, "replication").Result()
-		if err != nil || !strings.Contains(info, "role:master") {
-			return false
+		for _, promoted := range candidates {
+			info, err := promoted.c.Info(ctx, "replication").Result()
+			if err != nil || !strings.Contains(info, "role:master") {
+				continue
+			}
+			ci, err := promoted.c.ClusterInfo(ctx).Result()
+			if err == nil && strings.Contains(ci, "cluster_state:ok") {
+				return true
+			}
 		}
-		ci, err := promoted.c.ClusterInfo(ctx).Result()
-		return err == nil && strings.Contains(ci, "cluster_state:ok")
+		return false
 	})
 	res := failoverResult{failover: time.Since(killed)}
 	waitFor("the orders after the failover", time.Minute, func() bool { return count() >= 2*before })

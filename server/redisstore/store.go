@@ -63,10 +63,10 @@ func WithPrefix(prefix string) Option {
 // into a server (FUNCTION LOAD) the first time it finds the server without
 // it, and calls the functions (FCALL) afterwards.
 //
-// Give the client ContextTimeoutEnabled, so that a Redis that hangs fails the
-// request when its context ends rather than after the client's own timeouts,
-// and run Redis with maxmemory-policy noeviction (see the package
-// documentation).
+// Give the client ContextTimeoutEnabled, so that go-redis ends its I/O when a
+// call's context ends (the Store returns then anyway, see Errors in the
+// package documentation), and run Redis with maxmemory-policy noeviction:
+// Open checks it. An invalid option is named in New's error.
 func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 	if client == nil {
 		return nil, errors.New("redisstore: nil client")

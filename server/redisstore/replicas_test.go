@@ -118,3 +118,20 @@ func TestReplicaAck(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, server.Acquired, c.Status)
 }
+
+// min-replicas-to-write, the server's companion: a master without the
+// replicas it asks for refuses the claim, and the error is Redis's, not a
+// corrupt record.
+func TestMinReplicasToWrite(t *testing.T) {
+	t.Parallel()
+	needRedisServer(t)
+	p := startRedis(t, "--min-replicas-to-write", "1", "--min-replicas-max-lag", "10")
+	c := redis.NewClient(&redis.Options{Addr: p.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { c.Close() })
+	s, err := redisstore.New(c)
+	require.NoError(t, err)
+	_, err = s.Claim(context.Background(), server.ID{Key: "alone"}, "fp", time.Minute, time.Hour)
+	require.Error(t, err)
+	assert.NotErrorIs(t, err, redisstore.ErrCorruptRecord)
+	assert.Contains(t, err.Error(), "NOREPLICAS")
+}

@@ -27,11 +27,25 @@ func TestSlotMigration(t *testing.T) {
 	// One hash tag: every record of the Store on one slot.
 	s, err := redisstore.New(c, redisstore.WithPrefix("{migration}:"))
 	require.NoError(t, err)
-	migrate(t, ctx, c, s)
+	// The same records through WithReplicaAck, which talks to one node
+	// itself: with no replica in this cluster, every claim it reaches a
+	// node with is released and refused as not replicated, never failed by
+	// a redirection or a missing function.
+	acked, err := redisstore.New(c, redisstore.WithPrefix("{migration}:"), redisstore.WithReplicaAck(1, 10*time.Millisecond))
+	require.NoError(t, err)
+	migrate(t, ctx, c, s, acked)
 }
 
-func migrate(t *testing.T, ctx context.Context, c *redis.ClusterClient, s *redisstore.Store) {
+func migrate(t *testing.T, ctx context.Context, c *redis.ClusterClient, s, acked *redisstore.Store) {
 	t.Helper()
+	refused := func(when string) {
+		t.Helper()
+		id := server.ID{Key: "acked-" + when}
+		_, err := acked.Claim(ctx, id, "fp", time.Minute, time.Hour)
+		require.ErrorIs(t, err, redisstore.ErrNotReplicated, "a claim WithReplicaAck %s", when)
+		_, err = s.Lookup(ctx, id)
+		require.ErrorIs(t, err, server.ErrNotFound, "the refused claim %s is released", when)
+	}
 	before := server.ID{Key: "before"}
 	cl, err := s.Claim(ctx, before, "fp", time.Minute, time.Hour)
 	require.NoError(t, err)
@@ -73,6 +87,8 @@ func migrate(t *testing.T, ctx context.Context, c *redis.ClusterClient, s *redis
 	got, err := s.Claim(ctx, before, "fp", time.Minute, time.Hour)
 	require.NoError(t, err, "an old key while its slot migrates")
 	assert.Equal(t, server.Completed, got.Status)
+	require.NoError(t, target.FunctionFlush(ctx).Err())
+	refused("during the migration")
 
 	// Move the keys, then the slot.
 	keys, err := source.ClusterGetKeysInSlot(ctx, int(slot), 100).Result()
@@ -91,6 +107,8 @@ func migrate(t *testing.T, ctx context.Context, c *redis.ClusterClient, s *redis
 		require.NoError(t, err, "%s after the migration", id.Key)
 		assert.Equal(t, server.Completed, got.Status, id.Key)
 	}
+	require.NoError(t, target.FunctionFlush(ctx).Err())
+	refused("after the migration")
 	after := server.ID{Key: "after"}
 	cl, err = s.Claim(ctx, after, "fp", time.Minute, time.Hour)
 	require.NoError(t, err)

@@ -56,24 +56,28 @@ func WithReplicaAck(replicas int, timeout time.Duration) Option {
 // answered when it lacks it, and follows a Cluster's MOVED and ASK
 // redirections itself, since it talks to one node.
 func (s *Store) callAcked(ctx context.Context, fn, key string, args ...any) (any, int64, error) {
-	var ask string // the node that an ASK redirection names
+	// The node that a redirection names, and whether it was ASK.
+	var redirect string
+	var ask bool
 	for attempt := 0; ; attempt++ {
-		node, err := s.nodeFor(ctx, key, ask)
+		node, err := s.nodeFor(ctx, key, redirect)
 		if err != nil {
 			return nil, 0, contextual(ctx, err)
 		}
-		var fc *redis.Cmd
-		var wc *redis.Cmd
-		_, err = bounded(ctx, s.deaf, func() (any, error) {
-			return node.Pipelined(ctx, func(p redis.Pipeliner) error {
-				if ask != "" {
+		type sent struct{ fc, wc *redis.Cmd }
+		cmds, err := bounded(ctx, s.deaf, func() (sent, error) {
+			var c sent
+			_, err := node.Pipelined(ctx, func(p redis.Pipeliner) error {
+				if ask {
 					p.Do(ctx, "ASKING")
 				}
-				fc = p.FCall(ctx, fn, []string{key}, args...)
-				wc = p.Do(ctx, "WAIT", s.ack.replicas, s.ack.timeout.Milliseconds())
+				c.fc = p.FCall(ctx, fn, []string{key}, args...)
+				c.wc = p.Do(ctx, "WAIT", s.ack.replicas, s.ack.timeout.Milliseconds())
 				return nil
 			})
+			return c, err
 		})
+		fc, wc := cmds.fc, cmds.wc
 		if fc == nil || wc == nil || (err != nil && fc.Err() == nil && wc.Err() == nil) {
 			// The pipeline did not run: the context ended first.
 			return nil, 0, contextual(ctx, err)
@@ -86,18 +90,21 @@ func (s *Store) callAcked(ctx context.Context, fn, key string, args ...any) (any
 			}
 			return reply, acked, nil
 		}
-		if attempt >= loadAttempts {
+		// A redirection and a load for each of the tries.
+		if attempt >= 2*loadAttempts {
 			return nil, 0, contextual(ctx, explained(err))
 		}
-		if _, moved := redis.IsMovedError(err); moved {
-			ask = ""
+		if addr, moved := redis.IsMovedError(err); moved {
+			// The client's slot map is stale: reload it for the next
+			// calls, and follow the redirection for this one.
+			redirect, ask = addr, false
 			if c, ok := s.client.(*redis.ClusterClient); ok {
 				c.ReloadState(ctx)
 			}
 			continue
 		}
 		if addr, ok := redis.IsAskError(err); ok {
-			ask = addr
+			redirect, ask = addr, true
 			continue
 		}
 		if functionMissing(err) {
@@ -112,13 +119,13 @@ func (s *Store) callAcked(ctx context.Context, fn, key string, args ...any) (any
 }
 
 // nodeFor returns the client of the one server that a call on key goes to:
-// the master that owns key, or, for an ASK redirection, the node at ask.
-func (s *Store) nodeFor(ctx context.Context, key, ask string) (*redis.Client, error) {
+// the master that owns key, or, after a redirection, the node it names.
+func (s *Store) nodeFor(ctx context.Context, key, redirect string) (*redis.Client, error) {
 	switch c := s.client.(type) {
 	case *redis.Client:
 		return c, nil
 	case *redis.ClusterClient:
-		if ask == "" {
+		if redirect == "" {
 			return c.MasterForKey(ctx, key)
 		}
 		var (
@@ -126,7 +133,7 @@ func (s *Store) nodeFor(ctx context.Context, key, ask string) (*redis.Client, er
 			node *redis.Client
 		)
 		err := c.ForEachMaster(ctx, func(_ context.Context, m *redis.Client) error {
-			if m.Options().Addr == ask {
+			if m.Options().Addr == redirect {
 				mu.Lock()
 				node = m
 				mu.Unlock()
@@ -134,7 +141,7 @@ func (s *Store) nodeFor(ctx context.Context, key, ask string) (*redis.Client, er
 			return nil
 		})
 		if err == nil && node == nil {
-			err = fmt.Errorf("no master at %s, named by an ASK redirection", ask)
+			err = fmt.Errorf("no master at %s, named by a redirection", redirect)
 		}
 		return node, err
 	case *redis.Ring:

@@ -23,11 +23,11 @@ const DefaultPrefix = "idempotency:"
 // Store is a server.Store kept in Redis. Create one with New; it is safe for
 // concurrent use, and any number of Stores, in any number of processes, share
 // records when they share a Redis and a prefix. A Store owns nothing: the
-// client is the caller's to close. It starts no goroutine that outlives a
-// call, but on a client without ContextTimeoutEnabled, where each call runs
-// on a goroutine of its own so that the call's context bounds it; a call
-// that outlives its context there ends by the client's own timeouts, or
-// when the client is closed. It keeps, in memory,
+// client is the caller's to close. On a client with ContextTimeoutEnabled it
+// starts no goroutine. On one without, each call runs on a goroutine of its
+// own, so that the call's context bounds it; one that outlives its context
+// ends by the client's own timeouts, or when the client is closed. It keeps,
+// in memory,
 // the fingerprint of each lease it granted until it completes or releases
 // it, a few thousand at most (see the package documentation, Functions). The
 // zero Store has no client: its methods fail.

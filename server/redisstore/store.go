@@ -27,10 +27,9 @@ const DefaultPrefix = "idempotency:"
 // starts no goroutine. On one without, each call runs on a goroutine of its
 // own, so that the call's context bounds it; one that outlives its context
 // ends by the client's own timeouts, or when the client is closed. It keeps,
-// in memory,
-// the fingerprint of each lease it granted until it completes or releases
-// it, a few thousand at most (see the package documentation, Functions). The
-// zero Store has no client: its methods fail.
+// in memory, the fingerprint of each lease it granted until it completes or
+// releases it, a few thousand at most (see the package documentation,
+// Functions). The zero Store has no client: its methods fail.
 type Store struct {
 	client redis.UniversalClient
 	prefix string

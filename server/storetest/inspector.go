@@ -61,6 +61,26 @@ func assertSpan(t *testing.T, what string, start, end time.Time, lo, hi time.Dur
 	}
 }
 
+// awaitForgotten polls Lookup until the record for id is gone, which it
+// must be within patience.
+func (f fixture) awaitForgotten(t *testing.T, in server.Inspector, id server.ID) {
+	t.Helper()
+	for {
+		_, err := in.Lookup(f.ctx, id)
+		if errors.Is(err, server.ErrNotFound) {
+			return
+		}
+		if err != nil {
+			t.Fatalf("Lookup of an expiring record error = %v", err)
+		}
+		select {
+		case <-f.ctx.Done():
+			t.Fatalf("Lookup of a record past its TTL still finds it after %v", patience)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
 func testLookupNotFound(t *testing.T, f fixture) {
 	in := f.inspector(t)
 	for _, tc := range []struct {
@@ -92,20 +112,7 @@ func testLookupNotFound(t *testing.T, f fixture) {
 	if err := f.store.Complete(f.ctx, id, tok, sampleResponse(), shortTTL); err != nil {
 		t.Fatalf("Complete error = %v", err)
 	}
-	for {
-		_, err := in.Lookup(f.ctx, id)
-		if errors.Is(err, server.ErrNotFound) {
-			break
-		}
-		if err != nil {
-			t.Fatalf("Lookup of an expiring record error = %v", err)
-		}
-		select {
-		case <-f.ctx.Done():
-			t.Fatalf("Lookup of a record past its TTL still finds it after %v", patience)
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+	f.awaitForgotten(t, in, id)
 }
 
 func testLookupInFlight(t *testing.T, f fixture) {
@@ -291,7 +298,13 @@ func testResolveNotFound(t *testing.T, f fixture) {
 	if err := f.store.Release(f.ctx, released, tok); err != nil {
 		t.Fatalf("Release error = %v", err)
 	}
-	for _, id := range []server.ID{f.id("resolve-never-claimed"), released} {
+	expired := f.id("resolve-expired")
+	tok = f.acquire(t, expired, "fp", longLease, longTTL)
+	if err := f.store.Complete(f.ctx, expired, tok, sampleResponse(), shortTTL); err != nil {
+		t.Fatalf("Complete error = %v", err)
+	}
+	f.awaitForgotten(t, in, expired)
+	for _, id := range []server.ID{f.id("resolve-never-claimed"), released, expired} {
 		for _, resp := range []*server.Response{resolvedResponse(), nil} {
 			if err := in.Resolve(f.ctx, id, resp, longTTL); !errors.Is(err, server.ErrNotFound) {
 				t.Errorf("Resolve(%s, response %v) error = %v, want ErrNotFound", id.Key, resp != nil, err)

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -131,4 +132,62 @@ func BenchmarkReplay(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkReplicaAck is BenchmarkClaimComplete on a private master with a
+// replica, without and with WithReplicaAck(1, time.Second): the cost of
+// waiting for the replica, as a ratio of the two in one run.
+func BenchmarkReplicaAck(b *testing.B) {
+	needRedisServer(b)
+	master := startRedis(b, "--repl-diskless-sync-delay", "0")
+	replica := startRedis(b, "--replicaof", "127.0.0.1", strconv.Itoa(master.Port))
+	rc := redis.NewClient(&redis.Options{Addr: replica.Addr, ContextTimeoutEnabled: true})
+	defer rc.Close()
+	ctx := context.Background()
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		info, err := rc.Info(ctx, "replication").Result()
+		if err == nil && strings.Contains(info, "master_link_status:up") {
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("replica not in sync: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond) // polling the replica, with a deadline
+	}
+	for _, tc := range []struct {
+		name string
+		opts []redisstore.Option
+	}{
+		{"without", nil},
+		{"WithReplicaAck", []redisstore.Option{redisstore.WithReplicaAck(1, time.Second)}},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			c := redis.NewClient(&redis.Options{Addr: master.Addr, ContextTimeoutEnabled: true, PoolSize: 2 * benchClients})
+			defer c.Close()
+			// The function runs more than once: keys of its own each time.
+			prefix := tc.name + ":" + strconv.FormatInt(time.Now().UnixNano(), 36) + ":"
+			s, err := redisstore.New(c, append(tc.opts, redisstore.WithPrefix(prefix))...)
+			if err != nil {
+				b.Fatal(err)
+			}
+			counter := &roundTrips{}
+			c.AddHook(counter)
+			resp := benchResponse()
+			runParallel(b, counter, func(g int64, pb *testing.PB) {
+				prefix := strconv.FormatInt(g, 10) + "-"
+				for i := 0; pb.Next(); i++ {
+					id := server.ID{Scope: "bench", Key: prefix + strconv.Itoa(i)}
+					cl, err := s.Claim(ctx, id, "fp", time.Minute, time.Minute)
+					if err != nil || cl.Status != server.Acquired {
+						b.Errorf("Claim = %v, %v; want acquired", cl.Status, err)
+						return
+					}
+					if err := s.Complete(ctx, id, cl.Token, resp, time.Minute); err != nil {
+						b.Errorf("Complete error = %v", err)
+						return
+					}
+				}
+			})
+		})
+	}
 }

@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os/exec"
 	"strings"
@@ -121,5 +122,21 @@ func TestCluster(t *testing.T) {
 	}
 	if len(sizes) != len(addrs) {
 		t.Errorf("cluster has %d masters, want %d", len(sizes), len(addrs))
+	}
+	// Check reads every master: fine until one of them may evict.
+	if err := s.Check(ctx); err != nil {
+		t.Errorf("Check on a cluster that does not evict = %v, want nil", err)
+	}
+	victim := addrs[1]
+	admin := redis.NewClient(&redis.Options{Addr: victim, ContextTimeoutEnabled: true})
+	defer admin.Close()
+	if err := admin.ConfigSet(ctx, "maxmemory", "1gb").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.ConfigSet(ctx, "maxmemory-policy", "volatile-lru").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Check(ctx); !errors.Is(err, redisstore.ErrEviction) || !strings.Contains(err.Error(), victim) {
+		t.Errorf("Check with master %s on volatile-lru = %v, want ErrEviction naming it", victim, err)
 	}
 }

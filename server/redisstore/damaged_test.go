@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -42,7 +43,7 @@ func TestDamagedRecordsThroughFunctions(t *testing.T) {
 		for n := range min(len(rec), 64) {
 			damaged = append(damaged, rec[:n])
 		}
-		for i := range recordHeader {
+		for i := range min(len(rec), recordHeader) {
 			for _, b := range []byte{0, 1, 2, 3, 0xff} {
 				d := []byte(rec)
 				d[i] = b
@@ -60,8 +61,10 @@ func TestDamagedRecordsThroughFunctions(t *testing.T) {
 			seen["ErrLeaseLost"]++
 		case errors.Is(err, ErrCorruptRecord):
 			seen["ErrCorruptRecord"]++
+		case errors.Is(err, server.ErrNotFound) && (op == "Lookup" || strings.HasPrefix(op, "Resolve")):
+			seen["ErrNotFound"]++
 		default:
-			t.Fatalf("%s on %q error = %v, want nil, ErrLeaseLost or ErrCorruptRecord", op, value, err)
+			t.Fatalf("%s on %q error = %v, want nil, ErrLeaseLost, ErrNotFound or ErrCorruptRecord", op, value, err)
 		}
 	}
 	for _, value := range damaged {
@@ -77,6 +80,9 @@ func TestDamagedRecordsThroughFunctions(t *testing.T) {
 			{"Complete", func() error { return s.Complete(ctx, id, token, &server.Response{Status: http.StatusOK}, time.Minute) }},
 			{"Release", func() error { return s.Release(ctx, id, token) }},
 			{"Extend", func() error { return s.Extend(ctx, id, token, time.Minute) }},
+			{"Lookup", func() error { _, err := s.Lookup(ctx, id); return err }},
+			{"Resolve", func() error { return s.Resolve(ctx, id, &server.Response{Status: http.StatusOK}, time.Minute) }},
+			{"Resolve(nil)", func() error { return s.Resolve(ctx, id, nil, time.Minute) }},
 		} {
 			if err := c.Set(ctx, key, value, time.Minute).Err(); err != nil {
 				t.Fatal(err)
@@ -85,7 +91,7 @@ func TestDamagedRecordsThroughFunctions(t *testing.T) {
 		}
 	}
 	// The damage reached every kind of answer.
-	for _, answer := range []string{"nil", "ErrLeaseLost", "ErrCorruptRecord"} {
+	for _, answer := range []string{"nil", "ErrLeaseLost", "ErrNotFound", "ErrCorruptRecord"} {
 		if seen[answer] == 0 {
 			t.Errorf("no operation answered %s: %v", answer, seen)
 		}

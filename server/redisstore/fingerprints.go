@@ -11,7 +11,8 @@ import (
 // ever, and a Store holding more leases at once than this only loses speed.
 const maxFingerprints = 1 << 14
 
-// fingerprints remembers the fingerprint of each lease that a Store granted
+// fingerprints remembers the fingerprint (and the other facts of the
+// in-flight record that Complete repeats) of each lease that a Store granted
 // and that it has neither completed nor released, so that Complete can send
 // the completed record whole and the function store it as it is. Without it,
 // the function splices the fingerprint, which only the in-flight record
@@ -24,7 +25,16 @@ const maxFingerprints = 1 << 14
 // else.
 type fingerprints struct {
 	mu sync.Mutex
-	m  map[leaseKey]string
+	m  map[leaseKey]leaseFacts
+}
+
+// leaseFacts is what the completed record repeats of the in-flight one: the
+// fingerprint, and what the claim answered of the record's abandoned
+// holders and first claim.
+type leaseFacts struct {
+	fingerprint string
+	abandoned   uint32
+	created     int64
 }
 
 // leaseKey names a lease: the record's key and the lease's token.
@@ -34,27 +44,27 @@ type leaseKey struct {
 }
 
 func newFingerprints() *fingerprints {
-	return &fingerprints{m: make(map[leaseKey]string)}
+	return &fingerprints{m: make(map[leaseKey]leaseFacts)}
 }
 
-// put remembers fp for the lease. When the map is full, it forgets every
+// put remembers the facts of the lease. When the map is full, it forgets every
 // lease first: the leases of holders that never came back go too.
-func (f *fingerprints) put(l leaseKey, fp string) {
+func (f *fingerprints) put(l leaseKey, facts leaseFacts) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if len(f.m) >= maxFingerprints {
 		clear(f.m)
 	}
-	f.m[l] = fp
+	f.m[l] = facts
 }
 
-// take returns the fingerprint of the lease, if remembered, and forgets it.
-func (f *fingerprints) take(l leaseKey) (string, bool) {
+// take returns the facts of the lease, if remembered, and forgets them.
+func (f *fingerprints) take(l leaseKey) (leaseFacts, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	fp, ok := f.m[l]
+	facts, ok := f.m[l]
 	if ok {
 		delete(f.m, l)
 	}
-	return fp, ok
+	return facts, ok
 }

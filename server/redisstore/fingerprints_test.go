@@ -15,14 +15,14 @@ import (
 func TestFingerprintsBounded(t *testing.T) {
 	f := newFingerprints()
 	for i := range maxFingerprints + 10 {
-		f.put(leaseKey{"k", server.Token(i)}, "fp")
+		f.put(leaseKey{"k", server.Token(i)}, leaseFacts{fingerprint: "fp"})
 		if n := len(f.m); n > maxFingerprints {
 			t.Fatalf("after %d leases, %d remembered, want at most %d", i+1, n, maxFingerprints)
 		}
 	}
 	last := leaseKey{"k", server.Token(maxFingerprints + 9)}
-	if fp, ok := f.take(last); !ok || fp != "fp" {
-		t.Errorf("take(the last lease) = %q, %v; want %q, true", fp, ok, "fp")
+	if facts, ok := f.take(last); !ok || facts.fingerprint != "fp" {
+		t.Errorf("take(the last lease) = %+v, %v; want %q, true", facts, ok, "fp")
 	}
 	if _, ok := f.take(last); ok {
 		t.Error("second take of a lease found it, want it forgotten")
@@ -52,7 +52,7 @@ func TestCompleteWithAWrongHint(t *testing.T) {
 		}
 		key := s.RecordKey(id)
 		t.Cleanup(func() { c.Del(context.Background(), key) })
-		s.fps.put(leaseKey{key, cl.Token}, hint)
+		s.fps.put(leaseKey{key, cl.Token}, leaseFacts{fingerprint: hint, abandoned: 3, created: 1})
 		want := &server.Response{Status: http.StatusCreated, Body: []byte("body")}
 		if err := s.Complete(ctx, id, cl.Token, want, time.Minute); err != nil {
 			t.Fatalf("Complete with the hint %q error = %v", hint, err)
@@ -60,6 +60,10 @@ func TestCompleteWithAWrongHint(t *testing.T) {
 		got, err := s.Claim(ctx, id, "x", time.Minute, time.Minute)
 		if err != nil || got.Status != server.Completed || got.Fingerprint != "fp-right" || string(got.Response.Body) != "body" {
 			t.Errorf("with the hint %q, Claim = %+v, %v; want completed %q with the body", hint, got, err, "fp-right")
+		}
+		// The record's own facts, not the wrong hint's.
+		if r, err := s.Lookup(ctx, id); err != nil || r.Abandoned != 0 || r.Created.UnixMilli() == 1 {
+			t.Errorf("with the hint %q, Lookup = %+v, %v; want the record's abandoned count and time", hint, r, err)
 		}
 	}
 }

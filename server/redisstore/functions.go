@@ -8,18 +8,21 @@ import (
 
 // The Store's operations are Redis Functions, one per operation, in one
 // library. Each reads and writes KEYS[1] only, the record's key, so it is
-// atomic and runs on whichever Cluster node owns that key. None reads the
-// clock: an in-flight record's lease is its expiry less its slack (see
-// record.go), judged by the server's own PTTL; the token of a new lease is
-// proposed by the caller (see Store.Claim). Only a lease kept in a version 1
-// record, which holds the end of the lease as a time, is judged by TIME.
+// atomic and runs on whichever Cluster node owns that key. No lease is
+// judged by a clock: an in-flight record's lease is its expiry less its
+// slack (see record.go), judged by the server's own PTTL; the token of a new
+// lease is proposed by the caller (see Store.Claim). Only a lease kept in a
+// version 1 record, which holds the end of the lease as a time, is judged by
+// TIME. The claim reads TIME for one thing only: the time a record was first
+// claimed, kept for an operator (Store.Lookup).
 //
 // Redis hashes every byte of every Lua string it makes (its Lua computes a
 // string's hash over all of it), and each command a function calls costs
 // about as much as a small command from a client: so the functions make few
 // strings, small ones, and call few commands. The fast path of each is a
 // command or two and a comparison of bytes built in Go: the claim of a new
-// key is SET NX PX GET of an in-flight record built in Go, and the replay is
+// key is TIME and SET NX PX GET of an in-flight record built in Go (the time
+// spliced in), and the replay is
 // that same command, which returns the completed record without writing;
 // Complete, Release and Extend compare the record's first ten bytes
 // (version, state, token) with what the holder's token makes, and Complete
@@ -29,36 +32,60 @@ import (
 //
 // The replies, told apart by their type:
 const (
-	// Claim: 1 is acquired, with the token that the call proposed; a string
-	// is the completed record, whole; arrays are coded.
-	replyAcquired = 1 // 1, or {1, token}
+	// Claim: a string is the completed record, whole; arrays are coded.
+	replyAcquired = 1 // {1, token, abandoned, created (ms)}
 	replyInFlight = 2 // {2, fingerprint, ms left on the lease}
 	replyCorrupt  = 0 // {0, why}, from every function
-	// Complete, Release, Extend.
+	// Complete, Release, Extend, Resolve.
 	replyDone      = 4
 	replyLeaseLost = 5
+	// Lookup: {6, record, PTTL (ms), the server's time (ms)}; Lookup and
+	// Resolve: 7 when there is no live record.
+	replyFound    = 6
+	replyNotFound = 7
 )
 
 // libraryTemplate is the library's code; {{lib}} stands for its name, which
 // holds a digest of the code, so that Stores of different releases that
 // share a Redis each call the functions they were written for. Loading a
 // library of that name again (FUNCTION LOAD REPLACE) changes nothing.
+//
+// A command that Redis refuses (NOPERM from the user's ACL, OOM from a full
+// Redis) is raised as Redis's own error, never reported as a corrupt record:
+// only a key that holds something else (WRONGTYPE) or bytes that do not
+// parse are.
 const libraryTemplate = `#!lua name={{lib}}
-local HDR = 30
-local DONE, LOST = 4, 5
+local HDR, OLD = 42, 30
+local DONE, LOST, NOTFOUND = 4, 5, 7
 
 -- header checks v, a value read with redis.pcall, and returns the record's
--- version and state, or nil and why it cannot be read.
+-- version, state and header size, or nil and why it cannot be read. An
+-- error other than WRONGTYPE is raised as Redis gave it.
 local function header(v)
-  if type(v) ~= 'string' then return nil, tostring(v.err) end
-  if #v < HDR then return nil, 'truncated record header (' .. #v .. ' bytes)' end
+  if type(v) ~= 'string' then
+    local e = tostring(v.err)
+    if string.sub(e, 1, 9) ~= 'WRONGTYPE' then error(v) end
+    return nil, e
+  end
+  if #v < OLD then return nil, 'truncated record header (' .. #v .. ' bytes)' end
   local ver, st = string.byte(v, 1, 2)
-  if ver ~= 1 and ver ~= 2 then return nil, 'unknown record version ' .. ver end
+  if ver < 1 or ver > 3 then return nil, 'unknown record version ' .. ver end
+  local h = OLD
+  if ver == 3 then
+    h = HDR
+    if #v < HDR then return nil, 'truncated record header (' .. #v .. ' bytes)' end
+  end
   if st < 1 or st > 3 then return nil, 'unknown record state ' .. st end
-  if st ~= 2 and #v ~= HDR + struct.unpack('>I4', v, 27) then
+  if st ~= 2 and #v ~= h + struct.unpack('>I4', v, 27) then
     return nil, 'malformed record in state ' .. st
   end
-  return ver, st
+  return ver, st, h
+end
+
+-- raise raises an error that redis.pcall returned, but WRONGTYPE, which
+-- header reports as a corrupt record.
+local function raise(v)
+  if type(v) == 'table' and v.err then header(v) end
 end
 
 -- settle answers a call that did not find the record in flight with its
@@ -73,44 +100,58 @@ local function settle(v, mine)
   return LOST
 end
 
+local function now()
+  local t = redis.call('TIME')
+  return t[1] * 1000 + math.floor(t[2] / 1000), t
+end
+
 -- ARGV: the in-flight record to write, with the token this call proposes
--- and its nonce; its expiry (ms).
+-- and its nonce, abandoned 0 and no time; its expiry (ms).
 local function claim(keys, args)
   local key, rec, px = keys[1], args[1], args[2]
+  local ms, t = now()
+  rec = string.sub(rec, 1, 34) .. struct.pack('>i8', ms) .. string.sub(rec, HDR + 1)
   local v = redis.pcall('SET', key, rec, 'NX', 'PX', px, 'GET')
-  if not v then return 1 end
+  if not v then return {1, (struct.unpack('>i8', rec, 3)), 0, ms} end
   if type(v) == 'string' then
     local ver, st = string.byte(v, 1, 2)
-    if st == 2 and (ver == 2 or ver == 1) then return v end
+    if st == 2 and ver >= 1 and ver <= 3 then return v end
   end
-  local ver, st = header(v)
+  local ver, st, h = header(v)
   if not ver then return {0, st} end
   local prev = (struct.unpack('>i8', v, 3))
+  local ab, created = 0, ms
   if st == 1 then
-    local held, left = string.sub(v, HDR + 1), nil
-    if ver == 2 then
+    if ver == 3 then ab, created = struct.unpack('>I4i8', v, 31) end
+    local held, left = string.sub(v, h + 1), nil
+    if ver ~= 1 then
       -- This very claim, sent again after its reply was lost.
-      if string.sub(v, 11, 18) == string.sub(rec, 11, 18) then return {1, prev} end
+      if ver == 3 and string.sub(v, 11, 18) == string.sub(rec, 11, 18) then
+        return {1, prev, ab, created}
+      end
       left = redis.call('PTTL', key) - struct.unpack('>i8', v, 19)
     else
-      local t = redis.call('TIME')
       left = math.ceil((struct.unpack('>i8', v, 11) - t[1] * 1000000 - t[2]) / 1000)
     end
     if left > 0 then return {2, held, left} end
     if held ~= string.sub(rec, HDR + 1) then return {2, held, 0} end
+    -- An expired lease: its holder abandoned the record.
+    ab = ab + 1
   end
   -- Released, or a lease that expired: take over with a larger token.
   local tok = math.max(prev + 1, (struct.unpack('>i8', rec, 3)))
-  redis.call('SET', key, string.sub(rec, 1, 2) .. struct.pack('>i8', tok) .. string.sub(rec, 11), 'PX', px)
-  return {1, tok}
+  redis.call('SET', key, string.sub(rec, 1, 2) .. struct.pack('>i8', tok) .. string.sub(rec, 11, 30) ..
+    struct.pack('>I4i8', ab, created) .. string.sub(rec, HDR + 1), 'PX', px)
+  return {1, tok, ab, created}
 end
 
 -- ARGV: the in-flight record's first 10 bytes; the completed record, with
--- this call's nonce and the fingerprint that the Store remembers, if any;
--- the expiry (ms).
+-- this call's nonce and the fingerprint, abandoned count and time that the
+-- Store remembers, if any; the expiry (ms).
 local function complete(keys, args)
   local key, cur, rec = keys[1], args[1], args[2]
   local v = redis.pcall('GET', key)
+  raise(v)
   if type(v) == 'string' and #v >= HDR and string.sub(v, 1, 10) == cur
     and #v == HDR + struct.unpack('>I4', v, 27) then
     if string.sub(rec, 27, #v) ~= string.sub(v, 27) then
@@ -130,6 +171,7 @@ end
 local function release(keys, args)
   local key, cur, tomb = keys[1], args[1], args[2]
   local v = redis.pcall('GET', key)
+  raise(v)
   if type(v) == 'string' and #v >= HDR and string.sub(v, 1, 10) == cur then
     redis.call('SET', key, tomb, 'KEEPTTL')
     return DONE
@@ -142,6 +184,7 @@ end
 local function extend(keys, args)
   local key, cur, lease = keys[1], args[1], tonumber(args[2])
   local v = redis.pcall('GET', key)
+  raise(v)
   if type(v) == 'string' and #v >= HDR and string.sub(v, 1, 10) == cur then
     local pttl = redis.call('PTTL', key)
     local px = math.max(pttl, lease)
@@ -152,16 +195,54 @@ local function extend(keys, args)
   return settle(v, nil)
 end
 
+-- The record whole, with its PTTL and the server's time, for an operator.
+local function lookup(keys, args)
+  local key = keys[1]
+  local v = redis.pcall('GET', key)
+  if not v then return NOTFOUND end
+  local ver, st = header(v)
+  if not ver then return {0, st} end
+  if st == 3 then return NOTFOUND end
+  return {6, v, redis.call('PTTL', key), (now())}
+end
+
+-- ARGV: a completed record with this call's nonce, no fingerprint and the
+-- response, and its expiry (ms); or a tombstone. Either takes the record's
+-- token, so that its holder's is refused; a completed one keeps the
+-- record's fingerprint, abandoned count and time.
+local function resolve(keys, args)
+  local key, rec = keys[1], args[1]
+  local v = redis.pcall('GET', key)
+  if not v then return NOTFOUND end
+  local ver, st, h = header(v)
+  if not ver then return {0, st} end
+  if st == 3 then return NOTFOUND end
+  local head = string.sub(rec, 1, 2) .. string.sub(v, 3, 10) .. string.sub(rec, 11, 26)
+  if string.byte(rec, 2) == 3 then
+    redis.call('SET', key, head .. string.sub(rec, 27), 'KEEPTTL')
+    return DONE
+  end
+  local n = struct.unpack('>I4', v, 27)
+  local ab, created = 0, 0
+  if ver == 3 then ab, created = struct.unpack('>I4i8', v, 31) end
+  redis.call('SET', key, head .. struct.pack('>I4I4i8', n, ab, created) ..
+    string.sub(v, h + 1, h + n) .. string.sub(rec, HDR + 1), 'PX', args[2])
+  return DONE
+end
+
 redis.register_function('{{lib}}_claim', claim)
 redis.register_function('{{lib}}_complete', complete)
 redis.register_function('{{lib}}_release', release)
 redis.register_function('{{lib}}_extend', extend)
+redis.register_function('{{lib}}_lookup', lookup)
+redis.register_function('{{lib}}_resolve', resolve)
 `
 
 // library is the library's code and the names of its functions.
 type library struct {
 	name, code                       string
 	claim, complete, release, extend string
+	lookup, resolve                  string
 }
 
 func newLibrary() library {
@@ -174,5 +255,7 @@ func newLibrary() library {
 		complete: name + "_complete",
 		release:  name + "_release",
 		extend:   name + "_extend",
+		lookup:   name + "_lookup",
+		resolve:  name + "_resolve",
 	}
 }

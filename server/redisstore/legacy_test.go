@@ -118,8 +118,11 @@ func TestVersion1Records(t *testing.T) {
 		if err != nil || got.Status != server.Acquired || got.Token != ahead+1 {
 			t.Fatalf("Claim = %v %d, %v; want acquired with %d", got.Status, got.Token, err, ahead+1)
 		}
-		if v, err := c.GetRange(ctx, s.RecordKey(id), 0, 0).Result(); err != nil || v != "\x02" {
-			t.Errorf("taken over record's version = %q, %v; want 2", v, err)
+		if v, err := c.GetRange(ctx, s.RecordKey(id), 0, 0).Result(); err != nil || v != "\x03" {
+			t.Errorf("taken over record's version = %q, %v; want 3", v, err)
+		}
+		if got.Abandoned != 1 {
+			t.Errorf("takeover of a version 1 lease: Abandoned = %d, want 1", got.Abandoned)
 		}
 		if err := s.Complete(ctx, id, got.Token, want, time.Hour); err != nil {
 			t.Fatalf("Complete error = %v", err)
@@ -133,4 +136,71 @@ func TestVersion1Records(t *testing.T) {
 			t.Fatalf("Claim = %v %d, %v; want acquired with %d", got.Status, got.Token, err, ahead+1)
 		}
 	})
+}
+
+// version2 builds a record in the layout of the release before this one
+// (version 2): a header of 30 bytes, with the lease's slack, and no
+// abandoned count or time.
+func version2(state byte, token server.Token, slack int64, fp string, response []byte) string {
+	b := []byte{2, state}
+	b = binary.BigEndian.AppendUint64(b, uint64(token))
+	b = append(b, "nonce-v2"...)
+	b = binary.BigEndian.AppendUint64(b, uint64(slack))
+	b = binary.BigEndian.AppendUint32(b, uint32(len(fp)))
+	b = append(b, fp...)
+	return string(append(b, response...))
+}
+
+// Version 2 records, which the previous release wrote, stay readable: a
+// completed one is replayed and looked up, an in-flight one whose lease
+// ended is taken over into version 3 with one abandoned holder, a released
+// one passes its token on.
+func TestVersion2Records(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, c := sharedStore(t)
+	// Ahead of every clock, and exact in Lua's numbers (below 2^53).
+	const ahead = server.Token(1 << 52)
+	write := func(name, value string, ttl time.Duration) server.ID {
+		t.Helper()
+		id := server.ID{Scope: "version-2", Key: name}
+		if err := c.Set(ctx, s.RecordKey(id), value, ttl).Err(); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	// 201, Location: /orders/1, {"id":1}: one header, so in order.
+	body := `{"id":1}`
+	encoded := append([]byte{0, 201, 0, 0, 0, 0, byte(len(body)), 1, 1, 8}, "Location"...)
+	encoded = append(append(encoded, 1, 9), "/orders/1"...)
+	encoded = append(encoded, body...)
+	want := &server.Response{Status: http.StatusCreated, Header: http.Header{"Location": {"/orders/1"}}, Body: []byte(body)}
+
+	id := write("completed", version2(2, ahead, 0, "fp-2", encoded), time.Hour)
+	got, err := s.Claim(ctx, id, "fp-2", time.Minute, time.Hour)
+	if err != nil || got.Status != server.Completed || string(got.Response.Body) != string(want.Body) {
+		t.Errorf("Claim of a completed version 2 record = %+v, %v; want the replay", got, err)
+	}
+	if r, err := s.Lookup(ctx, id); err != nil || !r.Completed || r.Fingerprint != "fp-2" || !r.Created.IsZero() {
+		t.Errorf("Lookup of a completed version 2 record = %+v, %v; want completed, no Created", r, err)
+	}
+
+	// In flight, its lease over: the record outlives it by an hour.
+	id = write("expired", version2(1, ahead, int64(time.Hour/time.Millisecond), "fp-2", nil), time.Hour)
+	got, err = s.Claim(ctx, id, "fp-2", time.Minute, time.Hour)
+	if err != nil || got.Status != server.Acquired || got.Token != ahead+1 || got.Abandoned != 1 {
+		t.Fatalf("Claim = %+v, %v; want acquired with %d, Abandoned 1", got, err, ahead+1)
+	}
+	if v, err := c.GetRange(ctx, s.RecordKey(id), 0, 0).Result(); err != nil || v != "\x03" {
+		t.Errorf("taken over record's version = %q, %v; want 3", v, err)
+	}
+	if err := s.Complete(ctx, id, got.Token, want, time.Hour); err != nil {
+		t.Errorf("Complete after the takeover error = %v", err)
+	}
+
+	id = write("released", version2(3, ahead, 0, "", nil), time.Hour)
+	got, err = s.Claim(ctx, id, "fp-2", time.Minute, time.Hour)
+	if err != nil || got.Status != server.Acquired || got.Token != ahead+1 || got.Abandoned != 0 {
+		t.Errorf("Claim of a released version 2 record = %+v, %v; want acquired with %d, Abandoned 0", got, err, ahead+1)
+	}
 }

@@ -13,14 +13,14 @@ import (
 	"github.com/idemkit/idempotency/server"
 )
 
-// The record layout. A record is one Redis string: a fixed header of 30
-// bytes, the fingerprint, and, once completed, the response. Integers are
-// big-endian. The functions (functions.go) read the header with string.byte,
-// string.sub and struct.unpack, and compare its first ten bytes (version,
-// state, token) with bytes built here; they never look inside the response,
-// which is decoded here.
+// The record layout. A record is one Redis string: a fixed header (42 bytes
+// in version 3, 30 before), the fingerprint, and, once completed, the
+// response. Integers are big-endian. The functions (functions.go) read the
+// header with string.byte, string.sub and struct.unpack, and compare its
+// first ten bytes (version, state, token) with bytes built here; they never
+// look inside the response, which is decoded here.
 //
-//	offset  size  version 2 (written)            version 1 (read only)
+//	offset  size  versions 3 and 2               version 1 (read only)
 //	0       1     version                        version
 //	1       1     state: 1 in flight, 2 completed, 3 released
 //	2       8     fencing token
@@ -29,24 +29,33 @@ import (
 //	18      8     slack: ms that the record      nonce
 //	              outlives its lease (in flight)
 //	26      4     fingerprint length n
-//	30      n     fingerprint
-//	30+n          response (completed only, both versions):
+//	30      4     version 3: abandoned holders before this one
+//	34      8     version 3: when the record was first claimed, ms since
+//	              the epoch, by the server's clock (TIME)
+//	h       n     fingerprint, h the header's size (42, or 30 before 3)
+//	h+n           response (completed only, every version):
 //	              2 status, 1 flags (bit 0: body omitted), 4 body length,
 //	              uvarint names, uvarint values, then per name: uvarint
 //	              length, name, uvarint count, per value: uvarint length,
 //	              value; then the body, to the end of the record.
 //
-// Version 2 keeps no time: an in-flight record expires (PX) at the end of its
-// lease plus its slack, so the lease has PTTL - slack milliseconds left, by
-// the server's own clock, read by no command. Version 2 writes header names
-// in increasing order, so that a response has one encoding and a record that
-// decodes re-encodes to the same bytes; version 1 wrote them in any order.
+// Versions 2 and 3 keep no lease time: an in-flight record expires (PX) at
+// the end of its lease plus its slack, so the lease has PTTL - slack
+// milliseconds left, by the server's own clock, read by no command. They
+// write header names in increasing order, so that a response has one
+// encoding and a record that decodes re-encodes to the same bytes; version 1
+// wrote them in any order. Version 3 adds what an operator asks of a record
+// (server.Record): how many holders abandoned it, and when it was first
+// claimed.
 const (
-	recordVersion = 2
-	// legacyVersion is the previous layout, written by earlier releases:
-	// still read, never written.
+	recordVersion = 3
+	// v2Version and legacyVersion are the previous layouts, written by
+	// earlier releases: still read, never written.
+	v2Version     = 2
 	legacyVersion = 1
-	recordHeader  = 30
+	recordHeader  = 42
+	// oldHeader is the header's size in versions 1 and 2.
+	oldHeader = 30
 
 	stateInFlight  = 1
 	stateCompleted = 2
@@ -56,6 +65,14 @@ const (
 	// responseFixed is the size of status, flags and body length.
 	responseFixed = 7
 )
+
+// headerSize returns the size of the header of a record of version v.
+func headerSize(v byte) int {
+	if v == recordVersion {
+		return recordHeader
+	}
+	return oldHeader
+}
 
 // ErrCorruptRecord is returned, wrapped, when a record cannot be decoded: an
 // unknown version, a truncated value, a key holding something else. It is a
@@ -70,8 +87,10 @@ type record struct {
 	state       byte
 	token       server.Token
 	nonce       uint64
-	slack       int64 // version 2: ms the record outlives its lease
-	leaseEnd    int64 // version 1: the lease's end, µs since the epoch
+	slack       int64  // versions 2 and 3: ms the record outlives its lease
+	leaseEnd    int64  // version 1: the lease's end, µs since the epoch
+	abandoned   uint32 // version 3: holders that lost the lease before
+	created     int64  // version 3: first claimed, ms since the epoch
 	fingerprint string
 	response    *server.Response // completed only
 }
@@ -93,17 +112,17 @@ func recordKey(prefix string, id server.ID) string {
 	return b.String()
 }
 
-// appendHead appends the first 26 bytes of a version 2 header: all of it but
-// the fingerprint's length.
-func appendHead(b []byte, state byte, token server.Token, nonce uint64, slack int64) []byte {
-	b = append(b, recordVersion, state)
+// appendHead appends the first 26 bytes of a header of version v (3 or 2):
+// up to the fingerprint's length.
+func appendHead(b []byte, v, state byte, token server.Token, nonce uint64, slack int64) []byte {
+	b = append(b, v, state)
 	b = binary.BigEndian.AppendUint64(b, uint64(token))
 	b = binary.BigEndian.AppendUint64(b, nonce)
 	return binary.BigEndian.AppendUint64(b, uint64(slack))
 }
 
 // encodeRecord encodes r in its version's layout, in one allocation. Only
-// tests write version 1.
+// tests write versions 1 and 2.
 func encodeRecord(r record) ([]byte, error) {
 	if uint64(len(r.fingerprint)) > math.MaxUint32 {
 		return nil, fmt.Errorf("fingerprint of %d bytes too large", len(r.fingerprint))
@@ -111,7 +130,7 @@ func encodeRecord(r record) ([]byte, error) {
 	if (r.response != nil) != (r.state == stateCompleted) {
 		return nil, fmt.Errorf("a record in state %d with a response: %t", r.state, r.response != nil)
 	}
-	size := recordHeader + len(r.fingerprint)
+	size := headerSize(r.version) + len(r.fingerprint)
 	if r.response != nil {
 		n, err := responseSize(r.response)
 		if err != nil {
@@ -121,8 +140,8 @@ func encodeRecord(r record) ([]byte, error) {
 	}
 	b := make([]byte, 0, size)
 	switch r.version {
-	case recordVersion:
-		b = appendHead(b, r.state, r.token, r.nonce, r.slack)
+	case recordVersion, v2Version:
+		b = appendHead(b, r.version, r.state, r.token, r.nonce, r.slack)
 	case legacyVersion:
 		b = append(b, legacyVersion, r.state)
 		b = binary.BigEndian.AppendUint64(b, uint64(r.token))
@@ -132,6 +151,10 @@ func encodeRecord(r record) ([]byte, error) {
 		return nil, fmt.Errorf("unknown record version %d", r.version)
 	}
 	b = binary.BigEndian.AppendUint32(b, uint32(len(r.fingerprint)))
+	if r.version == recordVersion {
+		b = binary.BigEndian.AppendUint32(b, r.abandoned)
+		b = binary.BigEndian.AppendUint64(b, uint64(r.created))
+	}
 	b = append(b, r.fingerprint...)
 	if r.response != nil {
 		b = appendResponse(b, r.response)
@@ -218,12 +241,20 @@ func uvarintLen(n int) int {
 // it returns do not share memory with rec, so that a large record is not kept
 // alive by its headers.
 func decodeRecord(rec string) (record, error) {
-	if len(rec) < recordHeader {
+	if len(rec) < oldHeader {
 		return record{}, corrupt("truncated record header (%d bytes)", len(rec))
 	}
 	r := record{version: rec[0], state: rec[1], token: server.Token(beUint64(rec[2:]))}
+	hdr := headerSize(r.version)
 	switch r.version {
 	case recordVersion:
+		if len(rec) < recordHeader {
+			return record{}, corrupt("truncated record header (%d bytes)", len(rec))
+		}
+		r.abandoned = binary.BigEndian.Uint32([]byte(rec[30:34]))
+		r.created = int64(beUint64(rec[34:]))
+		fallthrough
+	case v2Version:
 		r.nonce, r.slack = beUint64(rec[10:]), int64(beUint64(rec[18:]))
 	case legacyVersion:
 		r.leaseEnd, r.nonce = int64(beUint64(rec[10:])), beUint64(rec[18:])
@@ -234,25 +265,25 @@ func decodeRecord(rec string) (record, error) {
 		return record{}, corrupt("unknown record state %d", r.state)
 	}
 	fpLen := uint64(binary.BigEndian.Uint32([]byte(rec[26:30])))
-	rest := uint64(len(rec) - recordHeader)
+	rest := uint64(len(rec) - hdr)
 	if r.state != stateCompleted {
 		if fpLen != rest {
 			return record{}, corrupt("malformed record in state %d", r.state)
 		}
-		r.fingerprint = strings.Clone(rec[recordHeader:])
+		r.fingerprint = strings.Clone(rec[hdr:])
 		return r, nil
 	}
 	if fpLen+responseFixed > rest {
 		return record{}, corrupt("truncated record")
 	}
-	fixed := rec[recordHeader+int(fpLen):]
+	fixed := rec[hdr+int(fpLen):]
 	bodyLen := uint64(binary.BigEndian.Uint32([]byte(fixed[3:7])))
 	if bodyLen > uint64(len(fixed)-responseFixed) {
 		return record{}, corrupt("truncated response body")
 	}
 	metaEnd := len(rec) - int(bodyLen)
 	// One copy of everything but the body, sliced below.
-	meta := strings.Clone(rec[recordHeader:metaEnd])
+	meta := strings.Clone(rec[hdr:metaEnd])
 	r.fingerprint, meta = meta[:fpLen], meta[fpLen:]
 	resp := &server.Response{
 		Status:      int(binary.BigEndian.Uint16([]byte(meta[0:2]))),
@@ -262,7 +293,7 @@ func decodeRecord(rec string) (record, error) {
 		return record{}, corrupt("unknown response flags %#x", meta[2])
 	}
 	var err error
-	if resp.Header, err = decodeHeader(meta[responseFixed:], r.version == recordVersion); err != nil {
+	if resp.Header, err = decodeHeader(meta[responseFixed:], r.version != legacyVersion); err != nil {
 		return record{}, err
 	}
 	if bodyLen > 0 {

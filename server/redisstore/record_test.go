@@ -18,6 +18,11 @@ func sampleRecords() []record {
 	return []record{
 		{version: recordVersion, state: stateInFlight, token: token, nonce: 7, slack: 3_540_000, fingerprint: "fp\x00\xff"},
 		{version: recordVersion, state: stateInFlight, token: 1, fingerprint: ""},
+		{version: recordVersion, state: stateInFlight, token: 2, abandoned: 3, created: 1796000000000, fingerprint: "fp"},
+		{version: v2Version, state: stateInFlight, token: token, nonce: 7, slack: 60_000, fingerprint: "fp"},
+		{version: v2Version, state: stateReleased, token: token, nonce: 2},
+		{version: v2Version, state: stateCompleted, token: token, nonce: 9, fingerprint: "fp",
+			response: &server.Response{Status: http.StatusCreated, Header: http.Header{"A": {"b"}}, Body: []byte("x")}},
 		{version: recordVersion, state: stateReleased, token: token, nonce: 1 << 63},
 		{version: recordVersion, state: stateCompleted, token: token, nonce: 9, fingerprint: "fp",
 			response: &server.Response{Status: http.StatusNoContent}},
@@ -101,14 +106,14 @@ func TestHeadLayout(t *testing.T) {
 	if got := heldBy(12345); !bytes.Equal(got, rec[:10]) {
 		t.Errorf("heldBy = %q, want the record's first 10 bytes %q", got, rec[:10])
 	}
-	if got := appendHead(nil, stateInFlight, 12345, 99, 77); !bytes.Equal(got, rec[:26]) {
+	if got := appendHead(nil, recordVersion, stateInFlight, 12345, 99, 77); !bytes.Equal(got, rec[:26]) {
 		t.Errorf("appendHead = %q, want the record's first 26 bytes %q", got, rec[:26])
 	}
 }
 
 // Values share a backing array: appending to one must not change another.
 func TestDecodedValuesDoNotShare(t *testing.T) {
-	want := sampleRecords()[5]
+	want := sampleRecords()[9]
 	got, err := decodeRecord(string(mustEncode(t, want)))
 	if err != nil {
 		t.Fatal(err)
@@ -129,7 +134,7 @@ func TestEncodeRefuses(t *testing.T) {
 		{version: recordVersion, state: stateCompleted, response: &server.Response{Status: 1 << 16}},
 		{version: recordVersion, state: stateCompleted},
 		{version: recordVersion, state: stateInFlight, response: &server.Response{Status: 200}},
-		{version: 3, state: stateInFlight},
+		{version: 4, state: stateInFlight},
 	} {
 		if _, err := encodeRecord(r); err == nil {
 			t.Errorf("encodeRecord(%+v) error = nil, want an error", r)
@@ -141,7 +146,7 @@ func TestEncodeRefuses(t *testing.T) {
 }
 
 // checkDecoded checks what decodeRecord makes of rec: ErrCorruptRecord, or a
-// record that encodes back to rec (version 2) or to a record that decodes
+// record that encodes back to rec (versions 2 and 3) or to a record that decodes
 // the same and encodes to itself (version 1, whose header names were in no
 // order).
 func checkDecoded(t *testing.T, rec string) {
@@ -157,7 +162,7 @@ func checkDecoded(t *testing.T, rec string) {
 	if err != nil {
 		t.Fatalf("encodeRecord of the decoded %q error = %v", rec, err)
 	}
-	if r.version == recordVersion && string(enc) != rec {
+	if r.version != legacyVersion && string(enc) != rec {
 		t.Fatalf("decodeRecord(%q) re-encodes to %q", rec, enc)
 	}
 	r2, err := decodeRecord(string(enc))
@@ -193,15 +198,19 @@ func TestDecodeDamagedRecords(t *testing.T) {
 	}
 }
 
-// The response's encoding has one form: names in increasing order (version
-// 2), no duplicates, varints in their shortest form.
+// The response's encoding has one form: names in increasing order (versions
+// 2 and 3), no duplicates, varints in their shortest form.
 func TestDecodeRefusesOtherForms(t *testing.T) {
 	head := func(version byte) []byte {
 		b := []byte{version, stateCompleted}
 		b = binary.BigEndian.AppendUint64(b, 1)
 		b = binary.BigEndian.AppendUint64(b, 0)
 		b = binary.BigEndian.AppendUint64(b, 0)
-		return binary.BigEndian.AppendUint32(b, 0) // no fingerprint
+		b = binary.BigEndian.AppendUint32(b, 0) // no fingerprint
+		if version == recordVersion {
+			b = append(b, make([]byte, recordHeader-oldHeader)...)
+		}
+		return b
 	}
 	// Status 200, no flags, no body; then the header's encoding.
 	fixed := []byte{0, 200, 0, 0, 0, 0, 0}
@@ -214,6 +223,7 @@ func TestDecodeRefusesOtherForms(t *testing.T) {
 	}{
 		{"sorted", recordVersion, []byte{2, 2, 1, 'a', 1, 1, 'y', 1, 'b', 1, 1, 'x'}, true},
 		{"unsorted", recordVersion, unsorted, false},
+		{"unsorted, version 2", v2Version, unsorted, false},
 		{"unsorted, version 1", legacyVersion, unsorted, true},
 		{"duplicate", recordVersion, []byte{2, 2, 1, 'a', 1, 1, 'y', 1, 'a', 1, 1, 'x'}, false},
 		{"duplicate, version 1", legacyVersion, []byte{2, 2, 1, 'a', 1, 1, 'y', 1, 'a', 1, 1, 'x'}, false},
@@ -251,12 +261,16 @@ func FuzzRecordRoundTrip(f *testing.F) {
 	f.Fuzz(func(t *testing.T, kind uint8, token int64, nonce uint64, n int64, fp string, status uint16, omitted bool,
 		name1, value1, name2, value2 string, body []byte) {
 		want := record{token: server.Token(token), nonce: nonce, fingerprint: fp}
-		want.version = []byte{recordVersion, legacyVersion}[kind%2]
-		want.state = stateInFlight + kind/2%3
-		if want.version == recordVersion {
-			want.slack = n
-		} else {
+		want.version = []byte{recordVersion, legacyVersion, v2Version}[kind%3]
+		want.state = stateInFlight + kind/3%3
+		switch want.version {
+		case legacyVersion:
 			want.leaseEnd = n
+		case recordVersion:
+			want.abandoned, want.created = uint32(nonce), n
+			fallthrough
+		default:
+			want.slack = n
 		}
 		if want.state == stateCompleted {
 			h := http.Header{}

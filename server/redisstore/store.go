@@ -5,7 +5,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
+	"math"
 	"math/rand/v2"
+	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -18,16 +22,29 @@ const DefaultPrefix = "idempotency:"
 
 // Store is a server.Store kept in Redis. Create one with New; it is safe for
 // concurrent use, and any number of Stores, in any number of processes, share
-// records when they share a Redis and a prefix. A Store starts no goroutines
-// and owns nothing: the client is the caller's to close. It keeps, in memory,
-// the fingerprint of each lease it granted until it completes or releases
-// it, a few thousand at most (see the package documentation, Functions). The
-// zero Store has no client: its methods fail.
+// records when they share a Redis and a prefix. A Store owns nothing: the
+// client is the caller's to close. On a client with ContextTimeoutEnabled it
+// starts no goroutine. On one without, each call runs on a goroutine of its
+// own, so that the call's context bounds it; one that outlives its context
+// ends by the client's own timeouts, or when the client is closed. It keeps,
+// in memory, the fingerprint of each lease it granted until it completes or
+// releases it, a few thousand at most (see the package documentation,
+// Functions). The zero Store has no client: its methods fail.
 type Store struct {
 	client redis.UniversalClient
 	prefix string
 	lib    library
 	fps    *fingerprints
+	logger *slog.Logger
+	strict bool
+	// deaf is set for a client without ContextTimeoutEnabled, which bounds
+	// its I/O by its own timeouts and not by the call's context.
+	deaf bool
+	// ack is what WithReplicaAck asks for; replicas 0 asks for nothing.
+	ack     replicaAck
+	optErrs []error
+	// bulkLimit is the server's proto-max-bulk-len once read, 0 before.
+	bulkLimit atomic.Int64
 }
 
 var _ server.Store = (*Store)(nil)
@@ -49,19 +66,35 @@ func WithPrefix(prefix string) Option {
 // into a server (FUNCTION LOAD) the first time it finds the server without
 // it, and calls the functions (FCALL) afterwards.
 //
-// Give the client ContextTimeoutEnabled, so that a Redis that hangs fails the
-// request when its context ends rather than after the client's own timeouts,
-// and run Redis with maxmemory-policy noeviction (see the package
-// documentation).
+// Give the client ContextTimeoutEnabled, so that go-redis ends its I/O when a
+// call's context ends (the Store returns then anyway, see Errors in the
+// package documentation), and run Redis with maxmemory-policy noeviction:
+// Open checks it. An invalid option is named in New's error.
 func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 	if client == nil {
 		return nil, errors.New("redisstore: nil client")
 	}
-	s := &Store{client: client, prefix: DefaultPrefix, lib: newLibrary(), fps: newFingerprints()}
+	s := &Store{client: client, prefix: DefaultPrefix, lib: newLibrary(), fps: newFingerprints(), deaf: !hearsContext(client)}
 	for _, o := range opts {
 		o(s)
 	}
+	if err := errors.Join(s.optErrs...); err != nil {
+		return nil, fmt.Errorf("redisstore: %w", err)
+	}
 	return s, nil
+}
+
+// hearsContext reports whether client bounds its I/O by a call's context.
+func hearsContext(client redis.UniversalClient) bool {
+	switch c := client.(type) {
+	case *redis.Client:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.Ring:
+		return c.Options().ContextTimeoutEnabled
+	}
+	return false
 }
 
 // RecordKey returns the Redis key that holds id's record, for an operator
@@ -95,28 +128,38 @@ func (s *Store) Claim(ctx context.Context, id server.ID, fingerprint string, lea
 		return server.Claim{}, fmt.Errorf("redisstore: claim: %w", err)
 	}
 	key := s.RecordKey(id)
-	reply, err := s.call(ctx, s.lib.claim, key, rec, px)
+	var reply any
+	if s.ack.replicas > 0 {
+		reply, err = s.claimAcked(ctx, id, key, rec, px)
+	} else {
+		reply, err = s.call(ctx, s.lib.claim, key, rec, px)
+	}
 	if err != nil {
 		return server.Claim{}, fmt.Errorf("redisstore: claim: %w", err)
 	}
-	c, err := parseClaim(reply, proposed)
+	c, created, err := parseClaim(reply)
 	if err != nil {
 		return server.Claim{}, fmt.Errorf("redisstore: claim: %w", err)
 	}
 	if c.Status == server.Acquired {
-		s.fps.put(leaseKey{key, c.Token}, fingerprint)
+		s.fps.put(leaseKey{key, c.Token}, leaseFacts{fingerprint, uint32(c.Abandoned), created})
 	}
 	return c, nil
 }
 
-// parseClaim reads the claim function's answer to a call that proposed the
-// token proposed.
-func parseClaim(reply any, proposed server.Token) (server.Claim, error) {
+// parseClaim reads the claim function's answer, and, for a lease, when the
+// record was first claimed (ms since the epoch).
+func parseClaim(reply any) (server.Claim, int64, error) {
+	c, err := parseClaimReply(reply)
+	if err != nil || c.Status != server.Acquired {
+		return c, 0, err
+	}
+	r := reply.([]any)
+	return c, r[3].(int64), nil
+}
+
+func parseClaimReply(reply any) (server.Claim, error) {
 	switch r := reply.(type) {
-	case int64:
-		if r == replyAcquired {
-			return server.Claim{Status: server.Acquired, Token: proposed}, nil
-		}
 	case string:
 		rec, err := decodeRecord(r)
 		if err != nil {
@@ -129,9 +172,12 @@ func parseClaim(reply any, proposed server.Token) (server.Claim, error) {
 	case []any:
 		switch code(r) {
 		case replyAcquired:
-			if len(r) == 2 {
-				if tok, ok := r[1].(int64); ok {
-					return server.Claim{Status: server.Acquired, Token: server.Token(tok)}, nil
+			if len(r) == 4 {
+				tok, ok1 := r[1].(int64)
+				ab, ok2 := r[2].(int64)
+				_, ok3 := r[3].(int64)
+				if ok1 && ok2 && ok3 && ab >= 0 && ab <= math.MaxUint32 {
+					return server.Claim{Status: server.Acquired, Token: server.Token(tok), Abandoned: int(ab)}, nil
 				}
 			}
 		case replyInFlight:
@@ -139,7 +185,7 @@ func parseClaim(reply any, proposed server.Token) (server.Claim, error) {
 				fp, ok1 := r[1].(string)
 				left, ok2 := r[2].(int64)
 				if ok1 && ok2 {
-					return server.Claim{Status: server.InFlight, Fingerprint: fp, RetryAfter: time.Duration(left) * time.Millisecond}, nil
+					return server.Claim{Status: server.InFlight, Fingerprint: fp, RetryAfter: fromMillis(left)}, nil
 				}
 			}
 		case replyCorrupt:
@@ -151,6 +197,15 @@ func parseClaim(reply any, proposed server.Token) (server.Claim, error) {
 
 // Complete implements server.Store in one round trip. The record, response
 // included, then expires after ttl.
+//
+// A response that Redis will never accept fails with an error wrapping
+// server.ErrNotStorable, and the record stays in flight with its lease: a
+// record larger than a Redis string (512 MiB), one that Redis refuses as an
+// argument larger than its proto-max-bulk-len ("Protocol error: invalid bulk
+// length", or the connection reset while the record was sent, when the
+// record is larger than the limit that CONFIG GET reads), or a string larger
+// than Redis keeps ("string exceeds maximum allowed size"). Every other
+// error, a full Redis (OOM) included, may pass.
 func (s *Store) Complete(ctx context.Context, id server.ID, token server.Token, resp *server.Response, ttl time.Duration) error {
 	if err := s.usable(ctx); err != nil {
 		return fmt.Errorf("redisstore: complete: %w", err)
@@ -159,19 +214,82 @@ func (s *Store) Complete(ctx context.Context, id server.ID, token server.Token, 
 		return errors.New("redisstore: complete: nil response")
 	}
 	key := s.RecordKey(id)
-	fp, _ := s.fps.take(leaseKey{key, token})
+	facts, _ := s.fps.take(leaseKey{key, token})
 	rec, err := encodeRecord(record{
 		version:     recordVersion,
 		state:       stateCompleted,
 		token:       token,
 		nonce:       rand.Uint64(),
-		fingerprint: fp,
+		fingerprint: facts.fingerprint,
+		abandoned:   facts.abandoned,
+		created:     facts.created,
 		response:    resp,
 	})
+	if err == nil && len(rec) > maxValue {
+		err = fmt.Errorf("a record of %d bytes, larger than Redis keeps: %w", len(rec), server.ErrNotStorable)
+	}
 	if err != nil {
 		return fmt.Errorf("redisstore: complete: %w", err)
 	}
-	return s.update(ctx, "complete", s.lib.complete, key, heldBy(token), rec, millis(ttl))
+	if limit := s.bulkLimit.Load(); limit > 0 && int64(len(rec)) > limit {
+		return fmt.Errorf("redisstore: complete: a record of %d bytes, above the server's proto-max-bulk-len %d: %w", len(rec), limit, server.ErrNotStorable)
+	}
+	err = s.update(ctx, "complete", s.lib.complete, key, heldBy(token), rec, millis(ttl))
+	if err != nil && (notStorable(err) || s.aboveBulkLimit(ctx, key, len(rec), err)) {
+		return fmt.Errorf("%w (%w)", err, server.ErrNotStorable)
+	}
+	return err
+}
+
+// minBulkLimit is the smallest proto-max-bulk-len that Redis accepts.
+const minBulkLimit = 1 << 20
+
+// aboveBulkLimit reports whether a record of n bytes, whose call failed
+// with err, is larger than the server's proto-max-bulk-len. Redis answers
+// such an argument with a protocol error and closes the connection, often
+// while the client still writes it: the client then sees the connection
+// reset, not the answer. So after a failure with no answer from Redis, a
+// record that large has the limit read (CONFIG GET, once per Store) and
+// compared; where the limit cannot be read, the failure stays one that
+// another try may mend.
+func (s *Store) aboveBulkLimit(ctx context.Context, key string, n int, err error) bool {
+	var reply redis.Error
+	if n <= minBulkLimit || errors.As(err, &reply) || ctx.Err() != nil {
+		return false
+	}
+	limit := s.bulkLimit.Load()
+	if limit == 0 {
+		var node redis.Cmdable = s.client
+		if c, ok := s.client.(*redis.ClusterClient); ok {
+			m, err := c.MasterForKey(ctx, key)
+			if err != nil {
+				return false
+			}
+			node = m
+		}
+		cfg, err := node.ConfigGet(ctx, "proto-max-bulk-len").Result()
+		if err != nil {
+			return false
+		}
+		if limit, err = strconv.ParseInt(cfg["proto-max-bulk-len"], 10, 64); err != nil || limit <= 0 {
+			return false
+		}
+		s.bulkLimit.Store(limit)
+	}
+	return int64(n) > limit
+}
+
+// maxValue is the largest string Redis keeps: 512 MiB.
+const maxValue = 512 << 20
+
+// notStorable reports whether err is Redis's refusal of a value that it
+// refuses whatever the time: an argument larger than its proto-max-bulk-len
+// (a protocol error, after which it closes the connection), or a string
+// larger than it keeps. A full Redis (OOM) is not one of them: memory comes
+// back.
+func notStorable(err error) bool {
+	return redis.HasErrorPrefix(err, "Protocol error: invalid bulk length") ||
+		redis.HasErrorPrefix(err, "string exceeds maximum allowed size")
 }
 
 // Release implements server.Store in one round trip. The record becomes a
@@ -183,8 +301,7 @@ func (s *Store) Release(ctx context.Context, id server.ID, token server.Token) e
 	}
 	key := s.RecordKey(id)
 	s.fps.take(leaseKey{key, token})
-	tomb := binary.BigEndian.AppendUint32(appendHead(make([]byte, 0, recordHeader), stateReleased, token, rand.Uint64(), 0), 0)
-	return s.update(ctx, "release", s.lib.release, key, heldBy(token), tomb)
+	return s.update(ctx, "release", s.lib.release, key, heldBy(token), tombstone(token))
 }
 
 // Extend implements server.Store in one round trip. The record's expiry is
@@ -194,6 +311,13 @@ func (s *Store) Extend(ctx context.Context, id server.ID, token server.Token, le
 		return fmt.Errorf("redisstore: extend: %w", err)
 	}
 	return s.update(ctx, "extend", s.lib.extend, s.RecordKey(id), heldBy(token), millis(lease))
+}
+
+// tombstone returns a released record that keeps token, with a nonce of
+// its own.
+func tombstone(token server.Token) []byte {
+	b := appendHead(make([]byte, 0, recordHeader), recordVersion, stateReleased, token, rand.Uint64(), 0)
+	return append(b, make([]byte, recordHeader-len(b))...)
 }
 
 // heldBy returns the first ten bytes of a record in flight with token:
@@ -211,26 +335,52 @@ func (s *Store) usable(ctx context.Context) error {
 	return ctx.Err()
 }
 
-// update calls a function that answers done or lease lost.
+// update calls a function that answers done or lease lost. A completion
+// WithReplicaAck waits for the replicas too.
 func (s *Store) update(ctx context.Context, op, fn, key string, args ...any) error {
-	reply, err := s.call(ctx, fn, key, args...)
-	if err == nil {
-		switch r := reply.(type) {
-		case int64:
-			switch r {
-			case replyDone:
-				return nil
-			case replyLeaseLost:
-				return fmt.Errorf("redisstore: %s: %w", op, server.ErrLeaseLost)
-			}
-		case []any:
-			if code(r) == replyCorrupt {
-				return fmt.Errorf("redisstore: %s: %w", op, corruptReply(r))
-			}
+	if op != "complete" || s.ack.replicas == 0 {
+		reply, err := s.call(ctx, fn, key, args...)
+		if err == nil {
+			err = updated(reply)
 		}
-		err = unexpected(reply)
+		if err != nil {
+			return fmt.Errorf("redisstore: %s: %w", op, err)
+		}
+		return nil
 	}
-	return fmt.Errorf("redisstore: %s: %w", op, err)
+	reply, acked, err := s.callAcked(ctx, fn, key, args...)
+	if reply != nil {
+		if uerr := updated(reply); uerr != nil {
+			return fmt.Errorf("redisstore: %s: %w", op, uerr)
+		}
+		if err == nil && acked < int64(s.ack.replicas) {
+			err = fmt.Errorf("%d of %d replicas in %v: %w", acked, s.ack.replicas, s.ack.timeout, ErrNotReplicated)
+		} else if err != nil {
+			err = fmt.Errorf("%w: %w", ErrNotReplicated, err)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("redisstore: %s: %w", op, err)
+	}
+	return nil
+}
+
+// updated reads the answer of a function that answers done or lease lost.
+func updated(reply any) error {
+	switch r := reply.(type) {
+	case int64:
+		switch r {
+		case replyDone:
+			return nil
+		case replyLeaseLost:
+			return server.ErrLeaseLost
+		}
+	case []any:
+		if code(r) == replyCorrupt {
+			return corruptReply(r)
+		}
+	}
+	return unexpected(reply)
 }
 
 // loadAttempts bounds how many times a call loads the library and tries
@@ -245,18 +395,71 @@ const loadAttempts = 3
 // so calling it again is safe.
 func (s *Store) call(ctx context.Context, fn, key string, args ...any) (any, error) {
 	for attempt := 0; ; attempt++ {
-		reply, err := s.client.FCall(ctx, fn, []string{key}, args...).Result()
+		reply, err := s.fcall(ctx, fn, key, args...)
 		if err == nil {
 			return reply, nil
 		}
 		if attempt < loadAttempts && functionMissing(err) {
 			if err := s.load(ctx, key); err != nil {
-				return nil, contextual(ctx, fmt.Errorf("loading the function library: %w", err))
+				return nil, contextual(ctx, fmt.Errorf("loading the function library: %w", explained(err)))
 			}
 			continue
 		}
 		s.reloadSlots(err)
-		return nil, contextual(ctx, err)
+		return nil, contextual(ctx, explained(err))
+	}
+}
+
+// permissionRefused reports whether err is Redis's refusal of a command by
+// the user's ACL: NOPERM, or, from a function on Redis 7.0, an error of its
+// own words.
+func permissionRefused(err error) bool {
+	return redis.HasErrorPrefix(err, "NOPERM") ||
+		redis.HasErrorPrefix(err, "The user executing the script can't run this command")
+}
+
+// explained adds to an error of Redis's that the operator must act on
+// what to do about it.
+func explained(err error) error {
+	switch {
+	case permissionRefused(err):
+		return fmt.Errorf("the Redis user may not run a command the Store needs (the package documentation, ACL, lists them): %w", err)
+	case redis.HasErrorPrefix(err, "unknown command") || redis.HasErrorPrefix(err, "ERR unknown command"):
+		return fmt.Errorf("the Store needs Redis 7.0 or later, with Functions (FCALL): %w", err)
+	}
+	return err
+}
+
+// fcall calls fn once.
+func (s *Store) fcall(ctx context.Context, fn, key string, args ...any) (any, error) {
+	return bounded(ctx, s.deaf, func() (any, error) {
+		return s.client.FCall(ctx, fn, []string{key}, args...).Result()
+	})
+}
+
+// bounded returns what f returns, or, when deaf (the client does not bound
+// its I/O by the context), ctx's error as soon as ctx is done: f then runs
+// on a goroutine of its own, which the client's own timeouts end, so that a
+// Redis that hangs costs no more than the context allows.
+func bounded[T any](ctx context.Context, deaf bool, f func() (T, error)) (T, error) {
+	if !deaf || ctx.Done() == nil {
+		return f()
+	}
+	type result struct {
+		v   T
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		v, err := f()
+		done <- result{v, err}
+	}()
+	select {
+	case r := <-done:
+		return r.v, r.err
+	case <-ctx.Done():
+		var zero T
+		return zero, ctx.Err()
 	}
 }
 
@@ -285,16 +488,18 @@ func functionMissing(err error) bool {
 	return redis.HasErrorPrefix(err, "Function not found")
 }
 
-// load loads the library into the master that owns key.
+// load loads the library where a call on key found it missing: on a
+// Cluster, on every master, since the node that answered may not be the
+// one that owns key in the client's map (the target of an ASK or MOVED
+// redirection while a slot migrates, a replica just promoted); elsewhere,
+// on the one server a call on key goes to.
 func (s *Store) load(ctx context.Context, key string) error {
 	var node redis.Cmdable = s.client
 	switch c := s.client.(type) {
 	case *redis.ClusterClient:
-		m, err := c.MasterForKey(ctx, key)
-		if err != nil {
-			return err
-		}
-		node = m
+		return c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+			return m.FunctionLoadReplace(ctx, s.lib.code).Err()
+		})
 	case *redis.Ring:
 		shard, err := c.GetShardClientForKey(key)
 		if err != nil {
@@ -342,4 +547,17 @@ func corruptReply(reply []any) error {
 
 func unexpected(reply any) error {
 	return fmt.Errorf("unexpected function reply %T", reply)
+}
+
+// fromMillis converts ms to a Duration, saturating: a lease or a TTL of
+// math.MaxInt64 has more milliseconds left than a Duration holds.
+func fromMillis(ms int64) time.Duration {
+	const most = math.MaxInt64 / int64(time.Millisecond)
+	switch {
+	case ms > most:
+		return math.MaxInt64
+	case ms < -most:
+		return math.MinInt64
+	}
+	return time.Duration(ms) * time.Millisecond
 }

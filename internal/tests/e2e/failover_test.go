@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
 	"runtime"
 	"slices"
@@ -52,18 +53,26 @@ func TestRedisClusterFailover(t *testing.T) {
 		// go-redis's own slot-map reload comes once a minute: the store
 		// asks for one when a node stops answering.
 		{name: "kill, go-redis's default reload interval", orders: 600},
+		// The replica acknowledges every claim and completion (WAIT)
+		// before the handler runs and before the answer.
+		{name: "kill with 100ms replication lag, replica ack", lag: 100 * time.Millisecond, reload: time.Second, orders: 300, ack: time.Second},
 	}
 	if *failoverLong {
 		cases = []failoverCase{
 			{name: "kill", reload: time.Second, orders: 5000},
 			{name: "kill with 100ms replication lag", lag: 100 * time.Millisecond, reload: time.Second, orders: 5000},
 			{name: "kill with 10ms replication lag", lag: 10 * time.Millisecond, reload: time.Second, orders: 5000},
+			{name: "kill with 100ms replication lag, replica ack", lag: 100 * time.Millisecond, reload: time.Second, orders: 5000, ack: time.Second},
+			{name: "kill with 10ms replication lag, replica ack", lag: 10 * time.Millisecond, reload: time.Second, orders: 5000, ack: time.Second},
 		}
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			began := time.Now()
-			cl := startFailoverCluster(t, tc.lag)
+			// WAIT needs a replica after the failover too: the failed
+			// master gets a second one, which replicates from the
+			// promoted one.
+			cl := startFailoverCluster(t, tc.lag, tc.ack > 0)
 			t.Logf("cluster up in %v", time.Since(began).Round(time.Millisecond))
 			res := runFailover(t, cl, tc, tc.orders)
 			t.Logf("%s", res)
@@ -73,11 +82,235 @@ func TestRedisClusterFailover(t *testing.T) {
 			assert.Zero(t, res.oldLost, "records lost that were answered long before the kill")
 			assert.Zero(t, res.newLost, "records lost of orders first sent after the kill")
 			assert.Equal(t, res.duplicated, res.failedDuplicated, "orders run twice that were not on the failed master")
-			if tc.lag > 0 {
+			switch {
+			case tc.ack > 0:
+				assert.Zero(t, res.duplicated, "orders run twice with the replica's acknowledgement")
+				assert.Zero(t, res.lost, "records lost with the replica's acknowledgement")
+			case tc.lag > 0:
 				assert.Positive(t, res.lost+res.reverted, "the lag lost no record: the test shows nothing")
 			}
 		})
 	}
+}
+
+// TestRedisSentinelSwitchover runs orders through the middleware on a
+// master, a replica in sync and a Sentinel, and has the Sentinel switch the
+// two over (SENTINEL FAILOVER) mid-run. The old master accepts writes from
+// clients still aimed at it after the replica is promoted, until the
+// Sentinel turns it into a replica, which discards them: those claims and
+// completions are lost, and a retry runs the order again. With the replica
+// acknowledgement (redisstore.WithReplicaAck) a claim that no replica has is
+// released and answered 503, so nothing runs twice.
+func TestRedisSentinelSwitchover(t *testing.T) {
+	orders := 300
+	if *failoverLong {
+		orders = 3000
+	}
+	for _, tc := range []struct {
+		name string
+		ack  time.Duration
+	}{
+		{"switchover", 0},
+		{"switchover, replica ack", time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res := runSwitchover(t, startSentinelPair(t), tc.ack, orders)
+			t.Logf("%d orders; the old master was a replica in sync %v after SENTINEL FAILOVER; %d executions; "+
+				"%d orders run twice or more; %d answered orders had no record on the new master and %d were back in flight; "+
+				"%d responses sent whose Complete failed; answers seen: %s",
+				res.orders, res.failover.Round(10*time.Millisecond), res.executions, res.duplicated, res.lost, res.reverted,
+				res.unstored, res.answers)
+			assert.Zero(t, res.failures, "orders never answered")
+			if tc.ack > 0 {
+				assert.Zero(t, res.duplicated, "orders run twice with the replica's acknowledgement")
+				assert.Zero(t, res.lost, "records lost with the replica's acknowledgement")
+			}
+		})
+	}
+}
+
+// sentinelPair is a master, its replica and one Sentinel (quorum 1).
+type sentinelPair struct {
+	master, replica, sentinel *failoverNode
+}
+
+const sentinelMaster = "idempotency"
+
+func startSentinelPair(t *testing.T) *sentinelPair {
+	t.Helper()
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		msg := fmt.Sprintf("this test starts Redis and a Sentinel of its own and needs redis-server: %v", err)
+		if servicetest.Required() {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	p := &sentinelPair{}
+	p.master = startRedisNode(t, failoverPort(t))
+	p.replica = startRedisNode(t, failoverPort(t), "--replicaof", "127.0.0.1", strconv.Itoa(p.master.port))
+	port := failoverPort(t)
+	dir := t.TempDir()
+	conf := dir + "/sentinel.conf"
+	require.NoError(t, writeFile(conf, fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\n"+
+		"sentinel monitor %s 127.0.0.1 %d 1\n"+
+		"sentinel down-after-milliseconds %[3]s 1000\n"+
+		"sentinel failover-timeout %[3]s 10000\n", port, dir, sentinelMaster, p.master.port)))
+	p.sentinel = &failoverNode{addr: "127.0.0.1:" + strconv.Itoa(port), port: port, exited: make(chan struct{})}
+	startRedisCommand(t, p.sentinel, conf, "--sentinel")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	waitCluster(t, ctx, "the Sentinel to know the replica in sync", []*failoverNode{p.sentinel}, func(n *failoverNode) bool {
+		reps, err := n.c.Do(ctx, "SENTINEL", "REPLICAS", sentinelMaster).Slice()
+		if err != nil || len(reps) != 1 {
+			return false
+		}
+		info, err := p.replica.c.Info(ctx, "replication").Result()
+		return err == nil && strings.Contains(info, "master_link_status:up") && !strings.Contains(fmt.Sprint(reps), "disconnected")
+	})
+	return p
+}
+
+func writeFile(name, content string) error {
+	return os.WriteFile(name, []byte(content), 0o600)
+}
+
+// runSwitchover sends orders until before of them are answered, has the
+// Sentinel switch master and replica over, sends orders until as many
+// again are answered after the switch, then checks every order's record on
+// the new master and sends each once more.
+func runSwitchover(t *testing.T, p *sentinelPair, ack time.Duration, before int) failoverResult {
+	ctx := context.Background()
+	t.Cleanup(func() { failoverWaitDialers(t) })
+	rc := redis.NewFailoverClient(&redis.FailoverOptions{
+		MasterName:            sentinelMaster,
+		SentinelAddrs:         []string{p.sentinel.addr},
+		ContextTimeoutEnabled: true,
+		PoolSize:              32,
+	})
+	t.Cleanup(func() { rc.Close() })
+	opts := []redisstore.Option{redisstore.WithPrefix("idempotency-switchover:")}
+	if ack > 0 {
+		opts = append(opts, redisstore.WithReplicaAck(1, ack))
+	}
+	store, err := redisstore.New(rc, opts...)
+	require.NoError(t, err)
+	svc := newFailoverOrders()
+	var logs failoverLog
+	logs.b = &strings.Builder{}
+	mw, err := server.New(store, server.WithLease(5*time.Second),
+		server.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	require.NoError(t, err)
+	srv := startServer(t, mw.Handler(svc))
+	counts := &failoverAnswers{}
+	tr := &http.Transport{MaxIdleConnsPerHost: 16}
+	t.Cleanup(tr.CloseIdleConnections)
+	client := mustClient(t,
+		idempotency.WithHTTPClient(&http.Client{Transport: &failoverCounting{next: tr, count: counts}}),
+		idempotency.WithAttemptTimeout(5*time.Second),
+		idempotency.WithBackoff(10*time.Millisecond, 200*time.Millisecond),
+		idempotency.WithMaxAttempts(50),
+		idempotency.WithMaxRetryAfter(2*time.Second),
+		idempotency.WithoutBudget(),
+	)
+	hc := client.StandardClient()
+	url := srv.URL + "/orders"
+
+	var (
+		mu       sync.Mutex
+		answered = map[int]bool{}
+		stop     atomic.Bool
+		failures atomic.Int64
+		wg       sync.WaitGroup
+	)
+	refs := make(chan int)
+	wg.Go(func() {
+		defer close(refs)
+		for i := 0; !stop.Load(); i++ {
+			refs <- i
+		}
+	})
+	for range 16 {
+		wg.Go(func() {
+			for i := range refs {
+				if _, err := failoverSubmit(hc, url, i); err != nil {
+					if failures.Add(1) <= 3 {
+						t.Logf("order %d: %v", i, err)
+					}
+					continue
+				}
+				mu.Lock()
+				answered[i] = true
+				mu.Unlock()
+			}
+		})
+	}
+	count := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(answered)
+	}
+	waitFor := func(what string, cond func() bool) {
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		deadline := time.Now().Add(time.Minute)
+		for !cond() {
+			if time.Now().After(deadline) {
+				stop.Store(true)
+				wg.Wait()
+				t.Fatalf("waiting for %s; middleware log:\n%s", what, logs.String())
+			}
+			<-tick.C
+		}
+	}
+	waitFor("the orders before the switchover", func() bool { return count() >= before })
+	switched := time.Now()
+	require.NoError(t, p.sentinel.c.Do(ctx, "SENTINEL", "FAILOVER", sentinelMaster).Err())
+	waitFor("the old master to be a replica in sync", func() bool {
+		info, err := p.master.c.Info(ctx, "replication").Result()
+		return err == nil && strings.Contains(info, "role:slave") && strings.Contains(info, "master_link_status:up")
+	})
+	res := failoverResult{failover: time.Since(switched)}
+	at := count()
+	waitFor("the orders after the switchover", func() bool { return count() >= at+before })
+	stop.Store(true)
+	wg.Wait()
+	res.failures = int(failures.Load())
+
+	for i := range answered {
+		n, err := p.replica.c.Exists(ctx, store.RecordKey(server.ID{Key: "key-fo-" + strconv.Itoa(i)})).Result()
+		require.NoError(t, err)
+		if n == 0 {
+			res.lost++
+		}
+	}
+	before2 := svc.total()
+	again := make(chan int)
+	var senders sync.WaitGroup
+	for range 16 {
+		senders.Go(func() {
+			for i := range again {
+				if _, err := failoverSubmit(hc, url, i); err != nil {
+					t.Errorf("order %d sent again: %v", i, err)
+				}
+			}
+		})
+	}
+	for i := range answered {
+		again <- i
+	}
+	close(again)
+	senders.Wait()
+	res.orders = len(answered)
+	res.reverted = svc.total() - before2 - res.lost
+	for _, n := range svc.snapshot() {
+		res.executions += n
+		if n > 1 {
+			res.duplicated++
+		}
+	}
+	res.answers = counts.String()
+	res.unstored = strings.Count(logs.String(), "idempotent response not stored")
+	return res
 }
 
 var failoverLong = flag.Bool("failover.long", false, "fail over after thousands of orders, and with a short lag too, for the figures")
@@ -95,6 +328,10 @@ type failoverCase struct {
 	// orders are answered before the kill, and as many again after the
 	// failover.
 	orders int
+	// ack, when set, makes the store wait for the replica's
+	// acknowledgement of each claim and completion, this long at most
+	// (redisstore.WithReplicaAck(1, ack)).
+	ack time.Duration
 }
 
 // failoverCluster is a Redis Cluster of three masters and three replicas
@@ -111,7 +348,7 @@ type failoverCluster struct {
 // slotsOf is the slot range each master gets.
 var slotsOf = [3][2]int{{0, 5460}, {5461, 10922}, {10923, 16383}}
 
-func startFailoverCluster(t *testing.T, lag time.Duration) *failoverCluster {
+func startFailoverCluster(t *testing.T, lag time.Duration, secondReplica bool) *failoverCluster {
 	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		msg := fmt.Sprintf("this test starts a Redis Cluster of its own and needs redis-server: %v", err)
@@ -135,7 +372,11 @@ func startFailoverCluster(t *testing.T, lag time.Duration) *failoverCluster {
 		}
 		cl.masters = append(cl.masters, startFailoverNode(t, port, extra...))
 	}
-	for range 3 {
+	replicas := 3
+	if secondReplica {
+		replicas = 4
+	}
+	for range replicas {
 		cl.replicas = append(cl.replicas, startFailoverNode(t, failoverPort(t)))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -153,12 +394,12 @@ func startFailoverCluster(t *testing.T, lag time.Duration) *failoverCluster {
 		return err == nil && strings.Count(nodes, "\n") == len(all) && !strings.Contains(nodes, "handshake")
 	})
 	for i, r := range cl.replicas {
-		require.NoError(t, r.c.ClusterReplicate(ctx, cl.masters[i].id).Err())
+		require.NoError(t, r.c.ClusterReplicate(ctx, cl.masters[i%3].id).Err())
 	}
 	waitCluster(t, ctx, "the replicas to be in sync and known as such", all, func(n *failoverNode) bool {
 		nodes, err := n.c.ClusterNodes(ctx).Result()
 		info, err2 := n.c.ClusterInfo(ctx).Result()
-		if err != nil || err2 != nil || strings.Count(nodes, "slave") != 3 || !strings.Contains(info, "cluster_state:ok") {
+		if err != nil || err2 != nil || strings.Count(nodes, "slave") != len(cl.replicas) || !strings.Contains(info, "cluster_state:ok") {
 			return false
 		}
 		if slices.Contains(cl.replicas, n) {
@@ -269,7 +510,11 @@ func runFailover(t *testing.T, cl *failoverCluster, tc failoverCase, before int)
 	ctx := context.Background()
 	rc := cl.client(t, tc.reload)
 	prefix := "idempotency-failover:"
-	store, err := redisstore.New(rc, redisstore.WithPrefix(prefix))
+	opts := []redisstore.Option{redisstore.WithPrefix(prefix)}
+	if tc.ack > 0 {
+		opts = append(opts, redisstore.WithReplicaAck(1, tc.ack))
+	}
+	store, err := redisstore.New(rc, opts...)
 	require.NoError(t, err)
 	svc := newFailoverOrders()
 	var logs failoverLog
@@ -358,14 +603,22 @@ func runFailover(t *testing.T, cl *failoverCluster, tc failoverCase, before int)
 	if cl.lag != nil {
 		cl.lag.close()
 	}
-	promoted := cl.replicas[0]
+	candidates := []*failoverNode{cl.replicas[0]}
+	if len(cl.replicas) > 3 {
+		candidates = append(candidates, cl.replicas[3])
+	}
 	waitFor("the replica's promotion", time.Minute, func() bool {
-		info, err := promoted.c.Info(ctx, "replication").Result()
-		if err != nil || !strings.Contains(info, "role:master") {
-			return false
+		for _, promoted := range candidates {
+			info, err := promoted.c.Info(ctx, "replication").Result()
+			if err != nil || !strings.Contains(info, "role:master") {
+				continue
+			}
+			ci, err := promoted.c.ClusterInfo(ctx).Result()
+			if err == nil && strings.Contains(ci, "cluster_state:ok") {
+				return true
+			}
 		}
-		ci, err := promoted.c.ClusterInfo(ctx).Result()
-		return err == nil && strings.Contains(ci, "cluster_state:ok")
+		return false
 	})
 	res := failoverResult{failover: time.Since(killed)}
 	waitFor("the orders after the failover", time.Minute, func() bool { return count() >= 2*before })
@@ -613,18 +866,37 @@ func failoverPort(t *testing.T) int {
 
 func startFailoverNode(t *testing.T, port int, extra ...string) *failoverNode {
 	t.Helper()
+	n := startRedisNode(t, port, append([]string{"--cluster-enabled", "yes",
+		"--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "1000"}, extra...)...)
+	id, err := n.c.Do(context.Background(), "CLUSTER", "MYID").Text()
+	require.NoError(t, err)
+	n.id = id
+	return n
+}
+
+// startRedisNode starts redis-server on port with args, waits until it
+// answers, and kills it when t ends.
+func startRedisNode(t *testing.T, port int, extra ...string) *failoverNode {
+	t.Helper()
 	n := &failoverNode{addr: "127.0.0.1:" + strconv.Itoa(port), port: port, exited: make(chan struct{})}
 	args := append([]string{
 		"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--daemonize", "no", "--dir", t.TempDir(), "--cluster-enabled", "yes",
-		"--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "1000",
+		"--daemonize", "no", "--dir", t.TempDir(),
 		// A replica syncs at once, not after the default 5 s of waiting
 		// for others.
 		"--repl-diskless-sync-delay", "0",
 	}, extra...)
+	return startRedisCommand(t, n, args...)
+}
+
+// startRedisCommand runs redis-server with args for n, and waits until it
+// answers PING.
+func startRedisCommand(t *testing.T, n *failoverNode, args ...string) *failoverNode {
+	t.Helper()
+	port := n.port
 	n.cmd = exec.Command("redis-server", args...)
-	var out strings.Builder
-	n.cmd.Stdout, n.cmd.Stderr = &failoverLog{b: &out}, &failoverLog{b: &out}
+	out := &failoverLog{b: &strings.Builder{}}
+	n.cmd.Stdout, n.cmd.Stderr = out, out
 	require.NoError(t, n.cmd.Start())
 	go func() {
 		n.cmd.Wait()
@@ -635,16 +907,13 @@ func startFailoverNode(t *testing.T, port int, extra ...string) *failoverNode {
 	for failoverPing(n.addr) != nil {
 		select {
 		case <-n.exited:
-			t.Fatalf("redis-server on port %d exited", port)
+			t.Fatalf("redis-server on port %d exited: %s", port, out.String())
 		case <-time.After(10 * time.Millisecond):
 		}
 		require.True(t, time.Now().Before(deadline), "redis-server on port %d does not answer", port)
 	}
 	n.c = redis.NewClient(&redis.Options{Addr: n.addr, ContextTimeoutEnabled: true, MaxRetries: -1})
 	t.Cleanup(func() { n.c.Close() })
-	id, err := n.c.Do(context.Background(), "CLUSTER", "MYID").Text()
-	require.NoError(t, err)
-	n.id = id
 	return n
 }
 

@@ -1,0 +1,138 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/idemkit/idempotency/server"
+)
+
+var _ server.Inspector = (*Store)(nil)
+
+// Lookup implements server.Inspector in one round trip. The times it reports
+// are the Redis server's: Created is its clock when the record was first
+// claimed, LeaseEnds and Expires its clock at the lookup plus what the
+// record's expiry has left. A record written by an earlier release (version
+// 1 or 2) has no Created; its Abandoned is 0.
+func (s *Store) Lookup(ctx context.Context, id server.ID) (server.Record, error) {
+	if err := s.usable(ctx); err != nil {
+		return server.Record{}, fmt.Errorf("redisstore: lookup: %w", err)
+	}
+	reply, err := s.call(ctx, s.lib.lookup, s.RecordKey(id))
+	if err != nil {
+		return server.Record{}, fmt.Errorf("redisstore: lookup: %w", err)
+	}
+	r, err := parseLookup(id, reply)
+	if err != nil {
+		return server.Record{}, fmt.Errorf("redisstore: lookup: %w", err)
+	}
+	return r, nil
+}
+
+// parseLookup reads the lookup function's answer.
+func parseLookup(id server.ID, reply any) (server.Record, error) {
+	switch r := reply.(type) {
+	case int64:
+		if r == replyNotFound {
+			return server.Record{}, server.ErrNotFound
+		}
+	case []any:
+		switch code(r) {
+		case replyCorrupt:
+			return server.Record{}, corruptReply(r)
+		case replyFound:
+			if len(r) != 4 {
+				break
+			}
+			v, ok1 := r[1].(string)
+			pttl, ok2 := r[2].(int64)
+			now, ok3 := r[3].(int64)
+			if !ok1 || !ok2 || !ok3 {
+				break
+			}
+			return recordOf(id, v, pttl, time.UnixMilli(now))
+		}
+	}
+	return server.Record{}, unexpected(reply)
+}
+
+// recordOf decodes v, a live record with pttl ms left, read at now.
+func recordOf(id server.ID, v string, pttl int64, now time.Time) (server.Record, error) {
+	rec, err := decodeRecord(v)
+	if err != nil {
+		return server.Record{}, err
+	}
+	if rec.state == stateReleased {
+		return server.Record{}, server.ErrNotFound
+	}
+	out := server.Record{
+		ID:          id,
+		Completed:   rec.state == stateCompleted,
+		Fingerprint: rec.fingerprint,
+		Token:       rec.token,
+		Abandoned:   int(rec.abandoned),
+		Response:    rec.response,
+	}
+	if rec.created != 0 {
+		out.Created = time.UnixMilli(rec.created)
+	}
+	// PTTL is -1 for a key without expiry, which only an operator's write
+	// makes: the record never expires.
+	if pttl >= 0 {
+		out.Expires = now.Add(fromMillis(pttl))
+	}
+	if !out.Completed {
+		switch rec.version {
+		case legacyVersion:
+			out.LeaseEnds = time.UnixMicro(rec.leaseEnd)
+		default:
+			out.LeaseEnds = now.Add(fromMillis(pttl - rec.slack))
+		}
+	}
+	return out, nil
+}
+
+// Resolve implements server.Inspector in one round trip. The record keeps
+// its token, so that a holder still running is refused (server.ErrLeaseLost)
+// from then on; with resp nil it becomes a released record, which Lookup
+// does not find and the next Claim takes with a larger token.
+func (s *Store) Resolve(ctx context.Context, id server.ID, resp *server.Response, ttl time.Duration) error {
+	if err := s.usable(ctx); err != nil {
+		return fmt.Errorf("redisstore: resolve: %w", err)
+	}
+	var args []any
+	if resp == nil {
+		args = []any{tombstone(0)}
+	} else {
+		rec, err := encodeRecord(record{
+			version:  recordVersion,
+			state:    stateCompleted,
+			nonce:    rand.Uint64(),
+			response: resp,
+		})
+		if err != nil {
+			return fmt.Errorf("redisstore: resolve: %w", err)
+		}
+		args = []any{rec, millis(ttl)}
+	}
+	reply, err := s.call(ctx, s.lib.resolve, s.RecordKey(id), args...)
+	if err == nil {
+		switch r := reply.(type) {
+		case int64:
+			switch r {
+			case replyDone:
+				return nil
+			case replyNotFound:
+				return fmt.Errorf("redisstore: resolve: %w", server.ErrNotFound)
+			}
+		case []any:
+			if code(r) == replyCorrupt {
+				return fmt.Errorf("redisstore: resolve: %w", corruptReply(r))
+			}
+		}
+		err = unexpected(reply)
+	}
+	return fmt.Errorf("redisstore: resolve: %w", err)
+}

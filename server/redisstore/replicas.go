@@ -1,0 +1,180 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemkit/idempotency/server"
+)
+
+// ErrNotReplicated is returned, wrapped, by Claim and Complete on a Store
+// made WithReplicaAck when fewer replicas acknowledged the write than it
+// asks for. After a Claim, the Store has released the lease it took: the
+// request must not run. After a Complete, the response is stored on the
+// master, and may be lost if the master fails before a replica has it.
+var ErrNotReplicated = errors.New("fewer redis replicas acknowledged the write than required")
+
+// replicaAck is what WithReplicaAck asks for.
+type replicaAck struct {
+	replicas int
+	timeout  time.Duration
+}
+
+// WithReplicaAck makes Claim and Complete wait, after their write, until
+// replicas replicas of the master have acknowledged it, for timeout at most
+// (and the call's context): WAIT replicas timeout, sent on the same
+// connection as the function, in the same round trip (a pipeline). With
+// fewer acknowledgements, Claim releases the lease it took and fails with
+// ErrNotReplicated, so that the middleware answers 503 and the handler does
+// not run; Complete fails with ErrNotReplicated, and the middleware applies
+// its policy for a Complete that failed. A replay or an in-flight answer
+// waits for nothing: it wrote nothing.
+//
+// So a claim that a failover to an acknowledging replica loses is one that
+// no handler ran for. See the package documentation (Replication) for what
+// it cannot promise, and for min-replicas-to-write, its companion on the
+// server. replicas must be at least 1 and timeout more than 0 (WAIT 0
+// would wait for ever); timeout is rounded up to whole milliseconds.
+func WithReplicaAck(replicas int, timeout time.Duration) Option {
+	return func(s *Store) {
+		if replicas < 1 || timeout <= 0 {
+			s.optErrs = append(s.optErrs, fmt.Errorf("WithReplicaAck(%d, %v): want at least 1 replica and a timeout above 0", replicas, timeout))
+			return
+		}
+		s.ack = replicaAck{replicas: replicas, timeout: time.Duration(millis(timeout)) * time.Millisecond}
+	}
+}
+
+// callAcked calls fn on the record at key and WAITs on the same connection,
+// on the master that owns key, and returns the function's reply and how
+// many replicas acknowledged it. It loads the library on the node that
+// answered when it lacks it, and follows a Cluster's MOVED and ASK
+// redirections itself, since it talks to one node.
+func (s *Store) callAcked(ctx context.Context, fn, key string, args ...any) (any, int64, error) {
+	// The node that a redirection names, and whether it was ASK.
+	var redirect string
+	var ask bool
+	for attempt := 0; ; attempt++ {
+		node, err := s.nodeFor(ctx, key, redirect)
+		if err != nil {
+			return nil, 0, contextual(ctx, err)
+		}
+		type sent struct{ fc, wc *redis.Cmd }
+		cmds, err := bounded(ctx, s.deaf, func() (sent, error) {
+			var c sent
+			_, err := node.Pipelined(ctx, func(p redis.Pipeliner) error {
+				if ask {
+					p.Do(ctx, "ASKING")
+				}
+				c.fc = p.FCall(ctx, fn, []string{key}, args...)
+				c.wc = p.Do(ctx, "WAIT", s.ack.replicas, s.ack.timeout.Milliseconds())
+				return nil
+			})
+			return c, err
+		})
+		fc, wc := cmds.fc, cmds.wc
+		if fc == nil || wc == nil || (err != nil && fc.Err() == nil && wc.Err() == nil) {
+			// The pipeline did not run: the context ended first.
+			return nil, 0, contextual(ctx, err)
+		}
+		reply, err := fc.Result()
+		if err == nil {
+			acked, werr := wc.Int64()
+			if werr != nil {
+				return reply, 0, contextual(ctx, fmt.Errorf("WAIT: %w", explained(werr)))
+			}
+			return reply, acked, nil
+		}
+		// A redirection and a load for each of the tries.
+		if attempt >= 2*loadAttempts {
+			return nil, 0, contextual(ctx, explained(err))
+		}
+		if addr, moved := redis.IsMovedError(err); moved {
+			// The client's slot map is stale: reload it for the next
+			// calls, and follow the redirection for this one.
+			redirect, ask = addr, false
+			if c, ok := s.client.(*redis.ClusterClient); ok {
+				c.ReloadState(ctx)
+			}
+			continue
+		}
+		if addr, ok := redis.IsAskError(err); ok {
+			redirect, ask = addr, true
+			continue
+		}
+		if functionMissing(err) {
+			if err := node.FunctionLoadReplace(ctx, s.lib.code).Err(); err != nil {
+				return nil, 0, contextual(ctx, fmt.Errorf("loading the function library: %w", explained(err)))
+			}
+			continue
+		}
+		s.reloadSlots(err)
+		return nil, 0, contextual(ctx, explained(err))
+	}
+}
+
+// nodeFor returns the client of the one server that a call on key goes to:
+// the master that owns key, or, after a redirection, the node it names.
+func (s *Store) nodeFor(ctx context.Context, key, redirect string) (*redis.Client, error) {
+	switch c := s.client.(type) {
+	case *redis.Client:
+		return c, nil
+	case *redis.ClusterClient:
+		if redirect == "" {
+			return c.MasterForKey(ctx, key)
+		}
+		var (
+			mu   sync.Mutex
+			node *redis.Client
+		)
+		err := c.ForEachMaster(ctx, func(_ context.Context, m *redis.Client) error {
+			if m.Options().Addr == redirect {
+				mu.Lock()
+				node = m
+				mu.Unlock()
+			}
+			return nil
+		})
+		if err == nil && node == nil {
+			err = fmt.Errorf("no master at %s, named by a redirection", redirect)
+		}
+		return node, err
+	case *redis.Ring:
+		return c.GetShardClientForKey(key)
+	}
+	return nil, fmt.Errorf("WithReplicaAck needs a *redis.Client, *redis.ClusterClient or *redis.Ring, not %T", s.client)
+}
+
+// claimAcked is Claim's call WithReplicaAck: a lease that fewer replicas
+// acknowledged than asked is released before Claim fails.
+func (s *Store) claimAcked(ctx context.Context, id server.ID, key string, args ...any) (any, error) {
+	reply, acked, err := s.callAcked(ctx, s.lib.claim, key, args...)
+	if reply == nil {
+		return nil, err
+	}
+	c, _, perr := parseClaim(reply)
+	if perr != nil || c.Status != server.Acquired {
+		// Nothing was written: there is nothing to wait for.
+		return reply, nil
+	}
+	if err == nil && acked >= int64(s.ack.replicas) {
+		return reply, nil
+	}
+	if err == nil {
+		err = fmt.Errorf("%d of %d replicas in %v: %w", acked, s.ack.replicas, s.ack.timeout, ErrNotReplicated)
+	} else {
+		err = fmt.Errorf("%w: %w", ErrNotReplicated, err)
+	}
+	// The release gets a context of its own: the claim's may be what ended.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.ack.timeout+time.Second)
+	defer cancel()
+	if rerr := s.Release(rctx, id, c.Token); rerr != nil {
+		return nil, fmt.Errorf("%w; releasing the lease: %w", err, rerr)
+	}
+	return nil, err
+}

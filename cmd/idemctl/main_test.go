@@ -407,7 +407,7 @@ func TestStoreFailure(t *testing.T) {
 	f := newFixture(t)
 	f.store.Close()
 	assert.Equal(t, exitFailed, f.run("lookup", "k"))
-	assert.Contains(t, f.stderr.String(), "memstore: lookup: store closed")
+	assert.Contains(t, f.stderr.String(), "memstore: lookup: idempotency store closed")
 }
 
 // TestErrorsRedacted: an error that quotes the store's URL, or its password,

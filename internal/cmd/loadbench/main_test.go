@@ -297,12 +297,15 @@ func testRun(t *testing.T, store string) {
 	s := rep.Sweeps[0]
 	// Redis expires keys slowly when they are few among those with a time
 	// to live: it may not reach 99% while the load adds keys.
-	least := cfg.sweep * 99 / 100
+	// Its removals are counted with DBSIZE, which also drops when a key
+	// the load wrote meanwhile goes (a released claim's tombstone that
+	// expires): allow a hundredth more.
+	least, most := cfg.sweep*99/100, cfg.sweep
 	if store == benchreport.Redis {
-		least = 1
+		least, most = 1, cfg.sweep+cfg.sweep/100
 	}
-	if s.Removed < least || s.Removed > cfg.sweep || len(s.Windows) != 3 {
-		t.Fatalf("sweep: removed %d in %d windows, want %d to %d in 3", s.Removed, len(s.Windows), least, cfg.sweep)
+	if s.Removed < least || s.Removed > most || len(s.Windows) != 3 {
+		t.Fatalf("sweep: removed %d in %d windows, want %d to %d in 3", s.Removed, len(s.Windows), least, most)
 	}
 	for _, i := range []int{0, 2} { // during may be too short for a claim
 		if w := s.Windows[i]; w.Claims == 0 || w.ClaimP99 <= 0 {

@@ -61,7 +61,7 @@ func TestCloseEndsEveryCall(t *testing.T) {
 			t.Errorf("%s after Close error = %v: wraps ErrLeaseLost = %v, want %v", tc.op, tc.err, got, tc.leaseLost)
 		}
 	}
-	if got, want := s.Complete(ctx, id, c.Token, &server.Response{}, time.Hour).Error(), "memstore: complete: store closed: idempotency lease lost"; got != want {
+	if got, want := s.Complete(ctx, id, c.Token, &server.Response{}, time.Hour).Error(), "memstore: complete: idempotency store closed: idempotency lease lost"; got != want {
 		t.Errorf("Complete after Close error = %q, want %q", got, want)
 	}
 }

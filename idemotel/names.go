@@ -84,6 +84,12 @@ func stopReason(err error) string {
 		return "not_idempotent"
 	case errors.Is(err, idempotency.ErrBodyNotReplayable):
 		return "body_not_replayable"
+	case errors.Is(err, idempotency.ErrRetryRefused):
+		return "retry_refused"
+	case errors.Is(err, idempotency.ErrOutcomeUnknown):
+		return "outcome_unknown"
+	case errors.Is(err, idempotency.ErrKeyMismatch):
+		return "key_mismatch"
 	}
 	return errOther
 }

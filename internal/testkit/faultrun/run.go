@@ -244,6 +244,7 @@ func Run(ctx context.Context, store server.Store, link StoreLink, cfg Config) (*
 		Seed:          cfg.Seed,
 		Orders:        cfg.Orders,
 		Network:       proxy.Stats(),
+		Faults:        sched.faults(),
 		ClientAnswers: attempts.snapshot(),
 		ServerAnswers: log.answers(),
 		ServerLogged:  logged.snapshot(),

@@ -11,7 +11,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
-
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

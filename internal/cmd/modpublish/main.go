@@ -188,7 +188,7 @@ func gitFiles(dir string) ([]zip.File, error) {
 // file is one file of a module's zip.
 type file struct {
 	name, path string
-	info os.FileInfo
+	info       os.FileInfo
 }
 
 func (f file) Path() string                 { return f.name }

@@ -116,7 +116,7 @@ func submit(ctx context.Context, c config, store server.Store, mp *sdkmetric.Met
 	if err != nil {
 		return summary{}, err
 	}
-	srv := &http.Server{Handler: mux}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go srv.Serve(ln)
 	defer srv.Close()
 

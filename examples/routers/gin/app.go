@@ -16,9 +16,7 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"io"
 	"log"
 	"net"
 	"net/http"
@@ -129,20 +127,6 @@ func (req orderRequest) validate() error {
 		return errInvalidOrder
 	}
 	return nil
-}
-
-func decodeOrder(r io.Reader) (orderRequest, error) {
-	var req orderRequest
-	if err := json.NewDecoder(r).Decode(&req); err != nil {
-		return orderRequest{}, err
-	}
-	return req, req.validate()
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	json.NewEncoder(w).Encode(v)
 }
 
 // run serves the API that newHandler makes, on an in-memory store, until

@@ -1,104 +1,212 @@
-// Command orders is the demo of examples/orders, with OpenTelemetry: the
-// same two runs, naive retries and then idempotency keys, through the same
-// lossy network, and the same tables. With -otel it also writes, after them,
-// each run's metrics as OpenTelemetry metrics to stdout, through the SDK's
-// stdout exporter: the middleware's (package idemotel's ServerObserver), the
-// client's (ClientObserver) and, with the memory store, the store's gauges
-// (RegisterStoreSize). Each run's metrics are its own (delta temporality for the counters and histograms).
+// Command orders is an orders API and the client that submits its orders,
+// both observed with OpenTelemetry, over a network that loses responses.
+//
+// The client's transport loses the response of every -lose'th request after
+// the API handled it, as a network can. The client retries with the key it
+// made for the order, and the middleware replays the order it created, so
+// that each order is created once. With -otel the program then writes the
+// metrics of the middleware (idemotel.ServerObserver), of the client
+// (idemotel.ClientObserver) and of the memory store (idemotel.RegisterStoreSize)
+// to stdout, through the SDK's stdout exporter.
 //
 //	cd idemotel && go run ./examples/orders -otel
 //
-// It takes every flag of examples/orders; see -h.
+// It imports only public packages, so it can be copied as the start of a
+// service of your own. The repository's larger demo, with naive retries to
+// compare and a proxy that also resets and delays, is cmd/ordersdemo of the
+// root module.
 package main
 
 import (
-	"bytes"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/exporters/stdout/stdoutmetric"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/idemotel"
-	"github.com/idemkit/idempotency/internal/demo/ordersdemo"
 	"github.com/idemkit/idempotency/server"
 	"github.com/idemkit/idempotency/server/memstore"
 )
 
 func main() {
-	var o ordersdemo.Options
-	o.Flags(flag.CommandLine)
-	withOTel := flag.Bool("otel", false, "write each run's metrics to stdout as OpenTelemetry metrics (stdout exporter)")
+	var c config
+	flag.IntVar(&c.orders, "n", 20, "orders to submit")
+	flag.IntVar(&c.lose, "lose", 3, "lose the response of every lose'th request (0: none)")
+	flag.BoolVar(&c.otel, "otel", false, "write the metrics to stdout, through the OpenTelemetry stdout exporter")
 	flag.Parse()
-	if err := run(o, *withOTel, os.Stdout); err != nil {
+	if _, err := run(context.Background(), c, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "orders:", err)
 		os.Exit(1)
 	}
 }
 
-// temporality makes the counters and histograms report each run's own
-// measurements, and the up-down counters and gauges their values.
-func temporality(kind sdkmetric.InstrumentKind) metricdata.Temporality {
-	switch kind {
-	case sdkmetric.InstrumentKindCounter, sdkmetric.InstrumentKindHistogram, sdkmetric.InstrumentKindObservableCounter:
-		return metricdata.DeltaTemporality
-	}
-	return metricdata.CumulativeTemporality
+// config is what the flags set.
+type config struct {
+	orders, lose int
+	otel         bool
 }
 
-// run runs the demo, and with withOTel writes its metrics to out after the
-// tables.
-func run(o ordersdemo.Options, withOTel bool, out io.Writer) error {
-	if !withOTel {
-		_, err := ordersdemo.Run(o, out)
-		return err
+// summary is what a run did.
+type summary struct {
+	submitted, created, lost, replayed int
+}
+
+func run(ctx context.Context, c config, out io.Writer) (summary, error) {
+	if c.orders < 1 || c.lose < 0 {
+		return summary{}, errors.New("-n must be at least 1 and -lose at least 0")
 	}
-	ctx := context.Background()
-	var buf bytes.Buffer
-	exp, err := stdoutmetric.New(
-		stdoutmetric.WithWriter(&buf),
-		stdoutmetric.WithPrettyPrint(),
-		stdoutmetric.WithTemporalitySelector(temporality),
+	var opts []sdkmetric.Option
+	if c.otel {
+		exp, err := stdoutmetric.New(stdoutmetric.WithWriter(out), stdoutmetric.WithPrettyPrint())
+		if err != nil {
+			return summary{}, err
+		}
+		// Exported once, when the provider shuts down, not on a timer.
+		opts = append(opts, sdkmetric.WithReader(sdkmetric.NewPeriodicReader(exp, sdkmetric.WithInterval(24*time.Hour))))
+	}
+	mp := sdkmetric.NewMeterProvider(opts...)
+
+	store, err := memstore.New()
+	if err != nil {
+		return summary{}, err
+	}
+	defer store.Close()
+	reg, err := idemotel.RegisterStoreSize(idemotel.SizeOf(store), idemotel.WithMeterProvider(mp))
+	if err != nil {
+		return summary{}, err
+	}
+	defer reg.Unregister()
+
+	s, err := submit(ctx, c, store, mp, out)
+	if c.otel {
+		fmt.Fprintln(out, "\nOpenTelemetry metrics (stdout exporter):")
+	}
+	// Shutdown exports what the instruments recorded, the store's size
+	// included: it is still registered.
+	return s, errors.Join(err, mp.Shutdown(ctx))
+}
+
+// submit starts the API on store, submits the orders through a lossy transport and
+// prints what happened.
+func submit(ctx context.Context, c config, store server.Store, mp *sdkmetric.MeterProvider, out io.Writer) (summary, error) {
+	serverObserver, err := idemotel.ServerObserver(idemotel.WithMeterProvider(mp))
+	if err != nil {
+		return summary{}, err
+	}
+	mw, err := server.New(store, server.WithObserver(serverObserver))
+	if err != nil {
+		return summary{}, err
+	}
+	api := &orderAPI{}
+	mux := http.NewServeMux()
+	mux.Handle("POST /orders", mw.Handler(api))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return summary{}, err
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go srv.Serve(ln)
+	defer srv.Close()
+
+	clientObserver, err := idemotel.ClientObserver(idemotel.WithMeterProvider(mp))
+	if err != nil {
+		return summary{}, err
+	}
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	lossy := &lossyTransport{base: tr, every: int64(c.lose)}
+	client, err := idempotency.NewClient(
+		idempotency.WithHTTPClient(&http.Client{Transport: lossy}),
+		idempotency.WithBackoff(time.Millisecond, 20*time.Millisecond),
+		idempotency.WithObserver(clientObserver),
 	)
 	if err != nil {
-		return err
+		return summary{}, err
 	}
-	// Exported when flushed after each run, not on a timer.
-	reader := sdkmetric.NewPeriodicReader(exp, sdkmetric.WithInterval(24*time.Hour))
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	defer mp.Shutdown(ctx)
 
-	o.Observer, err = idemotel.ServerObserver(idemotel.WithMeterProvider(mp))
-	if err != nil {
-		return err
-	}
-	o.ClientObserver, err = idemotel.ClientObserver(idemotel.WithMeterProvider(mp))
-	if err != nil {
-		return err
-	}
-	o.OnStore = func(s server.Store) error {
-		if mem, ok := s.(*memstore.Store); ok {
-			_, err := idemotel.RegisterStoreSize(idemotel.SizeOf(mem), idemotel.WithMeterProvider(mp))
-			return err
+	s := summary{submitted: c.orders}
+	url := "http://" + ln.Addr().String() + "/orders"
+	for i := range c.orders {
+		resp, err := client.Post(ctx, url, "application/json", strings.NewReader(fmt.Sprintf(`{"ref":"order-%d"}`, i)))
+		if err != nil {
+			return s, fmt.Errorf("order %d: %w", i, err)
 		}
-		return nil
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusCreated {
+			return s, fmt.Errorf("order %d: status %d", i, resp.StatusCode)
+		}
+		if o, ok := idempotency.OutcomeOf(resp); ok && o.Replayed {
+			s.replayed++
+		}
 	}
-	type export struct{ name, json string }
-	var exports []export
-	o.AfterRun = func(name string) error {
-		err := mp.ForceFlush(ctx)
-		exports = append(exports, export{name, buf.String()})
-		buf.Reset()
-		return err
+	s.created = api.count()
+	s.lost = int(lossy.lost.Load())
+	fmt.Fprintf(out, "orders submitted %d, created %d; responses lost %d, replayed %d\n", s.submitted, s.created, s.lost, s.replayed)
+	if s.created != s.submitted {
+		return s, fmt.Errorf("%d orders created for %d submitted", s.created, s.submitted)
 	}
-	_, runErr := ordersdemo.Run(o, out)
-	for _, e := range exports {
-		fmt.Fprintf(out, "\nOpenTelemetry metrics of the run %q (stdout exporter):\n%s", e.name, e.json)
+	return s, nil
+}
+
+// errLost is what the client is told when its response was lost.
+var errLost = errors.New("response lost")
+
+// lossyTransport loses the response of every every'th request, after the
+// server handled it: the case that a retry without a key turns into a
+// duplicate.
+type lossyTransport struct {
+	base  http.RoundTripper
+	every int64
+	n     atomic.Int64
+	lost  atomic.Int64
+}
+
+func (t *lossyTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := t.base.RoundTrip(req)
+	if err != nil || t.every == 0 || t.n.Add(1)%t.every != 0 {
+		return resp, err
 	}
-	return runErr
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	t.lost.Add(1)
+	return nil, errLost
+}
+
+// orderAPI creates an order each time it runs.
+type orderAPI struct {
+	mu     sync.Mutex
+	orders int
+}
+
+func (a *orderAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if _, err := io.ReadAll(r.Body); err != nil {
+		http.Error(w, "bad order", http.StatusBadRequest)
+		return
+	}
+	a.mu.Lock()
+	a.orders++
+	id := a.orders
+	a.mu.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	fmt.Fprintf(w, `{"id":%d}`, id)
+}
+
+func (a *orderAPI) count() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.orders
 }

@@ -2,16 +2,15 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"io"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
-
-	"github.com/idemkit/idempotency/internal/demo/ordersdemo"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -55,50 +54,53 @@ func (e exported) points(name, key string, value any) []float64 {
 	return out
 }
 
-func TestDemoOTel(t *testing.T) {
-	var out bytes.Buffer
-	err := run(ordersdemo.Options{
-		Orders: 40, Workers: 8, Store: "memory",
-		Drop: 0.2, Reset: 0.05, Delay: 0.05, Hold: 500 * time.Millisecond,
-		Timeout: 200 * time.Millisecond, Seed: 7,
-	}, true, &out)
-	require.NoError(t, err, out.String())
-	text := out.String()
-	assert.Contains(t, text, "first executions", "the demo's own tables")
+func TestOrdersOTel(t *testing.T) {
+	tests := []struct {
+		name               string
+		orders, lose, lost int
+	}{
+		{"every third response lost", 10, 3, 4},
+		{"every second response lost", 4, 2, 3},
+		{"nothing lost", 5, 0, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var out bytes.Buffer
+			s, err := run(context.Background(), config{orders: tt.orders, lose: tt.lose, otel: true}, &out)
+			require.NoError(t, err, out.String())
+			assert.Equal(t, summary{submitted: tt.orders, created: tt.orders, lost: tt.lost, replayed: tt.lost}, s)
 
-	runs := map[string]exported{}
-	for _, name := range []string{"naive retries", "idempotency keys"} {
-		header := `OpenTelemetry metrics of the run "` + name + `" (stdout exporter):`
-		i := strings.Index(text, header)
-		require.GreaterOrEqual(t, i, 0, "no metrics for %s in:\n%s", name, text)
-		var e exported
-		require.NoError(t, json.NewDecoder(strings.NewReader(text[i+len(header):])).Decode(&e))
-		runs[name] = e
-	}
-	naive, idem := runs["naive retries"], runs["idempotency keys"]
-	assert.NotEmpty(t, naive.points("idempotency.server.requests", "idempotency.outcome", "unprotected"))
-	assert.Empty(t, naive.points("idempotency.server.requests", "idempotency.outcome", "executed"), "each run has its own counts")
-	assert.Equal(t, []float64{40}, idem.points("idempotency.server.requests", "idempotency.outcome", "executed"))
-	// Each order ends with one operation that got its 201, first hand or
-	// replayed.
-	var succeeded float64
-	for _, outcome := range []string{"completed", "replayed"} {
-		for _, v := range idem.points("idempotency.client.operations", "idempotency.outcome", outcome) {
-			succeeded += v
-		}
-	}
-	assert.Equal(t, 40.0, succeeded, "operations that ended with the order")
-	for _, name := range []string{"idempotency.client.attempts", "idempotency.server.store.duration", "idempotency.store.records"} {
-		assert.Contains(t, text, `"Name": "`+name+`"`)
+			text := out.String()
+			const header = "OpenTelemetry metrics (stdout exporter):"
+			i := strings.Index(text, header)
+			require.GreaterOrEqual(t, i, 0, "no metrics in:\n%s", text)
+			var e exported
+			require.NoError(t, json.NewDecoder(strings.NewReader(text[i+len(header):])).Decode(&e))
+			assert.Equal(t, []float64{float64(tt.orders)}, e.points("idempotency.server.requests", "idempotency.outcome", "executed"))
+			replayed := e.points("idempotency.server.requests", "idempotency.outcome", "replayed")
+			if tt.lost == 0 {
+				assert.Empty(t, replayed)
+			} else {
+				assert.Equal(t, []float64{float64(tt.lost)}, replayed)
+			}
+			for _, name := range []string{"idempotency.client.attempts", "idempotency.server.store.duration", "idempotency.store.records"} {
+				assert.Contains(t, text, `"Name": "`+name+`"`)
+			}
+		})
 	}
 }
 
-func TestDemoWithoutOTel(t *testing.T) {
+func TestOrdersWithoutOTel(t *testing.T) {
 	var out bytes.Buffer
-	err := run(ordersdemo.Options{
-		Orders: 10, Workers: 4, Store: "memory", Hold: 100 * time.Millisecond, Timeout: 200 * time.Millisecond, Seed: 1,
-	}, false, &out)
+	s, err := run(context.Background(), config{orders: 3, lose: 2}, &out)
 	require.NoError(t, err, out.String())
-	assert.Contains(t, out.String(), "first executions")
-	assert.NotContains(t, out.String(), "OpenTelemetry")
+	assert.Equal(t, 3, s.created)
+	assert.Equal(t, "orders submitted 3, created 3; responses lost 2, replayed 2\n", out.String())
+}
+
+func TestOrdersRefusesBadFlags(t *testing.T) {
+	for _, c := range []config{{orders: 0}, {orders: 1, lose: -1}} {
+		_, err := run(context.Background(), c, io.Discard)
+		assert.Error(t, err, "%+v", c)
+	}
 }

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/internal/testkit/faultnet"
 	"github.com/idemkit/idempotency/internal/testkit/faultrun"
 	"github.com/idemkit/idempotency/internal/testkit/faultstore"
 	"github.com/idemkit/idempotency/server"
@@ -86,18 +87,43 @@ func TestRunHealthy(t *testing.T) {
 }
 
 // TestRunDeterministic runs the same seed twice without windows, whose
-// timing is the clock's: every order meets the same faults.
+// timing is the clock's: each key's k'th request meets the same fault. How
+// many requests a key sends depends on timeouts, so the test compares what
+// both runs sent, never counts.
 func TestRunDeterministic(t *testing.T) {
-	run := func() *faultrun.Report {
+	run := func(seed uint64) *faultrun.Report {
 		s, err := memstore.New()
 		require.NoError(t, err)
 		defer s.Close()
-		rep, err := faultrun.Run(context.Background(), s, nil, smallRun())
+		cfg := smallRun()
+		cfg.Seed = seed
+		rep, err := faultrun.Run(context.Background(), s, nil, cfg)
 		require.NoError(t, err)
+		require.Len(t, rep.Faults, cfg.Orders, "keys whose requests met the faults")
 		return rep
 	}
-	a, b := run(), run()
-	assert.Equal(t, a.Network, b.Network, "the network's faults under one seed")
+	a, b, other := run(7), run(7), run(8)
+	faulty := 0
+	for key, fa := range a.Faults {
+		fb := b.Faults[key]
+		n := min(len(fa), len(fb))
+		require.Positive(t, n, "%s sent no request in one of the runs", key)
+		assert.Equal(t, fa[:n], fb[:n], "faults of %s's requests under one seed", key)
+		if fa[0] != faultnet.Pass {
+			faulty++
+		}
+	}
+	assert.Positive(t, faulty, "no first request met a fault at these rates")
+
+	// Another seed decides otherwise: the first requests, which every
+	// order sends, meet other faults.
+	differ := 0
+	for key, fa := range a.Faults {
+		if other.Faults[key][0] != fa[0] {
+			differ++
+		}
+	}
+	assert.Positive(t, differ, "seeds 7 and 8 gave every first request the same fault")
 }
 
 func TestRunRejects(t *testing.T) {

@@ -42,6 +42,11 @@ type Report struct {
 	// the audit; Amplification is its Requests per order.
 	Network       faultnet.Stats
 	Amplification float64
+	// Faults is what the seed decided: the fault the network gave each
+	// key's 1st, 2nd, ... request while the faults were on. How many
+	// requests a key sent depends on timing; the fault of its k'th
+	// request does not.
+	Faults map[string][]faultnet.Fault
 
 	// ClientAnswers counts what the client's attempts came to, before the
 	// audit: a status ("201", "201 replayed", "409", "503"), or "timeout",

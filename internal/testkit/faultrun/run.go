@@ -161,10 +161,12 @@ type runner struct {
 	link   StoreLink
 	url    string
 	client *idempotency.Client
-	proxy  *faultnet.Proxy
-	sched  *schedule
-	log    *serverLog
-	orders []*order
+	// auditClient is client without a retry budget, for the audit.
+	auditClient *idempotency.Client
+	proxy       *faultnet.Proxy
+	sched       *schedule
+	log         *serverLog
+	orders      []*order
 
 	mu      sync.Mutex
 	windows []WindowReport
@@ -214,15 +216,23 @@ func Run(ctx context.Context, store server.Store, link StoreLink, cfg Config) (*
 	tr := &http.Transport{MaxIdleConnsPerHost: cfg.Callers}
 	defer tr.CloseIdleConnections()
 	attempts := newAttemptLog(tr)
-	client, err := idempotency.NewClient(append([]idempotency.Option{
+	clientOpts := append([]idempotency.Option{
 		idempotency.WithHTTPClient(&http.Client{Transport: attempts}),
 		idempotency.WithAttemptTimeout(cfg.AttemptTimeout),
-	}, cfg.ClientOptions...)...)
+	}, cfg.ClientOptions...)
+	client, err := idempotency.NewClient(clientOpts...)
+	if err != nil {
+		return nil, fmt.Errorf("faultrun: %w", err)
+	}
+	// The audit checks the records, not the client: its retries must not
+	// depend on what the faults left of the run's retry budget, which on a
+	// slow machine is nothing.
+	auditClient, err := idempotency.NewClient(append(clientOpts, idempotency.WithoutBudget())...)
 	if err != nil {
 		return nil, fmt.Errorf("faultrun: %w", err)
 	}
 
-	r := &runner{cfg: cfg, link: link, url: proxy.URL() + "/orders", client: client, proxy: proxy, sched: sched, log: log}
+	r := &runner{cfg: cfg, link: link, url: proxy.URL() + "/orders", client: client, auditClient: auditClient, proxy: proxy, sched: sched, log: log}
 	r.orders = make([]*order, cfg.Orders)
 	for i := range r.orders {
 		ref := fmt.Sprintf("order-%06d", i)
@@ -244,6 +254,7 @@ func Run(ctx context.Context, store server.Store, link StoreLink, cfg Config) (*
 		Seed:          cfg.Seed,
 		Orders:        cfg.Orders,
 		Network:       proxy.Stats(),
+		Faults:        sched.faults(),
 		ClientAnswers: attempts.snapshot(),
 		ServerAnswers: log.answers(),
 		ServerLogged:  logged.snapshot(),
@@ -400,7 +411,7 @@ func (r *runner) call(ctx context.Context, o *order) bool {
 	if o.first.IsZero() {
 		o.first = time.Now()
 	}
-	id, attempts, _, err := r.post(ctx, o)
+	id, attempts, _, err := r.post(ctx, r.client, o)
 	o.attempts += attempts
 	if err != nil {
 		return false
@@ -409,10 +420,10 @@ func (r *runner) call(ctx context.Context, o *order) bool {
 	return true
 }
 
-// post sends o once through the client and returns the order number it was
+// post sends o once through client and returns the order number it was
 // given, the attempts made and whether the answer was a replay.
-func (r *runner) post(ctx context.Context, o *order) (id, attempts int, replayed bool, err error) {
-	resp, err := r.client.Post(idempotency.ContextWithKey(ctx, o.key), r.url, "application/json", strings.NewReader(o.body))
+func (r *runner) post(ctx context.Context, client *idempotency.Client, o *order) (id, attempts int, replayed bool, err error) {
+	resp, err := client.Post(idempotency.ContextWithKey(ctx, o.key), r.url, "application/json", strings.NewReader(o.body))
 	if err != nil {
 		var re *idempotency.RetryError
 		if errors.As(err, &re) {
@@ -450,7 +461,7 @@ func (r *runner) audit(ctx context.Context, rep *Report) error {
 	for range r.cfg.Callers {
 		callers.Go(func() {
 			for o := range next {
-				id, _, replayed, err := r.post(ctx, o)
+				id, _, replayed, err := r.post(ctx, r.auditClient, o)
 				mu.Lock()
 				switch {
 				case err != nil:

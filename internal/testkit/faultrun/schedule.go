@@ -4,6 +4,7 @@ import (
 	"hash/fnv"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -21,28 +22,40 @@ type schedule struct {
 
 	calm atomic.Bool // once set, every request passes
 
-	mu   sync.Mutex
-	seen map[string]uint64 // requests so far, by key
+	mu    sync.Mutex
+	seen  map[string]uint64           // requests so far, by key
+	drawn map[string][]faultnet.Fault // the faults given before calm, by key
 }
 
 func newSchedule(seed uint64, drop, reset, delay float64) *schedule {
-	return &schedule{seed: seed, drop: drop, reset: reset, delay: delay, seen: map[string]uint64{}}
+	return &schedule{seed: seed, drop: drop, reset: reset, delay: delay, seen: map[string]uint64{}, drawn: map[string][]faultnet.Fault{}}
 }
 
 // decide is a faultnet.Config.Decide.
 func (s *schedule) decide(n int64, r *http.Request) faultnet.Fault {
 	key := r.Header.Get("Idempotency-Key")
+	// Drawn under the lock, so that a key's faults are recorded in the
+	// order of its requests.
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	k := s.seen[key]
 	s.seen[key] = k + 1
-	s.mu.Unlock()
 	if s.calm.Load() {
 		return faultnet.Pass
 	}
 	if key == "" {
-		k = uint64(n)
+		// Without a key the arrival order decides, which is not the
+		// seed's: nothing to record.
+		return s.fault(draw(s.seed, key, uint64(n)))
 	}
-	switch u := draw(s.seed, key, k); {
+	f := s.fault(draw(s.seed, key, k))
+	s.drawn[key] = append(s.drawn[key], f)
+	return f
+}
+
+// fault turns a draw into a fault, by the rates.
+func (s *schedule) fault(u float64) faultnet.Fault {
+	switch {
 	case u < s.drop:
 		return faultnet.Drop
 	case u < s.drop+s.reset:
@@ -51,6 +64,18 @@ func (s *schedule) decide(n int64, r *http.Request) faultnet.Fault {
 		return faultnet.Delay
 	}
 	return faultnet.Pass
+}
+
+// faults returns a copy of the faults given so far to each key's requests,
+// in their order, before the schedule was calmed.
+func (s *schedule) faults() map[string][]faultnet.Fault {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string][]faultnet.Fault, len(s.drawn))
+	for k, v := range s.drawn {
+		out[k] = slices.Clone(v)
+	}
+	return out
 }
 
 // draw returns a number in [0, 1) that depends only on its arguments.

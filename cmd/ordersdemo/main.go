@@ -1,9 +1,9 @@
-// Command orders is the module's demo: a client submits orders to an API
+// Command ordersdemo is the module's demo: a client submits orders to an API
 // through a network that loses responses, first retrying naively, then with
 // this module's client and middleware, and shows what each did.
 //
-//	go run ./examples/orders                      # in-memory store
-//	go run ./examples/orders -store postgres      # or redis; see -h
+//	go run ./cmd/ordersdemo                       # in-memory store
+//	go run ./cmd/ordersdemo -store postgres       # or redis; see -h
 //
 // It starts the API (package server's middleware around an order handler),
 // a lossy proxy in front of it that drops a share of the responses after the
@@ -21,9 +21,11 @@
 //
 // After the table of each run's results it prints what the middleware told
 // its observer (server.WithObserver) it did in each run: first executions,
-// replays, 409s for requests in flight, 503s, ... The same demo in the
-// OpenTelemetry module, idemotel/examples/orders, also writes those events
-// as OpenTelemetry metrics with -otel.
+// replays, 409s for requests in flight, 503s, ...
+//
+// It is a command of the repository rather than an example, because its
+// lossy network is the test suite's proxy (internal/testkit/faultnet); the
+// programs under examples/ import only public packages and can be copied.
 //
 // It exits with status 1 if the idempotent run created a duplicate or
 // failed an order.
@@ -33,16 +35,14 @@ import (
 	"flag"
 	"fmt"
 	"os"
-
-	"github.com/idemkit/idempotency/internal/demo/ordersdemo"
 )
 
 func main() {
-	var o ordersdemo.Options
+	var o Options
 	o.Flags(flag.CommandLine)
 	flag.Parse()
-	if _, err := ordersdemo.Run(o, os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "orders:", err)
+	if _, err := Run(o, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "ordersdemo:", err)
 		os.Exit(1)
 	}
 }

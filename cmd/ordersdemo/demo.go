@@ -1,10 +1,4 @@
-// Package ordersdemo is the demo of examples/orders: a client submits orders
-// to an API through a network that loses responses, first retrying naively,
-// then with this module's client and middleware, and it shows what each did,
-// with the middleware's events counted. It is a package so that the
-// OpenTelemetry module's copy of the demo (idemotel/examples/orders) runs
-// the same demo and adds its observers.
-package ordersdemo
+package main
 
 import (
 	"context"
@@ -40,15 +34,6 @@ type Options struct {
 	Drop, Reset, Delay float64
 	Hold, Timeout      time.Duration
 	Seed               uint64
-
-	// Observer, if set, is told the middleware's events too.
-	Observer server.Observer
-	// ClientObserver, if set, is the idempotent client's observer.
-	ClientObserver idempotency.Observer
-	// OnStore, if set, is given the API's store once it is open.
-	OnStore func(server.Store) error
-	// AfterRun, if set, is called after each run, with its name.
-	AfterRun func(name string) error
 }
 
 // Flags defines the demo's command-line flags in fs, with their defaults,
@@ -121,22 +106,10 @@ func Run(o Options, out io.Writer) ([]*Tally, error) {
 		return nil, err
 	}
 	defer closeStore()
-	if o.OnStore != nil {
-		if err := o.OnStore(store); err != nil {
-			return nil, err
-		}
-	}
 
 	api := newOrderAPI()
 	var events counters
-	observe := events.observe
-	if extra := o.Observer; extra != nil {
-		observe = func(ctx context.Context, e server.Event) {
-			events.observe(ctx, e)
-			extra(ctx, e)
-		}
-	}
-	mw, err := server.New(store, server.WithKeyOptional(), server.WithObserver(observe))
+	mw, err := server.New(store, server.WithKeyOptional(), server.WithObserver(events.observe))
 	if err != nil {
 		return nil, err
 	}
@@ -164,16 +137,12 @@ func Run(o Options, out io.Writer) ([]*Tally, error) {
 	tr := &http.Transport{MaxIdleConnsPerHost: o.Workers}
 	defer tr.CloseIdleConnections()
 	naive := &http.Client{Transport: tr, Timeout: o.Timeout}
-	clientOpts := []idempotency.Option{
+	keyed, err := idempotency.NewClient(
 		idempotency.WithHTTPClient(&http.Client{Transport: tr}),
 		idempotency.WithAttemptTimeout(o.Timeout),
 		idempotency.WithBackoff(5*time.Millisecond, 100*time.Millisecond),
 		idempotency.WithMaxAttempts(8),
-	}
-	if o.ClientObserver != nil {
-		clientOpts = append(clientOpts, idempotency.WithObserver(o.ClientObserver))
-	}
-	keyed, err := idempotency.NewClient(clientOpts...)
+	)
 	if err != nil {
 		return nil, err
 	}
@@ -203,11 +172,6 @@ func Run(o Options, out io.Writer) ([]*Tally, error) {
 		waitEvents(&events, before, t.handled)
 		t.Events = events.since(before)
 		runs = append(runs, t)
-		if o.AfterRun != nil {
-			if err := o.AfterRun(a.name); err != nil {
-				return runs, err
-			}
-		}
 	}
 	fmt.Fprintln(out)
 	report(out, runs)

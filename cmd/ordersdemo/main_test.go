@@ -9,7 +9,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/idemkit/idempotency/internal/demo/ordersdemo"
 	"github.com/idemkit/idempotency/server"
 )
 
@@ -17,7 +16,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestDemo(t *testing.T) {
 	var out bytes.Buffer
-	runs, err := ordersdemo.Run(ordersdemo.Options{
+	runs, err := Run(Options{
 		Orders: 60, Workers: 8, Store: "memory",
 		Drop: 0.2, Reset: 0.05, Delay: 0.05, Hold: 500 * time.Millisecond,
 		Timeout: 200 * time.Millisecond, Seed: 7,

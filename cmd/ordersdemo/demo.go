@@ -109,10 +109,14 @@ func Run(o Options, out io.Writer) ([]*Tally, error) {
 
 	api := newOrderAPI()
 	var events counters
-	mw, err := server.New(store, server.WithKeyOptional(), server.WithObserver(events.observe))
+	mw, err := server.New(store, server.WithKeyOptional(), server.WithObserver(events.observe),
+		// The demo has one caller; a real API names the authenticated
+		// principal here, so that callers never share keys.
+		server.WithScope(func(*http.Request) (string, error) { return "demo", nil }))
 	if err != nil {
 		return nil, err
 	}
+	defer mw.Shutdown(ctx)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err

@@ -7,6 +7,7 @@ import (
 	"log"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -215,7 +216,12 @@ func TestOurServerPasses(t *testing.T) {
 			// one per caller in cross-tenant.
 			assert.LessOrEqual(t, h.created.Load(), int64(n+1))
 			res, _ := report.Result(idemtest.CheckConcurrent)
-			assert.Contains(t, res.Detail, "answered 409 while the first was in flight")
+			// Which of the two the overlap gave depends on timing: a
+			// duplicate claims once its body is read, and the first may
+			// have finished by then.
+			if !strings.Contains(res.Detail, "answered 409 while the first was in flight") {
+				assert.Contains(t, res.Detail, "One ran, and the others got its answer")
+			}
 			assert.Equal(t, idemtest.Policy{KeyForm: idemtest.KeyBoth, MaxKeyLen: 255, KeyAlphabet: idemtest.AlphabetASCII, Release5xx: true}, report.Policy)
 			assert.Empty(t, report.Notes)
 		})
@@ -427,11 +433,11 @@ func TestDroppedWording(t *testing.T) {
 		notWanted string
 	}{
 		{"in flight, marked", true, nil,
-			"The first request was still in flight when the retry came (409 Conflict (in flight)), and the retries then got its answer, marked as a replay: the request ran once.", "cannot tell"},
+			"The first request was still in flight when the retry came (N409 Conflict (in flight)), and the retries then got its answer, marked as a replay: the request ran once.", "cannot tell"},
 		{"done, marked", false, nil,
 			"The retries got the first request's answer, marked as a replay: the request ran once, although its client went away.", "in flight"},
 		{"in flight, unmarked", true, []server.Option{unknown},
-			"The first request was still in flight when the retry came (409 Conflict (in flight)); then the retries got a success, the same twice, not marked as a replay. It is the first request's answer, or a second execution after the target released the key", "ran once"},
+			"The first request was still in flight when the retry came (N409 Conflict (in flight)); then the retries got a success, the same twice, not marked as a replay. It is the first request's answer, or a second execution after the target released the key", "ran once"},
 		{"done, unmarked", false, []server.Option{unknown},
 			"no 409 came first: it is the first request's answer, or a second execution, and without a replay header the kit cannot tell which.", "in flight"},
 	} {
@@ -444,7 +450,11 @@ func TestDroppedWording(t *testing.T) {
 			res := report.Results[0]
 			assert.Equal(t, idemtest.StatusPass, res.Status, "%s\n%s", res.Detail, res.Got)
 			assert.Contains(t, res.Got, "nothing before the close")
-			assert.Contains(t, res.Detail, tc.want)
+			// N stands for how many 409s came before the answer, which
+			// depends on timing: "" for one, "2 × " for two.
+			want := regexp.QuoteMeta(tc.want)
+			want = strings.ReplaceAll(want, "N409", `(\d+ × )?409`)
+			assert.Regexp(t, want, res.Detail)
 			assert.NotContains(t, res.Detail, tc.notWanted)
 			assert.Equal(t, int64(1), ran.Load(), "runs of the dropped request")
 		})

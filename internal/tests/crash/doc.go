@@ -11,7 +11,8 @@
 // the handler's request context the client derives the downstream key from
 // the incoming key, and a rerun after a crash is answered with the
 // downstream service's replay; with a new key in each run, the same crashes
-// write orders twice.
+// write orders twice. TestMemstoreCrash shows what a restart does to the
+// memory store: it forgets every record, and every order runs again.
 //
 // The flag -crash.long runs them at the size of the figures in
 // RELIABILITY.md. The package has no code of its own.

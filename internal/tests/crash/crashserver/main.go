@@ -12,7 +12,9 @@
 // mode, and the order is written in the record's transaction
 // (pgstore.TxFromContext); with -store pg-lease or redis-lease the records
 // live in PostgreSQL or Redis in lease mode, and the order is written in a
-// transaction of the handler's own, committed before the pause -after.
+// transaction of the handler's own, committed before the pause -after; with
+// mem-lease the records live in the process's memory (memstore), and die
+// with it.
 //
 // With -abandoned refuse, a retry that takes over an order whose holder was
 // killed is not run again: it gets the final "outcome unknown" answer
@@ -56,13 +58,14 @@ import (
 
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/server/memstore"
 	"github.com/idemkit/idempotency/server/pgstore"
 	"github.com/idemkit/idempotency/server/redisstore"
 )
 
 func main() {
 	addr := flag.String("addr", "127.0.0.1:0", "address to listen on")
-	kind := flag.String("store", "pg-tx", "records in: pg-tx, pg-lease or redis-lease")
+	kind := flag.String("store", "pg-tx", "records in: pg-tx, pg-lease, redis-lease or mem-lease (the process's memory)")
 	records := flag.String("records", "", "table (PostgreSQL) or key prefix (Redis) of the records")
 	orders := flag.String("orders", "", "table of the orders; its lines are in the table named with the suffix _lines")
 	lease := flag.Duration("lease", time.Second, "the middleware's lease")
@@ -142,6 +145,13 @@ func run(addr, kind, records, orders string, lease, step, after time.Duration, p
 		if err := s.Migrate(ctx); err != nil {
 			return err
 		}
+		store = s
+	case "mem-lease":
+		s, err := memstore.New()
+		if err != nil {
+			return err
+		}
+		defer s.Close()
 		store = s
 	case "redis-lease":
 		opt, err := redis.ParseURL(env("IDEMPOTENCY_REDIS_URL", "redis://127.0.0.1:6379/0"))

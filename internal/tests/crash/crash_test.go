@@ -171,8 +171,9 @@ type result struct {
 	orders           int
 	killedInflight   []int
 	executions       int
-	duplicatedOrders int // orders executed more than once
-	extraExecutions  int // executions beyond one per order
+	duplicatedOrders int      // orders executed more than once
+	duplicated       []string // their refs, for the log
+	extraExecutions  int      // executions beyond one per order
 	halfDone         int
 	lost             int // answered with an order that is not in the database
 	missing          int // never executed
@@ -395,6 +396,7 @@ func (r *crashRun) count(t *testing.T, res *result, answers map[int]string) {
 		case n > 1:
 			res.duplicatedOrders++
 			res.extraExecutions += n - 1
+			res.duplicated = append(res.duplicated, "ref-"+strconv.Itoa(i))
 		}
 		if !exists[a] {
 			res.lost++

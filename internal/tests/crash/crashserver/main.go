@@ -12,11 +12,23 @@
 // mode, and the order is written in the record's transaction
 // (pgstore.TxFromContext); with -store pg-lease or redis-lease the records
 // live in PostgreSQL or Redis in lease mode, and the order is written in a
-// transaction of the handler's own, committed before the pause -after.
+// transaction of the handler's own, committed before the pause -after; with
+// mem-lease the records live in the process's memory (memstore), and die
+// with it.
 //
 // With -abandoned refuse, a retry that takes over an order whose holder was
 // killed is not run again: it gets the final "outcome unknown" answer
 // (server.RefuseAbandoned).
+//
+// With -downstream URL the order's effect is not written here: the handler
+// sends the order, through an idempotency.Client, to a second service behind
+// the middleware (URL, run by the test), which writes it, and answers with
+// that service's answer after the pause -after. With -downstream-keys
+// derived (the default) the request is made with the handler's own request
+// context, so the client derives the downstream key from the incoming key
+// and every run of the handler for one order sends the same key; with
+// random, each run sends a new key (idempotency.NewKey), as a client that
+// is not given the handler's context does.
 //
 // GET /inflight answers the number of orders in flight: past the server's
 // accepting them, not yet answered. The program prints
@@ -24,11 +36,13 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log"
 	"log/slog"
 	"net"
@@ -42,20 +56,24 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/server/memstore"
 	"github.com/idemkit/idempotency/server/pgstore"
 	"github.com/idemkit/idempotency/server/redisstore"
 )
 
 func main() {
 	addr := flag.String("addr", "127.0.0.1:0", "address to listen on")
-	kind := flag.String("store", "pg-tx", "records in: pg-tx, pg-lease or redis-lease")
+	kind := flag.String("store", "pg-tx", "records in: pg-tx, pg-lease, redis-lease or mem-lease (the process's memory)")
 	records := flag.String("records", "", "table (PostgreSQL) or key prefix (Redis) of the records")
 	orders := flag.String("orders", "", "table of the orders; its lines are in the table named with the suffix _lines")
 	lease := flag.Duration("lease", time.Second, "the middleware's lease")
 	step := flag.Duration("step", 5*time.Millisecond, "pause before each line")
 	after := flag.Duration("after", 10*time.Millisecond, "pause between the last write and the answer")
 	abandoned := flag.String("abandoned", "rerun", "what a retry after an abandoned lease gets: rerun or refuse (server.WithAbandoned)")
+	downURL := flag.String("downstream", "", "URL of the service that writes the orders; empty: write them here")
+	keys := flag.String("downstream-keys", "derived", "keys of the downstream calls: derived (from the incoming key) or random")
 	flag.Parse()
 	if *records == "" || *orders == "" {
 		log.Fatal("crashserver: -records and -orders are required")
@@ -68,7 +86,24 @@ func main() {
 	default:
 		log.Fatalf("crashserver: -abandoned %q: want rerun or refuse", *abandoned)
 	}
-	if err := run(*addr, *kind, *records, *orders, *lease, *step, *after, policy); err != nil {
+	if *keys != "derived" && *keys != "random" {
+		log.Fatalf("crashserver: -downstream-keys %q: want derived or random", *keys)
+	}
+	var down *downstream
+	if *downURL != "" {
+		c, err := idempotency.NewClient(
+			idempotency.WithAttemptTimeout(10*time.Second),
+			idempotency.WithBackoff(10*time.Millisecond, 200*time.Millisecond),
+			idempotency.WithMaxAttempts(20),
+			idempotency.WithMaxRetryAfter(2*time.Second),
+			idempotency.WithoutBudget(),
+		)
+		if err != nil {
+			log.Fatal(err)
+		}
+		down = &downstream{client: c, url: *downURL, random: *keys == "random"}
+	}
+	if err := run(*addr, *kind, *records, *orders, *lease, *step, *after, policy, down); err != nil {
 		log.Fatal(err)
 	}
 }
@@ -80,7 +115,7 @@ func env(name, def string) string {
 	return def
 }
 
-func run(addr, kind, records, orders string, lease, step, after time.Duration, policy server.AbandonedPolicy) error {
+func run(addr, kind, records, orders string, lease, step, after time.Duration, policy server.AbandonedPolicy, down *downstream) error {
 	ctx := context.Background()
 	cfg, err := pgxpool.ParseConfig(env("IDEMPOTENCY_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"))
 	if err != nil {
@@ -111,6 +146,13 @@ func run(addr, kind, records, orders string, lease, step, after time.Duration, p
 			return err
 		}
 		store = s
+	case "mem-lease":
+		s, err := memstore.New()
+		if err != nil {
+			return err
+		}
+		defer s.Close()
+		store = s
 	case "redis-lease":
 		opt, err := redis.ParseURL(env("IDEMPOTENCY_REDIS_URL", "redis://127.0.0.1:6379/0"))
 		if err != nil {
@@ -134,7 +176,7 @@ func run(addr, kind, records, orders string, lease, step, after time.Duration, p
 	if err != nil {
 		return err
 	}
-	api := &api{pool: pool, transactional: transactional, step: step, after: after,
+	api := &api{pool: pool, transactional: transactional, step: step, after: after, downstream: down,
 		insertOrder: "INSERT INTO " + pgx.Identifier{orders}.Sanitize() + " (ref, lines) VALUES ($1, $2) RETURNING id",
 		insertLine:  "INSERT INTO " + pgx.Identifier{orders + "_lines"}.Sanitize() + " (order_id, n) VALUES ($1, $2)",
 	}
@@ -165,7 +207,15 @@ type api struct {
 	transactional           bool
 	step, after             time.Duration
 	insertOrder, insertLine string
+	downstream              *downstream
 	inflight                atomic.Int64
+}
+
+// downstream is the service that writes the orders, when it is not this one.
+type downstream struct {
+	client *idempotency.Client
+	url    string
+	random bool
 }
 
 func (a *api) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -178,6 +228,10 @@ func (a *api) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := r.Context()
+	if a.downstream != nil {
+		a.forward(ctx, w, in.Ref, in.Lines)
+		return
+	}
 	var tx pgx.Tx
 	if a.transactional {
 		var ok bool
@@ -188,29 +242,32 @@ func (a *api) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	} else {
 		var err error
 		if tx, err = a.pool.Begin(ctx); err != nil {
-			a.fail(w, err)
+			a.fail(w, in.Ref, "begin", err)
 			return
 		}
 		defer tx.Rollback(context.WithoutCancel(ctx))
 	}
 	var id int64
 	if err := tx.QueryRow(ctx, a.insertOrder, in.Ref, in.Lines).Scan(&id); err != nil {
-		a.fail(w, err)
+		a.fail(w, in.Ref, "insert", err)
 		return
 	}
 	for n := range in.Lines {
 		if !pause(ctx, a.step) {
-			a.fail(w, context.Cause(ctx))
+			a.fail(w, in.Ref, "pause", context.Cause(ctx))
 			return
 		}
 		if _, err := tx.Exec(ctx, a.insertLine, id, n); err != nil {
-			a.fail(w, err)
+			a.fail(w, in.Ref, "line", err)
 			return
 		}
 	}
 	if !a.transactional {
-		if err := tx.Commit(ctx); err != nil {
-			a.fail(w, err)
+		// A commit cut short by the context (the lease lost, the
+		// client gone) may have been applied all the same: answered
+		// 503, its key released, the order would run again.
+		if err := tx.Commit(context.WithoutCancel(ctx)); err != nil {
+			a.fail(w, in.Ref, "commit", err)
 			return
 		}
 	}
@@ -222,10 +279,44 @@ func (a *api) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	fmt.Fprintf(w, `{"id":%s,"ref":%q}`, strconv.FormatInt(id, 10), in.Ref)
 }
 
-// fail answers 503 for an order that could not be written, and says why on
-// standard error.
-func (a *api) fail(w http.ResponseWriter, err error) {
-	log.Printf("crashserver: order not written: %v", err)
+// forward has the downstream service write the order, and answers with its
+// answer once it is written, after the pause a.after.
+func (a *api) forward(ctx context.Context, w http.ResponseWriter, ref string, lines int) {
+	if a.downstream.random {
+		// A key of its own for each run, where the derived one is the
+		// same in every run.
+		ctx = idempotency.ContextWithKey(ctx, idempotency.NewKey())
+	}
+	body, err := json.Marshal(map[string]any{"ref": ref, "lines": lines})
+	if err != nil {
+		a.fail(w, ref, "downstream", err)
+		return
+	}
+	resp, err := a.downstream.client.Post(ctx, a.downstream.url, "application/json", bytes.NewReader(body))
+	if err != nil {
+		a.fail(w, ref, "downstream", err)
+		return
+	}
+	defer resp.Body.Close()
+	out, err := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+	if err != nil {
+		a.fail(w, ref, "downstream", err)
+		return
+	}
+	if resp.StatusCode != http.StatusCreated {
+		a.fail(w, ref, "downstream", fmt.Errorf("downstream answered %d: %s", resp.StatusCode, out))
+		return
+	}
+	pause(context.WithoutCancel(ctx), a.after)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	w.Write(out)
+}
+
+// fail answers 503 for an order that could not be written, and says at
+// which step and why on standard error.
+func (a *api) fail(w http.ResponseWriter, ref, step string, err error) {
+	log.Printf("crashserver: order %s not written (%s): %v", ref, step, err)
 	http.Error(w, "order not written", http.StatusServiceUnavailable)
 }
 

@@ -115,7 +115,7 @@ func ExampleSchema() {
 	// Output:
 	// CREATE SEQUENCE IF NOT EXISTS "billing"."idempotency_token_seq" AS bigint CACHE 1;
 	// CREATE TABLE IF NOT EXISTS "billing"."idempotency" (
-	// CREATE INDEX IF NOT EXISTS "idempotency_expires_at_idx" ON "billing"."idempotency" (expires_at);
+	// CREATE INDEX IF NOT EXISTS "idempotency_sweep_at_idx" ON "billing"."idempotency" (sweep_at);
 }
 
 // An operator looks a key up, and records a request whose holder was lost

@@ -64,11 +64,12 @@ const claimSQL = `WITH cur AS (
 	FROM {{table}}
 	WHERE scope = $1 AND key = $2
 ), ins AS (
-	INSERT INTO {{table}} (scope, key, fingerprint, state, token, lease_until, created_at, expires_at)
+	INSERT INTO {{table}} (scope, key, fingerprint, state, token, lease_until, created_at, expires_at, sweep_at)
 	SELECT $1, $2, $3, 'in_flight', nextval('{{sequence}}'),
 		statement_timestamp() + $4::bigint * interval '1 microsecond',
 		statement_timestamp(),
-		statement_timestamp() + $5::bigint * interval '1 microsecond'
+		statement_timestamp() + $5::bigint * interval '1 microsecond',
+		` + sweepAtFrom + `statement_timestamp() + $5::bigint * interval '1 microsecond'` + sweepAtTo + `
 	WHERE NOT EXISTS (SELECT 1 FROM cur)
 	ON CONFLICT (scope, key) DO NOTHING
 	RETURNING token, tableoid
@@ -101,6 +102,7 @@ const takeoverSQL = `UPDATE {{table}} SET
 	lease_until = statement_timestamp() + $5::bigint * interval '1 microsecond',
 	created_at = CASE WHEN expires_at <= statement_timestamp() THEN statement_timestamp() ELSE created_at END,
 	expires_at = statement_timestamp() + $6::bigint * interval '1 microsecond',
+	sweep_at = ` + sweepAtFrom + `statement_timestamp() + $6::bigint * interval '1 microsecond'` + sweepAtTo + `,
 	status = NULL, headers = NULL, body = NULL, body_omitted = false,
 	abandoned = CASE WHEN expires_at <= statement_timestamp() THEN 0
 		ELSE least(abandoned, 2147483646) + 1 END
@@ -118,12 +120,15 @@ const current = `scope = $1 AND key = $2 AND token = $3
 // been taken over, whatever its expiry, while the transaction holds it.
 const currentTx = `scope = $1 AND key = $2 AND token = $3 AND state = 'in_flight'`
 
-// completeSet stores the response. Parameters: $1 scope, $2 key, $3 token,
+// completeSet stores the response. Unless the record's expiry moves to
+// another minute, no indexed column changes (see sweepAtFrom), so PostgreSQL
+// can make the UPDATE a HOT one. Parameters: $1 scope, $2 key, $3 token,
 // $4 time to live (µs), $5 status, $6 headers, $7 body, $8 body omitted.
 const completeSet = `UPDATE {{table}} SET
 	state = 'completed',
 	lease_until = statement_timestamp(),
 	expires_at = statement_timestamp() + $4::bigint * interval '1 microsecond',
+	sweep_at = ` + sweepAtFrom + `statement_timestamp() + $4::bigint * interval '1 microsecond'` + sweepAtTo + `,
 	status = $5, headers = $6, body = $7, body_omitted = $8
 WHERE `
 
@@ -138,18 +143,21 @@ const releaseSQL = `DELETE FROM {{table}} WHERE ` + current
 // extendSQL parameters: $1 scope, $2 key, $3 token, $4 lease (µs).
 const extendSQL = `UPDATE {{table}} SET
 	lease_until = statement_timestamp() + $4::bigint * interval '1 microsecond',
-	expires_at = greatest(expires_at, statement_timestamp() + $4::bigint * interval '1 microsecond')
+	expires_at = greatest(expires_at, statement_timestamp() + $4::bigint * interval '1 microsecond'),
+	sweep_at = ` + sweepAtFrom + `greatest(expires_at, statement_timestamp() + $4::bigint * interval '1 microsecond')` + sweepAtTo + `
 WHERE ` + current
 
 // sweepSQL deletes at most $1 expired records. PostgreSQL has no DELETE ...
-// LIMIT: the sub-select picks the rows by ctid, through the expires_at
-// index, and locks them; SKIP LOCKED leaves alone the rows a Claim is taking
-// over, and any other sweeper's, so that concurrent sweeps never wait for one
-// another.
+// LIMIT: the sub-select picks the rows by ctid, through the sweep_at index,
+// and locks them; SKIP LOCKED leaves alone the rows a Claim is taking over,
+// and any other sweeper's, so that concurrent sweeps never wait for one
+// another. A record is swept within a minute of its expiry (sweep_at is at
+// most that later); the rows written before sweep_at existed ('-infinity')
+// are tested on expires_at alone.
 const sweepSQL = `DELETE FROM {{table}}
 WHERE ctid = ANY(ARRAY(
 	SELECT ctid FROM {{table}}
-	WHERE expires_at <= statement_timestamp()
+	WHERE sweep_at <= statement_timestamp() AND expires_at <= statement_timestamp()
 	LIMIT $1
 	FOR UPDATE SKIP LOCKED))
 AND expires_at <= statement_timestamp()`
@@ -171,9 +179,24 @@ const resolveSQL = `UPDATE {{table}} SET
 	state = 'completed',
 	lease_until = least(lease_until, statement_timestamp()),
 	expires_at = statement_timestamp() + $3::bigint * interval '1 microsecond',
+	sweep_at = ` + sweepAtFrom + `statement_timestamp() + $3::bigint * interval '1 microsecond'` + sweepAtTo + `,
 	status = $4, headers = $5, body = $6, body_omitted = $7
 WHERE scope = $1 AND key = $2 AND expires_at > statement_timestamp()`
 
 // forgetSQL deletes a live record, for Inspector.Resolve without a response.
 // Parameters: $1 scope, $2 key.
 const forgetSQL = `DELETE FROM {{table}} WHERE scope = $1 AND key = $2 AND expires_at > statement_timestamp()`
+
+// sweepAtFrom and sweepAtTo enclose the SQL of a record's expiry to make
+// that of its sweep_at: the expiry rounded up to the next whole minute (of
+// the Unix epoch, so the session's time zone plays no part), at most a
+// minute later. The sweep finds records through an index on sweep_at rather
+// than on expires_at, which every Complete changes and which would make each
+// Complete's UPDATE write new index entries: PostgreSQL makes an UPDATE a HOT
+// one, which adds none, only when no indexed column's value changes, and a
+// Complete changes sweep_at only when the new expiry falls in another minute
+// than the claim's (for a handler that runs a second, once in 60 times).
+const (
+	sweepAtFrom = "date_bin(interval '1 minute', "
+	sweepAtTo   = ", timestamptz 'epoch') + interval '1 minute'"
+)

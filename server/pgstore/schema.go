@@ -24,7 +24,11 @@ const MigrateLockKey int64 = 0x69646d6b70677374 // "idmkpgst"
 // The sequence and the index take their names from the table's.
 const (
 	sequenceSuffix = "_token_seq"
-	indexSuffix    = "_expires_at_idx"
+	indexSuffix    = "_sweep_at_idx"
+	// oldIndexSuffix names the index of the first versions, on
+	// expires_at, which Migrate drops. Being the longer suffix, it bounds
+	// the table's name, as it did then.
+	oldIndexSuffix = "_expires_at_idx"
 	// maxIdentifier is PostgreSQL's limit (NAMEDATALEN-1); a longer name is
 	// silently truncated, which could make two tables share a sequence.
 	maxIdentifier = 63
@@ -37,6 +41,8 @@ type names struct {
 	index    string // never qualified: an index lives in its table's schema
 	// indexQualified is index in the table's schema, to look it up.
 	indexQualified string
+	// oldIndex is the first versions' index, in the table's schema.
+	oldIndex string
 }
 
 // parseTable checks a table name, "table" or "schema.table", and derives the
@@ -51,22 +57,24 @@ func parseTable(name string) (names, error) {
 	for i, p := range parts {
 		limit := maxIdentifier
 		if i == len(parts)-1 {
-			limit -= len(indexSuffix)
+			limit -= len(oldIndexSuffix)
 		}
 		if !isIdentifier(p) || len(p) > limit {
 			return names{}, fmt.Errorf("pgstore: table name %q: each part must be an identifier of "+
 				"letters, digits and underscores not starting with a digit, the table at most %d bytes",
-				name, maxIdentifier-len(indexSuffix))
+				name, maxIdentifier-len(oldIndexSuffix))
 		}
 	}
 	table := parts[len(parts)-1]
 	seq := append(parts[:len(parts)-1:len(parts)-1], table+sequenceSuffix)
 	idx := append(parts[:len(parts)-1:len(parts)-1], table+indexSuffix)
+	old := append(parts[:len(parts)-1:len(parts)-1], table+oldIndexSuffix)
 	return names{
 		table:          pgx.Identifier(parts).Sanitize(),
 		sequence:       pgx.Identifier(seq).Sanitize(),
 		index:          pgx.Identifier{table + indexSuffix}.Sanitize(),
 		indexQualified: pgx.Identifier(idx).Sanitize(),
+		oldIndex:       pgx.Identifier(old).Sanitize(),
 	}, nil
 }
 
@@ -86,13 +94,14 @@ func isIdentifier(s string) bool {
 	return true
 }
 
-// schema fills in schema.sql, whose placeholders {{table}}, {{sequence}} and
-// {{index}} stand for the quoted names.
+// schema fills in schema.sql, whose placeholders {{table}}, {{sequence}},
+// {{index}} and {{oldIndex}} stand for the quoted names.
 func (n names) schema() string {
 	return strings.NewReplacer(
 		"{{table}}", n.table,
 		"{{sequence}}", n.sequence,
 		"{{index}}", n.index,
+		"{{oldIndex}}", n.oldIndex,
 	).Replace(schemaTemplate)
 }
 
@@ -110,11 +119,16 @@ func Schema(table string) (string, error) {
 }
 
 // Migrate creates the Store's table, sequence and index unless they exist,
-// and adds the columns that a table created by an earlier version of the
-// package lacks (abandoned, with its default: a change of the catalog only,
-// which holds the table's lock for a moment, once). It is safe to call from several instances at once: it applies the schema in
-// one transaction that holds the advisory lock MigrateLockKey, so the
-// instances take turns and all but the first find everything in place.
+// and brings a table created by an earlier version of the package up to
+// date, once: it adds the columns it lacks (abandoned and sweep_at, with
+// their defaults: a change of the catalog only, which holds the table's lock
+// for a moment), builds the index on sweep_at (which makes writes to the
+// table wait while it reads the table: on a large one, create it first with
+// CREATE INDEX CONCURRENTLY) and drops the first versions' index on
+// expires_at. It is safe to call from several instances at once: it applies
+// the schema in one transaction that holds the advisory lock MigrateLockKey,
+// so the instances take turns and all but the first find everything in
+// place.
 //
 // When everything exists, Migrate only looks: it takes no lock on the table,
 // so an instance that starts while others serve requests does not make them
@@ -132,13 +146,14 @@ func (s *Store) Migrate(ctx context.Context) error {
 		return fmt.Errorf("pgstore: migrate: %w", err)
 	}
 	var exists bool
-	// The last column added, abandoned, tells a table of this version from
-	// one created by the first, which Schema's ALTER TABLE brings up to date.
+	// The last column added, sweep_at, and the index on it, with the first
+	// versions' index gone, tell a table of this version from an earlier
+	// one, which Schema's statements bring up to date.
 	err = tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL
-		AND to_regclass($3) IS NOT NULL
+		AND to_regclass($3) IS NOT NULL AND to_regclass($4) IS NULL
 		AND EXISTS (SELECT 1 FROM pg_attribute
-			WHERE attrelid = to_regclass($1) AND attname = 'abandoned' AND NOT attisdropped)`, s.coldMode,
-		s.names.table, s.names.sequence, s.names.indexQualified).Scan(&exists)
+			WHERE attrelid = to_regclass($1) AND attname = 'sweep_at' AND NOT attisdropped)`, s.coldMode,
+		s.names.table, s.names.sequence, s.names.indexQualified, s.names.oldIndex).Scan(&exists)
 	if err != nil {
 		return fmt.Errorf("pgstore: migrate: %w", err)
 	}

@@ -20,15 +20,26 @@ CREATE TABLE IF NOT EXISTS {{table}} (
     body         bytea,
     body_omitted boolean     NOT NULL DEFAULT false,
     abandoned    integer     NOT NULL DEFAULT 0,
+    sweep_at     timestamptz NOT NULL DEFAULT '-infinity',
     PRIMARY KEY (scope, key)
 );
 
--- Added after the first version: a table created by it gains the column
--- here (a change of the catalog only, since PostgreSQL 11: no rewrite).
+-- Added after the first version: a table created by an earlier one gains
+-- the columns here (a change of the catalog only, since PostgreSQL 11: no
+-- rewrite). Rows written before sweep_at existed read '-infinity', which
+-- leaves them to the sweep's test of expires_at.
 ALTER TABLE {{table}} ADD COLUMN IF NOT EXISTS abandoned integer NOT NULL DEFAULT 0;
+ALTER TABLE {{table}} ADD COLUMN IF NOT EXISTS sweep_at timestamptz NOT NULL DEFAULT '-infinity';
 
 -- Dropping the table drops its token sequence too.
 ALTER SEQUENCE {{sequence}} OWNED BY {{table}}.token;
 
--- Serves the sweep of expired records.
-CREATE INDEX IF NOT EXISTS {{index}} ON {{table}} (expires_at);
+-- Serves the sweep of expired records. sweep_at is expires_at rounded up
+-- to the minute, so that a Complete that moves expires_at by less than the
+-- rest of the minute leaves every indexed column as it was, and PostgreSQL
+-- makes its UPDATE a HOT one, without new index entries.
+CREATE INDEX IF NOT EXISTS {{index}} ON {{table}} (sweep_at);
+
+-- The first versions' index on expires_at, which made every Complete write
+-- an index entry.
+DROP INDEX IF EXISTS {{oldIndex}};

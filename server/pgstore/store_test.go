@@ -73,7 +73,8 @@ func TestSchema(t *testing.T) {
 	for _, want := range []string{
 		`CREATE TABLE IF NOT EXISTS "app"."Records_1"`,
 		`CREATE SEQUENCE IF NOT EXISTS "app"."Records_1_token_seq"`,
-		`CREATE INDEX IF NOT EXISTS "Records_1_expires_at_idx" ON "app"."Records_1" (expires_at)`,
+		`CREATE INDEX IF NOT EXISTS "Records_1_sweep_at_idx" ON "app"."Records_1" (sweep_at)`,
+		`DROP INDEX IF EXISTS "app"."Records_1_expires_at_idx"`,
 	} {
 		assert.Contains(t, got, want)
 	}

@@ -2,6 +2,7 @@ package pgstore_test
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -123,4 +124,28 @@ func TestBackgroundSweeper(t *testing.T) {
 	// Close stops the sweeper and waits for it; goleak, in TestMain, checks
 	// that it is gone.
 	require.NoError(t, s.Close())
+}
+
+// A Complete changes no indexed column (unless the record's expiry moves to
+// another minute), so PostgreSQL makes its UPDATE a HOT one, which writes no
+// index entry, whenever the row's page has room for the new version.
+func TestCompleteIsHOTUpdate(t *testing.T) {
+	ctx := testContext(t)
+	pool := newPool(t)
+	s, table := newStore(t, pool)
+	const n = 100
+	for i := range n {
+		id := scopeID("hot" + strconv.Itoa(i))
+		tok := acquire(t, ctx, s, id, "fp")
+		require.NoError(t, s.Complete(ctx, id, tok, &server.Response{Status: 201, Body: []byte(strings.Repeat("b", 1024))}, time.Hour))
+	}
+	var upd, hot int64
+	// The backends send their statistics within a second or so.
+	eventually(t, 10*time.Second, "the statistics to count the updates", func() bool {
+		require.NoError(t, pool.QueryRow(ctx, `SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relid = $1::regclass`,
+			pgx.Identifier{table}.Sanitize()).Scan(&upd, &hot))
+		return upd >= n
+	})
+	assert.Equal(t, int64(n), upd, "updates")
+	assert.Greater(t, hot, int64(n/2), "HOT updates of %d", upd)
 }

@@ -67,8 +67,9 @@ func newConfig(opts []Option) (config, error) {
 // "schema.table", instead of DefaultTable. Each part must be a plain
 // identifier (letters, digits and underscores, not starting with a digit);
 // it is quoted, so it is used exactly as given, case included. The table's
-// token sequence and expiry index are named after it, with the suffixes
-// "_token_seq" and "_expires_at_idx".
+// token sequence and sweep index are named after it, with the suffixes
+// "_token_seq" and "_sweep_at_idx" (the first versions' "_expires_at_idx" is
+// dropped by Migrate).
 func WithTable(name string) Option {
 	return func(c *config) { c.table = name }
 }

@@ -88,7 +88,7 @@ func (b *bench) sweepPostgres(ctx context.Context, st *storeTarget, p *postgresB
 	}
 	start := time.Now()
 	past := "statement_timestamp() - interval '1 second'"
-	if err := p.copyRecords(ctx, 1, n, map[string]string{"expires_at": past, "lease_until": past}); err != nil {
+	if err := p.copyRecords(ctx, 1, n, map[string]string{"expires_at": past, "lease_until": past, "sweep_at": past}); err != nil {
 		return benchreport.Sweep{}, err
 	}
 	fmt.Fprintf(b.out, "postgres: inserted %d expired records in %v\n", n, time.Since(start).Round(time.Millisecond))

@@ -207,20 +207,32 @@ func (c *closeTracker) Close() error {
 	return nil
 }
 
-// retries collects the RetryInfo of a Client's hook.
+// retries collects the EventRetried events of a Client's observer.
 type retries struct {
 	mu    sync.Mutex
-	infos []idempotency.RetryInfo
+	infos []idempotency.Event
 }
 
-func (r *retries) hook(info idempotency.RetryInfo) {
+func (r *retries) hook(_ context.Context, e idempotency.Event) {
+	if e.Kind != idempotency.EventRetried {
+		return
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.infos = append(r.infos, info)
+	r.infos = append(r.infos, e)
 }
 
-func (r *retries) all() []idempotency.RetryInfo {
+func (r *retries) all() []idempotency.Event {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return append([]idempotency.RetryInfo(nil), r.infos...)
+	return append([]idempotency.Event(nil), r.infos...)
+}
+
+// onRetry is an observer that calls fn on each EventRetried.
+func onRetry(fn func()) idempotency.Option {
+	return idempotency.WithObserver(func(_ context.Context, e idempotency.Event) {
+		if e.Kind == idempotency.EventRetried {
+			fn()
+		}
+	})
 }

@@ -23,7 +23,7 @@ func TestLoggerAndHook(t *testing.T) {
 	var buf bytes.Buffer
 	logger := slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	var r retries
-	c := newClient(t, srv, idempotency.WithLogger(logger), idempotency.WithOnRetry(r.hook))
+	c := newClient(t, srv, idempotency.WithLogger(logger), idempotency.WithObserver(r.hook))
 	req := post(t, t.Context(), srv.URL+"/pay?token=querysecret", "card=4242424242424242")
 	req.Header.Set("Authorization", "Bearer headersecret")
 

@@ -49,7 +49,6 @@ type config struct {
 	maxBuffered    int64
 
 	logger   *slog.Logger
-	onRetry  func(RetryInfo)
 	observer Observer
 	rand     func(n int64) int64 // returns a number in [0, n)
 	invalid  []error             // the options that were refused
@@ -84,10 +83,12 @@ func newConfig(opts []Option) (*config, error) {
 		maxBuffered:    defaultMaxBuffered,
 		rand:           rand.Int64N,
 	}
-	for _, opt := range opts {
-		if opt != nil {
-			opt(cfg)
+	for i, opt := range opts {
+		if opt == nil {
+			cfg.refuse("option %d is nil", i)
+			continue
 		}
+		opt(cfg)
 	}
 	if err := errors.Join(cfg.invalid...); err != nil {
 		return nil, err
@@ -293,19 +294,22 @@ func WithAttemptTimeout(d time.Duration) Option {
 }
 
 // WithBudget makes the Client draw its retries from b, which may be shared
-// with other clients so that they limit their retries together. A nil b
-// turns the budget off, like WithoutBudget.
+// with other clients so that they limit their retries together. A nil b is
+// an error: [WithoutBudget] turns the budget off.
 func WithBudget(b *Budget) Option {
 	return func(c *config) {
-		c.budget = b
-		c.noBudget = b == nil
+		if b == nil {
+			c.refuse("WithBudget needs a Budget (WithoutBudget turns the budget off)")
+			return
+		}
+		c.budget, c.noBudget = b, false
 	}
 }
 
 // WithoutBudget turns the retry budget off: retries are then limited only by
 // the number of attempts and the request's context.
 func WithoutBudget() Option {
-	return WithBudget(nil)
+	return func(c *config) { c.budget, c.noBudget = nil, true }
 }
 
 // WithMaxBufferedBody sets how many bytes of a request body without GetBody
@@ -338,18 +342,6 @@ func WithLogger(l *slog.Logger) Option {
 			return
 		}
 		c.logger = l
-	}
-}
-
-// WithOnRetry makes the Client call fn before each wait for a retry. fn is
-// called on the goroutine that called Do, so it should return quickly.
-func WithOnRetry(fn func(RetryInfo)) Option {
-	return func(c *config) {
-		if fn == nil {
-			c.refuse("WithOnRetry needs a function")
-			return
-		}
-		c.onRetry = fn
 	}
 }
 

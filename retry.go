@@ -137,32 +137,6 @@ func idempotent(method string) bool {
 	return false
 }
 
-// RetryInfo describes a retry about to happen; see WithOnRetry.
-type RetryInfo struct {
-	// Key is the idempotency key, or "" if the request carries none.
-	Key string
-
-	// Attempt is the number of the attempt that failed, from 1.
-	Attempt int
-
-	// Wait is how long Do waits before the next attempt.
-	Wait time.Duration
-
-	// StatusCode is the failed attempt's status, or 0 if it had no response.
-	StatusCode int
-
-	// Err is the failed attempt's error, or nil if it had a response.
-	Err error
-
-	// Result says what the failed attempt got: a response, a timeout, a
-	// transport error.
-	Result Result
-
-	// Budget is the number of tokens left in the retry budget once this
-	// retry took its cost, or -1 if the Client has no budget.
-	Budget int
-}
-
 // backoff returns the wait before retry number n (from 0): a random
 // duration in [0, min(limit, base·2ⁿ)], "full jitter", so that clients that
 // failed together do not retry together. rnd(k) returns a number in [0, k).

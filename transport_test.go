@@ -253,7 +253,7 @@ func TestSharedTransportKept(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	c2 := newClient(t, srv, idempotency.WithHTTPClient(&http.Client{Transport: tr}),
-		idempotency.WithOnRetry(func(idempotency.RetryInfo) { cancel() }))
+		onRetry(cancel))
 	_, err = do(c2, ctx)
 	require.ErrorIs(t, err, context.Canceled)
 

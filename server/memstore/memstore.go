@@ -210,7 +210,11 @@ func New(opts ...Option) (*Store, error) {
 		maxBytes:      DefaultMaxBytes,
 		sweepInterval: DefaultSweepInterval,
 	}
-	for _, o := range opts {
+	for i, o := range opts {
+		if o == nil {
+			c.refuse("option %d is nil", i)
+			continue
+		}
 		o(&c)
 	}
 	if err := errors.Join(c.invalid...); err != nil {

@@ -28,7 +28,11 @@ func TestClientSpansForgotten(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 	}))
 	defer srv.Close()
-	o := &clientObserver{cfg: newConfig(nil), spans: make(map[callID]callSpan)}
+	cfg, err := newConfig(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := &clientObserver{cfg: cfg, spans: make(map[callID]callSpan)}
 	// The global TracerProvider's spans record nothing, and are kept all
 	// the same.
 	o.tracer = o.cfg.tracer()
@@ -47,7 +51,7 @@ func TestClientSpansForgotten(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
-	_, err := c.Post(ctx, srv.URL, "text/plain", strings.NewReader("x"))
+	_, err = c.Post(ctx, srv.URL, "text/plain", strings.NewReader("x"))
 	require.Error(t, err)
 	assert.True(t, sawKept, "a retrying operation's span was kept")
 	assert.Empty(t, o.spans)

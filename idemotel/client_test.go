@@ -157,7 +157,7 @@ func TestClientOutcomes(t *testing.T) {
 				assert.Equal(t, codes.Unset, op.Status().Code)
 			}
 			set := attribute.NewSet(op.Attributes()...)
-			_, hasKey := set.Value(idemotel.KeyKey)
+			_, hasKey := set.Value(idemotel.KeyAttribute)
 			assert.False(t, hasKey, "the key without WithKeyAttribute")
 		})
 	}
@@ -184,7 +184,7 @@ func TestClientCanceled(t *testing.T) {
 	m := tm.collect(t)
 	assert.Equal(t, int64(1), sum(t, m["idempotency.client.operations"], outcome("canceled"), errType("canceled")))
 	assert.Equal(t, int64(1), sum(t, m["idempotency.client.attempts"]), "one attempt")
-	spans := tm.spansNamed("idempotency.operation", outcome("canceled"), idemotel.KeyKey.String("order-7"))
+	spans := tm.spansNamed("idempotency.operation", outcome("canceled"), idemotel.KeyAttribute.String("order-7"))
 	require.Len(t, spans, 1)
 	assert.Equal(t, []string{"idempotency.attempt"}, tm.children(spans[0]))
 }

@@ -44,12 +44,16 @@ type opSet struct{ op, errType string }
 
 // ServerObserver returns an observer for the middleware (server.WithObserver)
 // that records each event as metrics and spans; the package documentation
-// and the README list them. It fails only if an instrument cannot be made.
+// and the README list them. It fails on an invalid option, or if an instrument
+// cannot be made.
 func ServerObserver(opts ...Option) (server.Observer, error) {
-	cfg := newConfig(opts)
+	cfg, err := newConfig(opts)
+	if err != nil {
+		return nil, err
+	}
 	m := cfg.meter()
 	o := &serverObserver{cfg: cfg, tracer: cfg.tracer(), common: metric.WithAttributes(cfg.attrs...)}
-	var err, e error
+	var e error
 	o.requests, e = m.Int64Counter("idempotency.server.requests",
 		metric.WithUnit("{request}"),
 		metric.WithDescription("Protected requests, by what the middleware did with them."))
@@ -226,7 +230,7 @@ func (o *serverObserver) span(ctx context.Context, e server.Event, s stepsOf, at
 	}
 	span.SetAttributes(attrs()...)
 	if o.cfg.withKey && e.Key != "" {
-		span.SetAttributes(KeyKey.String(e.Key))
+		span.SetAttributes(KeyAttribute.String(e.Key))
 	}
 	at := e.Start
 	child := func(name string, d time.Duration, errType string) {

@@ -22,7 +22,7 @@ const (
 	defaultMaxBuffered    = 1 << 20
 )
 
-// An Option configures a Client; see NewClient.
+// An Option configures a Client; see [NewClient].
 type Option func(*config)
 
 // config is a Client's configuration. It is not changed after newConfig
@@ -164,7 +164,7 @@ func WithKeyHeader(name string) Option {
 
 // WithReplayedHeader sets the name of the response header whose value
 // "true" means that the server replayed a stored response
-// (HeaderReplayed by default); see Outcome.Replayed.
+// (HeaderReplayed by default); see [Outcome.Replayed].
 func WithReplayedHeader(name string) Option {
 	return func(c *config) {
 		if name == "" {

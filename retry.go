@@ -35,7 +35,7 @@ type Policy func(resp *http.Response, err error) bool
 // 503 Service Unavailable and 504 Gateway Timeout.
 //
 // It retries a 409 Conflict only when it is the answer that a request with
-// the same key is still being processed (see InFlight): a 409 whose
+// the same key is still being processed (see [InFlight]): a 409 whose
 // problem document has this module's in-flight type or code, or the
 // in-flight title of the IETF draft's examples, or a 409 with Retry-After.
 // Any other 409 is a business conflict ("email already registered"),

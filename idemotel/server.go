@@ -93,8 +93,8 @@ func (o *serverObserver) observe(ctx context.Context, e server.Event) {
 		return
 	case server.EventLeaseRenewed:
 		o.renewals.Add(ctx, 1, o.common)
-		o.recordStore(ctx, "extend", e.Store, "")
-		o.leaseEvent(ctx, "idempotency.lease.renewed", e.Start.Add(e.Store), "")
+		o.recordStore(ctx, "extend", e.StoreTook, "")
+		o.leaseEvent(ctx, "idempotency.lease.renewed", e.Start.Add(e.StoreTook), "")
 		return
 	case server.EventLeaseLost:
 		et := storeErrorType(e.Err)
@@ -122,13 +122,13 @@ func (o *serverObserver) observe(ctx context.Context, e server.Event) {
 	outcome := o.outcomes.get(outcomeSet{e.Kind, e.Status}, attrs)
 	o.requests.Add(ctx, 1, outcome)
 	if s.claimed {
-		o.recordStore(ctx, "claim", e.Claim, s.claimErr)
+		o.recordStore(ctx, "claim", e.ClaimTook, s.claimErr)
 	}
 	if s.handled {
-		o.handler.Record(ctx, e.Handler.Seconds(), outcome)
+		o.handler.Record(ctx, e.HandlerTook.Seconds(), outcome)
 	}
 	if s.write != "" {
-		o.recordStore(ctx, s.write, e.Store, s.writeErr)
+		o.recordStore(ctx, s.write, e.StoreTook, s.writeErr)
 	}
 	o.span(ctx, e, s, attrs)
 }
@@ -244,17 +244,17 @@ func (o *serverObserver) span(ctx context.Context, e server.Event, s stepsOf, at
 		c.End(trace.WithTimestamp(at))
 	}
 	if s.claimed {
-		child("idempotency.claim", e.Claim, s.claimErr)
+		child("idempotency.claim", e.ClaimTook, s.claimErr)
 	} else {
-		at = at.Add(e.Claim)
+		at = at.Add(e.ClaimTook)
 	}
 	if s.handled {
-		child("idempotency.handler", e.Handler, "")
+		child("idempotency.handler", e.HandlerTook, "")
 	} else {
-		at = at.Add(e.Handler)
+		at = at.Add(e.HandlerTook)
 	}
 	if s.write != "" {
-		child("idempotency."+s.write, e.Store, s.writeErr)
+		child("idempotency."+s.write, e.StoreTook, s.writeErr)
 	}
 	switch {
 	case e.Kind == server.EventUnavailable || e.Kind == server.EventNotStored:

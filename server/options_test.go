@@ -51,6 +51,21 @@ func TestNewNamesEveryInvalidOption(t *testing.T) {
 	}
 }
 
+// TestMethodsLowerCase: WithMethods("post") protects POSTs, as the client's
+// WithMethods("post") keys them: a POST without a key is refused, a PATCH is
+// not protected.
+func TestMethodsLowerCase(t *testing.T) {
+	srv, _ := fixture(t, &orders{}, server.WithMethods("post"))
+	for method, want := range map[string]int{http.MethodPost: http.StatusBadRequest, http.MethodPatch: http.StatusCreated} {
+		req, err := http.NewRequestWithContext(t.Context(), method, srv.URL, strings.NewReader("x"))
+		require.NoError(t, err)
+		resp, err := srv.Client().Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, want, resp.StatusCode, "%s without a key", method)
+	}
+}
+
 // TestNewRefusesNilStore: a nil Store, or a nil pointer in the interface,
 // would panic on every request; New refuses it.
 func TestNewRefusesNilStore(t *testing.T) {

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/internal/testkit/clienttest"
 )
 
 // observed collects what a Client's observer is told.
@@ -246,7 +247,7 @@ func TestEventsCanceled(t *testing.T) {
 // tells the observer nothing.
 func TestEventsNoneBeforeAnAttempt(t *testing.T) {
 	var o observed
-	c := mustClient(t, idempotency.WithObserver(o.observe))
+	c := clienttest.New(t, idempotency.WithObserver(o.observe))
 	_, err := c.Post(t.Context(), "/relative", "text/plain", nil)
 	require.ErrorIs(t, err, idempotency.ErrInvalidURL)
 	assert.Empty(t, o.events())

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/internal/testkit/clienttest"
 )
 
 // newServer starts a loopback server that the test closes. configure, if
@@ -40,18 +41,7 @@ func newClient(tb testing.TB, srv *httptest.Server, opts ...idempotency.Option) 
 		idempotency.WithHTTPClient(srv.Client()),
 		idempotency.WithBackoff(time.Millisecond, 5*time.Millisecond),
 	}
-	return mustClient(tb, append(base, opts...)...)
-}
-
-// mustClient returns idempotency.NewClient(opts...), failing tb if the
-// options are refused.
-func mustClient(tb testing.TB, opts ...idempotency.Option) *idempotency.Client {
-	tb.Helper()
-	c, err := idempotency.NewClient(opts...)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return c
+	return clienttest.New(tb, append(base, opts...)...)
 }
 
 // outcome returns the Outcome of resp, failing the test if there is none.

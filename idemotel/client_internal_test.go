@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/internal/testkit/clienttest"
 )
 
 // TestClientSpansForgotten: the span of an operation that retried is kept
@@ -37,7 +38,7 @@ func TestClientSpansForgotten(t *testing.T) {
 	// the same.
 	o.tracer = o.cfg.tracer()
 	sawKept := false
-	c := mustClient(t, idempotency.WithBackoff(time.Millisecond, time.Millisecond),
+	c := clienttest.New(t, idempotency.WithBackoff(time.Millisecond, time.Millisecond),
 		idempotency.WithObserver(func(ctx context.Context, e idempotency.Event) {
 			o.span(ctx, e, "", func() []attribute.KeyValue { return nil })
 			o.mu.Lock()
@@ -55,15 +56,4 @@ func TestClientSpansForgotten(t *testing.T) {
 	require.Error(t, err)
 	assert.True(t, sawKept, "a retrying operation's span was kept")
 	assert.Empty(t, o.spans)
-}
-
-// mustClient returns idempotency.NewClient(opts...), failing tb if the
-// options are refused.
-func mustClient(tb testing.TB, opts ...idempotency.Option) *idempotency.Client {
-	tb.Helper()
-	c, err := idempotency.NewClient(opts...)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return c
 }

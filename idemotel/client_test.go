@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/idemotel"
+	"github.com/idemkit/idempotency/internal/testkit/clienttest"
 )
 
 // scripted is an endpoint that answers its requests with the given
@@ -53,7 +54,7 @@ func newClient(t *testing.T, tm *telemetry, opts ...idempotency.Option) *idempot
 	t.Helper()
 	observe, err := idemotel.ClientObserver(tm.options()...)
 	require.NoError(t, err)
-	return mustClient(t, append([]idempotency.Option{
+	return clienttest.New(t, append([]idempotency.Option{
 		idempotency.WithObserver(observe),
 		idempotency.WithBackoff(time.Millisecond, 5*time.Millisecond),
 		idempotency.WithAttemptTimeout(200 * time.Millisecond),
@@ -171,7 +172,7 @@ func TestClientCanceled(t *testing.T) {
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	c := mustClient(t, idempotency.WithObserver(func(ctx context.Context, e idempotency.Event) {
+	c := clienttest.New(t, idempotency.WithObserver(func(ctx context.Context, e idempotency.Event) {
 		observe(ctx, e)
 		if e.Kind == idempotency.EventRetried {
 			cancel()
@@ -187,15 +188,4 @@ func TestClientCanceled(t *testing.T) {
 	spans := tm.spansNamed("idempotency.operation", outcome("canceled"), idemotel.KeyAttribute.String("order-7"))
 	require.Len(t, spans, 1)
 	assert.Equal(t, []string{"idempotency.attempt"}, tm.children(spans[0]))
-}
-
-// mustClient returns idempotency.NewClient(opts...), failing tb if the
-// options are refused.
-func mustClient(tb testing.TB, opts ...idempotency.Option) *idempotency.Client {
-	tb.Helper()
-	c, err := idempotency.NewClient(opts...)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return c
 }

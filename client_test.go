@@ -435,11 +435,12 @@ func TestNewClientValidates(t *testing.T) {
 		nil,
 		idempotency.WithBudget(nil),
 		idempotency.WithLogger(nil),
+		idempotency.WithMethods("POST", ""),
 	)
 	require.Error(t, err)
 	assert.Nil(t, c)
 	lines := strings.Split(err.Error(), "\n")
-	assert.Len(t, lines, 10, "one line per invalid option: %q", err)
+	assert.Len(t, lines, 11, "one line per invalid option: %q", err)
 	assert.Contains(t, err.Error(), "option 7 is nil")
 	for _, l := range lines {
 		assert.True(t, strings.HasPrefix(l, "idempotency: "), "line %q has no package prefix", l)

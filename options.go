@@ -200,21 +200,27 @@ func WithKeyFunc(fn func() (string, error)) Option {
 // WithKeyVersion7 makes the Client's keys time-ordered (version 7) UUIDs,
 // whose first 48 bits are a millisecond timestamp and the rest random, so
 // that keys stored in a B-tree index are inserted near each other. It
-// replaces a key function given before it with WithKeyFunc.
+// replaces a key function given before it with [WithKeyFunc].
 func WithKeyVersion7() Option {
 	return func(c *config) { c.keyFunc, c.keyV7 = nil, true }
 }
 
 // WithMethods sets the methods whose requests get a key: POST and PATCH
 // by default. Methods are upper-cased, as the server's WithMethods does, so
-// "post" is POST. An empty list is an error, as it is for the server: a
-// Client that keys nothing never retries a POST, which WithMaxAttempts(1)
-// says more plainly.
+// "post" is POST. An empty list, or an empty name, is an error, as it is
+// for the server: a Client that keys nothing never retries a POST, which
+// WithMaxAttempts(1) says more plainly.
 func WithMethods(methods ...string) Option {
 	return func(c *config) {
 		if len(methods) == 0 {
 			c.refuse("WithMethods needs at least one method")
 			return
+		}
+		for _, m := range methods {
+			if m == "" {
+				c.refuse("WithMethods needs method names, not an empty one")
+				return
+			}
 		}
 		c.keyed = make([]string, len(methods))
 		for i, m := range methods {

@@ -128,12 +128,19 @@ func (c *config) validate() error {
 
 // WithMethods sets the protected methods, POST and PATCH by default. Other
 // methods pass through untouched. Methods are upper-cased, as the client's
-// WithMethods does, so "post" is POST; an empty list is refused.
+// WithMethods does, so "post" is POST; an empty list, or an empty name, is
+// refused, as the client refuses them.
 func WithMethods(methods ...string) Option {
 	return func(c *config) {
 		if len(methods) == 0 {
 			c.invalid("WithMethods needs at least one method")
 			return
+		}
+		for _, m := range methods {
+			if m == "" {
+				c.invalid("WithMethods needs method names, not an empty one")
+				return
+			}
 		}
 		c.methods = make([]string, len(methods))
 		for i, m := range methods {

@@ -27,6 +27,7 @@ func TestNewValidates(t *testing.T) {
 		{"set-cookie", []server.Option{server.WithStoredHeaders("Content-Type", "set-cookie")}},
 		{"authorization", []server.Option{server.WithStoredHeaders("Authorization")}},
 		{"methods", []server.Option{server.WithMethods()}},
+		{"empty method", []server.Option{server.WithMethods("POST", "")}},
 		{"negative body", []server.Option{server.WithMaxBody(-1)}},
 		{"lease over its default ttl", []server.Option{server.WithLease(25 * time.Hour)}},
 		{"lease over a short ttl", []server.Option{server.WithTTL(time.Second), server.WithLease(2 * time.Second)}},

@@ -210,14 +210,15 @@ func TestKeyHonourString(t *testing.T) {
 	assert.Equal(t, "unknown", idempotency.HonourUnknown.String())
 }
 
-// TestRetryHookPanics: a retry hook that panics does not stop the retry.
-func TestRetryHookPanics(t *testing.T) {
+// TestRetryObserverPanics: an observer that panics on a retry does not stop
+// the retry.
+func TestRetryObserverPanics(t *testing.T) {
 	s := newScript(status(http.StatusServiceUnavailable), status(http.StatusCreated))
 	srv := newServer(t, s)
 	var logged bytes.Buffer
 	c := newClient(t, srv,
 		idempotency.WithLogger(slog.New(slog.NewTextHandler(&logged, nil))),
-		idempotency.WithOnRetry(func(idempotency.RetryInfo) { panic("hook bug") }),
+		onRetry(func() { panic("hook bug") }),
 	)
 	resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
 	require.NoError(t, err)

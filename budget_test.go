@@ -91,10 +91,14 @@ func TestBudgetShared(t *testing.T) {
 }
 
 func TestBudgetOff(t *testing.T) {
-	for _, opt := range []idempotency.Option{idempotency.WithoutBudget(), idempotency.WithBudget(nil)} {
+	// WithoutBudget wins over a budget given before it.
+	for _, opts := range [][]idempotency.Option{
+		{idempotency.WithoutBudget()},
+		{idempotency.WithBudget(idempotency.NewBudget(1)), idempotency.WithoutBudget()},
+	} {
 		s := newScript(status(http.StatusServiceUnavailable))
 		srv := newServer(t, s)
-		c := newClient(t, srv, opt, idempotency.WithMaxAttempts(5))
+		c := newClient(t, srv, append(opts, idempotency.WithMaxAttempts(5))...)
 
 		resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
 		require.NoError(t, err)

@@ -189,14 +189,6 @@ func (c *call) decide(resp *http.Response, err error) bool {
 	}
 	c.kind = EventRetried
 	c.wait = wait
-	if cfg.onRetry != nil {
-		info := RetryInfo{Key: c.key, Attempt: c.attempts, Wait: wait, Err: err,
-			Result: c.resultOf(resp, err), Budget: cfg.budget.left()}
-		if resp != nil {
-			info.StatusCode = resp.StatusCode
-		}
-		c.callOnRetry(info)
-	}
 	if c.obs != nil {
 		c.emit(EventRetried)
 	}

@@ -9,8 +9,8 @@ import (
 )
 
 // The functions a caller gives the Client (the key function, the Policy,
-// the retry hook, the observer) may panic. Do recovers, so that a panic never leaves a response
-// body open, a connection or a goroutine behind, logs the first panic of
+// the observer) may panic. Do recovers, so that a panic never leaves a
+// response body open, a connection or a goroutine behind, logs the first panic of
 // the Client, and goes on as if the function had returned nothing: a
 // Policy that panics says "do not retry".
 
@@ -36,16 +36,6 @@ func (c *call) callPolicy(resp *http.Response, err error) (retry bool) {
 		}
 	}()
 	return c.cfg.policy(resp, err)
-}
-
-// callOnRetry gives info to the Client's retry hook.
-func (c *call) callOnRetry(info RetryInfo) {
-	defer func() {
-		if v := recover(); v != nil {
-			c.cfg.panicked(c.ctx, "retry hook", v)
-		}
-	}()
-	c.cfg.onRetry(info)
 }
 
 // observe gives e to the Client's observer.

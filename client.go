@@ -298,7 +298,7 @@ func closeBody(req *http.Request) {
 	}
 }
 
-// Outcome describes how a response was obtained; see OutcomeOf.
+// Outcome describes how a response was obtained; see [OutcomeOf].
 type Outcome struct {
 	// Key is the idempotency key sent on every attempt, or "" if the
 	// request carried none.
@@ -311,7 +311,7 @@ type Outcome struct {
 	Attempts int
 
 	// Replayed reports whether the server said, with the header
-	// Idempotent-Replayed: true (see WithReplayedHeader), that this is the
+	// Idempotent-Replayed: true (see [WithReplayedHeader]), that this is the
 	// stored response of an earlier attempt rather than a new execution.
 	Replayed bool
 
@@ -323,7 +323,7 @@ type Outcome struct {
 	// ErrKeyMismatch); or nil.
 	Stopped error
 
-	// Kind is how the call ended, as an observer is told (see Event):
+	// Kind is how the call ended, as an observer is told (see [Event]):
 	// EventCompleted, EventReplayed, EventGaveUp (Stopped says why), or
 	// EventCanceled when the caller's context ended before a response that
 	// would have been retried.

@@ -11,6 +11,7 @@ import (
 	"github.com/hashicorp/go-retryablehttp"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/internal/testkit/clienttest"
 	"github.com/idemkit/idempotency/retryable"
 )
 
@@ -59,7 +60,7 @@ func BenchmarkPost(b *testing.B) {
 		}
 	})
 	b.Run("idempotency", func(b *testing.B) {
-		c := mustClient(b, idempotency.WithHTTPClient(&http.Client{Transport: newTransport(b)}))
+		c := clienttest.New(b, idempotency.WithHTTPClient(&http.Client{Transport: newTransport(b)}))
 		b.ReportAllocs()
 		for b.Loop() {
 			resp, err := c.Do(newRequest(b))
@@ -67,7 +68,7 @@ func BenchmarkPost(b *testing.B) {
 		}
 	})
 	b.Run("idempotency_no_attempt_timeout", func(b *testing.B) {
-		c := mustClient(b, idempotency.WithHTTPClient(&http.Client{Transport: newTransport(b)}),
+		c := clienttest.New(b, idempotency.WithHTTPClient(&http.Client{Transport: newTransport(b)}),
 			idempotency.WithAttemptTimeout(0))
 		b.ReportAllocs()
 		for b.Loop() {
@@ -148,7 +149,7 @@ func BenchmarkPostOverhead(b *testing.B) {
 		}
 	})
 	b.Run("idempotency", func(b *testing.B) {
-		c := mustClient(b, idempotency.WithHTTPClient(&http.Client{Transport: cannedTransport{}}))
+		c := clienttest.New(b, idempotency.WithHTTPClient(&http.Client{Transport: cannedTransport{}}))
 		b.ReportAllocs()
 		for b.Loop() {
 			resp, err := c.Do(newRequest(b))
@@ -156,7 +157,7 @@ func BenchmarkPostOverhead(b *testing.B) {
 		}
 	})
 	b.Run("idempotency_no_attempt_timeout", func(b *testing.B) {
-		c := mustClient(b, idempotency.WithHTTPClient(&http.Client{Transport: cannedTransport{}}),
+		c := clienttest.New(b, idempotency.WithHTTPClient(&http.Client{Transport: cannedTransport{}}),
 			idempotency.WithAttemptTimeout(0))
 		b.ReportAllocs()
 		for b.Loop() {
@@ -166,7 +167,7 @@ func BenchmarkPostOverhead(b *testing.B) {
 	})
 	b.Run("idempotency_observed", func(b *testing.B) {
 		// What an observer costs, one that does nothing with its events.
-		c := mustClient(b, idempotency.WithHTTPClient(&http.Client{Transport: cannedTransport{}}),
+		c := clienttest.New(b, idempotency.WithHTTPClient(&http.Client{Transport: cannedTransport{}}),
 			idempotency.WithObserver(func(context.Context, idempotency.Event) {}))
 		b.ReportAllocs()
 		for b.Loop() {

@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/go-retryablehttp"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/internal/testkit/clienttest"
 	"github.com/idemkit/idempotency/retryable"
 )
 
@@ -51,7 +52,7 @@ func TestPostOverheadRatio(t *testing.T) {
 	}
 	hc := &http.Client{Transport: cannedTransport{}}
 	keyValue := []string{idempotency.NewKey()}
-	ic := mustClient(t, idempotency.WithHTTPClient(&http.Client{Transport: cannedTransport{}}))
+	ic := clienttest.New(t, idempotency.WithHTTPClient(&http.Client{Transport: cannedTransport{}}))
 	rc := retryablehttp.NewClient()
 	rc.Logger = nil
 	rc.HTTPClient = &http.Client{Transport: cannedTransport{}}

@@ -19,6 +19,7 @@ import (
 	"github.com/hashicorp/go-retryablehttp"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/internal/testkit/clienttest"
 )
 
 var (
@@ -79,8 +80,8 @@ func TestPostRatio(t *testing.T) {
 	hc := &http.Client{Transport: tr}
 	hkc := &http.Client{Transport: tr}
 	keyValue := []string{idempotency.NewKey()}
-	ic := mustClient(t, idempotency.WithHTTPClient(&http.Client{Transport: tr}))
-	ic0 := mustClient(t, idempotency.WithHTTPClient(&http.Client{Transport: tr}), idempotency.WithAttemptTimeout(0))
+	ic := clienttest.New(t, idempotency.WithHTTPClient(&http.Client{Transport: tr}))
+	ic0 := clienttest.New(t, idempotency.WithHTTPClient(&http.Client{Transport: tr}), idempotency.WithAttemptTimeout(0))
 	rc := retryablehttp.NewClient()
 	rc.Logger = nil
 	rc.HTTPClient = &http.Client{Transport: tr}

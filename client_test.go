@@ -65,7 +65,7 @@ func TestAttemptTimeoutError(t *testing.T) {
 	srv := newServer(t, &keyServer{delay: 10})
 	var r retries
 	c := newClient(t, srv, idempotency.WithAttemptTimeout(20*time.Millisecond),
-		idempotency.WithMaxAttempts(2), idempotency.WithOnRetry(r.hook))
+		idempotency.WithMaxAttempts(2), idempotency.WithObserver(r.hook))
 
 	resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
 	require.Error(t, err)
@@ -378,7 +378,7 @@ func TestHTTPClientTimeoutWithAttemptTimeout(t *testing.T) {
 			var r retries
 			hc := &http.Client{Transport: srv.Client().Transport, Timeout: tt.clientTimeout}
 			c := newClient(t, srv, idempotency.WithHTTPClient(hc), idempotency.WithAttemptTimeout(tt.attemptTimeout),
-				idempotency.WithOnRetry(r.hook))
+				idempotency.WithObserver(r.hook))
 
 			resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
 			require.NoError(t, err)
@@ -432,11 +432,16 @@ func TestNewClientValidates(t *testing.T) {
 		idempotency.WithKeyHeader(""),
 		idempotency.WithRetryPolicy(nil),
 		idempotency.WithMethods(),
+		nil,
+		idempotency.WithBudget(nil),
+		idempotency.WithLogger(nil),
+		idempotency.WithMethods("POST", ""),
 	)
 	require.Error(t, err)
 	assert.Nil(t, c)
 	lines := strings.Split(err.Error(), "\n")
-	assert.Len(t, lines, 7, "one line per invalid option: %q", err)
+	assert.Len(t, lines, 11, "one line per invalid option: %q", err)
+	assert.Contains(t, err.Error(), "option 7 is nil")
 	for _, l := range lines {
 		assert.True(t, strings.HasPrefix(l, "idempotency: "), "line %q has no package prefix", l)
 	}

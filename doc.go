@@ -82,9 +82,8 @@
 //     echoed back nor a replay marker is reported, and logged once, as
 //     from a server that may not honour keys.
 //
-// It is quiet: it logs only to a logger given with WithLogger, reports
-// retries to a hook given with WithOnRetry, and tells an observer given with
-// WithObserver what each attempt got and what followed (an Event: retried,
+// It is quiet: it logs only to a logger given with WithLogger, and tells an
+// observer given with WithObserver what each attempt got and what followed (an Event: retried,
 // completed, replayed, gave up, failed, canceled), the material of metrics
 // and traces (module github.com/idemkit/idempotency/idemotel turns them into
 // OpenTelemetry's). Responses of failed attempts
@@ -92,7 +91,7 @@
 // shorter) and closed, so that their connections can be reused; a body that
 // stalls is closed unread, with its connection, and the retry goes on. Idle
 // connections of the Transport, which may be shared, are never closed.
-// A Policy, retry hook or observer that panics is recovered: the first
+// A Policy or observer that panics is recovered: the first
 // panic is logged, the response bodies are still drained or closed, and
 // the call goes on (a Policy that panics says "do not retry").
 //

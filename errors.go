@@ -44,7 +44,7 @@ var (
 // retryable. They are reported in Outcome.Stopped and RetryError.Stopped.
 var (
 	// ErrAttemptsExhausted means that the maximum number of attempts was made
-	// (see WithMaxAttempts).
+	// (see [WithMaxAttempts]).
 	ErrAttemptsExhausted = errors.New("attempts exhausted")
 
 	// ErrNotIdempotent means that the request has a method that is not
@@ -53,7 +53,7 @@ var (
 	ErrNotIdempotent = errors.New("request is neither idempotent nor keyed")
 
 	// ErrBodyNotReplayable means that the request body cannot be sent again:
-	// it was larger than the buffer limit (see WithMaxBufferedBody) and the
+	// it was larger than the buffer limit (see [WithMaxBufferedBody]) and the
 	// request has no GetBody, or GetBody failed (then it is wrapped too).
 	ErrBodyNotReplayable = errors.New("request body cannot be replayed")
 
@@ -63,7 +63,7 @@ var (
 	ErrDeadline = errors.New("next attempt would start after the context deadline")
 
 	// ErrBudgetExhausted means that the retry budget had too few tokens left
-	// (see Budget).
+	// (see [Budget]).
 	ErrBudgetExhausted = errors.New("retry budget exhausted")
 
 	// ErrRetryRefused means that the server said not to retry, with

@@ -49,7 +49,7 @@ type Event struct {
 	// log its Err rather than itself if the query may hold a secret.
 	Err error
 	// Replayed reports that the response carries Idempotent-Replayed: true
-	// (see WithReplayedHeader).
+	// (see [WithReplayedHeader]).
 	Replayed bool
 	// Wait is, on EventRetried, how long the Client waits before the next
 	// attempt.

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/internal/testkit/clienttest"
 )
 
 // observed collects what a Client's observer is told.
@@ -246,32 +247,10 @@ func TestEventsCanceled(t *testing.T) {
 // tells the observer nothing.
 func TestEventsNoneBeforeAnAttempt(t *testing.T) {
 	var o observed
-	c := mustClient(t, idempotency.WithObserver(o.observe))
+	c := clienttest.New(t, idempotency.WithObserver(o.observe))
 	_, err := c.Post(t.Context(), "/relative", "text/plain", nil)
 	require.ErrorIs(t, err, idempotency.ErrInvalidURL)
 	assert.Empty(t, o.events())
-}
-
-// TestRetryInfoResult: the retry hook tells the same result and budget as
-// the observer.
-func TestRetryInfoResult(t *testing.T) {
-	srv := newServer(t, newScript(lost, status(http.StatusTooManyRequests), status(http.StatusCreated)))
-	var r retries
-	var o observed
-	c := newClient(t, srv, idempotency.WithOnRetry(r.hook), idempotency.WithObserver(o.observe))
-	resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
-	require.NoError(t, err)
-	resp.Body.Close()
-	infos, events := r.all(), o.events()
-	require.Len(t, infos, 2)
-	require.Len(t, events, 3)
-	for i, info := range infos {
-		assert.Equal(t, events[i].Result, info.Result, "retry %d: Result", i)
-		assert.Equal(t, events[i].Budget, info.Budget, "retry %d: Budget", i)
-		assert.Equal(t, events[i].Wait, info.Wait, "retry %d: Wait", i)
-	}
-	assert.Equal(t, idempotency.ResultTransportError, infos[0].Result)
-	assert.Equal(t, idempotency.ResultResponse, infos[1].Result)
 }
 
 func TestEventKindString(t *testing.T) {

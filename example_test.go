@@ -149,3 +149,20 @@ func ExampleWithObserver() {
 	// 2 completed response 201 budget 500
 	// outcome: completed
 }
+
+// NewClient checks every option and names each invalid one, so that one run
+// shows every mistake.
+func ExampleNewClient_invalidOptions() {
+	_, err := idempotency.NewClient(
+		idempotency.WithMaxAttempts(0),
+		nil,
+		idempotency.WithBudget(nil),
+		idempotency.WithMethods("post", ""),
+	)
+	fmt.Println(err)
+	// Output:
+	// idempotency: max attempts 0 is below 1
+	// idempotency: option 1 is nil
+	// idempotency: WithBudget needs a Budget (WithoutBudget turns the budget off)
+	// idempotency: WithMethods needs method names, not an empty one
+}

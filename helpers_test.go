@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/internal/testkit/clienttest"
 )
 
 // newServer starts a loopback server that the test closes. configure, if
@@ -40,18 +41,7 @@ func newClient(tb testing.TB, srv *httptest.Server, opts ...idempotency.Option) 
 		idempotency.WithHTTPClient(srv.Client()),
 		idempotency.WithBackoff(time.Millisecond, 5*time.Millisecond),
 	}
-	return mustClient(tb, append(base, opts...)...)
-}
-
-// mustClient returns idempotency.NewClient(opts...), failing tb if the
-// options are refused.
-func mustClient(tb testing.TB, opts ...idempotency.Option) *idempotency.Client {
-	tb.Helper()
-	c, err := idempotency.NewClient(opts...)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return c
+	return clienttest.New(tb, append(base, opts...)...)
 }
 
 // outcome returns the Outcome of resp, failing the test if there is none.
@@ -207,20 +197,32 @@ func (c *closeTracker) Close() error {
 	return nil
 }
 
-// retries collects the RetryInfo of a Client's hook.
+// retries collects the EventRetried events of a Client's observer.
 type retries struct {
 	mu    sync.Mutex
-	infos []idempotency.RetryInfo
+	infos []idempotency.Event
 }
 
-func (r *retries) hook(info idempotency.RetryInfo) {
+func (r *retries) hook(_ context.Context, e idempotency.Event) {
+	if e.Kind != idempotency.EventRetried {
+		return
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.infos = append(r.infos, info)
+	r.infos = append(r.infos, e)
 }
 
-func (r *retries) all() []idempotency.RetryInfo {
+func (r *retries) all() []idempotency.Event {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return append([]idempotency.RetryInfo(nil), r.infos...)
+	return append([]idempotency.Event(nil), r.infos...)
+}
+
+// onRetry is an observer that calls fn on each EventRetried.
+func onRetry(fn func()) idempotency.Option {
+	return idempotency.WithObserver(func(_ context.Context, e idempotency.Event) {
+		if e.Kind == idempotency.EventRetried {
+			fn()
+		}
+	})
 }

@@ -9,7 +9,7 @@ import (
 )
 
 // KeyHonour says what a response tells of whether the server honours the
-// idempotency key; see Outcome.Honour.
+// idempotency key; see [Outcome.Honour].
 type KeyHonour uint8
 
 // What a response tells of the key.

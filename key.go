@@ -97,7 +97,7 @@ type contextKey struct{}
 //
 // A key in the request header takes precedence over the context's key. The
 // context's key is used only for methods that get keys (POST and PATCH by
-// default; see WithMethods). Do checks the key and returns an error
+// default; see [WithMethods]). Do checks the key and returns an error
 // wrapping ErrInvalidKey if it is not valid.
 func ContextWithKey(ctx context.Context, key string) context.Context {
 	return context.WithValue(ctx, contextKey{}, key)

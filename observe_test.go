@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/internal/testkit/clienttest"
 )
 
 func TestLoggerAndHook(t *testing.T) {
@@ -23,7 +24,7 @@ func TestLoggerAndHook(t *testing.T) {
 	var buf bytes.Buffer
 	logger := slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	var r retries
-	c := newClient(t, srv, idempotency.WithLogger(logger), idempotency.WithOnRetry(r.hook))
+	c := newClient(t, srv, idempotency.WithLogger(logger), idempotency.WithObserver(r.hook))
 	req := post(t, t.Context(), srv.URL+"/pay?token=querysecret", "card=4242424242424242")
 	req.Header.Set("Authorization", "Bearer headersecret")
 
@@ -84,7 +85,7 @@ func TestLoggerGivingUp(t *testing.T) {
 
 func TestQuietByDefault(t *testing.T) {
 	srv := newServer(t, newScript(lost, status(http.StatusServiceUnavailable), status(http.StatusCreated)))
-	c := mustClient(t, idempotency.WithHTTPClient(srv.Client()), idempotency.WithBackoff(time.Millisecond, time.Millisecond))
+	c := clienttest.New(t, idempotency.WithHTTPClient(srv.Client()), idempotency.WithBackoff(time.Millisecond, time.Millisecond))
 
 	// Nothing on os.Stderr, where go-retryablehttp's default logger, which
 	// the Client once used, writes.

@@ -22,7 +22,7 @@ const (
 	defaultMaxBuffered    = 1 << 20
 )
 
-// An Option configures a Client; see NewClient.
+// An Option configures a Client; see [NewClient].
 type Option func(*config)
 
 // config is a Client's configuration. It is not changed after newConfig
@@ -49,7 +49,6 @@ type config struct {
 	maxBuffered    int64
 
 	logger   *slog.Logger
-	onRetry  func(RetryInfo)
 	observer Observer
 	rand     func(n int64) int64 // returns a number in [0, n)
 	invalid  []error             // the options that were refused
@@ -84,10 +83,12 @@ func newConfig(opts []Option) (*config, error) {
 		maxBuffered:    defaultMaxBuffered,
 		rand:           rand.Int64N,
 	}
-	for _, opt := range opts {
-		if opt != nil {
-			opt(cfg)
+	for i, opt := range opts {
+		if opt == nil {
+			cfg.refuse("option %d is nil", i)
+			continue
 		}
+		opt(cfg)
 	}
 	if err := errors.Join(cfg.invalid...); err != nil {
 		return nil, err
@@ -163,7 +164,7 @@ func WithKeyHeader(name string) Option {
 
 // WithReplayedHeader sets the name of the response header whose value
 // "true" means that the server replayed a stored response
-// (HeaderReplayed by default); see Outcome.Replayed.
+// (HeaderReplayed by default); see [Outcome.Replayed].
 func WithReplayedHeader(name string) Option {
 	return func(c *config) {
 		if name == "" {
@@ -199,21 +200,27 @@ func WithKeyFunc(fn func() (string, error)) Option {
 // WithKeyVersion7 makes the Client's keys time-ordered (version 7) UUIDs,
 // whose first 48 bits are a millisecond timestamp and the rest random, so
 // that keys stored in a B-tree index are inserted near each other. It
-// replaces a key function given before it with WithKeyFunc.
+// replaces a key function given before it with [WithKeyFunc].
 func WithKeyVersion7() Option {
 	return func(c *config) { c.keyFunc, c.keyV7 = nil, true }
 }
 
 // WithMethods sets the methods whose requests get a key: POST and PATCH
 // by default. Methods are upper-cased, as the server's WithMethods does, so
-// "post" is POST. An empty list is an error, as it is for the server: a
-// Client that keys nothing never retries a POST, which WithMaxAttempts(1)
-// says more plainly.
+// "post" is POST. An empty list, or an empty name, is an error, as it is
+// for the server: a Client that keys nothing never retries a POST, which
+// WithMaxAttempts(1) says more plainly.
 func WithMethods(methods ...string) Option {
 	return func(c *config) {
 		if len(methods) == 0 {
 			c.refuse("WithMethods needs at least one method")
 			return
+		}
+		for _, m := range methods {
+			if m == "" {
+				c.refuse("WithMethods needs method names, not an empty one")
+				return
+			}
 		}
 		c.keyed = make([]string, len(methods))
 		for i, m := range methods {
@@ -293,19 +300,22 @@ func WithAttemptTimeout(d time.Duration) Option {
 }
 
 // WithBudget makes the Client draw its retries from b, which may be shared
-// with other clients so that they limit their retries together. A nil b
-// turns the budget off, like WithoutBudget.
+// with other clients so that they limit their retries together. A nil b is
+// an error: [WithoutBudget] turns the budget off.
 func WithBudget(b *Budget) Option {
 	return func(c *config) {
-		c.budget = b
-		c.noBudget = b == nil
+		if b == nil {
+			c.refuse("WithBudget needs a Budget (WithoutBudget turns the budget off)")
+			return
+		}
+		c.budget, c.noBudget = b, false
 	}
 }
 
 // WithoutBudget turns the retry budget off: retries are then limited only by
 // the number of attempts and the request's context.
 func WithoutBudget() Option {
-	return WithBudget(nil)
+	return func(c *config) { c.budget, c.noBudget = nil, true }
 }
 
 // WithMaxBufferedBody sets how many bytes of a request body without GetBody
@@ -338,18 +348,6 @@ func WithLogger(l *slog.Logger) Option {
 			return
 		}
 		c.logger = l
-	}
-}
-
-// WithOnRetry makes the Client call fn before each wait for a retry. fn is
-// called on the goroutine that called Do, so it should return quickly.
-func WithOnRetry(fn func(RetryInfo)) Option {
-	return func(c *config) {
-		if fn == nil {
-			c.refuse("WithOnRetry needs a function")
-			return
-		}
-		c.onRetry = fn
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/internal/testkit/clienttest"
 )
 
 // TestBusinessConflictSentOnce: a 409 that is not the in-flight answer is a
@@ -109,7 +110,7 @@ func TestObserverPanics(t *testing.T) {
 	defer tr.CloseIdleConnections()
 	var logged bytes.Buffer
 	var panics atomic.Int64
-	c := mustClient(t,
+	c := clienttest.New(t,
 		idempotency.WithHTTPClient(&http.Client{Transport: tr}),
 		idempotency.WithBackoff(0, 0),
 		idempotency.WithLogger(slog.New(slog.NewTextHandler(&logged, &slog.HandlerOptions{Level: slog.LevelError}))),

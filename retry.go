@@ -35,7 +35,7 @@ type Policy func(resp *http.Response, err error) bool
 // 503 Service Unavailable and 504 Gateway Timeout.
 //
 // It retries a 409 Conflict only when it is the answer that a request with
-// the same key is still being processed (see InFlight): a 409 whose
+// the same key is still being processed (see [InFlight]): a 409 whose
 // problem document has this module's in-flight type or code, or the
 // in-flight title of the IETF draft's examples, or a 409 with Retry-After.
 // Any other 409 is a business conflict ("email already registered"),
@@ -135,32 +135,6 @@ func idempotent(method string) bool {
 		return true
 	}
 	return false
-}
-
-// RetryInfo describes a retry about to happen; see WithOnRetry.
-type RetryInfo struct {
-	// Key is the idempotency key, or "" if the request carries none.
-	Key string
-
-	// Attempt is the number of the attempt that failed, from 1.
-	Attempt int
-
-	// Wait is how long Do waits before the next attempt.
-	Wait time.Duration
-
-	// StatusCode is the failed attempt's status, or 0 if it had no response.
-	StatusCode int
-
-	// Err is the failed attempt's error, or nil if it had a response.
-	Err error
-
-	// Result says what the failed attempt got: a response, a timeout, a
-	// transport error.
-	Result Result
-
-	// Budget is the number of tokens left in the retry budget once this
-	// retry took its cost, or -1 if the Client has no budget.
-	Budget int
 }
 
 // backoff returns the wait before retry number n (from 0): a random

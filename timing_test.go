@@ -45,7 +45,7 @@ func TestRetryAfter(t *testing.T) {
 			srv := newServer(t, newScript(status(tt.code, header...), status(http.StatusCreated)))
 			var r retries
 			c := newClient(t, srv, idempotency.WithMaxRetryAfter(tt.maxAfter), idempotency.WithRand(maxRand),
-				idempotency.WithBackoff(backoff, backoff), idempotency.WithOnRetry(r.hook))
+				idempotency.WithBackoff(backoff, backoff), idempotency.WithObserver(r.hook))
 
 			start := time.Now()
 			resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
@@ -54,8 +54,8 @@ func TestRetryAfter(t *testing.T) {
 			assert.Equal(t, http.StatusCreated, resp.StatusCode)
 			infos := r.all()
 			require.Len(t, infos, 1)
-			assert.Equal(t, tt.want, infos[0].Wait, "RetryInfo.Wait")
-			assert.Equal(t, tt.code, infos[0].StatusCode, "RetryInfo.StatusCode")
+			assert.Equal(t, tt.want, infos[0].Wait, "Event.Wait")
+			assert.Equal(t, tt.code, infos[0].StatusCode, "Event.StatusCode")
 			assert.GreaterOrEqual(t, time.Since(start), tt.want, "time taken")
 		})
 	}
@@ -65,7 +65,7 @@ func TestRetryAfterHonoured(t *testing.T) {
 	// The one test that really waits for a Retry-After: one second.
 	srv := newServer(t, newScript(status(http.StatusServiceUnavailable, "Retry-After", "1"), status(http.StatusCreated)))
 	var r retries
-	c := newClient(t, srv, idempotency.WithOnRetry(r.hook))
+	c := newClient(t, srv, idempotency.WithObserver(r.hook))
 
 	start := time.Now()
 	resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
@@ -80,7 +80,7 @@ func TestBackoffWaits(t *testing.T) {
 	srv := newServer(t, newScript(status(http.StatusServiceUnavailable)))
 	var r retries
 	c := newClient(t, srv, idempotency.WithRand(maxRand), idempotency.WithBackoff(2*time.Millisecond, 10*time.Millisecond),
-		idempotency.WithMaxAttempts(6), idempotency.WithOnRetry(r.hook))
+		idempotency.WithMaxAttempts(6), idempotency.WithObserver(r.hook))
 
 	resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
 	require.NoError(t, err)
@@ -98,7 +98,7 @@ func TestCancelDuringBackoff(t *testing.T) {
 	s := newScript(status(http.StatusServiceUnavailable, "Retry-After", "10"))
 	srv := newServer(t, s)
 	waiting := make(chan struct{})
-	c := newClient(t, srv, idempotency.WithOnRetry(func(idempotency.RetryInfo) { close(waiting) }))
+	c := newClient(t, srv, onRetry(func() { close(waiting) }))
 	ctx, cancel := context.WithCancel(t.Context())
 	go func() {
 		<-waiting

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/internal/testkit/clienttest"
 )
 
 func TestTLSCertificateNotRetried(t *testing.T) {
@@ -28,7 +29,7 @@ func TestTLSCertificateNotRetried(t *testing.T) {
 	t.Cleanup(srv.Close)
 	tr := &http.Transport{} // trusts the system roots, not the test server
 	t.Cleanup(tr.CloseIdleConnections)
-	c := mustClient(t, idempotency.WithHTTPClient(&http.Client{Transport: tr}))
+	c := clienttest.New(t, idempotency.WithHTTPClient(&http.Client{Transport: tr}))
 
 	resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
 	assert.Nil(t, resp)
@@ -70,7 +71,7 @@ func TestRedirects(t *testing.T) {
 			hits.Store(0)
 			hc := srv.Client()
 			hc.CheckRedirect = tt.check
-			c := mustClient(t, idempotency.WithHTTPClient(hc))
+			c := clienttest.New(t, idempotency.WithHTTPClient(hc))
 
 			resp, err := c.Do(post(t, t.Context(), srv.URL+tt.path, "x"))
 			assert.Nil(t, resp)
@@ -88,7 +89,7 @@ func TestRedirects(t *testing.T) {
 	t.Run("ErrUseLastResponse", func(t *testing.T) {
 		hc := srv.Client()
 		hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
-		c := mustClient(t, idempotency.WithHTTPClient(hc))
+		c := clienttest.New(t, idempotency.WithHTTPClient(hc))
 
 		resp, err := c.Do(post(t, t.Context(), srv.URL+"/loop", "x"))
 		require.NoError(t, err)
@@ -253,7 +254,7 @@ func TestSharedTransportKept(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	c2 := newClient(t, srv, idempotency.WithHTTPClient(&http.Client{Transport: tr}),
-		idempotency.WithOnRetry(func(idempotency.RetryInfo) { cancel() }))
+		onRetry(cancel))
 	_, err = do(c2, ctx)
 	require.ErrorIs(t, err, context.Canceled)
 
@@ -395,7 +396,7 @@ func (r rudeTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 func TestRudeTransport(t *testing.T) {
 	for _, nilResponse := range []bool{true, false} {
 		for _, ctx := range []context.Context{context.Background(), t.Context()} {
-			c := mustClient(t, idempotency.WithHTTPClient(&http.Client{Transport: rudeTransport{nilResponse}}),
+			c := clienttest.New(t, idempotency.WithHTTPClient(&http.Client{Transport: rudeTransport{nilResponse}}),
 				idempotency.WithMaxAttempts(1))
 			req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://api.example/orders", strings.NewReader("x"))
 			require.NoError(t, err)

@@ -25,7 +25,7 @@ func BenchmarkObserve(b *testing.B) {
 	}{{"metrics", sdktrace.NeverSample()}, {"metrics_spans", sdktrace.AlwaysSample()}}
 	start := time.Now()
 	executed := server.Event{Kind: server.EventExecuted, Scope: "s", Key: "k", Status: 201, Start: start,
-		Claim: time.Millisecond, Handler: 5 * time.Millisecond, Store: time.Millisecond, Acquired: true}
+		ClaimTook: time.Millisecond, HandlerTook: 5 * time.Millisecond, StoreTook: time.Millisecond, Acquired: true}
 	completed := idempotency.Event{Kind: idempotency.EventCompleted, Key: "k", Method: "POST", Call: 1, Attempt: 1,
 		Start: start, Sent: start, Took: 5 * time.Millisecond, Elapsed: 5 * time.Millisecond,
 		Result: idempotency.ResultResponse, StatusCode: 201, Budget: 500}

@@ -69,13 +69,17 @@ type callSpan struct {
 // ClientObserver returns an observer for a Client (idempotency.WithObserver)
 // that records each attempt and operation as metrics and spans; the package
 // documentation and the README list them. One observer may serve several
-// Clients. It fails only if an instrument cannot be made.
+// Clients. It fails on an invalid option, or if an instrument
+// cannot be made.
 func ClientObserver(opts ...Option) (idempotency.Observer, error) {
-	cfg := newConfig(opts)
+	cfg, err := newConfig(opts)
+	if err != nil {
+		return nil, err
+	}
 	m := cfg.meter()
 	o := &clientObserver{cfg: cfg, tracer: cfg.tracer(), spans: make(map[callID]callSpan),
 		common: metric.WithAttributes(cfg.attrs...)}
-	var err, e error
+	var e error
 	o.attempts, e = m.Int64Counter("idempotency.client.attempts",
 		metric.WithUnit("{attempt}"),
 		metric.WithDescription("Attempts sent, by their result."))
@@ -198,7 +202,7 @@ func (o *clientObserver) span(ctx context.Context, e idempotency.Event, errType 
 	if !ok {
 		attrs := append(o.attrs(2), methodKey.String(e.Method))
 		if o.cfg.withKey && e.Key != "" {
-			attrs = append(attrs, KeyKey.String(e.Key))
+			attrs = append(attrs, KeyAttribute.String(e.Key))
 		}
 		cs.ctx, cs.span = o.tracer.Start(ctx, "idempotency.operation",
 			trace.WithTimestamp(e.Start), trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(attrs...))

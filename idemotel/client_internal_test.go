@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/internal/testkit/clienttest"
 )
 
 // TestClientSpansForgotten: the span of an operation that retried is kept
@@ -28,12 +29,16 @@ func TestClientSpansForgotten(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 	}))
 	defer srv.Close()
-	o := &clientObserver{cfg: newConfig(nil), spans: make(map[callID]callSpan)}
+	cfg, err := newConfig(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := &clientObserver{cfg: cfg, spans: make(map[callID]callSpan)}
 	// The global TracerProvider's spans record nothing, and are kept all
 	// the same.
 	o.tracer = o.cfg.tracer()
 	sawKept := false
-	c := mustClient(t, idempotency.WithBackoff(time.Millisecond, time.Millisecond),
+	c := clienttest.New(t, idempotency.WithBackoff(time.Millisecond, time.Millisecond),
 		idempotency.WithObserver(func(ctx context.Context, e idempotency.Event) {
 			o.span(ctx, e, "", func() []attribute.KeyValue { return nil })
 			o.mu.Lock()
@@ -47,19 +52,8 @@ func TestClientSpansForgotten(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
-	_, err := c.Post(ctx, srv.URL, "text/plain", strings.NewReader("x"))
+	_, err = c.Post(ctx, srv.URL, "text/plain", strings.NewReader("x"))
 	require.Error(t, err)
 	assert.True(t, sawKept, "a retrying operation's span was kept")
 	assert.Empty(t, o.spans)
-}
-
-// mustClient returns idempotency.NewClient(opts...), failing tb if the
-// options are refused.
-func mustClient(tb testing.TB, opts ...idempotency.Option) *idempotency.Client {
-	tb.Helper()
-	c, err := idempotency.NewClient(opts...)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return c
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/idemotel"
+	"github.com/idemkit/idempotency/internal/testkit/clienttest"
 )
 
 // scripted is an endpoint that answers its requests with the given
@@ -53,7 +54,7 @@ func newClient(t *testing.T, tm *telemetry, opts ...idempotency.Option) *idempot
 	t.Helper()
 	observe, err := idemotel.ClientObserver(tm.options()...)
 	require.NoError(t, err)
-	return mustClient(t, append([]idempotency.Option{
+	return clienttest.New(t, append([]idempotency.Option{
 		idempotency.WithObserver(observe),
 		idempotency.WithBackoff(time.Millisecond, 5*time.Millisecond),
 		idempotency.WithAttemptTimeout(200 * time.Millisecond),
@@ -157,7 +158,7 @@ func TestClientOutcomes(t *testing.T) {
 				assert.Equal(t, codes.Unset, op.Status().Code)
 			}
 			set := attribute.NewSet(op.Attributes()...)
-			_, hasKey := set.Value(idemotel.KeyKey)
+			_, hasKey := set.Value(idemotel.KeyAttribute)
 			assert.False(t, hasKey, "the key without WithKeyAttribute")
 		})
 	}
@@ -171,7 +172,7 @@ func TestClientCanceled(t *testing.T) {
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	c := mustClient(t, idempotency.WithObserver(func(ctx context.Context, e idempotency.Event) {
+	c := clienttest.New(t, idempotency.WithObserver(func(ctx context.Context, e idempotency.Event) {
 		observe(ctx, e)
 		if e.Kind == idempotency.EventRetried {
 			cancel()
@@ -184,18 +185,7 @@ func TestClientCanceled(t *testing.T) {
 	m := tm.collect(t)
 	assert.Equal(t, int64(1), sum(t, m["idempotency.client.operations"], outcome("canceled"), errType("canceled")))
 	assert.Equal(t, int64(1), sum(t, m["idempotency.client.attempts"]), "one attempt")
-	spans := tm.spansNamed("idempotency.operation", outcome("canceled"), idemotel.KeyKey.String("order-7"))
+	spans := tm.spansNamed("idempotency.operation", outcome("canceled"), idemotel.KeyAttribute.String("order-7"))
 	require.Len(t, spans, 1)
 	assert.Equal(t, []string{"idempotency.attempt"}, tm.children(spans[0]))
-}
-
-// mustClient returns idempotency.NewClient(opts...), failing tb if the
-// options are refused.
-func mustClient(tb testing.TB, opts ...idempotency.Option) *idempotency.Client {
-	tb.Helper()
-	c, err := idempotency.NewClient(opts...)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return c
 }

@@ -55,7 +55,8 @@
 // idempotency.operation, child of the span in the request's context, with a
 // child idempotency.attempt for each attempt, made as each attempt ends.
 //
-// The key goes on spans, as idempotency.key, only with WithKeyAttribute.
+// The key goes on spans, as idempotency.key ([KeyAttribute]), only with
+// [WithKeyAttribute].
 // Error messages are never recorded, since a store's may name a key: spans
 // and measurements carry error.type.
 //

@@ -18,16 +18,19 @@ import (
 // and error.type.
 const (
 	// OutcomeKey is what the middleware or the client did: the name of a
-	// server.EventKind or an idempotency.EventKind.
+	// [server.EventKind] or an [idempotency.EventKind].
 	OutcomeKey = attribute.Key("idempotency.outcome")
 	// StoreOperationKey names a Store operation: claim, complete, release,
 	// extend.
 	StoreOperationKey = attribute.Key("idempotency.store.operation")
 	// StopReasonKey is why a client stopped retrying: attempts_exhausted,
-	// budget_exhausted, deadline, not_idempotent, body_not_replayable.
+	// budget_exhausted, deadline, not_idempotent, body_not_replayable,
+	// retry_refused; or the server's final answer: outcome_unknown,
+	// key_mismatch.
 	StopReasonKey = attribute.Key("idempotency.stop_reason")
-	// KeyKey is the idempotency key, on spans only, with WithKeyAttribute.
-	KeyKey = attribute.Key("idempotency.key")
+	// KeyAttribute is the idempotency key, on spans only, with
+	// [WithKeyAttribute].
+	KeyAttribute = attribute.Key("idempotency.key")
 	// AttemptsKey is the number of attempts of a client's operation, on its
 	// span.
 	AttemptsKey = attribute.Key("idempotency.attempts")

@@ -1,6 +1,9 @@
 package idemotel
 
 import (
+	"errors"
+	"fmt"
+
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -11,7 +14,9 @@ import (
 // package.
 const ScopeName = "github.com/idemkit/idempotency/idemotel"
 
-// An Option configures an observer or a store's gauges.
+// An Option configures an observer or a store's gauges. [ClientObserver],
+// [ServerObserver] and [RegisterStoreSize] refuse an invalid one (a nil
+// Option included) with an error that names every invalid option at once.
 type Option func(*config)
 
 type config struct {
@@ -19,14 +24,25 @@ type config struct {
 	tracerProvider trace.TracerProvider
 	withKey        bool
 	attrs          []attribute.KeyValue
+	invalid        []error
 }
 
-func newConfig(opts []Option) config {
+// refuse records an invalid option, to be reported with the others.
+func (c *config) refuse(format string, args ...any) {
+	c.invalid = append(c.invalid, fmt.Errorf("idemotel: "+format, args...))
+}
+
+func newConfig(opts []Option) (config, error) {
 	var c config
-	for _, o := range opts {
-		if o != nil {
-			o(&c)
+	for i, o := range opts {
+		if o == nil {
+			c.refuse("option %d is nil", i)
+			continue
 		}
+		o(&c)
+	}
+	if err := errors.Join(c.invalid...); err != nil {
+		return c, err
 	}
 	if c.meterProvider == nil {
 		c.meterProvider = otel.GetMeterProvider()
@@ -34,7 +50,7 @@ func newConfig(opts []Option) config {
 	if c.tracerProvider == nil {
 		c.tracerProvider = otel.GetTracerProvider()
 	}
-	return c
+	return c, nil
 }
 
 func (c *config) meter() metric.Meter { return c.meterProvider.Meter(ScopeName) }
@@ -42,19 +58,31 @@ func (c *config) meter() metric.Meter { return c.meterProvider.Meter(ScopeName) 
 func (c *config) tracer() trace.Tracer { return c.tracerProvider.Tracer(ScopeName) }
 
 // WithMeterProvider sets the MeterProvider that makes the metrics; by
-// default, the global one (otel.GetMeterProvider).
+// default, the global one (otel.GetMeterProvider). A nil one is refused.
 func WithMeterProvider(mp metric.MeterProvider) Option {
-	return func(c *config) { c.meterProvider = mp }
+	return func(c *config) {
+		if mp == nil {
+			c.refuse("WithMeterProvider needs a MeterProvider")
+			return
+		}
+		c.meterProvider = mp
+	}
 }
 
 // WithTracerProvider sets the TracerProvider that makes the spans; by
-// default, the global one (otel.GetTracerProvider).
+// default, the global one (otel.GetTracerProvider). A nil one is refused.
 func WithTracerProvider(tp trace.TracerProvider) Option {
-	return func(c *config) { c.tracerProvider = tp }
+	return func(c *config) {
+		if tp == nil {
+			c.refuse("WithTracerProvider needs a TracerProvider")
+			return
+		}
+		c.tracerProvider = tp
+	}
 }
 
 // WithKeyAttribute puts the idempotency key on the spans, as the attribute
-// idempotency.key. It is off by default: a key may say more about the
+// idempotency.key ([KeyAttribute]). It is off by default: a key may say more about the
 // operation than a trace should, and a caller may choose one from its own
 // data. Keys never go on metrics, whose attributes must take few values.
 func WithKeyAttribute() Option {

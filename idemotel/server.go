@@ -44,12 +44,16 @@ type opSet struct{ op, errType string }
 
 // ServerObserver returns an observer for the middleware (server.WithObserver)
 // that records each event as metrics and spans; the package documentation
-// and the README list them. It fails only if an instrument cannot be made.
+// and the README list them. It fails on an invalid option, or if an instrument
+// cannot be made.
 func ServerObserver(opts ...Option) (server.Observer, error) {
-	cfg := newConfig(opts)
+	cfg, err := newConfig(opts)
+	if err != nil {
+		return nil, err
+	}
 	m := cfg.meter()
 	o := &serverObserver{cfg: cfg, tracer: cfg.tracer(), common: metric.WithAttributes(cfg.attrs...)}
-	var err, e error
+	var e error
 	o.requests, e = m.Int64Counter("idempotency.server.requests",
 		metric.WithUnit("{request}"),
 		metric.WithDescription("Protected requests, by what the middleware did with them."))
@@ -89,8 +93,8 @@ func (o *serverObserver) observe(ctx context.Context, e server.Event) {
 		return
 	case server.EventLeaseRenewed:
 		o.renewals.Add(ctx, 1, o.common)
-		o.recordStore(ctx, "extend", e.Store, "")
-		o.leaseEvent(ctx, "idempotency.lease.renewed", e.Start.Add(e.Store), "")
+		o.recordStore(ctx, "extend", e.StoreTook, "")
+		o.leaseEvent(ctx, "idempotency.lease.renewed", e.Start.Add(e.StoreTook), "")
 		return
 	case server.EventLeaseLost:
 		et := storeErrorType(e.Err)
@@ -118,13 +122,13 @@ func (o *serverObserver) observe(ctx context.Context, e server.Event) {
 	outcome := o.outcomes.get(outcomeSet{e.Kind, e.Status}, attrs)
 	o.requests.Add(ctx, 1, outcome)
 	if s.claimed {
-		o.recordStore(ctx, "claim", e.Claim, s.claimErr)
+		o.recordStore(ctx, "claim", e.ClaimTook, s.claimErr)
 	}
 	if s.handled {
-		o.handler.Record(ctx, e.Handler.Seconds(), outcome)
+		o.handler.Record(ctx, e.HandlerTook.Seconds(), outcome)
 	}
 	if s.write != "" {
-		o.recordStore(ctx, s.write, e.Store, s.writeErr)
+		o.recordStore(ctx, s.write, e.StoreTook, s.writeErr)
 	}
 	o.span(ctx, e, s, attrs)
 }
@@ -226,7 +230,7 @@ func (o *serverObserver) span(ctx context.Context, e server.Event, s stepsOf, at
 	}
 	span.SetAttributes(attrs()...)
 	if o.cfg.withKey && e.Key != "" {
-		span.SetAttributes(KeyKey.String(e.Key))
+		span.SetAttributes(KeyAttribute.String(e.Key))
 	}
 	at := e.Start
 	child := func(name string, d time.Duration, errType string) {
@@ -240,17 +244,17 @@ func (o *serverObserver) span(ctx context.Context, e server.Event, s stepsOf, at
 		c.End(trace.WithTimestamp(at))
 	}
 	if s.claimed {
-		child("idempotency.claim", e.Claim, s.claimErr)
+		child("idempotency.claim", e.ClaimTook, s.claimErr)
 	} else {
-		at = at.Add(e.Claim)
+		at = at.Add(e.ClaimTook)
 	}
 	if s.handled {
-		child("idempotency.handler", e.Handler, "")
+		child("idempotency.handler", e.HandlerTook, "")
 	} else {
-		at = at.Add(e.Handler)
+		at = at.Add(e.HandlerTook)
 	}
 	if s.write != "" {
-		child("idempotency."+s.write, e.Store, s.writeErr)
+		child("idempotency."+s.write, e.StoreTook, s.writeErr)
 	}
 	switch {
 	case e.Kind == server.EventUnavailable || e.Kind == server.EventNotStored:

@@ -245,7 +245,7 @@ func TestServerOutcomes(t *testing.T) {
 		if c.status != 0 {
 			assert.True(t, matches(attrs, []attribute.KeyValue{status(c.status)}), "%s: status %v", c.kind, s.Attributes())
 		}
-		_, hasKey := attrs.Value(idemotel.KeyKey)
+		_, hasKey := attrs.Value(idemotel.KeyAttribute)
 		assert.False(t, hasKey, "%s: the key without WithKeyAttribute", c.kind)
 		for _, child := range tm.spans.Ended() {
 			if child.Parent().SpanID() == s.SpanContext().SpanID() {
@@ -269,7 +269,7 @@ func TestServerKeyAttribute(t *testing.T) {
 	a := newAPI(t, tm, []idemotel.Option{idemotel.WithKeyAttribute(), idemotel.WithAttributes(attribute.String("api", "orders"))})
 	require.Equal(t, 201, a.post(t.Context(), "order-42", "x"))
 	a.final(t)
-	spans := tm.spansNamed("idempotency.request", idemotel.KeyKey.String("order-42"), attribute.String("api", "orders"))
+	spans := tm.spansNamed("idempotency.request", idemotel.KeyAttribute.String("order-42"), attribute.String("api", "orders"))
 	require.Len(t, spans, 1)
 	for name, m := range tm.collect(t) {
 		for _, set := range attributeSets(t, m) {

@@ -38,7 +38,10 @@ func RegisterStoreSize(size StoreSize, opts ...Option) (metric.Registration, err
 	if size == nil {
 		return nil, errors.New("idemotel: RegisterStoreSize needs a StoreSize")
 	}
-	cfg := newConfig(opts)
+	cfg, err := newConfig(opts)
+	if err != nil {
+		return nil, err
+	}
 	m := cfg.meter()
 	records, err := m.Int64ObservableGauge("idempotency.store.records",
 		metric.WithUnit("{record}"),

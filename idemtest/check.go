@@ -18,14 +18,14 @@ import (
 // keys of its own (replay repeats first-request's), so that the checks are
 // independent of earlier runs against the same target. A check that needs
 // what another learns runs it first, unreported, when it was not asked for
-// (see Target.Checks).
+// (see [Target.Checks]).
 //
 // The error is for a target that cannot be checked: a Target that is not
 // valid (no URL, a malformed one, an invalid header, an unknown check name),
 // with a nil report; a URL whose host cannot be reached, an error wrapping
 // ErrUnreachable, with a nil report; or the end of ctx, in which case the
 // report holds the checks that ran. A target that breaks the protocol is not
-// an error: see Report.Err.
+// an error: see [Report.Err].
 func Check(ctx context.Context, target Target) (*Report, error) {
 	t, err := target.withDefaults()
 	if err != nil {

@@ -166,7 +166,7 @@ type Target struct {
 	// client whose timeout fires then.
 	DropAfter time.Duration
 
-	// Checks names the checks to run, all of them when empty. See Checks
+	// Checks names the checks to run, all of them when empty. See [Checks]
 	// for the names. A check whose evidence comes from another (whether
 	// the target takes the kit's keys, whether two executions answer
 	// differently, whether replays are marked) runs that one first,

@@ -12,11 +12,11 @@ import (
 //
 // It is context.WithTimeout(context.WithoutCancel(ctx), d) without their
 // allocations on the common path: its Done channel and timer are made only
-// when a Store asks for them, which an in-memory store never does. With it,
-// BenchmarkMiddleware (go test -run '^$' -bench BenchmarkMiddleware
-// -benchmem ./server/) counts 17 allocations per first execution on
-// memstore and 7 per replay; on redisstore, whose client asks for Done, 52
-// and 31.
+// when a Store asks for them, which an in-memory store never does (a Redis
+// client does). BenchmarkMiddleware (go test -run '^$' -bench
+// BenchmarkMiddleware -benchmem ./server/) counts the allocations per
+// request; BENCHMARKS.md records them, so that this comment does not go
+// stale as the path changes.
 //
 // A detached context is used for one store call and never reused: a Store
 // may leave a goroutine watching it for a moment after it returned.

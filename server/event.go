@@ -24,13 +24,13 @@ type Event struct {
 	// Start is when the middleware began with the request (for lease
 	// events, when the Extend began).
 	Start time.Time
-	// Claim is how long the Claim took, waits (WithWait) included.
-	Claim time.Duration
-	// Handler is how long the handler ran.
-	Handler time.Duration
-	// Store is how long the write after the handler took (Complete or
+	// ClaimTook is how long the Claim took, waits ([WithWait]) included.
+	ClaimTook time.Duration
+	// HandlerTook is how long the handler ran.
+	HandlerTook time.Duration
+	// StoreTook is how long the write after the handler took (Complete or
 	// Release, retries included), or the Extend of a lease event.
-	Store time.Duration
+	StoreTook time.Duration
 	// Err is the store's error when one decided the outcome (Unavailable,
 	// NotStored, a lease lost), or the cause of a refusal; nil otherwise.
 	Err error
@@ -86,7 +86,7 @@ const (
 	// the handler's context was cancelled; Err is the cause.
 	EventLeaseLost
 	// EventAcquired: the claim acquired the key, and the handler is about
-	// to run; Claim is how long that took. The request's final event
+	// to run; ClaimTook is how long that took. The request's final event
 	// follows, with Acquired set.
 	EventAcquired
 	// EventOutcomeUnknown: under RefuseAbandoned, the claim took over a
@@ -126,7 +126,7 @@ func (k EventKind) String() string {
 // An Observer receives the middleware's events. It is called on the
 // request's goroutine (on a timer's for lease events) before the middleware
 // returns, so it must be quick, and safe for concurrent use. A panic in it is
-// recovered (see [WithObserver]).
+// recovered ([WithObserver] says how).
 type Observer func(ctx context.Context, e Event)
 
 // timing is when each step of an exchange ended, kept only for an observer.
@@ -175,7 +175,7 @@ func (ex *exchange) emit(kind EventKind, status int, err error) {
 	}
 	ex.m.notify(ex.r.Context(), Event{
 		Kind: kind, Scope: ex.lease.Scope, Key: ex.lease.Key, Status: status,
-		Start: t.start, Claim: since(t.start, t.claim), Handler: since(t.claim, t.handler), Store: since(t.handler, t.store),
+		Start: t.start, ClaimTook: since(t.start, t.claim), HandlerTook: since(t.claim, t.handler), StoreTook: since(t.handler, t.store),
 		Err: err, Acquired: ex.acquired,
 	})
 }
@@ -187,7 +187,7 @@ func (ex *exchange) acquire() {
 		t := &ex.timing
 		ex.m.notify(ex.r.Context(), Event{
 			Kind: EventAcquired, Scope: ex.lease.Scope, Key: ex.lease.Key,
-			Start: t.start, Claim: since(t.start, t.claim),
+			Start: t.start, ClaimTook: since(t.start, t.claim),
 		})
 	}
 }

@@ -91,13 +91,13 @@ func TestEvents(t *testing.T) {
 	post(t, srv.URL, "k1", "x")
 	e := check(server.EventExecuted, "k1", http.StatusCreated)
 	assert.Equal(t, "acme", e.Scope)
-	assert.Positive(t, e.Claim)
-	assert.GreaterOrEqual(t, e.Handler, 2*time.Millisecond)
-	assert.Positive(t, e.Store)
+	assert.Positive(t, e.ClaimTook)
+	assert.GreaterOrEqual(t, e.HandlerTook, 2*time.Millisecond)
+	assert.Positive(t, e.StoreTook)
 
 	post(t, srv.URL, "k1", "x")
 	e = check(server.EventReplayed, "k1", http.StatusCreated)
-	assert.Zero(t, e.Handler)
+	assert.Zero(t, e.HandlerTook)
 
 	post(t, srv.URL, "k1", "other")
 	check(server.EventMismatch, "k1", http.StatusUnprocessableEntity)
@@ -238,9 +238,9 @@ func TestAcquiredEvents(t *testing.T) {
 				first := got[0]
 				assert.False(t, first.Acquired, "EventAcquired's own Acquired")
 				assert.Equal(t, tt.key, first.Key)
-				assert.Positive(t, first.Claim)
+				assert.Positive(t, first.ClaimTook)
 				assert.Equal(t, first.Start, final.Start)
-				assert.Equal(t, first.Claim, final.Claim)
+				assert.Equal(t, first.ClaimTook, final.ClaimTook)
 			}
 		})
 	}

@@ -222,7 +222,7 @@ func (rn *renewal) tick() {
 	case err == nil:
 		rn.until = addSat(now, m.cfg.lease)
 		rn.lastErr = nil
-		m.observe(ex.r, Event{Kind: EventLeaseRenewed, Scope: ex.lease.Scope, Key: ex.lease.Key, Start: now, Store: time.Since(now)})
+		m.observe(ex.r, Event{Kind: EventLeaseRenewed, Scope: ex.lease.Scope, Key: ex.lease.Key, Start: now, StoreTook: time.Since(now)})
 	case errors.Is(err, ErrLeaseLost):
 		rn.stopped = true
 		rn.timer.Stop()

@@ -127,12 +127,20 @@ func (c *config) validate() error {
 }
 
 // WithMethods sets the protected methods, POST and PATCH by default. Other
-// methods pass through untouched.
+// methods pass through untouched. Methods are upper-cased, as the client's
+// WithMethods does, so "post" is POST; an empty list, or an empty name, is
+// refused, as the client refuses them.
 func WithMethods(methods ...string) Option {
 	return func(c *config) {
 		if len(methods) == 0 {
 			c.invalid("WithMethods needs at least one method")
 			return
+		}
+		for _, m := range methods {
+			if m == "" {
+				c.invalid("WithMethods needs method names, not an empty one")
+				return
+			}
 		}
 		c.methods = make([]string, len(methods))
 		for i, m := range methods {
@@ -363,11 +371,14 @@ func WithStoreTimeout(d time.Duration) Option {
 	}
 }
 
-// WithRetryAfter sets the Retry-After of a 409 (a request with the same key
-// is in flight) and of a 503 (the store failed), [DefaultRetryAfter] (one
-// second) by default. A
-// 409's is never longer than what is left of the lease of the request in
-// flight. Retry-After is sent in whole seconds, at least one.
+// WithRetryAfter sets how long a client is told to wait before it retries
+// a request refused for a reason that passes, [DefaultRetryAfter] (one
+// second) by default: the Retry-After of a 409 (a request with the same key
+// is in flight) and of a 503 (the store failed). It is one setting, the
+// retry interval of a transient refusal; a 409's is never longer than what
+// is left of the lease of the request in flight, since by then the retry
+// gets the answer or takes the key over. Retry-After is sent in whole
+// seconds, at least one. 0 or less is refused.
 func WithRetryAfter(d time.Duration) Option {
 	return func(c *config) {
 		if d <= 0 {

@@ -27,6 +27,7 @@ func TestNewValidates(t *testing.T) {
 		{"set-cookie", []server.Option{server.WithStoredHeaders("Content-Type", "set-cookie")}},
 		{"authorization", []server.Option{server.WithStoredHeaders("Authorization")}},
 		{"methods", []server.Option{server.WithMethods()}},
+		{"empty method", []server.Option{server.WithMethods("POST", "")}},
 		{"negative body", []server.Option{server.WithMaxBody(-1)}},
 		{"lease over its default ttl", []server.Option{server.WithLease(25 * time.Hour)}},
 		{"lease over a short ttl", []server.Option{server.WithTTL(time.Second), server.WithLease(2 * time.Second)}},
@@ -48,6 +49,21 @@ func TestNewNamesEveryInvalidOption(t *testing.T) {
 	require.Error(t, err)
 	for _, want := range []string{"body limit -1", "option 1 is nil", "Retry-After 0s"} {
 		assert.Contains(t, err.Error(), want)
+	}
+}
+
+// TestMethodsLowerCase: WithMethods("post") protects POSTs, as the client's
+// WithMethods("post") keys them: a POST without a key is refused, a PATCH is
+// not protected.
+func TestMethodsLowerCase(t *testing.T) {
+	srv, _ := fixture(t, &orders{}, server.WithMethods("post"))
+	for method, want := range map[string]int{http.MethodPost: http.StatusBadRequest, http.MethodPatch: http.StatusCreated} {
+		req, err := http.NewRequestWithContext(t.Context(), method, srv.URL, strings.NewReader("x"))
+		require.NoError(t, err)
+		resp, err := srv.Client().Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, want, resp.StatusCode, "%s without a key", method)
 	}
 }
 

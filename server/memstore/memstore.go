@@ -29,13 +29,13 @@
 //
 // A Claim that takes over a lease that ran out reports in Claim.Abandoned how
 // many holders lost theirs before it. The Store implements server.Inspector,
-// so that an operator can look a record up and settle it (see Lookup and
-// Resolve).
+// so that an operator can look a record up and settle it (see [Store.Lookup]
+// and [Store.Resolve]).
 //
 // Expired records are removed when they are next touched and by a background
 // sweep. Close forgets every record and stops the sweep; every call after it
 // fails at once, so that requests still running are answered without waiting
-// for the store (see Close). Records do not survive a restart and are not
+// for the store (see [Store.Close]). Records do not survive a restart and are not
 // shared between processes: an API that runs on several machines needs
 // pgstore or redisstore.
 package memstore
@@ -210,7 +210,11 @@ func New(opts ...Option) (*Store, error) {
 		maxBytes:      DefaultMaxBytes,
 		sweepInterval: DefaultSweepInterval,
 	}
-	for _, o := range opts {
+	for i, o := range opts {
+		if o == nil {
+			c.refuse("option %d is nil", i)
+			continue
+		}
 		o(&c)
 	}
 	if err := errors.Join(c.invalid...); err != nil {

@@ -261,12 +261,15 @@ func BenchmarkClaimComplete(b *testing.B) {
 // TestNewValidates: invalid options make New fail, naming each, and make no
 // Store.
 func TestNewValidates(t *testing.T) {
-	s, err := memstore.New(memstore.WithMaxRecords(0), memstore.WithMaxBytes(-1), memstore.WithSweepInterval(time.Microsecond))
+	s, err := memstore.New(memstore.WithMaxRecords(0), memstore.WithMaxBytes(-1), nil, memstore.WithSweepInterval(time.Microsecond))
 	if err == nil {
 		s.Close()
 		t.Fatal("New with invalid options error = nil")
 	}
-	for _, want := range []string{"memstore: record bound 0", "memstore: byte bound -1", "memstore: sweep interval 1µs"} {
+	if got := len(strings.Split(err.Error(), "\n")); got != 4 {
+		t.Errorf("New error has %d lines, want 4, one per invalid option: %q", got, err)
+	}
+	for _, want := range []string{"memstore: record bound 0", "memstore: byte bound -1", "memstore: option 2 is nil", "memstore: sweep interval 1µs"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("New error = %q, want it to name %q", err, want)
 		}

@@ -1,6 +1,7 @@
 package pgstore
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -14,14 +15,15 @@ const (
 	// DefaultIdleTimeout is how long, in transactional mode, a transaction
 	// may sit idle before PostgreSQL ends its session and rolls it back.
 	DefaultIdleTimeout = time.Minute
-	// MinIdleTimeout is the shortest idle timeout WithIdleTimeout sets.
+	// MinIdleTimeout is the shortest idle timeout [WithIdleTimeout] sets.
 	MinIdleTimeout = 100 * time.Millisecond
 	// DefaultSweepBatch is the number of records that one statement of a
-	// sweep deletes, when WithSweeper is given no batch.
+	// sweep deletes, when [WithSweeper] is given no batch.
 	DefaultSweepBatch = 1000
 )
 
-// Option configures a Store.
+// Option configures a Store. New refuses an invalid one (a nil Option
+// included) with an error that names every invalid option at once.
 type Option func(*config)
 
 type config struct {
@@ -32,6 +34,12 @@ type config struct {
 	sweepInterval time.Duration
 	sweepBatch    int
 	logger        *slog.Logger
+	invalid       []error
+}
+
+// refuse records an invalid option, for New to report with the others.
+func (c *config) refuse(format string, args ...any) {
+	c.invalid = append(c.invalid, fmt.Errorf("pgstore: "+format, args...))
 }
 
 func newConfig(opts []Option) (config, error) {
@@ -41,18 +49,28 @@ func newConfig(opts []Option) (config, error) {
 		idleTimeout: DefaultIdleTimeout,
 		sweepBatch:  DefaultSweepBatch,
 	}
-	for _, o := range opts {
+	for i, o := range opts {
+		if o == nil {
+			c.refuse("option %d is nil", i)
+			continue
+		}
 		o(&c)
 	}
-	switch {
-	case c.lockTimeout < time.Millisecond:
-		return c, fmt.Errorf("pgstore: lock timeout %v: want at least a millisecond", c.lockTimeout)
-	case c.idleTimeout < 0:
-		return c, fmt.Errorf("pgstore: idle timeout %v: want zero (none) or more", c.idleTimeout)
-	case c.sweepInterval < 0:
-		return c, fmt.Errorf("pgstore: sweep interval %v: want zero (no sweeper) or more", c.sweepInterval)
-	case c.sweepBatch < 1:
-		return c, fmt.Errorf("pgstore: sweep batch %d: want at least 1", c.sweepBatch)
+	if c.lockTimeout < time.Millisecond {
+		c.refuse("lock timeout %v: want at least a millisecond", c.lockTimeout)
+	}
+	if c.idleTimeout < 0 {
+		c.refuse("idle timeout %v: want zero (none) or more", c.idleTimeout)
+	}
+	if c.sweepInterval < 0 {
+		c.refuse("sweep interval %v: want zero (no sweeper) or more", c.sweepInterval)
+	}
+	if _, err := parseTable(c.table); err != nil {
+		// parseTable's error carries the package prefix already.
+		c.invalid = append(c.invalid, err)
+	}
+	if err := errors.Join(c.invalid...); err != nil {
+		return c, err
 	}
 	if c.idleTimeout > 0 {
 		c.idleTimeout = max(c.idleTimeout, MinIdleTimeout)
@@ -64,7 +82,7 @@ func newConfig(opts []Option) (config, error) {
 }
 
 // WithTable names the table that holds the records, "table" or
-// "schema.table", instead of DefaultTable. Each part must be a plain
+// "schema.table", instead of [DefaultTable]. Each part must be a plain
 // identifier (letters, digits and underscores, not starting with a digit);
 // it is quoted, so it is used exactly as given, case included. The table's
 // token sequence and sweep index are named after it, with the suffixes
@@ -88,7 +106,7 @@ func WithTransactions() Option {
 // (math.MaxInt32 milliseconds), and a longer one is that. When the session
 // has a statement_timeout, the wait is at most half of it, so that it ends
 // as a lock timeout (InFlight) rather than a statement timeout (a failure).
-// The default is DefaultLockTimeout; it is ignored in lease mode.
+// The default is [DefaultLockTimeout]; it is ignored in lease mode.
 func WithLockTimeout(d time.Duration) Option {
 	return func(c *config) { c.lockTimeout = d }
 }
@@ -98,17 +116,17 @@ func WithLockTimeout(d time.Duration) Option {
 // (by a handler that hangs, or a caller that never completes or releases its
 // claim) has its session ended by the server, which rolls it back and frees
 // the key. Zero leaves the session's own setting (PostgreSQL's default is no
-// timeout). A positive one is taken as at least MinIdleTimeout, since a
+// timeout). A positive one is taken as at least [MinIdleTimeout], since a
 // shorter one would end transactions between the Store's own statements,
-// and at most 24 days (math.MaxInt32 milliseconds, PostgreSQL's maximum). The default is DefaultIdleTimeout; it is ignored in lease mode.
+// and at most 24 days (math.MaxInt32 milliseconds, PostgreSQL's maximum). The default is [DefaultIdleTimeout]; it is ignored in lease mode.
 func WithIdleTimeout(d time.Duration) Option {
 	return func(c *config) { c.idleTimeout = d }
 }
 
-// WithSweeper starts a background sweeper that calls Sweep every interval,
-// deleting expired records batch at a time, until Close. An interval under
+// WithSweeper starts a background sweeper that calls [Store.Sweep] every interval,
+// deleting expired records batch at a time, until [Store.Close]. An interval under
 // a millisecond is taken as a millisecond. A batch below 1 means
-// DefaultSweepBatch. There is no sweeper by default: a team may prefer
+// [DefaultSweepBatch]. There is no sweeper by default: a team may prefer
 // to sweep from one scheduled job rather than from every instance, and an
 // expired record is taken over by the next Claim of its key anyway.
 func WithSweeper(interval time.Duration, batch int) Option {
@@ -127,6 +145,15 @@ func WithSweeper(interval time.Duration, batch int) Option {
 // caller: failures of the background sweeper, of rollbacks done while
 // closing, and its switch to unnamed statements when the server refuses a
 // prepared one (see README.md, Poolers). The Store is silent by default.
+//
+// A nil logger is refused, as it is by the middleware's WithLogger: to log
+// nothing, leave the option out or pass slog.New(slog.DiscardHandler).
 func WithLogger(l *slog.Logger) Option {
-	return func(c *config) { c.logger = l }
+	return func(c *config) {
+		if l == nil {
+			c.refuse("WithLogger needs a logger")
+			return
+		}
+		c.logger = l
+	}
 }

@@ -5,166 +5,16 @@ import (
 	"net"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idempotency/internal/testkit/faultnet"
 	"github.com/idemkit/idempotency/server"
 	"github.com/idemkit/idempotency/server/pgstore"
 )
-
-// proxyMode is what a proxy does with traffic.
-type proxyMode int
-
-const (
-	forwarding proxyMode = iota
-	// refusing resets the open connections and closes new ones at once: a
-	// server that is down.
-	refusing
-	// blackHole forwards nothing either way and answers nothing, but keeps
-	// connections open: a network partition.
-	blackHole
-)
-
-// proxy is a TCP proxy on a loopback port of its own, in front of the
-// shared PostgreSQL, that a test cuts without touching the server.
-type proxy struct {
-	ln     net.Listener
-	target string
-	wg     sync.WaitGroup
-
-	mu    sync.Mutex
-	mode  proxyMode
-	conns map[net.Conn]struct{}
-	// held are the connections accepted while the proxy was a black hole,
-	// never connected upstream.
-	held []net.Conn
-}
-
-func startProxy(t testing.TB, target string) *proxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	p := &proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
-	p.wg.Add(1)
-	go p.accept()
-	t.Cleanup(p.close)
-	return p
-}
-
-func (p *proxy) port() uint16 { return uint16(p.ln.Addr().(*net.TCPAddr).Port) }
-
-func (p *proxy) set(m proxyMode) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.mode = m
-	switch m {
-	case refusing:
-		for c := range p.conns {
-			c.Close()
-		}
-		clear(p.conns)
-	case forwarding:
-		// A connection whose start was lost in the partition is reset
-		// when it heals; pgxpool would otherwise wait for it in the
-		// background for its connect timeout.
-		for _, c := range p.held {
-			c.Close()
-		}
-		p.held = nil
-	}
-}
-
-func (p *proxy) current() proxyMode {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.mode
-}
-
-// track adds c to the connections that refusing and close reset; it reports
-// false, having closed c, when the proxy refuses connections.
-func (p *proxy) track(c net.Conn) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.mode == refusing {
-		c.Close()
-		return false
-	}
-	p.conns[c] = struct{}{}
-	return true
-}
-
-// hold keeps c open, unanswered, when the proxy is a black hole.
-func (p *proxy) hold(c net.Conn) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.mode != blackHole {
-		return false
-	}
-	p.held = append(p.held, c)
-	return true
-}
-
-func (p *proxy) accept() {
-	defer p.wg.Done()
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		if !p.track(c) {
-			continue
-		}
-		if p.hold(c) {
-			continue
-		}
-		p.wg.Add(1)
-		go func() {
-			defer p.wg.Done()
-			u, err := net.Dial("tcp", p.target)
-			if err != nil {
-				c.Close()
-				return
-			}
-			if !p.track(u) {
-				c.Close()
-				return
-			}
-			p.wg.Add(2)
-			go p.pipe(u, c)
-			go p.pipe(c, u)
-		}()
-	}
-}
-
-// pipe copies src to dst until either fails; it drops what it reads while
-// the proxy is a black hole.
-func (p *proxy) pipe(dst, src net.Conn) {
-	defer p.wg.Done()
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		if n > 0 && p.current() == forwarding {
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				break
-			}
-		}
-		if err != nil {
-			break
-		}
-	}
-	dst.Close()
-	src.Close()
-}
-
-func (p *proxy) close() {
-	p.ln.Close()
-	p.set(refusing)
-	p.wg.Wait()
-}
 
 // TestOutage cuts the database off, in the two ways it goes away, and checks
 // that every operation fails promptly with a store error, never
@@ -176,8 +26,14 @@ func TestOutage(t *testing.T) {
 	_, table := newStore(t, direct) // the table outlives the proxy
 
 	cfg := poolConfig(t)
-	p := startProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
-	cfg.ConnConfig.Host, cfg.ConnConfig.Port = "127.0.0.1", p.port()
+	p, err := faultnet.StartTCP(net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
+	require.NoError(t, err)
+	t.Cleanup(func() { p.Close() })
+	_, port, err := net.SplitHostPort(p.Addr())
+	require.NoError(t, err)
+	n, err := strconv.ParseUint(port, 10, 16)
+	require.NoError(t, err)
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port = "127.0.0.1", uint16(n)
 	// The test server trusts loopback and ignores the password; an error
 	// message must never show it.
 	const secret = "pw-that-must-not-leak-7f3a"
@@ -210,15 +66,15 @@ func TestOutage(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name     string
-		mode     proxyMode
+		cut      func()
 		deadline time.Duration
 	}{
-		{"server down", refusing, 5 * time.Second},
-		{"partition", blackHole, 500 * time.Millisecond},
+		{"server down", p.Cut, 5 * time.Second},
+		{"partition", p.Blackhole, 500 * time.Millisecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p.set(tc.mode)
-			defer p.set(forwarding)
+			tc.cut()
+			defer p.Heal()
 			for _, op := range ops {
 				opCtx, cancel := context.WithTimeout(ctx, tc.deadline)
 				start := time.Now()

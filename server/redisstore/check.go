@@ -21,18 +21,6 @@ import (
 // requests at once.
 var ErrEviction = errors.New("redis may evict idempotency records")
 
-// WithLogger sets the logger that Open tells what it found, slog.Default()
-// by default. The Store logs nothing else.
-func WithLogger(l *slog.Logger) Option {
-	return func(s *Store) { s.logger = l }
-}
-
-// WithStrictEviction makes Open refuse a Redis that may evict the Store's
-// records, or whose eviction policy it cannot read, rather than log it.
-func WithStrictEviction() Option {
-	return func(s *Store) { s.strict = true }
-}
-
 // Open is New followed by Check, for a process that starts: when a Redis
 // may evict the records (ErrEviction), it logs an error that says so and
 // returns the Store all the same, or, WithStrictEviction, returns the

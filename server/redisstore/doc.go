@@ -80,7 +80,7 @@
 //
 // +wait is for WithReplicaAck, +config|get and +info for Check (CONFIG GET,
 // or INFO memory where CONFIG is refused) and for reading proto-max-bulk-len
-// (see Complete). A command the ACL refuses fails the call with Redis's
+// (see [Store.Complete]). A command the ACL refuses fails the call with Redis's
 // NOPERM (or, from inside a function on Redis 7.0, "The user executing the
 // script can't run this command"), reported as a permission error that
 // points here, never as a corrupt record.

@@ -11,7 +11,7 @@ import (
 // atomic and runs on whichever Cluster node owns that key. No lease is
 // judged by a clock: an in-flight record's lease is its expiry less its
 // slack (see record.go), judged by the server's own PTTL; the token of a new
-// lease is proposed by the caller (see Store.Claim). Only a lease kept in a
+// lease is proposed by the caller (see [Store.Claim]). Only a lease kept in a
 // version 1 record, which holds the end of the lease as a time, is judged by
 // TIME. The claim reads TIME for one thing only: the time a record was first
 // claimed, kept for an operator (Store.Lookup).

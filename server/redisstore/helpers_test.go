@@ -127,7 +127,7 @@ func startRedis(t testing.TB, args ...string) *redisProcess {
 	t.Helper()
 	var lastErr error
 	for range 5 {
-		port := freePort(t)
+		port := servicetest.FreeRedisPort(t)
 		p, err := tryStartRedis(t, port, args...)
 		if err == nil {
 			return p
@@ -191,32 +191,6 @@ func (p *redisProcess) Log() string {
 func (p *redisProcess) Kill() {
 	p.cmd.Process.Kill()
 	<-p.exited
-}
-
-// freePort returns a loopback port that is free, and whose Cluster bus port
-// (ten thousand above) is free too, at the time of asking.
-func freePort(t testing.TB) int {
-	t.Helper()
-	for range 100 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		if port+10000 > 65535 {
-			l.Close()
-			continue
-		}
-		bus, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port+10000))
-		l.Close()
-		if err != nil {
-			continue
-		}
-		bus.Close()
-		return port
-	}
-	t.Fatal("no free pair of loopback ports")
-	return 0
 }
 
 // ping sends PING to addr over a connection of its own, to learn that a

@@ -41,12 +41,12 @@ type replicaAck struct {
 // server. replicas must be at least 1 and timeout more than 0 (WAIT 0
 // would wait for ever); timeout is rounded up to whole milliseconds.
 func WithReplicaAck(replicas int, timeout time.Duration) Option {
-	return func(s *Store) {
+	return func(c *config) {
 		if replicas < 1 || timeout <= 0 {
-			s.optErrs = append(s.optErrs, fmt.Errorf("WithReplicaAck(%d, %v): want at least 1 replica and a timeout above 0", replicas, timeout))
+			c.refuse("WithReplicaAck(%d, %v): want at least 1 replica and a timeout above 0", replicas, timeout)
 			return
 		}
-		s.ack = replicaAck{replicas: replicas, timeout: time.Duration(millis(timeout)) * time.Millisecond}
+		c.ack = replicaAck{replicas: replicas, timeout: time.Duration(millis(timeout)) * time.Millisecond}
 	}
 }
 

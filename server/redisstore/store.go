@@ -17,7 +17,7 @@ import (
 	"github.com/idemkit/idempotency/server"
 )
 
-// DefaultPrefix is the key prefix of a Store made without WithPrefix.
+// DefaultPrefix is the key prefix of a Store made without [WithPrefix].
 const DefaultPrefix = "idempotency:"
 
 // Store is a server.Store kept in Redis. Create one with New; it is safe for
@@ -41,24 +41,12 @@ type Store struct {
 	// its I/O by its own timeouts and not by the call's context.
 	deaf bool
 	// ack is what WithReplicaAck asks for; replicas 0 asks for nothing.
-	ack     replicaAck
-	optErrs []error
+	ack replicaAck
 	// bulkLimit is the server's proto-max-bulk-len once read, 0 before.
 	bulkLimit atomic.Int64
 }
 
 var _ server.Store = (*Store)(nil)
-
-// Option configures a Store.
-type Option func(*Store)
-
-// WithPrefix sets the prefix of every key the Store writes, DefaultPrefix by
-// default, so that a Redis can hold other data, or the records of several
-// APIs, side by side. Stores that share records must share the prefix. A
-// prefix with a Cluster hash tag ("{idem}:") puts every record on one node.
-func WithPrefix(prefix string) Option {
-	return func(s *Store) { s.prefix = prefix }
-}
 
 // New returns a Store that keeps its records in the Redis that client talks
 // to: a *redis.Client, a Sentinel-backed failover client or a
@@ -74,14 +62,14 @@ func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 	if client == nil {
 		return nil, errors.New("redisstore: nil client")
 	}
-	s := &Store{client: client, prefix: DefaultPrefix, lib: newLibrary(), fps: newFingerprints(), deaf: !hearsContext(client)}
-	for _, o := range opts {
-		o(s)
+	c, err := newConfig(opts)
+	if err != nil {
+		return nil, err
 	}
-	if err := errors.Join(s.optErrs...); err != nil {
-		return nil, fmt.Errorf("redisstore: %w", err)
-	}
-	return s, nil
+	return &Store{
+		client: client, prefix: c.prefix, logger: c.logger, strict: c.strict, ack: c.ack,
+		lib: newLibrary(), fps: newFingerprints(), deaf: !hearsContext(client),
+	}, nil
 }
 
 // hearsContext reports whether client bounds its I/O by a call's context.

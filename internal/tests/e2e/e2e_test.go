@@ -20,6 +20,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/internal/testkit/clienttest"
 	"github.com/idemkit/idempotency/internal/testkit/faultnet"
 	"github.com/idemkit/idempotency/internal/testkit/teststores"
 	"github.com/idemkit/idempotency/server"
@@ -174,7 +175,7 @@ func TestLossyNetwork(t *testing.T) {
 			proxy := startProxy(t, srv.URL, lossy)
 			tr := &http.Transport{MaxIdleConnsPerHost: workers}
 			t.Cleanup(tr.CloseIdleConnections)
-			client := mustClient(t,
+			client := clienttest.New(t,
 				idempotency.WithHTTPClient(&http.Client{Transport: tr}),
 				idempotency.WithAttemptTimeout(attemptTimeout),
 				idempotency.WithBackoff(time.Millisecond, 20*time.Millisecond),
@@ -234,15 +235,4 @@ func TestLossyNetworkNaive(t *testing.T) {
 	assert.Len(t, ids, orders, "every order eventually got a response")
 	assert.Positive(t, duplicated, "the naive client made no duplicate: the test proves nothing")
 	assert.Equal(t, orders+int(st.Dropped), executions, "every dropped response became one more execution")
-}
-
-// mustClient returns idempotency.NewClient(opts...), failing tb if the
-// options are refused.
-func mustClient(tb testing.TB, opts ...idempotency.Option) *idempotency.Client {
-	tb.Helper()
-	c, err := idempotency.NewClient(opts...)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return c
 }

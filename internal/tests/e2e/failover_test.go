@@ -27,6 +27,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/internal/testkit/clienttest"
 	"github.com/idemkit/idempotency/internal/testkit/servicetest"
 	"github.com/idemkit/idempotency/server"
 	"github.com/idemkit/idempotency/server/redisstore"
@@ -148,9 +149,9 @@ func startSentinelPair(t *testing.T) *sentinelPair {
 		t.Skip(msg)
 	}
 	p := &sentinelPair{}
-	p.master = startRedisNode(t, failoverPort(t))
-	p.replica = startRedisNode(t, failoverPort(t), "--replicaof", "127.0.0.1", strconv.Itoa(p.master.port))
-	port := failoverPort(t)
+	p.master = startRedisNode(t, servicetest.FreeRedisPort(t))
+	p.replica = startRedisNode(t, servicetest.FreeRedisPort(t), "--replicaof", "127.0.0.1", strconv.Itoa(p.master.port))
+	port := servicetest.FreeRedisPort(t)
 	dir := t.TempDir()
 	conf := dir + "/sentinel.conf"
 	require.NoError(t, writeFile(conf, fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\n"+
@@ -206,7 +207,7 @@ func runSwitchover(t *testing.T, p *sentinelPair, ack time.Duration, before int)
 	counts := &failoverAnswers{}
 	tr := &http.Transport{MaxIdleConnsPerHost: 16}
 	t.Cleanup(tr.CloseIdleConnections)
-	client := mustClient(t,
+	client := clienttest.New(t,
 		idempotency.WithHTTPClient(&http.Client{Transport: &failoverCounting{next: tr, count: counts}}),
 		idempotency.WithAttemptTimeout(5*time.Second),
 		idempotency.WithBackoff(10*time.Millisecond, 200*time.Millisecond),
@@ -362,7 +363,7 @@ func startFailoverCluster(t *testing.T, lag time.Duration, secondReplica bool) *
 	cl := &failoverCluster{route: map[string]string{}}
 	for i := range 3 {
 		var extra []string
-		port := failoverPort(t)
+		port := servicetest.FreeRedisPort(t)
 		if i == 0 && lag > 0 {
 			// The replica reaches this master through the proxy, at
 			// the address the master announces; the application dials
@@ -379,7 +380,7 @@ func startFailoverCluster(t *testing.T, lag time.Duration, secondReplica bool) *
 		replicas = 4
 	}
 	for range replicas {
-		cl.replicas = append(cl.replicas, startFailoverNode(t, failoverPort(t)))
+		cl.replicas = append(cl.replicas, startFailoverNode(t, servicetest.FreeRedisPort(t)))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -536,7 +537,7 @@ func runFailover(t *testing.T, cl *failoverCluster, tc failoverCase, before int)
 	counts := &failoverAnswers{}
 	tr := &http.Transport{MaxIdleConnsPerHost: 16}
 	t.Cleanup(tr.CloseIdleConnections)
-	client := mustClient(t,
+	client := clienttest.New(t,
 		idempotency.WithHTTPClient(&http.Client{Transport: &failoverCounting{next: tr, count: counts}}),
 		idempotency.WithAttemptTimeout(5*time.Second),
 		idempotency.WithBackoff(10*time.Millisecond, 200*time.Millisecond),
@@ -840,30 +841,6 @@ type failoverNode struct {
 	c      *redis.Client
 	cmd    *exec.Cmd
 	exited chan struct{}
-}
-
-// failoverPort returns a free loopback port whose Cluster bus port, ten
-// thousand above, is free too.
-func failoverPort(t *testing.T) int {
-	t.Helper()
-	for range 100 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(t, err)
-		port := l.Addr().(*net.TCPAddr).Port
-		if port+10000 > 65535 {
-			l.Close()
-			continue
-		}
-		bus, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port+10000))
-		l.Close()
-		if err != nil {
-			continue
-		}
-		bus.Close()
-		return port
-	}
-	t.Fatal("no free pair of loopback ports")
-	return 0
 }
 
 func startFailoverNode(t *testing.T, port int, extra ...string) *failoverNode {

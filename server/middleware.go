@@ -137,7 +137,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		ex.echo[0] = values[0]
 		w.Header()[m.cfg.header] = ex.echo[:1:1]
 	}
-	body, err := m.readBody(r)
+	body, err := m.readBody(r, ex.inline[:0])
 	if err != nil {
 		m.reject(w, r, start, ID{Key: key}, m.bodyFailed(err))
 		return
@@ -217,10 +217,11 @@ func (m *Middleware) bodyFailed(err error) *Error {
 // memory.
 const bodyChunk = 32 << 10
 
-// readBody reads the whole request body, up to the limit. Its buffer grows as
-// bytes arrive, so that a client that declares a large body and sends little
-// holds little memory.
-func (m *Middleware) readBody(r *http.Request) ([]byte, error) {
+// readBody reads the whole request body, up to the limit, into buf when it
+// fits (a body whose length is declared, or unknown, and small). Its buffer
+// grows as bytes arrive, so that a client that declares a large body and
+// sends little holds little memory.
+func (m *Middleware) readBody(r *http.Request, buf []byte) ([]byte, error) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
 	}
@@ -241,10 +242,18 @@ func (m *Middleware) readBody(r *http.Request) ([]byte, error) {
 		// second allocation.
 		size = r.ContentLength + 1
 	}
-	buf := make([]byte, 0, min(size, reach))
+	if r.ContentLength >= 0 && size > int64(cap(buf)) {
+		buf = make([]byte, 0, min(size, reach))
+	}
 	for {
 		if len(buf) == cap(buf) {
-			buf = append(buf, 0)[:len(buf)]
+			if cap(buf) < bodyChunk {
+				// Out of the small buffer, for a body of unknown
+				// length: a chunk, as if there had been none.
+				buf = append(make([]byte, 0, min(bodyChunk, reach)), buf...)
+			} else {
+				buf = append(buf, 0)[:len(buf)]
+			}
 		}
 		n, err := r.Body.Read(buf[len(buf):min(int64(cap(buf)), reach)])
 		buf = buf[:len(buf)+n]

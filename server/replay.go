@@ -64,9 +64,32 @@ func WithStoredHeaders(names ...string) Option {
 	}
 }
 
+// keptValues is how many header values a stored response carries in its
+// own allocation; a response with more has them allocated apart.
+const keptValues = 4
+
+// keptResponse is a stored response with its headers' values: the store
+// keeps, and frees, them together.
+type keptResponse struct {
+	resp   Response
+	values [keptValues]string
+}
+
+// response returns the response to store: status, body, and the response
+// headers on the replay list, copied.
+func (ex *exchange) response(status int, body []byte, omitted bool) *Response {
+	k := &keptResponse{resp: Response{Status: status, Body: body, BodyOmitted: omitted}}
+	k.resp.Header = ex.copyKept(k.values[:0])
+	return &k.resp
+}
+
 // keptHeader returns the response headers on the replay list, copied so that
 // the stored values never share memory with the live response.
-func (ex *exchange) keptHeader() http.Header {
+func (ex *exchange) keptHeader() http.Header { return ex.copyKept(nil) }
+
+// copyKept copies the response headers on the replay list, their values
+// into values when they fit.
+func (ex *exchange) copyKept(values []string) http.Header {
 	h := ex.w.Header()
 	var names [16]string
 	kept, n := names[:0], 0
@@ -79,7 +102,9 @@ func (ex *exchange) keptHeader() http.Header {
 	if n == 0 {
 		return nil
 	}
-	values := make([]string, 0, n)
+	if cap(values) < n {
+		values = make([]string, 0, n)
+	}
 	out := make(http.Header, len(kept))
 	for _, name := range kept {
 		start := len(values)

@@ -30,14 +30,15 @@ type exchange struct {
 	// claimed is when the Claim that acquired the lease was sent: the
 	// store's lease cannot have begun earlier.
 	claimed    time.Time
-	claimCtx   detached     // the first Claim's context
-	storeCtx   detached     // the context of the write after the handler
-	acquired   bool         // the claim acquired the key
-	timing     timing       // for the observer, if there is one
-	capture    recorder     // the handler's response, kept until stored
-	renewal    renewal      // keeps the lease alive
-	bodyReader bodyReader   // the handler's r.Body, over body
-	handlerCtx leaseContext // the handler's context
+	claimCtx   detached      // the first Claim's context
+	storeCtx   detached      // the context of the write after the handler
+	acquired   bool          // the claim acquired the key
+	timing     timing        // for the observer, if there is one
+	capture    recorder      // the handler's response, kept until stored
+	renewal    renewal       // keeps the lease alive
+	bodyReader bodyReader    // the handler's r.Body, over body
+	kept       *keptResponse // the fingerprint, and room for the response
+	handlerCtx leaseContext  // the handler's context
 	// inline holds a small request body, so that reading one allocates
 	// nothing of its own. Nothing stored refers to it: the store keeps
 	// the body's fingerprint, never the body.

@@ -1,9 +1,11 @@
 package server
 
 import (
+	"crypto/sha256"
 	"net/http"
 	"slices"
 	"strconv"
+	"unsafe"
 )
 
 // defaultReplayHeaders are the response headers stored and replayed by
@@ -68,17 +70,33 @@ func WithStoredHeaders(names ...string) Option {
 // own allocation; a response with more has them allocated apart.
 const keptValues = 4
 
-// keptResponse is a stored response with its headers' values: the store
-// keeps, and frees, them together.
+// keptResponse is what a store keeps of a request, in one allocation: the
+// response, its headers' values, and the request's fingerprint. They live
+// and are freed together.
 type keptResponse struct {
 	resp   Response
 	values [keptValues]string
+	// fp is the default fingerprint's value, which the exchange's
+	// fingerprint string refers to: it is never written after it is
+	// computed.
+	fp [sha256.Size]byte
+}
+
+// fingerprintString returns k.fp as a string without copying it.
+func (k *keptResponse) fingerprintString() string {
+	return unsafe.String(&k.fp[0], len(k.fp))
 }
 
 // response returns the response to store: status, body, and the response
-// headers on the replay list, copied.
+// headers on the replay list, copied. It uses the exchange's keptResponse,
+// made with the fingerprint, once.
 func (ex *exchange) response(status int, body []byte, omitted bool) *Response {
-	k := &keptResponse{resp: Response{Status: status, Body: body, BodyOmitted: omitted}}
+	k := ex.kept
+	ex.kept = nil
+	if k == nil {
+		k = new(keptResponse)
+	}
+	k.resp = Response{Status: status, Body: body, BodyOmitted: omitted}
 	k.resp.Header = ex.copyKept(k.values[:0])
 	return &k.resp
 }

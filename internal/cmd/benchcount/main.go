@@ -44,7 +44,7 @@ func main() {
 
 func run(out io.Writer, bin string, n1, n2, runs int, benches []string) error {
 	if bin == "" || len(benches) == 0 || n2 <= n1 || n1 < 1 || runs < 1 {
-		return errors.New("usage: benchcount -bin BINARY [-n1 N] [-n2 N] [-runs R] BENCH...")
+		return errors.New("usage: benchcount -bin BINARY [-n1 N] [-n2 N] [-runs R] BENCH ...: a benchmark pattern at least")
 	}
 	dir, err := os.MkdirTemp("", "benchcount")
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/internal/keyfield"
 	"github.com/idemkit/idempotency/internal/testkit/teststores"
 	"github.com/idemkit/idempotency/server"
 	"github.com/idemkit/idempotency/server/memstore"
@@ -148,4 +149,30 @@ func (acquireAll) Complete(context.Context, server.ID, server.Token, *server.Res
 func (acquireAll) Release(context.Context, server.ID, server.Token) error { return nil }
 func (acquireAll) Extend(context.Context, server.ID, server.Token, time.Duration) error {
 	return nil
+}
+
+// BenchmarkFloor measures what no idempotency middleware can avoid on the
+// requests of BenchmarkMiddleware: the key's parse, and the fingerprint of
+// a 1 KiB body (its SHA-256, and one more over the method, path and
+// query), which a replay needs too, to refuse a key reused for another
+// request.
+func BenchmarkFloor(b *testing.B) {
+	body := bytes.Repeat([]byte("q"), 1024)
+	req := httptest.NewRequest(http.MethodPost, "/orders", nil)
+	b.Run("key", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := keyfield.Parse("key-12345"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("fingerprint", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := server.Fingerprint(req, body); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }

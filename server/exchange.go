@@ -30,15 +30,24 @@ type exchange struct {
 	// claimed is when the Claim that acquired the lease was sent: the
 	// store's lease cannot have begun earlier.
 	claimed    time.Time
-	claimCtx   detached     // the first Claim's context
-	storeCtx   detached     // the context of the write after the handler
-	acquired   bool         // the claim acquired the key
-	timing     timing       // for the observer, if there is one
-	capture    recorder     // the handler's response, kept until stored
-	renewal    renewal      // keeps the lease alive
-	bodyReader bodyReader   // the handler's r.Body, over body
-	handlerCtx leaseContext // the handler's context
+	claimCtx   detached      // the first Claim's context
+	storeCtx   detached      // the context of the write after the handler
+	acquired   bool          // the claim acquired the key
+	timing     timing        // for the observer, if there is one
+	capture    recorder      // the handler's response, kept until stored
+	renewal    renewal       // keeps the lease alive
+	bodyReader bodyReader    // the handler's r.Body, over body
+	kept       *keptResponse // the fingerprint, and room for the response
+	handlerCtx leaseContext  // the handler's context
+	// inline holds a small request body, so that reading one allocates
+	// nothing of its own. Nothing stored refers to it: the store keeps
+	// the body's fingerprint, never the body.
+	inline [inlineBody]byte
 }
+
+// inlineBody is the largest request body (less one byte, read to see its
+// end) that the exchange holds in its own allocation.
+const inlineBody = 2048
 
 // bodyReader gives the handler the body the middleware read.
 type bodyReader struct{ bytes.Reader }
@@ -294,7 +303,7 @@ func (ex *exchange) run() {
 		}
 		m.cfg.logger.LogAttrs(ex.r.Context(), slog.LevelInfo, "idempotent response passed through; storing it without its body",
 			slog.String("key", ex.lease.Key), slog.Int("status", status), slog.String("how", how))
-		resp := &Response{Status: status, Header: ex.keptHeader(), BodyOmitted: true}
+		resp := ex.response(status, nil, true)
 		err := ex.complete(resp)
 		if storeLater(err) {
 			renewing = !ex.storeAfterSend(resp, err, true)
@@ -302,7 +311,7 @@ func (ex *exchange) run() {
 		}
 		ex.completed(status, err)
 	default:
-		resp := &Response{Status: status, Header: ex.keptHeader(), Body: rec.body}
+		resp := ex.response(status, rec.body, false)
 		err := ex.complete(resp)
 		if errors.Is(err, ErrNotCommitted) {
 			// The handler's effects were undone (or may have been):

@@ -1,9 +1,11 @@
 package server
 
 import (
+	"crypto/sha256"
 	"net/http"
 	"slices"
 	"strconv"
+	"unsafe"
 )
 
 // defaultReplayHeaders are the response headers stored and replayed by
@@ -64,9 +66,48 @@ func WithStoredHeaders(names ...string) Option {
 	}
 }
 
+// keptValues is how many header values a stored response carries in its
+// own allocation; a response with more has them allocated apart.
+const keptValues = 4
+
+// keptResponse is what a store keeps of a request, in one allocation: the
+// response, its headers' values, and the request's fingerprint. They live
+// and are freed together.
+type keptResponse struct {
+	resp   Response
+	values [keptValues]string
+	// fp is the default fingerprint's value, which the exchange's
+	// fingerprint string refers to: it is never written after it is
+	// computed.
+	fp [sha256.Size]byte
+}
+
+// fingerprintString returns k.fp as a string without copying it.
+func (k *keptResponse) fingerprintString() string {
+	return unsafe.String(&k.fp[0], len(k.fp))
+}
+
+// response returns the response to store: status, body, and the response
+// headers on the replay list, copied. It uses the exchange's keptResponse,
+// made with the fingerprint, once.
+func (ex *exchange) response(status int, body []byte, omitted bool) *Response {
+	k := ex.kept
+	ex.kept = nil
+	if k == nil {
+		k = new(keptResponse)
+	}
+	k.resp = Response{Status: status, Body: body, BodyOmitted: omitted}
+	k.resp.Header = ex.copyKept(k.values[:0])
+	return &k.resp
+}
+
 // keptHeader returns the response headers on the replay list, copied so that
 // the stored values never share memory with the live response.
-func (ex *exchange) keptHeader() http.Header {
+func (ex *exchange) keptHeader() http.Header { return ex.copyKept(nil) }
+
+// copyKept copies the response headers on the replay list, their values
+// into values when they fit.
+func (ex *exchange) copyKept(values []string) http.Header {
 	h := ex.w.Header()
 	var names [16]string
 	kept, n := names[:0], 0
@@ -79,7 +120,9 @@ func (ex *exchange) keptHeader() http.Header {
 	if n == 0 {
 		return nil
 	}
-	values := make([]string, 0, n)
+	if cap(values) < n {
+		values = make([]string, 0, n)
+	}
 	out := make(http.Header, len(kept))
 	for _, name := range kept {
 		start := len(values)

@@ -26,6 +26,9 @@ type Middleware struct {
 	cfg        config
 	replayable map[string]struct{} // cfg.replayHeaders
 	late       lateWork            // responses stored after they were sent
+	// fingerprintInPlace: cfg.fingerprint is Fingerprint, whose value
+	// serve computes into the stored response's allocation.
+	fingerprintInPlace bool
 
 	// What is logged once per Middleware.
 	observerPanicked atomic.Bool
@@ -52,7 +55,7 @@ func New(store Store, opts ...Option) (*Middleware, error) {
 		return nil, err
 	}
 	cfg.logger = slog.New(newRateLimited(cfg.logger.Handler(), time.Second))
-	m := &Middleware{store: store, cfg: cfg, replayable: make(map[string]struct{}, len(cfg.replayHeaders))}
+	m := &Middleware{store: store, cfg: cfg, replayable: make(map[string]struct{}, len(cfg.replayHeaders)), fingerprintInPlace: isFingerprint(cfg.fingerprint)}
 	for _, name := range cfg.replayHeaders {
 		// net/http keeps headers under their canonical names: "Etag",
 		// not "ETag".
@@ -153,7 +156,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			slog.Any("headers", credentialHeaders[:]), slog.String("method", r.Method), slog.String("path", r.URL.Path))
 	}
 	var fp string
-	if isFingerprint(m.cfg.fingerprint) {
+	if m.fingerprintInPlace {
 		// In the allocation that a first execution's stored response
 		// takes too: one allocation fewer than a string of its own.
 		ex.kept = new(keptResponse)

@@ -24,6 +24,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/internal/testkit/clienttest"
 	"github.com/idemkit/idempotency/internal/testkit/testproc"
 	"github.com/idemkit/idempotency/internal/testkit/teststores"
 	"github.com/idemkit/idempotency/internal/wire"
@@ -190,7 +191,7 @@ func (r *crashRun) run(t *testing.T) result {
 	proc := r.start(t)
 	tr := &http.Transport{MaxIdleConnsPerHost: r.size.workers}
 	defer tr.CloseIdleConnections()
-	client := mustClient(t,
+	client := clienttest.New(t,
 		idempotency.WithHTTPClient(&http.Client{Transport: &countingTransport{next: tr, count: r.answers}}),
 		idempotency.WithAttemptTimeout(10*time.Second),
 		idempotency.WithBackoff(10*time.Millisecond, 200*time.Millisecond),
@@ -487,15 +488,4 @@ func (c *countingTransport) RoundTrip(req *http.Request) (*http.Response, error)
 		c.count.add("error")
 	}
 	return resp, err
-}
-
-// mustClient returns idempotency.NewClient(opts...), failing tb if the
-// options are refused.
-func mustClient(tb testing.TB, opts ...idempotency.Option) *idempotency.Client {
-	tb.Helper()
-	c, err := idempotency.NewClient(opts...)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return c
 }

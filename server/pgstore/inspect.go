@@ -84,7 +84,7 @@ func (s *Store) Lookup(ctx context.Context, id server.ID) (server.Record, error)
 // deletes the record. A response that can never be stored is refused with
 // an error wrapping server.ErrNotStorable, as by Complete.
 //
-// In transactional mode a request being served is invisible (see Lookup):
+// In transactional mode a request being served is invisible (see [Store.Lookup]):
 // Resolve then returns an error wrapping server.ErrNotFound, and a
 // transaction that took over an expired record holds it, so that Resolve
 // waits for that transaction to end, within ctx.

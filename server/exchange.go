@@ -278,7 +278,7 @@ func (ex *exchange) run() {
 			return
 		}
 		ex.emit(EventReleased, 0, cause)
-	case !m.cfg.storeStatus(status):
+	case !m.storeStatus(ex.r.Context(), status):
 		// Whatever its size, and even if part of it has gone out: a
 		// status that says "retry" must let the retry run.
 		ex.release("status " + strconv.Itoa(status) + " is not stored")

@@ -28,8 +28,10 @@ type Middleware struct {
 	late       lateWork            // responses stored after they were sent
 
 	// What is logged once per Middleware.
-	observerPanicked atomic.Bool
-	noCredentials    atomic.Bool
+	observerPanicked    atomic.Bool
+	storeStatusPanicked atomic.Bool
+	errorWriterPanicked atomic.Bool
+	noCredentials       atomic.Bool
 }
 
 // New returns middleware that protects requests with store. The options are
@@ -192,6 +194,41 @@ func (m *Middleware) notify(ctx context.Context, e Event) {
 		}
 	}()
 	m.cfg.observer(ctx, e)
+}
+
+// storeStatus reports whether a response with status is stored, by the
+// function of WithStoreStatus. It is called while the key is held: a panic
+// in it would leave the key claimed until its lease ended, for a request that
+// ran, so it is recovered and logged once, and DefaultStoreStatus decides.
+func (m *Middleware) storeStatus(ctx context.Context, status int) (store bool) {
+	defer func() {
+		if v := recover(); v != nil {
+			if !m.storeStatusPanicked.Swap(true) {
+				m.cfg.logger.LogAttrs(ctx, slog.LevelError, "idempotency store status function panicked; DefaultStoreStatus decides instead, and its panics are not logged again",
+					slog.Int("status", status), slog.String("panic", fmt.Sprint(v)))
+			}
+			store = DefaultStoreStatus(status)
+		}
+	}()
+	return m.cfg.storeStatus(status)
+}
+
+// refuseHeld writes the refusal e into rec while the key is held, so that it
+// can be stored: a panic in the ErrorWriter there would leave the key
+// claimed, so it is recovered and logged once, and WriteProblem writes the
+// refusal instead, over whatever the ErrorWriter had written.
+func (m *Middleware) refuseHeld(rec *recorder, r *http.Request, e *Error) {
+	defer func() {
+		if v := recover(); v != nil {
+			if !m.errorWriterPanicked.Swap(true) {
+				m.cfg.logger.LogAttrs(r.Context(), slog.LevelError, "idempotency error writer panicked; WriteProblem answers instead, and its panics are not logged again",
+					slog.Int("status", e.Status), slog.String("panic", fmt.Sprint(v)))
+			}
+			rec.status, rec.body = 0, nil
+			WriteProblem(rec, r, e)
+		}
+	}()
+	m.cfg.errorWriter(rec, r, e)
 }
 
 // bodyFailed is the refusal of a request whose body could not be read.

@@ -76,7 +76,7 @@ func (ex *exchange) outcomeUnknown() {
 	ex.w.Header().Set(HeaderOutcome, "unknown")
 	rec := &ex.capture
 	*rec = recorder{w: ex.w, limit: math.MaxInt}
-	m.refuse(rec, ex.r, e)
+	m.refuseHeld(rec, ex.r, e)
 	h := ex.keptHeader()
 	if h == nil {
 		h = make(http.Header, 1)

@@ -42,6 +42,15 @@ var (
 func (rec *recorder) Header() http.Header { return rec.w.Header() }
 
 func (rec *recorder) WriteHeader(code int) {
+	if code < 100 || code > 999 {
+		// net/http panics on such a code; it must not be kept as the
+		// response instead, stored, and then fail every replay for the
+		// TTL (or, for 0, be stored as a 200 never written). The panic
+		// comes from the writer, as it would without the middleware, and
+		// releases the key like a handler's.
+		rec.w.WriteHeader(code)
+		return
+	}
 	if rec.status != 0 || rec.hijacked {
 		return
 	}

@@ -78,6 +78,11 @@ func (ex *exchange) handle() {
 		}
 		ex.run()
 	case Completed:
+		if c.Response == nil {
+			// A broken Store: fail closed, as for any store failure.
+			ex.storeFailed(errors.New("server: Claim returned a completed record without its response"))
+			return
+		}
 		if c.Fingerprint != ex.fingerprint {
 			ex.mismatch()
 			return

@@ -1,0 +1,175 @@
+package server_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idempotency/internal/wire"
+	"github.com/idemkit/idempotency/server"
+)
+
+// TestPreClaimCallbackPanics: the scope, fingerprint and key-format
+// functions run before anything is claimed, so a panic in one is left to
+// net/http and leaves nothing behind: the retry runs, once.
+func TestPreClaimCallbackPanics(t *testing.T) {
+	tests := []struct {
+		name string
+		opt  func(panicOnce func()) server.Option
+	}{
+		{"WithScope", func(p func()) server.Option {
+			return server.WithScope(func(*http.Request) (string, error) { p(); return "s", nil })
+		}},
+		{"WithFingerprint", func(p func()) server.Option {
+			return server.WithFingerprint(func(r *http.Request, b []byte) (string, error) { p(); return server.Fingerprint(r, b) })
+		}},
+		{"WithKeyFormat", func(p func()) server.Option {
+			return server.WithKeyFormat(func(string) error { p(); return nil })
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var panicked atomic.Bool
+			p := func() {
+				if !panicked.Swap(true) {
+					panic("callback bug")
+				}
+			}
+			h := &orders{}
+			srv, _ := fixture(t, h, tt.opt(p), server.WithLogger(discardLogger()))
+			first := recv(t, postAsync(srv.URL, "k", "x"), "the first answer")
+			assert.Equal(t, -1, first.status, "net/http ends the exchange: %s", first.body)
+			assert.Zero(t, h.executions.Load())
+			got := post(t, srv.URL, "k", "x")
+			assert.Equal(t, http.StatusCreated, got.status, "nothing was left claimed: %s", got.body)
+			assert.Empty(t, got.header.Get("Idempotent-Replayed"))
+			assert.Equal(t, int64(1), h.executions.Load())
+		})
+	}
+}
+
+// TestRefuseAbandonedWithWait: a waiter (WithWait) whose own Claim takes
+// over an abandoned key gets the final "outcome unknown" answer under
+// RefuseAbandoned, without running the handler; under RerunAbandoned it runs
+// and sees the takeover.
+func TestRefuseAbandonedWithWait(t *testing.T) {
+	for _, tc := range []struct {
+		policy server.AbandonedPolicy
+		status int
+		runs   int64
+	}{
+		{server.RefuseAbandoned, http.StatusConflict, 0},
+		{server.RerunAbandoned, http.StatusCreated, 1},
+	} {
+		t.Run(fmt.Sprint(tc.policy), func(t *testing.T) {
+			mem := newMem(t)
+			var seen atomic.Int64
+			o := &orders{}
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				l, _ := server.LeaseFromContext(r.Context())
+				seen.Store(int64(l.Abandoned))
+				o.ServeHTTP(w, r)
+			})
+			srv := fixtureWith(t, mem, h, server.WithAbandoned(tc.policy), server.WithWait(10*time.Second),
+				server.WithLogger(discardLogger()))
+			// A holder that dies: it claims the key for the request's
+			// fingerprint, and never completes it.
+			req, err := http.NewRequest(http.MethodPost, "/", strings.NewReader("x"))
+			require.NoError(t, err)
+			fp, err := server.Fingerprint(req, []byte("x"))
+			require.NoError(t, err)
+			c, err := mem.Claim(context.Background(), server.ID{Key: "k"}, fp, 300*time.Millisecond, time.Hour)
+			require.NoError(t, err)
+			require.Equal(t, server.Acquired, c.Status)
+
+			got := post(t, srv.URL, "k", "x")
+			assert.Equal(t, tc.status, got.status, got.body)
+			assert.Equal(t, tc.runs, o.executions.Load())
+			if tc.policy == server.RefuseAbandoned {
+				var p struct{ Code string }
+				require.NoError(t, json.Unmarshal([]byte(got.body), &p))
+				assert.Equal(t, wire.CodeOutcomeUnknown, p.Code)
+				again := post(t, srv.URL, "k", "x")
+				assert.Equal(t, http.StatusConflict, again.status)
+				assert.Equal(t, "true", again.header.Get("Idempotent-Replayed"))
+			} else {
+				assert.Equal(t, int64(1), seen.Load(), "the handler sees the abandoned holder")
+			}
+			assert.Equal(t, tc.runs, o.executions.Load(), "never run again")
+		})
+	}
+}
+
+// TestDoubledKeyHeaderAnyCase: the key header sent twice, in two cases of
+// letters, is one header with two values: refused, nothing claimed.
+func TestDoubledKeyHeaderAnyCase(t *testing.T) {
+	h := &orders{}
+	srv, _ := fixture(t, h, server.WithLogger(discardLogger()))
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	require.NoError(t, err)
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: x\r\nidempotency-key: a\r\nIDEMPOTENCY-KEY: b\r\nContent-Length: 1\r\n\r\nx")
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	io.Copy(io.Discard, resp.Body)
+	assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+	assert.Zero(t, h.executions.Load())
+}
+
+// brokenClaim is a Store whose Claim breaks its contract: Completed without
+// a Response.
+type brokenClaim struct{ server.Store }
+
+func (brokenClaim) Claim(_ context.Context, _ server.ID, fp string, _, _ time.Duration) (server.Claim, error) {
+	return server.Claim{Status: server.Completed, Fingerprint: fp}, nil
+}
+
+// TestCompletedWithoutResponse: a Store that reports a completed record
+// without its response fails closed, with 503, rather than panicking on
+// every retry of the key.
+func TestCompletedWithoutResponse(t *testing.T) {
+	h := &orders{}
+	srv := fixtureWith(t, brokenClaim{newMem(t)}, h, server.WithLogger(discardLogger()))
+	got := recv(t, postAsync(srv.URL, "k", "x"), "the answer")
+	assert.Equal(t, http.StatusServiceUnavailable, got.status, got.body)
+	assert.Zero(t, h.executions.Load())
+}
+
+// TestInvalidStatusNotStored: a handler that writes a status net/http
+// refuses (below 100 or above 999) panics in net/http without the
+// middleware; behind it, it must not be recorded as done with a status that
+// no replay can send, which would make every retry of the key fail for the
+// TTL, nor as a 200 it never sent.
+func TestInvalidStatusNotStored(t *testing.T) {
+	for _, code := range []int{0, 42, 1000} {
+		t.Run(fmt.Sprint(code), func(t *testing.T) {
+			var calls atomic.Int64
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if calls.Add(1) == 1 {
+					w.WriteHeader(code)
+				}
+				w.WriteHeader(http.StatusCreated)
+			})
+			srv := fixtureWith(t, newMem(t), h, server.WithStoreStatus(func(int) bool { return true }),
+				server.WithLogger(discardLogger()))
+			first := recv(t, postAsync(srv.URL, "k", "x"), "the first answer")
+			assert.Equal(t, -1, first.status, "as without the middleware, net/http ends the exchange: %d %s", first.status, first.body)
+			got := post(t, srv.URL, "k", "x")
+			assert.Equal(t, http.StatusCreated, got.status, "the retry runs: %s", got.body)
+			assert.Empty(t, got.header.Get("Idempotent-Replayed"))
+			assert.Equal(t, int64(2), calls.Load())
+		})
+	}
+}

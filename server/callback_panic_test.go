@@ -12,29 +12,34 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idempotency/internal/testkit/teststores"
 	"github.com/idemkit/idempotency/server"
 )
+
+// panicCase is one callback that panics while the key is held.
+type panicCase struct {
+	name string
+	// opts builds the options around a function that panics the
+	// first time it is called.
+	opts func(panicOnce func()) []server.Option
+	// handler, if set, replaces the ordinary order handler.
+	handler func(o *orders) http.Handler
+	// abandoned makes the first acquiring Claim a takeover.
+	abandoned bool
+	// first and retry are the statuses wanted.
+	first, retry int
+	runs         int64
+	logged       string
+}
 
 // TestCallbackPanicLeavesNothingClaimed: a user's function that panics while
 // the request holds its key must not leave the key claimed until its lease
 // ends (a retry would get 409 for a minute, and under RefuseAbandoned the
 // final answer would never be recorded). Each case panics on the first
 // call only; the retry must get the stored answer, and the handler must
-// have run at most once.
+// have run at most once. On every kind of store.
 func TestCallbackPanicLeavesNothingClaimed(t *testing.T) {
-	tests := []struct {
-		name string
-		// opts builds the options around a function that panics the
-		// first time it is called.
-		opts func(panicOnce func()) []server.Option
-		// handler, if set, replaces the ordinary order handler.
-		handler func(o *orders) http.Handler
-		store   func(t *testing.T) server.Store
-		// first and retry are the statuses wanted.
-		first, retry int
-		runs         int64
-		logged       string
-	}{
+	tests := []panicCase{
 		{
 			name: "WithStoreStatus",
 			opts: func(panicOnce func()) []server.Option {
@@ -59,8 +64,8 @@ func TestCallbackPanicLeavesNothingClaimed(t *testing.T) {
 					}),
 				}
 			},
-			store: func(t *testing.T) server.Store { return &abandoning{Store: newMem(t), abandoned: 1} },
-			first: http.StatusConflict, retry: http.StatusConflict, runs: 0,
+			abandoned: true,
+			first:     http.StatusConflict, retry: http.StatusConflict, runs: 0,
 			logged: "error writer panicked",
 		},
 		{
@@ -79,40 +84,45 @@ func TestCallbackPanicLeavesNothingClaimed(t *testing.T) {
 			first: http.StatusCreated, retry: http.StatusCreated, runs: 1,
 		},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			var panicked atomic.Bool
-			panicOnce := func() {
-				if !panicked.Swap(true) {
-					panic("callback bug")
-				}
-			}
-			var logs syncBuffer
-			opts := append([]server.Option{server.WithLogger(slog.New(slog.NewTextHandler(&logs, nil)))}, tt.opts(panicOnce)...)
-			var store server.Store
-			if tt.store != nil {
-				store = tt.store(t)
-			} else {
-				store = newMem(t)
-			}
-			o := &orders{}
-			var h http.Handler = o
-			if tt.handler != nil {
-				h = tt.handler(o)
-			}
-			srv := fixtureWith(t, store, h, opts...)
+	for _, kind := range teststores.All() {
+		for _, tt := range tests {
+			t.Run(kind.Name+"/"+tt.name, func(t *testing.T) {
+				testCallbackPanic(t, kind, tt)
+			})
+		}
+	}
+}
 
-			first := recv(t, postAsync(srv.URL, "k", "x"), "the first answer")
-			require.True(t, panicked.Load(), "the callback was called, and panicked")
-			assert.Equal(t, tt.first, first.status, "first answer: %s", first.body)
-			retry := post(t, srv.URL, "k", "x")
-			assert.Equal(t, tt.retry, retry.status, "retry: %s", retry.body)
-			assert.Equal(t, "true", retry.header.Get("Idempotent-Replayed"), "the retry is a replay, not a 409 for a key left claimed")
-			assert.Equal(t, tt.runs, o.executions.Load(), "handler runs")
-			if tt.logged != "" {
-				assert.Equal(t, 1, strings.Count(logs.String(), tt.logged), "logged once: %s", logs.String())
-			}
-		})
+func testCallbackPanic(t *testing.T, kind teststores.Kind, tt panicCase) {
+	t.Helper()
+	var panicked atomic.Bool
+	panicOnce := func() {
+		if !panicked.Swap(true) {
+			panic("callback bug")
+		}
+	}
+	var logs syncBuffer
+	opts := append([]server.Option{server.WithLogger(slog.New(slog.NewTextHandler(&logs, nil)))}, tt.opts(panicOnce)...)
+	store := kind.New(t)
+	if tt.abandoned {
+		store = &abandoning{Store: store, abandoned: 1}
+	}
+	o := &orders{}
+	var h http.Handler = o
+	if tt.handler != nil {
+		h = tt.handler(o)
+	}
+	srv := fixtureWith(t, store, h, opts...)
+
+	first := recv(t, postAsync(srv.URL, "k", "x"), "the first answer")
+	require.True(t, panicked.Load(), "the callback was called, and panicked")
+	assert.Equal(t, tt.first, first.status, "first answer: %s", first.body)
+	retry := post(t, srv.URL, "k", "x")
+	assert.Equal(t, tt.retry, retry.status, "retry: %s", retry.body)
+	assert.Equal(t, "true", retry.header.Get("Idempotent-Replayed"), "the retry is a replay, not a 409 for a key left claimed")
+	assert.Equal(t, tt.runs, o.executions.Load(), "handler runs")
+	if tt.logged != "" {
+		assert.Equal(t, 1, strings.Count(logs.String(), tt.logged), "logged once: %s", logs.String())
 	}
 }
 

@@ -173,3 +173,27 @@ func TestInvalidStatusNotStored(t *testing.T) {
 		})
 	}
 }
+
+// TestMethodLetterCase: a client may send a protected method in lower case
+// ("post": this module's client keys it, and a handler that does not route
+// by method runs it). The middleware must protect it too: unprotected, each
+// retry would run the handler again.
+func TestMethodLetterCase(t *testing.T) {
+	h := &orders{}
+	srv, _ := fixture(t, h, server.WithLogger(discardLogger()))
+	var got []reply
+	for range 2 {
+		req, err := http.NewRequest("post", srv.URL, strings.NewReader("x"))
+		require.NoError(t, err)
+		req.Header.Set("Idempotency-Key", "k")
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(t, err)
+		got = append(got, reply{resp.StatusCode, resp.Header, string(b)})
+	}
+	assert.Equal(t, int64(1), h.executions.Load(), "the retry did not run again")
+	assert.Equal(t, "true", got[1].header.Get("Idempotent-Replayed"))
+	assert.Equal(t, got[0].body, got[1].body)
+}

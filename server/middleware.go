@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"reflect"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -85,9 +86,13 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 	})
 }
 
+// protects reports whether requests with method are protected. Methods are
+// case-sensitive, yet a client may send "post" (this module's client keys
+// it) to a handler that does not look at the method: left unprotected, each
+// of its retries would run again.
 func (m *Middleware) protects(method string) bool {
 	for _, p := range m.cfg.methods {
-		if p == method {
+		if p == method || strings.EqualFold(p, method) {
 			return true
 		}
 	}

@@ -126,8 +126,9 @@ func (c *config) validate() error {
 	return errors.Join(c.invalidOptions...)
 }
 
-// WithMethods sets the protected methods, POST and PATCH by default. Other
-// methods pass through untouched.
+// WithMethods sets the protected methods, POST and PATCH by default, in any
+// letter case ("post" is protected as POST). Other methods pass through
+// untouched.
 func WithMethods(methods ...string) Option {
 	return func(c *config) {
 		if len(methods) == 0 {

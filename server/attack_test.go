@@ -197,3 +197,33 @@ func TestMethodLetterCase(t *testing.T) {
 	assert.Equal(t, "true", got[1].header.Get("Idempotent-Replayed"))
 	assert.Equal(t, got[0].body, got[1].body)
 }
+
+// pastLease is a Store whose Claim reports the key in flight with a lease
+// that ended a second ago, for the request's own fingerprint: a store whose
+// clock is behind, or a broken one.
+type pastLease struct{ claims atomic.Int64 }
+
+func (s *pastLease) Claim(_ context.Context, _ server.ID, fp string, _, _ time.Duration) (server.Claim, error) {
+	s.claims.Add(1)
+	return server.Claim{Status: server.InFlight, Fingerprint: fp, RetryAfter: -time.Second}, nil
+}
+
+func (*pastLease) Complete(context.Context, server.ID, server.Token, *server.Response, time.Duration) error {
+	return nil
+}
+func (*pastLease) Release(context.Context, server.ID, server.Token) error               { return nil }
+func (*pastLease) Extend(context.Context, server.ID, server.Token, time.Duration) error { return nil }
+
+// TestWaitWithNegativeRetryAfter: a waiter (WithWait) told that the lease
+// in flight has negative time left still waits between its Claims, at least
+// a millisecond, rather than asking the store as fast as it answers for the
+// whole wait.
+func TestWaitWithNegativeRetryAfter(t *testing.T) {
+	store := &pastLease{}
+	const wait = 200 * time.Millisecond
+	srv := fixtureWith(t, store, &orders{}, server.WithWait(wait), server.WithLogger(discardLogger()))
+	got := post(t, srv.URL, "k", "x")
+	assert.Equal(t, http.StatusConflict, got.status)
+	// One Claim, then at most one per millisecond of the wait.
+	assert.LessOrEqual(t, store.claims.Load(), int64(wait/time.Millisecond)+2, "Claims during the wait")
+}

@@ -145,7 +145,10 @@ func (ex *exchange) await(c Claim) (Claim, error) {
 		if left <= 0 {
 			break
 		}
-		d := min(step, addDur(c.RetryAfter, time.Millisecond), left)
+		// A millisecond at least: a store whose clock is behind can
+		// report a lease with negative time left, and a timer of no
+		// length would ask it again at once, for the whole wait.
+		d := min(step, addDur(max(c.RetryAfter, 0), time.Millisecond), left)
 		if timer == nil {
 			timer = time.NewTimer(d)
 			defer timer.Stop()

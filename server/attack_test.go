@@ -227,3 +227,33 @@ func TestWaitWithNegativeRetryAfter(t *testing.T) {
 	// One Claim, then at most one per millisecond of the wait.
 	assert.LessOrEqual(t, store.claims.Load(), int64(wait/time.Millisecond)+2, "Claims during the wait")
 }
+
+// TestTimeoutHandlerOutside: http.TimeoutHandler around the middleware
+// answers 503 at its deadline while the handler goes on, but the key stays
+// held: the retries get 409 until the handler's response is stored, then its
+// replay, and the handler runs once. (Inside the middleware, its 503 would
+// be the handler's answer, the key released while the handler still runs,
+// and a retry would run it again: the package doc says so.)
+func TestTimeoutHandlerOutside(t *testing.T) {
+	finish := make(chan struct{})
+	o := &orders{}
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-finish // a handler that does not watch its context
+		o.ServeHTTP(w, r)
+	})
+	mw, err := server.New(newMem(t), server.WithLogger(discardLogger()))
+	require.NoError(t, err)
+	t.Cleanup(func() { shutdown(t, mw) })
+	srv := startServer(t, http.TimeoutHandler(mw.Handler(h), 50*time.Millisecond, "timed out"))
+
+	assert.Equal(t, http.StatusServiceUnavailable, post(t, srv.URL, "k", "x").status, "the TimeoutHandler's answer")
+	assert.Equal(t, http.StatusConflict, post(t, srv.URL, "k", "x").status, "the key is still held")
+	close(finish)
+	var got reply
+	waitFor(t, "the response to be stored", func() bool {
+		got = post(t, srv.URL, "k", "x")
+		return got.status != http.StatusConflict
+	})
+	assert.Equal(t, "true", got.header.Get("Idempotent-Replayed"), "%d %s", got.status, got.body)
+	assert.Equal(t, int64(1), o.executions.Load())
+}

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idempotency/internal/testkit/faultstore"
 	"github.com/idemkit/idempotency/internal/wire"
 	"github.com/idemkit/idempotency/server"
 )
@@ -255,5 +256,42 @@ func TestTimeoutHandlerOutside(t *testing.T) {
 		return got.status != http.StatusConflict
 	})
 	assert.Equal(t, "true", got.header.Get("Idempotent-Replayed"), "%d %s", got.status, got.body)
+	assert.Equal(t, int64(1), o.executions.Load())
+}
+
+// TestRefuseAbandonedWhileFirstRuns: under RefuseAbandoned, a retry takes
+// the key over from a holder whose lease ended unrenewed while its handler,
+// which ignores its context, still runs. The retry gets the final "outcome
+// unknown" answer and runs nothing; the first holder's late Complete is
+// refused by fencing, so the record stays the refusal, and the handler ran
+// once.
+func TestRefuseAbandonedWhileFirstRuns(t *testing.T) {
+	store, _ := faulty(t)
+	store.Set(faultstore.Extend, faultstore.Fault{Err: errFlaky})
+	finish := make(chan struct{})
+	var cancelled atomic.Bool
+	o := &orders{}
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-r.Context().Done()
+		cancelled.Store(true)
+		<-finish // and goes on regardless
+		o.ServeHTTP(w, r)
+	})
+	srv := fixtureWith(t, store, h, server.WithLease(300*time.Millisecond), server.WithAbandoned(server.RefuseAbandoned),
+		server.WithLogger(discardLogger()))
+	first := postAsync(srv.URL, "k", "x")
+	waitFor(t, "the first handler to be cancelled", cancelled.Load)
+	var got reply
+	waitFor(t, "the lease to end in the store", func() bool {
+		got = post(t, srv.URL, "k", "x")
+		return got.status != http.StatusConflict || got.header.Get(server.HeaderOutcome) != ""
+	})
+	assert.Equal(t, http.StatusConflict, got.status, got.body)
+	assert.Equal(t, "unknown", got.header.Get(server.HeaderOutcome))
+	close(finish)
+	assert.Equal(t, http.StatusCreated, recv(t, first, "the first answer").status, "the first client is told what happened")
+	again := post(t, srv.URL, "k", "x")
+	assert.Equal(t, "unknown", again.header.Get(server.HeaderOutcome), "the record is still the refusal")
+	assert.Equal(t, "true", again.header.Get("Idempotent-Replayed"))
 	assert.Equal(t, int64(1), o.executions.Load())
 }

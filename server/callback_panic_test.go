@@ -8,10 +8,12 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idempotency/internal/testkit/faultstore"
 	"github.com/idemkit/idempotency/internal/testkit/teststores"
 	"github.com/idemkit/idempotency/server"
 )
@@ -138,3 +140,23 @@ func (h panicHandler) Handle(context.Context, slog.Record) error {
 
 func (h panicHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
 func (h panicHandler) WithGroup(string) slog.Handler      { return h }
+
+// TestErrorWriterPanicStillEnds: a request that held its key and is refused
+// with 503 after releasing it (its handler gave up when its lease ended
+// unrenewed) still yields its final event, Acquired set, when the
+// ErrorWriter panics: an observer that counts the claims in flight from
+// EventAcquired would otherwise count this one for ever.
+func TestErrorWriterPanicStillEnds(t *testing.T) {
+	store, _ := faulty(t)
+	store.Set(faultstore.Extend, faultstore.Fault{Err: errFlaky})
+	var ev events
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() })
+	srv := fixtureWith(t, store, h, server.WithLease(200*time.Millisecond), server.WithObserver(ev.observe),
+		server.WithLogger(discardLogger()),
+		server.WithErrorWriter(func(http.ResponseWriter, *http.Request, error) { panic("error writer bug") }))
+	got := recv(t, postAsync(srv.URL, "k", "x"), "the answer")
+	assert.Equal(t, -1, got.status, "net/http ends the exchange: %s", got.body)
+	final := ev.last(t)
+	assert.Equal(t, server.EventUnavailable, final.Kind)
+	assert.True(t, final.Acquired)
+}

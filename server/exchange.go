@@ -196,8 +196,12 @@ func (ex *exchange) storeFailed(err error) {
 func (ex *exchange) unavailable(err error) {
 	e := problem(ErrStoreUnavailable, "The request could not be protected against duplicates, so it was not processed; retry later.", err)
 	e.RetryAfter = ex.m.cfg.retryAfter
+	// Deferred, so that the request ends for the observer even if the
+	// ErrorWriter panics: this may come after the key was acquired and
+	// released, and an observer counting the claims in flight must see
+	// it end.
+	defer ex.emit(EventUnavailable, e.Status, err)
 	ex.m.refuse(ex.w, ex.r, e)
-	ex.emit(EventUnavailable, e.Status, err)
 }
 
 func (ex *exchange) mismatch() {

@@ -176,8 +176,8 @@ func TestInvalidStatusNotStored(t *testing.T) {
 }
 
 // TestMethodLetterCase: a client may send a protected method in lower case
-// ("post": this module's client keys it, and a handler that does not route
-// by method runs it). The middleware must protect it too: unprotected, each
+// ("post", with a key the caller set: net/http's client sends the method as
+// given, and a handler that does not route by method runs it). The middleware must protect it too: unprotected, each
 // retry would run the handler again.
 func TestMethodLetterCase(t *testing.T) {
 	h := &orders{}

@@ -87,9 +87,9 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 }
 
 // protects reports whether requests with method are protected. Methods are
-// case-sensitive, yet a client may send "post" (this module's client keys
-// it) to a handler that does not look at the method: left unprotected, each
-// of its retries would run again.
+// case-sensitive, yet a client may send "post" with a key (net/http's
+// client sends the method as given) to a handler that does not look at the
+// method: left unprotected, each of its retries would run again.
 func (m *Middleware) protects(method string) bool {
 	for _, p := range m.cfg.methods {
 		if p == method || strings.EqualFold(p, method) {

@@ -245,7 +245,7 @@ func TestTimeoutHandlerOutside(t *testing.T) {
 	mw, err := server.New(newMem(t), server.WithLogger(discardLogger()))
 	require.NoError(t, err)
 	t.Cleanup(func() { shutdown(t, mw) })
-	srv := startServer(t, http.TimeoutHandler(mw.Handler(h), 50*time.Millisecond, "timed out"))
+	srv := startServer(t, http.TimeoutHandler(mw.Handler(h), 500*time.Millisecond, "timed out"))
 
 	assert.Equal(t, http.StatusServiceUnavailable, post(t, srv.URL, "k", "x").status, "the TimeoutHandler's answer")
 	assert.Equal(t, http.StatusConflict, post(t, srv.URL, "k", "x").status, "the key is still held")
@@ -277,7 +277,7 @@ func TestRefuseAbandonedWhileFirstRuns(t *testing.T) {
 		<-finish // and goes on regardless
 		o.ServeHTTP(w, r)
 	})
-	srv := fixtureWith(t, store, h, server.WithLease(300*time.Millisecond), server.WithAbandoned(server.RefuseAbandoned),
+	srv := fixtureWith(t, store, h, server.WithLease(time.Second), server.WithAbandoned(server.RefuseAbandoned),
 		server.WithLogger(discardLogger()))
 	first := postAsync(srv.URL, "k", "x")
 	waitFor(t, "the first handler to be cancelled", cancelled.Load)

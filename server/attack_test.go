@@ -295,3 +295,33 @@ func TestRefuseAbandonedWhileFirstRuns(t *testing.T) {
 	assert.Equal(t, "true", again.header.Get("Idempotent-Replayed"))
 	assert.Equal(t, int64(1), o.executions.Load())
 }
+
+// TestFlushThroughWriterThatCannot: behind a ResponseWriter wrapper that
+// cannot flush (a logging writer without Flush or Unwrap), a handler's
+// Flush sends nothing early, so the response is kept whole: its replay has
+// the body, rather than being marked as omitted.
+func TestFlushThroughWriterThatCannot(t *testing.T) {
+	mw, err := server.New(newMem(t), server.WithLogger(discardLogger()))
+	require.NoError(t, err)
+	t.Cleanup(func() { shutdown(t, mw) })
+	var flushErr atomic.Value
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "small")
+		if err := http.NewResponseController(w).Flush(); err != nil {
+			flushErr.Store(err)
+		}
+	})
+	inner := mw.Handler(h)
+	srv := startServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		inner.ServeHTTP(struct{ http.ResponseWriter }{w}, r)
+	}))
+	first := post(t, srv.URL, "k", "x")
+	again := post(t, srv.URL, "k", "x")
+	assert.Equal(t, "small", first.body)
+	err, _ = flushErr.Load().(error)
+	assert.ErrorIs(t, err, http.ErrNotSupported, "the handler learns that it cannot flush")
+	assert.Equal(t, "true", again.header.Get("Idempotent-Replayed"))
+	assert.Empty(t, again.header.Get(server.HeaderBodyOmitted))
+	assert.Equal(t, "small", again.body)
+}

@@ -113,10 +113,30 @@ func (rec *recorder) FlushError() error {
 	if rec.hijacked {
 		return http.ErrHijacked
 	}
+	if !rec.streaming && !canFlush(rec.w) {
+		// Nothing can go out early (a wrapper outside hides Flush), so
+		// the response stays kept, and is stored whole.
+		return http.ErrNotSupported
+	}
 	if err := rec.stream(); err != nil {
 		return err
 	}
 	return http.NewResponseController(rec.w).Flush()
+}
+
+// canFlush reports whether w, or a writer it unwraps to, can flush, as
+// http.ResponseController looks for one.
+func canFlush(w http.ResponseWriter) bool {
+	for {
+		switch t := w.(type) {
+		case http.Flusher, interface{ FlushError() error }:
+			return true
+		case interface{ Unwrap() http.ResponseWriter }:
+			w = t.Unwrap()
+		default:
+			return false
+		}
+	}
 }
 
 // Hijack implements http.Hijacker. The hijacked exchange is not stored.

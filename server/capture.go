@@ -42,6 +42,15 @@ var (
 func (rec *recorder) Header() http.Header { return rec.w.Header() }
 
 func (rec *recorder) WriteHeader(code int) {
+	if code < 100 || code > 999 {
+		// net/http panics on such a code; it must not be kept as the
+		// response instead, stored, and then fail every replay for the
+		// TTL (or, for 0, be stored as a 200 never written). The panic
+		// comes from the writer, as it would without the middleware, and
+		// releases the key like a handler's.
+		rec.w.WriteHeader(code)
+		return
+	}
 	if rec.status != 0 || rec.hijacked {
 		return
 	}
@@ -104,10 +113,30 @@ func (rec *recorder) FlushError() error {
 	if rec.hijacked {
 		return http.ErrHijacked
 	}
+	if !rec.streaming && !canFlush(rec.w) {
+		// Nothing can go out early (a wrapper outside hides Flush), so
+		// the response stays kept, and is stored whole.
+		return http.ErrNotSupported
+	}
 	if err := rec.stream(); err != nil {
 		return err
 	}
 	return http.NewResponseController(rec.w).Flush()
+}
+
+// canFlush reports whether w, or a writer it unwraps to, can flush, as
+// http.ResponseController looks for one.
+func canFlush(w http.ResponseWriter) bool {
+	for {
+		switch t := w.(type) {
+		case http.Flusher, interface{ FlushError() error }:
+			return true
+		case interface{ Unwrap() http.ResponseWriter }:
+			w = t.Unwrap()
+		default:
+			return false
+		}
+	}
 }
 
 // Hijack implements http.Hijacker. The hijacked exchange is not stored.

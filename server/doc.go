@@ -145,14 +145,18 @@
 // response is sent anyway (the effect happened, and the client is told what it
 // was), the key is kept claimed rather than released, and an error is logged
 // with the key and scope. The middleware then goes on trying to store the
-// response, on the request's goroutine, for up to one lease length while the
-// lease holds: a retry gets 409 meanwhile, and the replay once the store
-// answers; if it never does, a retry after the lease has ended runs the
-// request again. Over HTTP/1.1 the client has the whole response at once (it
-// is sent with its length and flushed); over HTTP/2 the stream ends only when
-// the middleware returns, so a client that reads the body to its end waits for
-// the store, at most the lease. A failing Release is retried within the store timeout; a
-// key that could not be released answers 409 until its lease ends.
+// response, on a goroutine of its own ([Middleware.Shutdown] waits for it),
+// for up to one lease length while the lease holds: a retry gets 409
+// meanwhile, and the replay once the store answers; if it never does, a retry
+// after the lease has ended runs the request again. A failing Release is
+// retried within the store timeout; a key that could not be released answers
+// 409 until its lease ends.
+//
+// Put http.TimeoutHandler around the middleware, not inside it. Outside, its
+// 503 reaches the client while the key stays held until the handler's
+// response is stored. Inside, its 503 is the handler's answer: the key is
+// released while the handler's goroutine still runs, and a retry runs the
+// handler a second time, at the same time.
 //
 // A Claim whose answer is lost (the store applied it, then failed or
 // timed out) is answered 503 and runs nothing, but the key stays in flight

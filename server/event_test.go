@@ -135,6 +135,11 @@ func TestEvents(t *testing.T) {
 	check(server.EventInFlight, "k4", http.StatusConflict)
 }
 
+// TestLeaseEvents: a renewal yields EventLeaseRenewed, and a lease that ends
+// unrenewed yields EventLeaseLost. The lease is long enough for a loaded
+// machine (with -race) to answer the Claim and the first Extend within it:
+// with 60 ms, a Claim answered after 54 ms was refused, and the handler never
+// started.
 func TestLeaseEvents(t *testing.T) {
 	var ev events
 	store, _ := faulty(t)
@@ -147,9 +152,13 @@ func TestLeaseEvents(t *testing.T) {
 		case <-r.Context().Done():
 		}
 	})
-	srv := fixtureWith(t, store, h, server.WithObserver(ev.observe), server.WithLease(60*time.Millisecond))
+	srv := fixtureWith(t, store, h, server.WithObserver(ev.observe), server.WithLease(time.Second))
 	got := postAsync(srv.URL, "k", "x")
-	<-started
+	select {
+	case <-started:
+	case r := <-got:
+		require.FailNow(t, "answered before the handler started", "%d %s", r.status, r.body)
+	}
 	var renewed bool
 	waitFor(t, "a renewal", func() bool {
 		for _, e := range ev.take() {

@@ -87,6 +87,11 @@ func (ex *exchange) handle() {
 		}
 		ex.run()
 	case Completed:
+		if c.Response == nil {
+			// A broken Store: fail closed, as for any store failure.
+			ex.storeFailed(errors.New("server: Claim returned a completed record without its response"))
+			return
+		}
 		if c.Fingerprint != ex.fingerprint {
 			ex.mismatch()
 			return
@@ -149,7 +154,10 @@ func (ex *exchange) await(c Claim) (Claim, error) {
 		if left <= 0 {
 			break
 		}
-		d := min(step, addDur(c.RetryAfter, time.Millisecond), left)
+		// A millisecond at least: a store whose clock is behind can
+		// report a lease with negative time left, and a timer of no
+		// length would ask it again at once, for the whole wait.
+		d := min(step, addDur(max(c.RetryAfter, 0), time.Millisecond), left)
 		if timer == nil {
 			timer = time.NewTimer(d)
 			defer timer.Stop()
@@ -197,8 +205,12 @@ func (ex *exchange) storeFailed(err error) {
 func (ex *exchange) unavailable(err error) {
 	e := problem(ErrStoreUnavailable, "The request could not be protected against duplicates, so it was not processed; retry later.", err)
 	e.RetryAfter = ex.m.cfg.retryAfter
+	// Deferred, so that the request ends for the observer even if the
+	// ErrorWriter panics: this may come after the key was acquired and
+	// released, and an observer counting the claims in flight must see
+	// it end.
+	defer ex.emit(EventUnavailable, e.Status, err)
 	ex.m.refuse(ex.w, ex.r, e)
-	ex.emit(EventUnavailable, e.Status, err)
 }
 
 func (ex *exchange) mismatch() {
@@ -287,7 +299,7 @@ func (ex *exchange) run() {
 			return
 		}
 		ex.emit(EventReleased, 0, cause)
-	case !m.cfg.storeStatus(status):
+	case !m.storeStatus(ex.r.Context(), status):
 		// Whatever its size, and even if part of it has gone out: a
 		// status that says "retry" must let the retry run.
 		ex.release("status " + strconv.Itoa(status) + " is not stored")

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"reflect"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -31,8 +32,10 @@ type Middleware struct {
 	fingerprintInPlace bool
 
 	// What is logged once per Middleware.
-	observerPanicked atomic.Bool
-	noCredentials    atomic.Bool
+	observerPanicked    atomic.Bool
+	storeStatusPanicked atomic.Bool
+	errorWriterPanicked atomic.Bool
+	noCredentials       atomic.Bool
 }
 
 // New returns middleware that protects requests with store. The options are
@@ -86,9 +89,13 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 	})
 }
 
+// protects reports whether requests with method are protected. Methods are
+// case-sensitive, yet a client may send "post" with a key (net/http's
+// client sends the method as given) to a handler that does not look at the
+// method: left unprotected, each of its retries would run again.
 func (m *Middleware) protects(method string) bool {
 	for _, p := range m.cfg.methods {
-		if p == method {
+		if p == method || strings.EqualFold(p, method) {
 			return true
 		}
 	}
@@ -204,6 +211,41 @@ func (m *Middleware) notify(ctx context.Context, e Event) {
 		}
 	}()
 	m.cfg.observer(ctx, e)
+}
+
+// storeStatus reports whether a response with status is stored, by the
+// function of WithStoreStatus. It is called while the key is held: a panic
+// in it would leave the key claimed until its lease ended, for a request that
+// ran, so it is recovered and logged once, and DefaultStoreStatus decides.
+func (m *Middleware) storeStatus(ctx context.Context, status int) (store bool) {
+	defer func() {
+		if v := recover(); v != nil {
+			if !m.storeStatusPanicked.Swap(true) {
+				m.cfg.logger.LogAttrs(ctx, slog.LevelError, "idempotency store status function panicked; DefaultStoreStatus decides instead, and its panics are not logged again",
+					slog.Int("status", status), slog.String("panic", fmt.Sprint(v)))
+			}
+			store = DefaultStoreStatus(status)
+		}
+	}()
+	return m.cfg.storeStatus(status)
+}
+
+// refuseHeld writes the refusal e into rec while the key is held, so that it
+// can be stored: a panic in the ErrorWriter there would leave the key
+// claimed, so it is recovered and logged once, and WriteProblem writes the
+// refusal instead, over whatever the ErrorWriter had written.
+func (m *Middleware) refuseHeld(rec *recorder, r *http.Request, e *Error) {
+	defer func() {
+		if v := recover(); v != nil {
+			if !m.errorWriterPanicked.Swap(true) {
+				m.cfg.logger.LogAttrs(r.Context(), slog.LevelError, "idempotency error writer panicked; WriteProblem answers instead, and its panics are not logged again",
+					slog.Int("status", e.Status), slog.String("panic", fmt.Sprint(v)))
+			}
+			rec.status, rec.body = 0, nil
+			WriteProblem(rec, r, e)
+		}
+	}()
+	m.cfg.errorWriter(rec, r, e)
 }
 
 // bodyFailed is the refusal of a request whose body could not be read.

@@ -126,10 +126,11 @@ func (c *config) validate() error {
 	return errors.Join(c.invalidOptions...)
 }
 
-// WithMethods sets the protected methods, POST and PATCH by default. Other
-// methods pass through untouched. Methods are upper-cased, as the client's
-// WithMethods does, so "post" is POST; an empty list, or an empty name, is
-// refused, as the client refuses them.
+// WithMethods sets the protected methods, POST and PATCH by default, in any
+// letter case: methods are upper-cased, as the client's WithMethods does,
+// and a request's method is matched whatever its case ("post" is protected
+// as POST). Other methods pass through untouched. An empty list, or an
+// empty name, is refused, as the client refuses them.
 func WithMethods(methods ...string) Option {
 	return func(c *config) {
 		if len(methods) == 0 {
@@ -280,6 +281,9 @@ func WithMaxStored(n int) Option {
 // others the claim is released, so that a retry runs the handler again. The
 // default is [DefaultStoreStatus]; to keep 5xx responses as well, as some
 // payment APIs do, pass a function that returns true except for 408 and 429.
+// It is called after the handler ran, while the key is held: a panic in it is
+// recovered and logged once, and DefaultStoreStatus decides for that
+// response.
 func WithStoreStatus(fn func(status int) bool) Option {
 	return func(c *config) {
 		if fn == nil {
@@ -318,6 +322,10 @@ func WithFailOpen() Option {
 }
 
 // WithErrorWriter sets how refusals are written, [WriteProblem] by default.
+// A panic in it is left to net/http, as a handler's would be, except while
+// the key is held (the "outcome unknown" answer of [RefuseAbandoned], which
+// is stored): there it is recovered and logged once, and WriteProblem writes
+// that answer instead, so that the key is never left claimed.
 func WithErrorWriter(fn ErrorWriter) Option {
 	return func(c *config) {
 		if fn == nil {
@@ -333,7 +341,9 @@ func WithErrorWriter(fn ErrorWriter) Option {
 // to [slog.Default] as it is when [New] is called. Each message is logged at
 // most once a second: the next record of a message after some were dropped
 // carries their number as "suppressed", so that an outage does not flood
-// the log. Keys are logged; credentials and bodies never are.
+// the log. Keys are logged; credentials and bodies never are. A panic in the
+// logger's handler is recovered, and the record dropped: the middleware logs
+// while a key is held.
 //
 // A nil logger is refused, so that a logger that was never set cannot
 // silence store failures: to log nothing, pass

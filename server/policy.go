@@ -22,7 +22,12 @@ const (
 	// RefuseAbandoned makes the request at most once: the handler does not
 	// run again, and the key is recorded as done with a final problem,
 	// "outcome unknown" (ErrOutcomeUnknown), replayed for the TTL to every
-	// retry, until an operator resolves it (Inspector.Resolve).
+	// retry, until an operator resolves it (Inspector.Resolve). A Claim
+	// whose answer was lost (the store applied it, then failed or timed
+	// out: the client got 503, and the handler did not run) leaves a
+	// holder that the store cannot tell from one that ran; the retry that
+	// takes the key over after its lease is refused too, so an "outcome
+	// unknown" may be a request that never ran.
 	RefuseAbandoned
 )
 
@@ -76,7 +81,7 @@ func (ex *exchange) outcomeUnknown() {
 	ex.w.Header().Set(HeaderOutcome, "unknown")
 	rec := &ex.capture
 	*rec = recorder{w: ex.w, limit: math.MaxInt}
-	m.refuse(rec, ex.r, e)
+	m.refuseHeld(rec, ex.r, e)
 	h := ex.keptHeader()
 	if h == nil {
 		h = make(http.Header, 1)

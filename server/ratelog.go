@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -40,11 +41,27 @@ func newRateLimited(next slog.Handler, every time.Duration) *rateLimited {
 	return &rateLimited{next: next, state: &rateState{every: every, now: time.Now, seen: make(map[string]*rateEntry)}}
 }
 
-func (h *rateLimited) Enabled(ctx context.Context, level slog.Level) bool {
+// Enabled asks the next handler; a panic in it, like one in Handle, is
+// taken as "not enabled".
+func (h *rateLimited) Enabled(ctx context.Context, level slog.Level) (on bool) {
+	defer func() {
+		if recover() != nil {
+			on = false
+		}
+	}()
 	return h.next.Enabled(ctx, level)
 }
 
-func (h *rateLimited) Handle(ctx context.Context, r slog.Record) error {
+// Handle passes r on, unless its message was passed on less than an interval
+// ago. A panic in the handler it passes to, which the application gave
+// (WithLogger), is returned as an error, which slog drops: the middleware
+// logs while a key is held, and a log line must not leave it claimed.
+func (h *rateLimited) Handle(ctx context.Context, r slog.Record) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("server: log handler panicked: %v", v)
+		}
+	}()
 	suppressed, ok := h.state.admit(r.Message)
 	if !ok {
 		return nil

@@ -25,16 +25,24 @@ func startReplicated(t *testing.T) (master, replica *redisProcess) {
 	replica = startRedis(t, "--replicaof", "127.0.0.1", strconv.Itoa(master.Port))
 	c := redis.NewClient(&redis.Options{Addr: replica.Addr, ContextTimeoutEnabled: true})
 	defer c.Close()
+	mc := redis.NewClient(&redis.Options{Addr: master.Addr, ContextTimeoutEnabled: true})
+	defer mc.Close()
+	// In sync as both see it: the replica's link is up, and the master,
+	// whose view WAIT counts, has the replica online.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		info, err := c.Info(context.Background(), "replication").Result()
 		if err == nil && strings.Contains(info, "master_link_status:up") {
-			return master, replica
+			var minfo string
+			if minfo, err = mc.Info(context.Background(), "replication").Result(); err == nil && strings.Contains(minfo, "state=online") {
+				return master, replica
+			}
+			info += minfo
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("replica not in sync after 10s: %v\n%s", err, info)
 		}
-		time.Sleep(10 * time.Millisecond) // polling the replica's state, with a deadline
+		time.Sleep(10 * time.Millisecond) // polling the replication state, with a deadline
 	}
 }
 
@@ -71,7 +79,9 @@ func TestReplicaAck(t *testing.T) {
 	t.Cleanup(func() { mc.Close() })
 	rc := redis.NewClient(&redis.Options{Addr: replica.Addr, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { rc.Close() })
-	s, err := redisstore.New(mc, redisstore.WithReplicaAck(1, 500*time.Millisecond))
+	// Time enough for a busy machine's replica to acknowledge; the calls
+	// after the replica is killed wait it out.
+	s, err := redisstore.New(mc, redisstore.WithReplicaAck(1, 2*time.Second))
 	require.NoError(t, err)
 	ctx := context.Background()
 

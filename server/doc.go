@@ -13,6 +13,12 @@
 // gives the handler its key and fencing token. [WithScope] should name the
 // caller the application has authenticated: records are kept per scope.
 //
+// The middleware is the HTTP door of package engine, which runs the
+// protocol for every door (the function door in package once, the gRPC
+// interceptors in module idemgrpc): the Store interface and its records are
+// engine's, and the ones here are aliases of them, so that one store serves
+// every door.
+//
 // # How it works
 //
 // For a protected method (POST and PATCH by default) the middleware reads the

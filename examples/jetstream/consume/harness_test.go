@@ -151,16 +151,16 @@ type runConfig struct {
 
 // result is what a run counted.
 type result struct {
-	published   int // messages
-	republished int // publishes again of a message, which the stream dropped as duplicates
-	deliveries  int // every delivery, redeliveries included
+	published    int // messages
+	republished  int // publishes again of a message, which the stream dropped as duplicates
+	deliveries   int // every delivery, redeliveries included
 	redeliveries int // deliveries with NumDelivered > 1
-	effects                   map[string]int
-	deaths                    [numFates]int // deliveries that met each fate
-	abandoned                 int           // effects run with Abandoned > 0
-	skipped                   int           // of which found their own effect and did not run it again
-	actions                   map[consume.Action]int
-	terms                     map[string]string // message ID: why it was terminated
+	effects      map[string]int
+	deaths       [numFates]int // deliveries that met each fate
+	abandoned    int           // effects run with Abandoned > 0
+	skipped      int           // of which found their own effect and did not run it again
+	actions      map[consume.Action]int
+	terms        map[string]string // message ID: why it was terminated
 }
 
 func (r *result) total() int {

@@ -84,8 +84,10 @@ func (h *Handler) Decide(ctx context.Context, err error) Decision {
 	switch {
 	case err == nil:
 		return Decision{Action: Ack}
-	case h.cfg.isFinal(err):
-		return Decision{Action: Term, Reason: "final: " + err.Error(), Err: err}
+	case stored(err) || h.cfg.isFinal(err):
+		// A permanent error that the door stored: every redelivery
+		// would replay it.
+		return Decision{Action: Term, Reason: "permanent: " + err.Error(), Err: err}
 	case errors.Is(err, server.ErrKeyMismatch):
 		// The publisher reused a message ID for other data: running it
 		// again can never succeed, and neither message may be dropped

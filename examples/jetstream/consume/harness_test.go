@@ -141,8 +141,9 @@ func (e *effects) done(key string) bool {
 type runConfig struct {
 	n     int
 	fates fates
-	// newProcess starts a process whose Func runs effect.
-	newProcess func(t *testing.T, effect consume.Func) process
+	// newProcess starts a process whose Func runs effect. It runs on the
+	// workers' goroutines.
+	newProcess func(effect consume.Func) (process, error)
 	// checkOwn makes the effect look for its own earlier run when the
 	// lease says an earlier holder was lost (Abandoned > 0), as the door
 	// tells an effect to do.
@@ -203,7 +204,8 @@ type fateKey struct{}
 // delivery is what the effect knows of the delivery it runs for.
 type delivery struct {
 	fate fate
-	die  func()
+	// met records that the fate happened; die also kills the process.
+	met, die func()
 }
 
 // run publishes cfg.n messages to a stream of its own, consumes them with
@@ -287,6 +289,7 @@ func run(t *testing.T, cfg runConfig) *result {
 		}
 		switch d.fate {
 		case failBefore:
+			d.met()
 			return errTransient
 		case dieBefore:
 			d.die()
@@ -295,6 +298,7 @@ func run(t *testing.T, cfg runConfig) *result {
 		eff.do(id.Key)
 		switch d.fate {
 		case slow:
+			d.met()
 			// Work that outlasts AckWait (not a wait for a condition).
 			time.Sleep(ackWait * 3 / 2)
 		case dieAfterEffect:
@@ -361,15 +365,22 @@ func worker(t *testing.T, it jetstream.MessagesContext, cfg runConfig, effect co
 ) {
 	var p process
 	var h *consume.Handler
-	start := func() {
-		p = cfg.newProcess(t, effect)
+	start := func() bool {
 		var err error
-		h, err = consume.New(p.run, consume.WithRetryDelay(retryDelay))
-		if err != nil {
-			t.Error(err)
+		if p, err = cfg.newProcess(effect); err != nil {
+			t.Errorf("new process: %v", err)
+			return false
 		}
+		if h, err = consume.New(p.run, consume.WithRetryDelay(retryDelay)); err != nil {
+			p.stop()
+			t.Errorf("consume.New: %v", err)
+			return false
+		}
+		return true
 	}
-	start()
+	if !start() {
+		return
+	}
 	defer func() { p.stop() }()
 	for {
 		msg, err := it.Next()
@@ -387,16 +398,18 @@ func worker(t *testing.T, it jetstream.MessagesContext, cfg runConfig, effect co
 		id := msg.Headers().Get(jetstream.MsgIDHeader)
 		f := cfg.fates.of(*flagSeed, id, md.NumDelivered)
 		var dead atomic.Bool
-		d := &delivery{fate: f, die: func() {
+		d := &delivery{fate: f}
+		d.met = func() { locked(func() { res.deaths[f]++ }) }
+		d.die = func() {
+			d.met()
 			dead.Store(true)
 			p.die()
-		}}
+		}
 		locked(func() {
 			res.deliveries++
 			if md.NumDelivered > 1 {
 				res.redeliveries++
 			}
-			res.deaths[f]++
 		})
 		dec := h.Process(context.WithValue(context.Background(), fateKey{}, d), msg)
 		if f == dieBeforeAck && dec.Action == consume.Ack {
@@ -406,7 +419,10 @@ func worker(t *testing.T, it jetstream.MessagesContext, cfg runConfig, effect co
 			// The process is gone with whatever it held: no ack, no nak.
 			// The broker delivers the message again after AckWait.
 			p.stop()
-			start()
+			if !start() {
+				p = process{stop: func() {}}
+				return
+			}
 			continue
 		}
 		if err := dec.Settle(msg); err != nil {
@@ -453,6 +469,6 @@ func uniqueStream(t *testing.T) (stream, subject string) {
 
 // noDoor is a process that runs the effect directly, as a consumer without
 // the door does.
-func noDoor(_ *testing.T, effect consume.Func) process {
-	return process{run: effect, die: func() {}, stop: func() {}}
+func noDoor(effect consume.Func) (process, error) {
+	return process{run: effect, die: func() {}, stop: func() {}}, nil
 }

@@ -77,8 +77,9 @@ func WithProgress(d time.Duration) Option {
 }
 
 // WithFinal makes the errors for which final returns true terminate the
-// message instead of asking for it again: the errors that the door stored
-// and replays (once.ErrStored), so that a redelivery would only replay them.
+// message instead of asking for it again, besides those that once stored
+// and replays (once.ErrStored), which always do: for a Func that is not
+// once.Do, or errors that no redelivery can cure.
 func WithFinal(final func(error) bool) Option {
 	return func(c *config) {
 		if final == nil {

@@ -1,0 +1,30 @@
+//go:build oncelanded
+
+package consume
+
+import (
+	"context"
+	"errors"
+
+	"github.com/idemkit/idempotency/engine"
+	"github.com/idemkit/idempotency/once"
+)
+
+// Once returns a Func that runs effect through r: at most once per message
+// ID while its record lives (once.WithTTL), with the message's data as the
+// input that once fingerprints, so that an ID reused for other data is
+// refused. effect gets the lease in its context (engine.LeaseFromContext):
+// when Abandoned > 0 an earlier holder was lost, possibly after the effect,
+// and effect must look for its own effect before it does it again.
+func Once(r *once.Runner, effect Func) Func {
+	return func(ctx context.Context, id engine.ID, data []byte) error {
+		_, err := once.Do(ctx, r, id, data, func(ctx context.Context) (struct{}, error) {
+			return struct{}{}, effect(ctx, id, data)
+		})
+		return err
+	}
+}
+
+// stored reports whether err is an error that once stored (a Permanent
+// error of the effect), which every redelivery would only replay.
+func stored(err error) bool { return errors.Is(err, once.ErrStored) }

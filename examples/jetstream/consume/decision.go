@@ -26,7 +26,7 @@ const (
 	// is final but not a success (a stored permanent error, a Nats-Msg-Id
 	// reused for other data, no Nats-Msg-Id, an outcome unknown after a lost
 	// holder). The server publishes a MSG_TERMINATED advisory for it, which
-	// an operator or a dead-letter consumer can watch.
+	// an operator or a dead-letter consumer can watch; log Decision.Reason.
 	Term
 )
 
@@ -49,7 +49,7 @@ type Decision struct {
 	// Delay is how long the broker should wait before it delivers the
 	// message again (Nak).
 	Delay time.Duration
-	// Reason is sent with Term.
+	// Reason says why the message is terminated (Term), for the log.
 	Reason string
 	// Err is the error of the Func, or why the message could not be run.
 	Err error
@@ -68,7 +68,10 @@ func (d Decision) Settle(msg jetstream.Msg) error {
 			err = msg.Nak()
 		}
 	case Term:
-		err = msg.TermWithReason(d.Reason)
+		// Not TermWithReason: a server older than 2.10.4 (Debian's
+		// nats-server is 2.9.10) does not know it and delivers the
+		// message again at once. Log d.Reason instead.
+		err = msg.Term()
 	default:
 		return fmt.Errorf("consume: settle: unknown action %v", d.Action)
 	}

@@ -143,3 +143,57 @@ func TestNewInvalid(t *testing.T) {
 		}
 	}
 }
+
+// TestProgress runs an effect three times as long as AckWait with
+// WithProgress: the server is told it is in progress and does not deliver
+// the message again meanwhile (without the option, it does).
+func TestProgress(t *testing.T) {
+	const wait = 300 * time.Millisecond
+	js, cons, subject := newConsumer(t, wait)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := js.Publish(ctx, subject, []byte("slow"), jetstream.WithMsgID("slow-1")); err != nil {
+		t.Fatal(err)
+	}
+	runs := 0
+	h, err := consume.New(func(context.Context, server.ID, []byte) error {
+		runs++
+		time.Sleep(3 * wait) // work that outlasts AckWait, not a wait for a condition
+		return nil
+	}, consume.WithProgress(wait/4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, err := cons.Next(jetstream.FetchMaxWait(10 * time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Another instance pulls meanwhile: it would get a redelivery.
+	it, err := cons.Messages()
+	if err != nil {
+		t.Fatal(err)
+	}
+	redelivered := make(chan int)
+	go func() {
+		n := 0
+		for {
+			m, err := it.Next()
+			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				redelivered <- n
+				return
+			}
+			if err == nil {
+				n++
+				_ = m.Ack()
+			}
+		}
+	}()
+	d, err := h.Handle(ctx, msg)
+	it.Stop()
+	if n := <-redelivered; n != 0 {
+		t.Errorf("redeliveries during the effect = %d, want 0", n)
+	}
+	if err != nil || d.Action != consume.Ack || runs != 1 {
+		t.Errorf("Handle() = %v, %v after %d runs, want ack after 1", d.Action, err, runs)
+	}
+}

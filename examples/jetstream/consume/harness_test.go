@@ -227,40 +227,9 @@ type delivery struct {
 // once every message is acknowledged or terminated.
 func run(t *testing.T, cfg runConfig) *result {
 	t.Helper()
-	nc := connect(t)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stream, subject := uniqueStream(t)
+	js, cons, subject := newConsumer(t, ackWait)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	st, err := js.CreateStream(ctx, jetstream.StreamConfig{
-		Name:       stream,
-		Subjects:   []string{subject},
-		Storage:    jetstream.MemoryStorage,
-		Duplicates: 2 * time.Minute,
-	})
-	if err != nil {
-		servicetest.Unavailable(t, "NATS JetStream", err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := js.DeleteStream(ctx, stream); err != nil {
-			t.Errorf("DeleteStream(%s): %v", stream, err)
-		}
-	})
-	cons, err := st.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
-		Durable:       "billing",
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       ackWait,
-		MaxDeliver:    -1,
-		MaxAckPending: 1000,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
 
 	res := &result{actions: map[consume.Action]int{}, terms: map[string]string{}}
 	for i := range cfg.n {
@@ -454,6 +423,47 @@ func worker(t *testing.T, it jetstream.MessagesContext, cfg runConfig, effect co
 			}
 		})
 	}
+}
+
+// newConsumer makes a stream of its own, deleted when t ends, and a durable
+// consumer on it with ackWait, and returns them with the stream's subject.
+func newConsumer(t *testing.T, ackWait time.Duration) (jetstream.JetStream, jetstream.Consumer, string) {
+	t.Helper()
+	nc := connect(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, subject := uniqueStream(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := js.CreateStream(ctx, jetstream.StreamConfig{
+		Name:       stream,
+		Subjects:   []string{subject},
+		Storage:    jetstream.MemoryStorage,
+		Duplicates: 2 * time.Minute,
+	})
+	if err != nil {
+		servicetest.Unavailable(t, "NATS JetStream", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := js.DeleteStream(ctx, stream); err != nil {
+			t.Errorf("DeleteStream(%s): %v", stream, err)
+		}
+	})
+	cons, err := st.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
+		Durable:       "billing",
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       ackWait,
+		MaxDeliver:    -1,
+		MaxAckPending: 1000,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js, cons, subject
 }
 
 // connect returns a connection to the test NATS server, closed when t ends.

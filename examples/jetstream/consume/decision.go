@@ -87,6 +87,12 @@ func (h *Handler) Decide(ctx context.Context, err error) Decision {
 	switch {
 	case err == nil:
 		return Decision{Action: Ack}
+	case omitted(err):
+		// The effect ran; only its result could not be stored, and once
+		// will not run it again.
+		return Decision{Action: Ack, Err: err}
+	case invalidKey(err):
+		return Decision{Action: Term, Reason: "message ID not usable as an idempotency key", Err: err}
 	case stored(err) || h.cfg.isFinal(err):
 		// A permanent error that the door stored: every redelivery
 		// would replay it.
@@ -105,6 +111,11 @@ func (h *Handler) Decide(ctx context.Context, err error) Decision {
 	// store is unavailable, another holder is running the message (in
 	// flight), or ctx ended. A redelivery runs it again.
 	d := Decision{Action: Nak, Delay: h.cfg.retryDelay, Err: err}
+	if after, ok := retryAfter(err); ok && after > d.Delay {
+		// The door knows when the holder's lease ends, or when the store
+		// is worth trying again.
+		d.Delay = after
+	}
 	if ctx.Err() != nil {
 		// Shutting down: let another instance have it at once.
 		d.Delay = 0

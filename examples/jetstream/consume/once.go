@@ -5,6 +5,7 @@ package consume
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/once"
@@ -25,6 +26,24 @@ func Once(r *once.Runner, effect Func) Func {
 	}
 }
 
-// stored reports whether err is an error that once stored (a Permanent
-// error of the effect), which every redelivery would only replay.
-func stored(err error) bool { return errors.Is(err, once.ErrStored) }
+// stored reports whether err is a permanent error of the effect
+// (once.Permanent), stored by once, which every redelivery would only replay.
+func stored(err error) bool { return errors.Is(err, once.ErrPermanent) }
+
+// omitted reports whether the effect ran but once could not store its
+// result: it is not run again, so the message is done.
+func omitted(err error) bool { return errors.Is(err, once.ErrResultOmitted) }
+
+// invalidKey reports whether once refused the message ID (empty, or longer
+// than once.MaxKeyLen).
+func invalidKey(err error) bool { return errors.Is(err, once.ErrInvalidKey) }
+
+// retryAfter returns when once said to try again (in flight, store
+// unavailable).
+func retryAfter(err error) (time.Duration, bool) {
+	var e *once.Error
+	if errors.As(err, &e) && e.RetryAfter > 0 {
+		return e.RetryAfter, true
+	}
+	return 0, false
+}

@@ -78,7 +78,7 @@ func WithProgress(d time.Duration) Option {
 
 // WithFinal makes the errors for which final returns true terminate the
 // message instead of asking for it again, besides those that once stored
-// and replays (once.ErrStored), which always do: for a Func that is not
+// and replays (once.ErrPermanent), which always do: for a Func that is not
 // once.Do, or errors that no redelivery can cure.
 func WithFinal(final func(error) bool) Option {
 	return func(c *config) {

@@ -4,11 +4,15 @@ package consume_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/examples/jetstream/consume"
+	"github.com/idemkit/idempotency/internal/testkit/teststores"
 	"github.com/idemkit/idempotency/once"
 	"github.com/idemkit/idempotency/server"
 )
@@ -22,6 +26,8 @@ func onceDoor(store server.Store, opts ...once.Option) func(consume.Func) (proce
 			once.WithLease(lease),
 			once.WithTTL(10 * time.Minute),
 			once.WithStoreTimeout(5 * time.Second),
+			// Every death leaves a claim that the engine warns about.
+			once.WithLogger(slog.New(slog.DiscardHandler)),
 		}, opts...)...)
 		if err != nil {
 			return process{}, err
@@ -51,3 +57,37 @@ func TestExactlyOnce(t *testing.T) { testExactlyOnce(t, onceDoorRefusing) }
 
 // TestDeathInsideEffect: see testDeathInsideEffect.
 func TestDeathInsideEffect(t *testing.T) { testDeathInsideEffect(t, onceDoorRefusing) }
+
+// TestDecideOnce checks the decisions for what once returns: a permanent
+// error, run or replayed, terminates; a refusal naks after its RetryAfter.
+func TestDecideOnce(t *testing.T) {
+	r, err := once.New(teststores.Memory(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Shutdown(context.Background()) })
+	declined := errors.New("card declined")
+	runs := 0
+	fn := consume.Once(r, func(context.Context, engine.ID, []byte) error {
+		runs++
+		return once.Permanent(declined)
+	})
+	h, err := consume.New(fn, consume.WithRetryDelay(time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := engine.ID{Scope: "ORDERS/billing", Key: "order-1"}
+	for i := range 2 {
+		err := fn(context.Background(), id, []byte("data"))
+		if d := h.Decide(context.Background(), err); d.Action != consume.Term {
+			t.Errorf("call %d: Decide(%v) = %v, want term", i+1, err, d.Action)
+		}
+	}
+	if runs != 1 {
+		t.Errorf("runs = %d, want 1", runs)
+	}
+	err = fmt.Errorf("x: %w", &once.Error{Kind: engine.ErrInFlight, RetryAfter: 3 * time.Second})
+	if d := h.Decide(context.Background(), err); d.Action != consume.Nak || d.Delay != 3*time.Second {
+		t.Errorf("Decide(in flight for 3s) = %v after %v, want nak after 3s", d.Action, d.Delay)
+	}
+}

@@ -1,5 +1,3 @@
-//go:build oncelanded
-
 // Command jetstream consumes orders from a NATS JetStream stream and charges
 // each one at most once, however often the broker delivers it, with the
 // function door of package once keyed by the publisher's Nats-Msg-Id (see

@@ -37,7 +37,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 )
 
 // ErrNoMsgID is returned, wrapped, by [ID] for a message without a
@@ -47,7 +47,7 @@ var ErrNoMsgID = errors.New("consume: message has no " + jetstream.MsgIDHeader +
 // Func runs the effect of the message whose idempotency ID is id and whose
 // data is data, at most once per id: a door such as once.Do (see [Once]), or,
 // to see what the door prevents, the effect called directly.
-type Func func(ctx context.Context, id server.ID, data []byte) error
+type Func func(ctx context.Context, id engine.ID, data []byte) error
 
 // Handler handles JetStream messages: it runs each one through its Func and
 // acknowledges it according to the outcome. It is safe for concurrent use.
@@ -97,14 +97,14 @@ func (h *Handler) Process(ctx context.Context, msg jetstream.Msg) Decision {
 // ID returns the idempotency ID the Handler gives msg: [ID], with the scope
 // of WithScope if it was given, and the stream sequence as the key under
 // WithSequenceKey when the message has no Nats-Msg-Id.
-func (h *Handler) ID(msg jetstream.Msg) (server.ID, error) {
+func (h *Handler) ID(msg jetstream.Msg) (engine.ID, error) {
 	id, err := ID(msg)
 	if err != nil && !(h.cfg.seqKey && errors.Is(err, ErrNoMsgID)) {
-		return server.ID{}, err
+		return engine.ID{}, err
 	}
 	md, mdErr := msg.Metadata()
 	if mdErr != nil {
-		return server.ID{}, fmt.Errorf("consume: metadata: %w", mdErr)
+		return engine.ID{}, fmt.Errorf("consume: metadata: %w", mdErr)
 	}
 	if err != nil {
 		id.Key = "seq:" + strconv.FormatUint(md.Sequence.Stream, 10)
@@ -119,17 +119,17 @@ func (h *Handler) ID(msg jetstream.Msg) (server.ID, error) {
 // is the stream's name and the consumer's, joined by a slash, and Key is the
 // message's Nats-Msg-Id header. It fails with an error wrapping [ErrNoMsgID]
 // when the header is missing or empty.
-func ID(msg jetstream.Msg) (server.ID, error) {
+func ID(msg jetstream.Msg) (engine.ID, error) {
 	md, err := msg.Metadata()
 	if err != nil {
-		return server.ID{}, fmt.Errorf("consume: metadata: %w", err)
+		return engine.ID{}, fmt.Errorf("consume: metadata: %w", err)
 	}
 	scope := md.Stream + "/" + md.Consumer
 	key := msg.Headers().Get(jetstream.MsgIDHeader)
 	if key == "" {
-		return server.ID{Scope: scope}, fmt.Errorf("%w (stream sequence %d)", ErrNoMsgID, md.Sequence.Stream)
+		return engine.ID{Scope: scope}, fmt.Errorf("%w (stream sequence %d)", ErrNoMsgID, md.Sequence.Stream)
 	}
-	return server.ID{Scope: scope, Key: key}, nil
+	return engine.ID{Scope: scope, Key: key}, nil
 }
 
 // progress sends InProgress for msg every WithProgress interval until the

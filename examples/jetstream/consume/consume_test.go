@@ -11,11 +11,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/examples/jetstream/consume"
-	"github.com/idemkit/idempotency/server"
 )
 
-// fakeMsg is a delivered message, for the tests that need no server.
+// fakeMsg is a delivered message, for the tests that need no engine.
 type fakeMsg struct {
 	jetstream.Msg // nil: the methods not overridden panic
 	md            jetstream.MsgMetadata
@@ -45,7 +45,7 @@ func TestID(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (server.ID{Scope: "ORDERS/billing", Key: "order-1"}); id != want {
+	if want := (engine.ID{Scope: "ORDERS/billing", Key: "order-1"}); id != want {
 		t.Errorf("ID() = %+v, want %+v", id, want)
 	}
 	if _, err := consume.ID(newMsg("", 7)); !errors.Is(err, consume.ErrNoMsgID) {
@@ -54,19 +54,19 @@ func TestID(t *testing.T) {
 }
 
 func TestHandlerID(t *testing.T) {
-	nop := func(context.Context, server.ID, []byte) error { return nil }
+	nop := func(context.Context, engine.ID, []byte) error { return nil }
 	for _, tc := range []struct {
 		name  string
 		opts  []consume.Option
 		msg   *fakeMsg
-		want  server.ID
+		want  engine.ID
 		noKey bool
 	}{
-		{"msg id", nil, newMsg("order-1", 7), server.ID{Scope: "ORDERS/billing", Key: "order-1"}, false},
-		{"scope", []consume.Option{consume.WithScope("billing-v2")}, newMsg("order-1", 7), server.ID{Scope: "billing-v2", Key: "order-1"}, false},
-		{"no msg id", nil, newMsg("", 7), server.ID{}, true},
-		{"sequence key", []consume.Option{consume.WithSequenceKey()}, newMsg("", 7), server.ID{Scope: "ORDERS/billing", Key: "seq:7"}, false},
-		{"msg id wins over sequence", []consume.Option{consume.WithSequenceKey()}, newMsg("order-1", 7), server.ID{Scope: "ORDERS/billing", Key: "order-1"}, false},
+		{"msg id", nil, newMsg("order-1", 7), engine.ID{Scope: "ORDERS/billing", Key: "order-1"}, false},
+		{"scope", []consume.Option{consume.WithScope("billing-v2")}, newMsg("order-1", 7), engine.ID{Scope: "billing-v2", Key: "order-1"}, false},
+		{"no msg id", nil, newMsg("", 7), engine.ID{}, true},
+		{"sequence key", []consume.Option{consume.WithSequenceKey()}, newMsg("", 7), engine.ID{Scope: "ORDERS/billing", Key: "seq:7"}, false},
+		{"msg id wins over sequence", []consume.Option{consume.WithSequenceKey()}, newMsg("order-1", 7), engine.ID{Scope: "ORDERS/billing", Key: "order-1"}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h, err := consume.New(nop, tc.opts...)
@@ -92,7 +92,7 @@ func TestHandlerID(t *testing.T) {
 
 func TestDecide(t *testing.T) {
 	permanent := errors.New("card declined")
-	h, err := consume.New(func(context.Context, server.ID, []byte) error { return nil },
+	h, err := consume.New(func(context.Context, engine.ID, []byte) error { return nil },
 		consume.WithRetryDelay(time.Second),
 		consume.WithFinal(func(err error) bool { return errors.Is(err, permanent) }))
 	if err != nil {
@@ -109,11 +109,11 @@ func TestDecide(t *testing.T) {
 	}{
 		{"done", context.Background(), nil, consume.Ack, 0},
 		{"released", context.Background(), errors.New("timeout"), consume.Nak, time.Second},
-		{"in flight", context.Background(), fmt.Errorf("x: %w", server.ErrInFlight), consume.Nak, time.Second},
-		{"store unavailable", context.Background(), fmt.Errorf("x: %w", server.ErrStoreUnavailable), consume.Nak, time.Second},
+		{"in flight", context.Background(), fmt.Errorf("x: %w", engine.ErrInFlight), consume.Nak, time.Second},
+		{"store unavailable", context.Background(), fmt.Errorf("x: %w", engine.ErrStoreUnavailable), consume.Nak, time.Second},
 		{"shutting down", done, context.Canceled, consume.Nak, 0},
-		{"key mismatch", context.Background(), fmt.Errorf("x: %w", server.ErrKeyMismatch), consume.Term, 0},
-		{"outcome unknown", context.Background(), fmt.Errorf("x: %w", server.ErrOutcomeUnknown), consume.Term, 0},
+		{"key mismatch", context.Background(), fmt.Errorf("x: %w", engine.ErrKeyMismatch), consume.Term, 0},
+		{"outcome unknown", context.Background(), fmt.Errorf("x: %w", engine.ErrOutcomeUnknown), consume.Term, 0},
 		{"final", context.Background(), fmt.Errorf("x: %w", permanent), consume.Term, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -129,7 +129,7 @@ func TestDecide(t *testing.T) {
 }
 
 func TestNewInvalid(t *testing.T) {
-	nop := func(context.Context, server.ID, []byte) error { return nil }
+	nop := func(context.Context, engine.ID, []byte) error { return nil }
 	if _, err := consume.New(nil); err == nil {
 		t.Error("New(nil) err = nil, want an error")
 	}
@@ -156,7 +156,7 @@ func TestProgress(t *testing.T) {
 		t.Fatal(err)
 	}
 	runs := 0
-	h, err := consume.New(func(context.Context, server.ID, []byte) error {
+	h, err := consume.New(func(context.Context, engine.ID, []byte) error {
 		runs++
 		time.Sleep(3 * wait) // work that outlasts AckWait, not a wait for a condition
 		return nil

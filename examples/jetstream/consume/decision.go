@@ -8,7 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 )
 
 // Action is what a Handler tells the broker about a message.
@@ -97,12 +97,12 @@ func (h *Handler) Decide(ctx context.Context, err error) Decision {
 		// A permanent error that the door stored: every redelivery
 		// would replay it.
 		return Decision{Action: Term, Reason: "permanent: " + err.Error(), Err: err}
-	case errors.Is(err, server.ErrKeyMismatch):
+	case errors.Is(err, engine.ErrKeyMismatch):
 		// The publisher reused a message ID for other data: running it
 		// again can never succeed, and neither message may be dropped
 		// silently.
 		return Decision{Action: Term, Reason: "message ID reused for other data", Err: err}
-	case errors.Is(err, server.ErrOutcomeUnknown):
+	case errors.Is(err, engine.ErrOutcomeUnknown):
 		// An earlier holder was lost after it may have run the effect,
 		// and the door refuses to guess: an operator must look.
 		return Decision{Action: Term, Reason: "outcome unknown: an earlier holder was lost", Err: err}

@@ -1,5 +1,3 @@
-//go:build oncelanded
-
 package consume_test
 
 import (
@@ -14,12 +12,11 @@ import (
 	"github.com/idemkit/idempotency/examples/jetstream/consume"
 	"github.com/idemkit/idempotency/internal/testkit/teststores"
 	"github.com/idemkit/idempotency/once"
-	"github.com/idemkit/idempotency/server"
 )
 
 // onceDoor makes processes that run the effect through once.Do on their own
 // Runner, over store: a process that dies leaves its record as it was.
-func onceDoor(store server.Store, opts ...once.Option) func(consume.Func) (process, error) {
+func onceDoor(store engine.Store, opts ...once.Option) func(consume.Func) (process, error) {
 	return func(effect consume.Func) (process, error) {
 		cut := &cutStore{inner: store}
 		r, err := once.New(cut, append([]once.Option{
@@ -45,7 +42,7 @@ func onceDoor(store server.Store, opts ...once.Option) func(consume.Func) (proce
 }
 
 // onceDoorRefusing is onceDoor, with RefuseAbandoned when refuse is set.
-func onceDoorRefusing(store server.Store, refuse bool) func(consume.Func) (process, error) {
+func onceDoorRefusing(store engine.Store, refuse bool) func(consume.Func) (process, error) {
 	if refuse {
 		return onceDoor(store, once.WithAbandoned(engine.RefuseAbandoned))
 	}

@@ -6,13 +6,13 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/examples/jetstream/consume"
-	"github.com/idemkit/idempotency/server"
 )
 
 // What a Handler tells the broker after its Func returned.
 func ExampleHandler_Decide() {
-	effect := func(context.Context, server.ID, []byte) error { return nil }
+	effect := func(context.Context, engine.ID, []byte) error { return nil }
 	h, err := consume.New(effect, consume.WithRetryDelay(time.Second))
 	if err != nil {
 		panic(err)
@@ -20,9 +20,9 @@ func ExampleHandler_Decide() {
 	for _, err := range []error{
 		nil,                            // ran, or replayed: stored
 		errors.New("upstream timeout"), // released: run it again later
-		server.ErrInFlight,             // another instance holds it
-		server.ErrKeyMismatch,          // a Nats-Msg-Id reused for other data
-		server.ErrOutcomeUnknown,       // RefuseAbandoned after a lost holder
+		engine.ErrInFlight,             // another instance holds it
+		engine.ErrKeyMismatch,          // a Nats-Msg-Id reused for other data
+		engine.ErrOutcomeUnknown,       // RefuseAbandoned after a lost holder
 	} {
 		d := h.Decide(context.Background(), err)
 		fmt.Println(d.Action, d.Delay)

@@ -20,9 +20,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/examples/jetstream/consume"
 	"github.com/idemkit/idempotency/internal/testkit/servicetest"
-	"github.com/idemkit/idempotency/server"
 )
 
 var (
@@ -201,18 +201,11 @@ func msgID(i int) string { return fmt.Sprintf("order-%04d", i) }
 
 type fateKey struct{}
 
-// interimLease carries Claim.Abandoned to the effect, as the lease in the
-// context of the door does, in storeDoor's runs.
-type interimLease struct{}
-
 // abandoned returns how many holders of the message's record were lost
 // before this one, as the door's lease says.
 func abandoned(ctx context.Context) int {
-	if l, ok := server.LeaseFromContext(ctx); ok {
-		return l.Abandoned
-	}
-	n, _ := ctx.Value(interimLease{}).(int)
-	return n
+	l, _ := engine.LeaseFromContext(ctx)
+	return l.Abandoned
 }
 
 // delivery is what the effect knows of the delivery it runs for.
@@ -257,7 +250,7 @@ func run(t *testing.T, cfg runConfig) *result {
 	settled := map[string]bool{}
 	errTransient := errors.New("effect failed before it did anything")
 	errDied := errors.New("process died")
-	effect := func(ctx context.Context, id server.ID, data []byte) error {
+	effect := func(ctx context.Context, id engine.ID, data []byte) error {
 		d, _ := ctx.Value(fateKey{}).(*delivery)
 		if abandoned(ctx) > 0 {
 			mu.Lock()

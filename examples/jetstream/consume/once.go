@@ -1,5 +1,3 @@
-//go:build oncelanded
-
 package consume
 
 import (

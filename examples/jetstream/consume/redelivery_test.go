@@ -4,9 +4,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/examples/jetstream/consume"
 	"github.com/idemkit/idempotency/internal/testkit/teststores"
-	"github.com/idemkit/idempotency/server"
 )
 
 // ordinary are the fates of the runs that the door must make exactly once:
@@ -46,7 +46,7 @@ var inside = fates{dieBefore: 0.06, dieAfterEffect: 0.12}
 
 // door makes the processes of a run with the door over store; refuse asks
 // for RefuseAbandoned.
-type door func(store server.Store, refuse bool) func(consume.Func) (process, error)
+type door func(store engine.Store, refuse bool) func(consume.Func) (process, error)
 
 // testExactlyOnce publishes messages whose deliveries fail, die before the
 // effect, die after the door returned but before the ack, or outlast

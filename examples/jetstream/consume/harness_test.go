@@ -34,11 +34,13 @@ var (
 const envNATSURL = "IDEMPOTENCY_NATS_URL"
 
 // Timing of the runs: the consumer redelivers an unacknowledged message
-// after ackWait; a dead holder's lease ends after lease, so that its record
-// is usually free to take over when the message comes back.
+// after ackWait; a dead holder's lease ends after lease, longer than
+// ackWait, so that a live holder on a loaded machine keeps its lease through
+// a stall of a few hundred milliseconds: a message that comes back before
+// the lease ends is refused as in flight, and naked until it is free.
 const (
 	ackWait    = 300 * time.Millisecond
-	lease      = 150 * time.Millisecond
+	lease      = 500 * time.Millisecond
 	retryDelay = 50 * time.Millisecond
 	workers    = 4
 	// maxFated is the last delivery of a message that may die or fail:

@@ -99,8 +99,8 @@ func (h *Handler) Decide(ctx context.Context, err error) Decision {
 		return Decision{Action: Term, Reason: "permanent: " + err.Error(), Err: err}
 	case errors.Is(err, engine.ErrKeyMismatch):
 		// The publisher reused a message ID for other data: running it
-		// again can never succeed, and neither message may be dropped
-		// silently.
+		// again can never succeed. Term publishes an advisory, so the
+		// second message is not dropped unseen.
 		return Decision{Action: Term, Reason: "message ID reused for other data", Err: err}
 	case errors.Is(err, engine.ErrOutcomeUnknown):
 		// An earlier holder was lost after it may have run the effect,

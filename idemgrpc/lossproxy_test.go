@@ -1,0 +1,192 @@
+package idemgrpc_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"sync"
+
+	"google.golang.org/grpc/stats"
+)
+
+// lossProxy is a loopback TCP proxy in front of a gRPC server that loses
+// the answers of the calls it is told to: while it is armed, nothing the
+// server sends reaches the client, and when the server has finished a call
+// (its stats End, after it wrote the status) the proxy resets every
+// connection. The server ran the call; the client sees its connection fail
+// (Unavailable) and never sees the answer. Arm it before a call made while
+// no other call is under way, so that exactly that call's answer is lost.
+type lossProxy struct {
+	upstream string
+	ln       net.Listener
+	wg       sync.WaitGroup
+
+	mu     sync.Mutex
+	armed  int // answers still to lose
+	lost   int // answers lost
+	conns  map[*proxyConn]struct{}
+	closed bool
+}
+
+type proxyConn struct {
+	client, server net.Conn
+	once           sync.Once
+}
+
+func (c *proxyConn) kill() {
+	c.once.Do(func() {
+		if tc, ok := c.client.(*net.TCPConn); ok {
+			tc.SetLinger(0) // a reset, as a failed network gives
+		}
+		c.client.Close()
+		c.server.Close()
+	})
+}
+
+func startLossProxy(upstream string) (*lossProxy, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	p := &lossProxy{upstream: upstream, ln: ln, conns: make(map[*proxyConn]struct{})}
+	p.wg.Add(1)
+	go p.accept()
+	return p, nil
+}
+
+func (p *lossProxy) Addr() string { return p.ln.Addr().String() }
+
+func (p *lossProxy) accept() {
+	defer p.wg.Done()
+	for {
+		cl, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		up, err := net.Dial("tcp", p.upstream)
+		if err != nil {
+			cl.Close()
+			continue
+		}
+		c := &proxyConn{client: cl, server: up}
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			c.kill()
+			continue
+		}
+		p.conns[c] = struct{}{}
+		p.mu.Unlock()
+		p.wg.Add(2)
+		go func() {
+			defer p.wg.Done()
+			io.Copy(up, cl)
+			p.drop(c)
+		}()
+		go func() {
+			defer p.wg.Done()
+			p.back(c)
+			p.drop(c)
+		}()
+	}
+}
+
+// back copies the server's bytes to the client, unless the proxy is armed.
+func (p *lossProxy) back(c *proxyConn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := c.server.Read(buf)
+		if n > 0 {
+			p.mu.Lock()
+			swallow := p.armed > 0
+			p.mu.Unlock()
+			if !swallow {
+				if _, werr := c.client.Write(buf[:n]); werr != nil {
+					return
+				}
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (p *lossProxy) drop(c *proxyConn) {
+	c.kill()
+	p.mu.Lock()
+	delete(p.conns, c)
+	p.mu.Unlock()
+}
+
+// Arm makes the proxy lose the answers of the next n calls to finish.
+func (p *lossProxy) Arm(n int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.armed = n
+}
+
+// Lost returns how many answers the proxy has lost.
+func (p *lossProxy) Lost() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.lost
+}
+
+// finished is called when the server has finished a call: if armed, its
+// answer is lost with every connection.
+func (p *lossProxy) finished() {
+	p.mu.Lock()
+	if p.armed == 0 {
+		p.mu.Unlock()
+		return
+	}
+	p.armed--
+	p.lost++
+	victims := make([]*proxyConn, 0, len(p.conns))
+	for c := range p.conns {
+		victims = append(victims, c)
+		delete(p.conns, c)
+	}
+	p.mu.Unlock()
+	for _, c := range victims {
+		c.kill()
+	}
+}
+
+// Close stops the proxy, closes its connections and waits for its
+// goroutines.
+func (p *lossProxy) Close() error {
+	err := p.ln.Close()
+	p.mu.Lock()
+	p.closed = true
+	victims := make([]*proxyConn, 0, len(p.conns))
+	for c := range p.conns {
+		victims = append(victims, c)
+	}
+	p.mu.Unlock()
+	for _, c := range victims {
+		c.kill()
+	}
+	p.wg.Wait()
+	if errors.Is(err, net.ErrClosed) {
+		err = nil
+	}
+	return err
+}
+
+// StatsHandler returns the server stats handler that tells the proxy when a
+// call has finished.
+func (p *lossProxy) StatsHandler() stats.Handler { return lossHook{p} }
+
+type lossHook struct{ p *lossProxy }
+
+func (h lossHook) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
+func (h lossHook) HandleRPC(_ context.Context, s stats.RPCStats) {
+	if _, ok := s.(*stats.End); ok {
+		h.p.finished()
+	}
+}
+func (h lossHook) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context { return ctx }
+func (h lossHook) HandleConn(context.Context, stats.ConnStats)                       {}

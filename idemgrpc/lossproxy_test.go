@@ -11,10 +11,10 @@ import (
 )
 
 // lossProxy is a loopback TCP proxy in front of a gRPC server that loses
-// the answers of the calls it is told to: while it is armed, nothing the
-// server sends reaches the client, and when the server has finished a call
-// (its stats End, after it wrote the status) the proxy resets every
-// connection. The server ran the call; the client sees its connection fail
+// the answers of the calls it is told to: once the server has begun such a
+// call (its stats Begin), nothing the server sends reaches the client, and
+// when the server has finished it (its stats End, after it wrote the
+// status) the proxy resets every connection. The server ran the call; the client sees its connection fail
 // (Unavailable) and never sees the answer. Arm it before a call made while
 // no other call is under way, so that exactly that call's answer is lost.
 type lossProxy struct {
@@ -22,16 +22,18 @@ type lossProxy struct {
 	ln       net.Listener
 	wg       sync.WaitGroup
 
-	mu     sync.Mutex
-	armed  int // answers still to lose
-	lost   int // answers lost
-	conns  map[*proxyConn]struct{}
-	closed bool
+	mu      sync.Mutex
+	armed   int  // answers still to lose
+	swallow bool // a call whose answer is lost is under way
+	lost    int  // answers lost
+	conns   map[*proxyConn]struct{}
+	closed  bool
 }
 
 type proxyConn struct {
 	client, server net.Conn
 	once           sync.Once
+	dead           bool // guarded by the proxy's mu: nothing more is forwarded
 }
 
 func (c *proxyConn) kill() {
@@ -99,7 +101,7 @@ func (p *lossProxy) back(c *proxyConn) {
 		n, err := c.server.Read(buf)
 		if n > 0 {
 			p.mu.Lock()
-			swallow := p.armed > 0
+			swallow := p.swallow || c.dead
 			p.mu.Unlock()
 			if !swallow {
 				if _, werr := c.client.Write(buf[:n]); werr != nil {
@@ -125,6 +127,9 @@ func (p *lossProxy) Arm(n int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.armed = n
+	if n == 0 {
+		p.swallow = false
+	}
 }
 
 // Lost returns how many answers the proxy has lost.
@@ -134,18 +139,30 @@ func (p *lossProxy) Lost() int {
 	return p.lost
 }
 
-// finished is called when the server has finished a call: if armed, its
-// answer is lost with every connection.
+// begun is called when the server begins a call: if armed, what it sends
+// from now on is lost.
+func (p *lossProxy) begun() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.armed > 0 {
+		p.swallow = true
+	}
+}
+
+// finished is called when the server has finished a call: if its answer is
+// to be lost, it is lost with every connection.
 func (p *lossProxy) finished() {
 	p.mu.Lock()
-	if p.armed == 0 {
+	if !p.swallow {
 		p.mu.Unlock()
 		return
 	}
+	p.swallow = false
 	p.armed--
 	p.lost++
 	victims := make([]*proxyConn, 0, len(p.conns))
 	for c := range p.conns {
+		c.dead = true // the bytes the server writes after End are lost too
 		victims = append(victims, c)
 		delete(p.conns, c)
 	}
@@ -184,7 +201,10 @@ type lossHook struct{ p *lossProxy }
 
 func (h lossHook) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
 func (h lossHook) HandleRPC(_ context.Context, s stats.RPCStats) {
-	if _, ok := s.(*stats.End); ok {
+	switch s.(type) {
+	case *stats.Begin:
+		h.p.begun()
+	case *stats.End:
 		h.p.finished()
 	}
 }

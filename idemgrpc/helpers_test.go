@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -64,13 +65,35 @@ func (e *effects) snapshot() (total, duplicated int) {
 // Before it answers it waits for block, if set.
 type service struct {
 	testgrpc.UnimplementedTestServiceServer
-	eff     *effects
-	block   chan struct{}
-	started chan struct{}
+	eff       *effects
+	block     chan struct{}
+	started   chan struct{}
+	failFirst int  // the first failFirst executions of an id fail with Unavailable
+	hangFirst bool // the first execution of an id waits for its context to end
+
+	mu   sync.Mutex
+	keys []string // the key of each execution
+}
+
+func (s *service) seenKeys() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.keys...)
 }
 
 func (s *service) UnaryCall(ctx context.Context, req *testpb.SimpleRequest) (*testpb.SimpleResponse, error) {
 	n := s.eff.add(string(req.GetPayload().GetBody()))
+	md, _ := metadata.FromIncomingContext(ctx)
+	s.mu.Lock()
+	s.keys = append(s.keys, strings.Join(md.Get(idemgrpc.MetadataKey), ","))
+	s.mu.Unlock()
+	if n <= s.failFirst {
+		return nil, status.Error(codes.Unavailable, "not yet")
+	}
+	if s.hangFirst && n == 1 {
+		<-ctx.Done()
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
 	if s.started != nil {
 		s.started <- struct{}{}
 	}

@@ -1,0 +1,260 @@
+package idemgrpc_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/idemkit/idempotency/engine"
+	"github.com/idemkit/idempotency/idemgrpc"
+	"github.com/idemkit/idempotency/internal/testkit/faultstore"
+	"github.com/idemkit/idempotency/internal/testkit/teststores"
+)
+
+// wantRefusal checks that err has code and the idempotency reason, and,
+// if retry is set, a RetryInfo detail.
+func wantRefusal(t *testing.T, err error, code codes.Code, reason string, retry bool) {
+	t.Helper()
+	st := status.Convert(err)
+	if st.Code() != code {
+		t.Fatalf("code = %v (%v), want %v", st.Code(), err, code)
+	}
+	if got := idemgrpc.Reason(err); got != reason {
+		t.Errorf("Reason() = %q, want %q", got, reason)
+	}
+	hasRetry := false
+	for _, d := range st.Details() {
+		if _, ok := d.(*errdetails.RetryInfo); ok {
+			hasRetry = true
+		}
+	}
+	if hasRetry != retry {
+		t.Errorf("RetryInfo = %v, want %v", hasRetry, retry)
+	}
+}
+
+func TestKeyMissing(t *testing.T) {
+	f := newFixture(t, fixtureOptions{store: teststores.Memory(t)})
+	_, err := f.client().UnaryCall(testContext(t), request("a"))
+	wantRefusal(t, err, codes.InvalidArgument, idemgrpc.ReasonKeyMissing, false)
+	if n := f.svc.eff.count("a"); n != 0 {
+		t.Errorf("executions = %d, want 0", n)
+	}
+}
+
+func TestKeyOptional(t *testing.T) {
+	f := newFixture(t, fixtureOptions{store: teststores.Memory(t), serverOpts: []idemgrpc.ServerOption{idemgrpc.WithKeyOptional()}})
+	for range 2 {
+		if _, err := f.client().UnaryCall(testContext(t), request("a")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := f.svc.eff.count("a"); n != 2 {
+		t.Errorf("executions = %d, want 2 (unprotected)", n)
+	}
+}
+
+func TestUnprotectedMethod(t *testing.T) {
+	f := newFixture(t, fixtureOptions{store: teststores.Memory(t), serverOpts: []idemgrpc.ServerOption{idemgrpc.WithProtectedMethods("/grpc.testing.TestService/EmptyCall")}})
+	if _, err := f.client().UnaryCall(testContext(t), request("a")); err != nil {
+		t.Fatalf("an unprotected method without a key: %v", err)
+	}
+}
+
+func TestKeyInvalid(t *testing.T) {
+	f := newFixture(t, fixtureOptions{store: teststores.Memory(t), serverOpts: []idemgrpc.ServerOption{
+		idemgrpc.WithKeyFormat(func(k string) error {
+			if strings.HasPrefix(k, "bad") {
+				return errors.New("not a good key")
+			}
+			return nil
+		}),
+	}})
+	for name, ctx := range map[string]context.Context{
+		"too long":   withKey(testContext(t), strings.Repeat("k", 256)),
+		"two values": withKey(withKey(testContext(t), "k1"), "k2"),
+		"format":     withKey(testContext(t), "bad-key"),
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := f.client().UnaryCall(ctx, request("a"))
+			wantRefusal(t, err, codes.InvalidArgument, idemgrpc.ReasonKeyInvalid, false)
+		})
+	}
+	if n := f.svc.eff.count("a"); n != 0 {
+		t.Errorf("executions = %d, want 0", n)
+	}
+}
+
+func TestKeyMismatch(t *testing.T) {
+	f := newFixture(t, fixtureOptions{store: teststores.Memory(t)})
+	ctx := withKey(testContext(t), "k")
+	if _, err := f.client().UnaryCall(ctx, request("a")); err != nil {
+		t.Fatal(err)
+	}
+	_, err := f.client().UnaryCall(ctx, request("b"))
+	wantRefusal(t, err, codes.FailedPrecondition, idemgrpc.ReasonKeyMismatch, false)
+	if n := f.svc.eff.count("b"); n != 0 {
+		t.Errorf("executions = %d, want 0", n)
+	}
+}
+
+// TestScope: the same key from two credentials is two keys.
+func TestScope(t *testing.T) {
+	f := newFixture(t, fixtureOptions{store: teststores.Memory(t)})
+	for _, cred := range []string{"Bearer alice", "Bearer bob"} {
+		ctx := metadata.AppendToOutgoingContext(withKey(testContext(t), "k"), "authorization", cred)
+		if _, err := f.client().UnaryCall(ctx, request(cred)); err != nil {
+			t.Fatalf("%s: %v", cred, err)
+		}
+	}
+}
+
+func TestInFlight(t *testing.T) {
+	svc := &service{eff: newEffects(), block: make(chan struct{}), started: make(chan struct{}, 1)}
+	f := newFixture(t, fixtureOptions{store: teststores.Memory(t), svc: svc, serverOpts: []idemgrpc.ServerOption{idemgrpc.WithRetryAfter(2 * time.Second)}})
+	ctx := withKey(testContext(t), "k")
+	var wg sync.WaitGroup
+	wg.Add(1)
+	var firstErr error
+	go func() {
+		defer wg.Done()
+		_, firstErr = f.client().UnaryCall(ctx, request("a"))
+	}()
+	<-svc.started
+	var trailer metadata.MD
+	_, err := f.client().UnaryCall(ctx, request("a"), grpc.Trailer(&trailer))
+	wantRefusal(t, err, codes.Aborted, idemgrpc.ReasonInFlight, true)
+	if got := trailer.Get(idemgrpc.MetadataRetryAfter); len(got) != 1 || got[0] != "2" {
+		t.Errorf("retry-after trailer = %q, want [2]", got)
+	}
+	close(svc.block)
+	wg.Wait()
+	if firstErr != nil {
+		t.Fatal(firstErr)
+	}
+	if n := svc.eff.count("a"); n != 1 {
+		t.Errorf("executions = %d, want 1", n)
+	}
+}
+
+func TestStoreUnavailable(t *testing.T) {
+	store := faultstore.New(teststores.Memory(t))
+	store.Set(faultstore.Claim, faultstore.Fault{Err: errors.New("store down")})
+	f := newFixture(t, fixtureOptions{store: store})
+	_, err := f.client().UnaryCall(withKey(testContext(t), "k"), request("a"))
+	wantRefusal(t, err, codes.Unavailable, idemgrpc.ReasonStoreUnavailable, true)
+	if n := f.svc.eff.count("a"); n != 0 {
+		t.Errorf("executions = %d, want 0", n)
+	}
+}
+
+// abandoning is a Store whose first acquiring Claim reports that it took
+// over from an abandoned holder, as a store does after the holder's
+// process died.
+type abandoning struct {
+	engine.Store
+	once sync.Once
+}
+
+func (s *abandoning) Claim(ctx context.Context, id engine.ID, fp string, lease, ttl time.Duration) (engine.Claim, error) {
+	c, err := s.Store.Claim(ctx, id, fp, lease, ttl)
+	if err == nil && c.Status == engine.Acquired {
+		s.once.Do(func() { c.Abandoned = 1 })
+	}
+	return c, err
+}
+
+// TestOutcomeUnknown: under RefuseAbandoned, a takeover is answered
+// DataLoss, stored and replayed, and the client does not retry it.
+func TestOutcomeUnknown(t *testing.T) {
+	f := newFixture(t, fixtureOptions{
+		store:      &abandoning{Store: teststores.Memory(t)},
+		serverOpts: []idemgrpc.ServerOption{idemgrpc.WithAbandoned(engine.RefuseAbandoned)},
+		client:     clientInterceptor(t, idemgrpc.WithBackoff(0, 0)),
+	})
+	ctx := withKey(testContext(t), "k")
+	for i, wantReplay := range []bool{false, true} {
+		var rep idemgrpc.Report
+		_, err := f.client().UnaryCall(ctx, request("a"), idemgrpc.WithReport(&rep))
+		wantRefusal(t, err, codes.DataLoss, idemgrpc.ReasonOutcomeUnknown, false)
+		if rep.Attempts != 1 || rep.Replayed != wantReplay {
+			t.Errorf("call %d: attempts = %d, replayed = %v; want 1, %v", i, rep.Attempts, rep.Replayed, wantReplay)
+		}
+	}
+	if n := f.svc.eff.count("a"); n != 0 {
+		t.Errorf("executions = %d, want 0", n)
+	}
+}
+
+// TestStoredError: a handler's error that does not mean "retry" is stored
+// and replayed, with its code and message.
+func TestStoredError(t *testing.T) {
+	f := newFixture(t, fixtureOptions{store: teststores.Memory(t)})
+	ctx := withKey(testContext(t), "k")
+	for i, replay := range []bool{false, true} {
+		var header metadata.MD
+		_, err := f.client().UnaryCall(ctx, failing("a", codes.NotFound, "no such order"), grpc.Header(&header))
+		if st := status.Convert(err); st.Code() != codes.NotFound || st.Message() != "no such order" {
+			t.Fatalf("call %d: %v, want NotFound: no such order", i, err)
+		}
+		if idemgrpc.Replayed(header) != replay {
+			t.Errorf("call %d: Replayed = %v, want %v", i, idemgrpc.Replayed(header), replay)
+		}
+	}
+	if n := f.svc.eff.count("a"); n != 1 {
+		t.Errorf("executions = %d, want 1", n)
+	}
+}
+
+// TestReleasedError: a handler's error that means "retry" releases the key.
+func TestReleasedError(t *testing.T) {
+	for _, code := range []codes.Code{codes.Unavailable, codes.Internal, codes.Unknown, codes.ResourceExhausted, codes.Aborted, codes.DeadlineExceeded} {
+		t.Run(code.String(), func(t *testing.T) {
+			f := newFixture(t, fixtureOptions{store: teststores.Memory(t)})
+			ctx := withKey(testContext(t), "k")
+			for range 2 {
+				if _, err := f.client().UnaryCall(ctx, failing("a", code, "try again")); status.Code(err) != code {
+					t.Fatalf("%v, want %v", err, code)
+				}
+			}
+			if n := f.svc.eff.count("a"); n != 2 {
+				t.Errorf("executions = %d, want 2", n)
+			}
+		})
+	}
+}
+
+// TestReplay: a replay has the first answer's message, header and trailer,
+// and idempotent-replayed: true.
+func TestReplay(t *testing.T) {
+	f := newFixture(t, fixtureOptions{store: teststores.Memory(t)})
+	ctx := withKey(testContext(t), "k")
+	for i, replay := range []bool{false, true} {
+		var header, trailer metadata.MD
+		resp, err := f.client().UnaryCall(ctx, request("a"), grpc.Header(&header), grpc.Trailer(&trailer))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.GetUsername() != "1" || string(resp.GetPayload().GetBody()) != "a" {
+			t.Errorf("call %d: answer %v, want the first's", i, resp)
+		}
+		if got := header.Get("x-run"); len(got) != 1 || got[0] != "1" {
+			t.Errorf("call %d: x-run = %q, want [1]", i, got)
+		}
+		if got := trailer.Get("x-trailer"); len(got) != 1 || got[0] != "t" {
+			t.Errorf("call %d: x-trailer = %q, want [t]", i, got)
+		}
+		if idemgrpc.Replayed(header) != replay {
+			t.Errorf("call %d: Replayed = %v, want %v", i, idemgrpc.Replayed(header), replay)
+		}
+	}
+}

@@ -8,7 +8,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
-	testpb "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/metadata"
 
 	"github.com/idemkit/idempotency/idemgrpc"
@@ -21,9 +20,9 @@ type orders struct {
 	runs int
 }
 
-func (o *orders) UnaryCall(_ context.Context, req *testpb.SimpleRequest) (*testpb.SimpleResponse, error) {
+func (o *orders) UnaryCall(_ context.Context, req *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
 	o.runs++
-	return &testpb.SimpleResponse{Username: fmt.Sprintf("order %s, run %d", req.GetPayload().GetBody(), o.runs)}, nil
+	return &testgrpc.SimpleResponse{Username: fmt.Sprintf("order %s, run %d", req.GetPayload().GetBody(), o.runs)}, nil
 }
 
 // A server protected by the server interceptor, and a client whose calls
@@ -71,7 +70,7 @@ func Example() {
 	ctx = metadata.AppendToOutgoingContext(ctx, idemgrpc.MetadataKey, "order-42")
 	for range 2 {
 		var rep idemgrpc.Report
-		resp, err := client.UnaryCall(ctx, &testpb.SimpleRequest{Payload: &testpb.Payload{Body: []byte("42")}}, idemgrpc.WithReport(&rep))
+		resp, err := client.UnaryCall(ctx, &testgrpc.SimpleRequest{Payload: &testgrpc.Payload{Body: []byte("42")}}, idemgrpc.WithReport(&rep))
 		if err != nil {
 			panic(err)
 		}

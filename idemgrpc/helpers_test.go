@@ -14,7 +14,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
-	testpb "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -81,7 +80,7 @@ func (s *service) seenKeys() []string {
 	return append([]string(nil), s.keys...)
 }
 
-func (s *service) UnaryCall(ctx context.Context, req *testpb.SimpleRequest) (*testpb.SimpleResponse, error) {
+func (s *service) UnaryCall(ctx context.Context, req *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
 	n := s.eff.add(string(req.GetPayload().GetBody()))
 	md, _ := metadata.FromIncomingContext(ctx)
 	s.mu.Lock()
@@ -109,7 +108,7 @@ func (s *service) UnaryCall(ctx context.Context, req *testpb.SimpleRequest) (*te
 	if st := req.GetResponseStatus(); st != nil && st.GetCode() != 0 {
 		return nil, status.Error(codes.Code(st.GetCode()), st.GetMessage())
 	}
-	return &testpb.SimpleResponse{Payload: req.GetPayload(), Username: strconv.Itoa(n)}, nil
+	return &testgrpc.SimpleResponse{Payload: req.GetPayload(), Username: strconv.Itoa(n)}, nil
 }
 
 // fixture is a gRPC server on loopback, behind a lossProxy, and a client
@@ -198,13 +197,13 @@ func newFixture(t testing.TB, o fixtureOptions) *fixture {
 
 func (f *fixture) client() testgrpc.TestServiceClient { return testgrpc.NewTestServiceClient(f.conn) }
 
-func request(id string) *testpb.SimpleRequest {
-	return &testpb.SimpleRequest{Payload: &testpb.Payload{Body: []byte(id)}}
+func request(id string) *testgrpc.SimpleRequest {
+	return &testgrpc.SimpleRequest{Payload: &testgrpc.Payload{Body: []byte(id)}}
 }
 
-func failing(id string, code codes.Code, msg string) *testpb.SimpleRequest {
+func failing(id string, code codes.Code, msg string) *testgrpc.SimpleRequest {
 	r := request(id)
-	r.ResponseStatus = &testpb.EchoStatus{Code: int32(code), Message: msg}
+	r.ResponseStatus = &testgrpc.EchoStatus{Code: int32(code), Message: msg}
 	return r
 }
 

@@ -3,6 +3,7 @@ package idemgrpc_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -256,5 +257,87 @@ func TestReplay(t *testing.T) {
 		if idemgrpc.Replayed(header) != replay {
 			t.Errorf("call %d: Replayed = %v, want %v", i, idemgrpc.Replayed(header), replay)
 		}
+	}
+}
+
+// unstorable is a Store that refuses every response with a body, as a
+// store does with one larger than a record can hold.
+type unstorable struct{ engine.Store }
+
+func (s unstorable) Complete(ctx context.Context, id engine.ID, token engine.Token, resp *engine.Response, ttl time.Duration) error {
+	if len(resp.Body) > 0 {
+		return fmt.Errorf("too large: %w", engine.ErrNotStorable)
+	}
+	return s.Store.Complete(ctx, id, token, resp, ttl)
+}
+
+// TestResponseOmitted: an answer the store cannot keep is sent, the call
+// is recorded without it, and a retry gets DataLoss, not a second run.
+func TestResponseOmitted(t *testing.T) {
+	f := newFixture(t, fixtureOptions{store: unstorable{teststores.Memory(t)}})
+	ctx := withKey(testContext(t), "k")
+	if _, err := f.client().UnaryCall(ctx, request("a")); err != nil {
+		t.Fatal(err)
+	}
+	_, err := f.client().UnaryCall(ctx, request("a"))
+	wantRefusal(t, err, codes.DataLoss, idemgrpc.ReasonResponseOmitted, false)
+	// A stored error keeps its code.
+	ctx = withKey(testContext(t), "k2")
+	for range 2 {
+		if _, err := f.client().UnaryCall(ctx, failing("b", codes.NotFound, "gone")); status.Code(err) != codes.NotFound {
+			t.Fatalf("%v, want NotFound", err)
+		}
+	}
+	if a, b := f.svc.eff.count("a"), f.svc.eff.count("b"); a != 1 || b != 1 {
+		t.Errorf("executions = %d, %d, want 1, 1", a, b)
+	}
+}
+
+// TestFailOpen: with WithFailOpen, a failing store lets the call run
+// unprotected.
+func TestFailOpen(t *testing.T) {
+	store := faultstore.New(teststores.Memory(t))
+	store.Set(faultstore.Claim, faultstore.Fault{Err: errors.New("store down")})
+	f := newFixture(t, fixtureOptions{store: store, serverOpts: []idemgrpc.ServerOption{idemgrpc.WithFailOpen()}})
+	if _, err := f.client().UnaryCall(withKey(testContext(t), "k"), request("a")); err != nil {
+		t.Fatal(err)
+	}
+	if n := f.svc.eff.count("a"); n != 1 {
+		t.Errorf("executions = %d, want 1", n)
+	}
+}
+
+// TestConcurrentAttempts: attempts of one call that arrive together run
+// the handler once; the others are refused in flight, retry, and get the
+// answer replayed.
+func TestConcurrentAttempts(t *testing.T) {
+	svc := &service{eff: newEffects(), block: make(chan struct{}), started: make(chan struct{}, 1)}
+	f := newFixture(t, fixtureOptions{store: teststores.Memory(t), svc: svc,
+		serverOpts: []idemgrpc.ServerOption{idemgrpc.WithRetryAfter(10 * time.Millisecond)},
+		client:     clientInterceptor(t, idemgrpc.WithMaxAttempts(1000), idemgrpc.WithBackoff(time.Millisecond, 5*time.Millisecond))})
+	ctx := withKey(testContext(t), "k")
+	const n = 8
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for range n {
+		wg.Go(func() {
+			resp, err := f.client().UnaryCall(ctx, request("a"))
+			if err == nil && resp.GetUsername() != "1" {
+				err = fmt.Errorf("answer from run %s, want 1", resp.GetUsername())
+			}
+			errs <- err
+		})
+	}
+	<-svc.started
+	close(svc.block)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Error(err)
+		}
+	}
+	if got := svc.eff.count("a"); got != 1 {
+		t.Errorf("executions = %d, want 1", got)
 	}
 }

@@ -156,6 +156,10 @@ func (d *door) Replay(r *engine.Response) int {
 		return int(codes.DataLoss)
 	}
 	code := codes.Code(r.Status)
+	if r.BodyOmitted && code != codes.OK {
+		d.resp, d.err = nil, status.Errorf(code, "idemgrpc: the stored %v answer of %s was too large to keep whole; its message and details are lost", code, d.method)
+		return int(code)
+	}
 	if code != codes.OK {
 		var sp spb.Status
 		if err := proto.Unmarshal(r.Body, &sp); err != nil {

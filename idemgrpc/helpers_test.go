@@ -2,6 +2,7 @@ package idemgrpc_test
 
 import (
 	"context"
+	"log/slog"
 	"net"
 	"strconv"
 	"strings"
@@ -145,7 +146,9 @@ func newFixture(t testing.TB, o fixtureOptions) *fixture {
 	}
 	sopts := []grpc.ServerOption{grpc.StatsHandler(f.proxy.StatsHandler())}
 	if o.store != nil {
-		f.guard, err = idemgrpc.NewServer(o.store, o.serverOpts...)
+		// The engine's warnings are expected here: tests make them happen.
+		opts := append([]idemgrpc.ServerOption{idemgrpc.WithLogger(slog.New(slog.DiscardHandler))}, o.serverOpts...)
+		f.guard, err = idemgrpc.NewServer(o.store, opts...)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -22,12 +22,12 @@ type lossProxy struct {
 	ln       net.Listener
 	wg       sync.WaitGroup
 
-	mu      sync.Mutex
-	armed   int  // answers still to lose
-	swallow bool // a call whose answer is lost is under way
-	lost    int  // answers lost
-	conns   map[*proxyConn]struct{}
-	closed  bool
+	mu     sync.Mutex
+	armed  int     // answers still to lose
+	doomed *rpcTag // the call under way whose answer is lost, if any
+	lost   int     // answers lost
+	conns  map[*proxyConn]struct{}
+	closed bool
 }
 
 type proxyConn struct {
@@ -101,7 +101,7 @@ func (p *lossProxy) back(c *proxyConn) {
 		n, err := c.server.Read(buf)
 		if n > 0 {
 			p.mu.Lock()
-			swallow := p.swallow || c.dead
+			swallow := p.doomed != nil || c.dead
 			p.mu.Unlock()
 			if !swallow {
 				if _, werr := c.client.Write(buf[:n]); werr != nil {
@@ -128,7 +128,7 @@ func (p *lossProxy) Arm(n int) {
 	defer p.mu.Unlock()
 	p.armed = n
 	if n == 0 {
-		p.swallow = false
+		p.doomed = nil
 	}
 }
 
@@ -141,23 +141,25 @@ func (p *lossProxy) Lost() int {
 
 // begun is called when the server begins a call: if armed, what it sends
 // from now on is lost.
-func (p *lossProxy) begun() {
+func (p *lossProxy) begun(call *rpcTag) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.armed > 0 {
-		p.swallow = true
+	if p.armed > 0 && p.doomed == nil {
+		p.doomed = call
 	}
 }
 
 // finished is called when the server has finished a call: if its answer is
-// to be lost, it is lost with every connection.
-func (p *lossProxy) finished() {
+// to be lost, it is lost with every connection. The End of an earlier call
+// may come after the next call began (its client had its answer already):
+// it is not that call's.
+func (p *lossProxy) finished(call *rpcTag) {
 	p.mu.Lock()
-	if !p.swallow {
+	if p.doomed == nil || p.doomed != call {
 		p.mu.Unlock()
 		return
 	}
-	p.swallow = false
+	p.doomed = nil
 	p.armed--
 	p.lost++
 	victims := make([]*proxyConn, 0, len(p.conns))
@@ -199,13 +201,25 @@ func (p *lossProxy) StatsHandler() stats.Handler { return lossHook{p} }
 
 type lossHook struct{ p *lossProxy }
 
-func (h lossHook) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
-func (h lossHook) HandleRPC(_ context.Context, s stats.RPCStats) {
+// rpcTag tells one call's stats from another's.
+type rpcTag struct{ _ byte }
+
+type rpcTagKey struct{}
+
+func (h lossHook) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context {
+	return context.WithValue(ctx, rpcTagKey{}, new(rpcTag))
+}
+
+func (h lossHook) HandleRPC(ctx context.Context, s stats.RPCStats) {
+	call, _ := ctx.Value(rpcTagKey{}).(*rpcTag)
+	if call == nil {
+		return
+	}
 	switch s.(type) {
 	case *stats.Begin:
-		h.p.begun()
+		h.p.begun(call)
 	case *stats.End:
-		h.p.finished()
+		h.p.finished(call)
 	}
 }
 func (h lossHook) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context { return ctx }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 
 	"github.com/idemkit/idempotency/idemgrpc"
 	"github.com/idemkit/idempotency/internal/testkit/teststores"
@@ -51,16 +52,23 @@ func lossPlan(n int, seed uint64) []int {
 
 // runLossy makes the planned calls one after another, each with the
 // answers the plan says lost, and checks that each was answered with its
-// own id.
-func runLossy(t *testing.T, f *fixture, plan []int) {
+// own id. It returns the interceptor's attempts (one per call without it)
+// and the number of calls answered with a replay.
+func runLossy(t *testing.T, f *fixture, plan []int) (attempts, replayed int) {
 	t.Helper()
 	ctx := testContext(t)
 	c := f.client()
 	for i, lose := range plan {
 		id := strconv.Itoa(i)
 		f.proxy.Arm(lose)
-		resp, err := c.UnaryCall(ctx, request(id))
+		rep := idemgrpc.Report{Attempts: 1}
+		var header metadata.MD
+		resp, err := c.UnaryCall(ctx, request(id), idemgrpc.WithReport(&rep), grpc.Header(&header))
 		f.proxy.Arm(0)
+		attempts += rep.Attempts
+		if idemgrpc.Replayed(header) {
+			replayed++
+		}
 		if err != nil {
 			t.Fatalf("call %d (answers lost: %d): %v", i, lose, err)
 		}
@@ -68,6 +76,7 @@ func runLossy(t *testing.T, f *fixture, plan []int) {
 			t.Fatalf("call %d answered %q", i, resp.GetPayload().GetBody())
 		}
 	}
+	return attempts, replayed
 }
 
 // TestLostAnswers makes -idemgrpc.calls calls over a real loopback gRPC
@@ -77,22 +86,31 @@ func runLossy(t *testing.T, f *fixture, plan []int) {
 // on each store; without them, every lost answer is one more.
 func TestLostAnswers(t *testing.T) {
 	plan := lossPlan(*lostCalls, *lostSeed)
-	planned := 0
+	planned, hit := 0, 0 // answers lost, calls that lose one or more
 	for _, n := range plan {
 		planned += n
+		if n > 0 {
+			hit++
+		}
 	}
 	retrying := []idemgrpc.ClientOption{idemgrpc.WithMaxAttempts(10), idemgrpc.WithBackoff(time.Millisecond, 20*time.Millisecond)}
 	for _, kind := range teststores.All() {
 		t.Run(kind.Name, func(t *testing.T) {
 			f := newFixture(t, fixtureOptions{store: kind.New(t), client: clientInterceptor(t, retrying...)})
-			runLossy(t, f, plan)
+			attempts, replayed := runLossy(t, f, plan)
 			total, dup := f.svc.eff.snapshot()
-			t.Logf("%s: %d calls, %d answers lost, %d executions, %d calls run more than once", kind.Name, len(plan), f.proxy.Lost(), total, dup)
+			t.Logf("%s: %d calls, %d answers lost, %d executions, %d calls run more than once; %d attempts, %d calls answered with a replay",
+				kind.Name, len(plan), f.proxy.Lost(), total, dup, attempts, replayed)
 			if f.proxy.Lost() != planned {
 				t.Errorf("answers lost = %d, want %d", f.proxy.Lost(), planned)
 			}
 			if total != len(plan) || dup != 0 {
 				t.Errorf("executions = %d (%d calls more than once), want %d", total, dup, len(plan))
+			}
+			// Each lost answer is one more attempt, and the last attempt of
+			// a call that lost one gets it replayed.
+			if attempts != len(plan)+planned || replayed != hit {
+				t.Errorf("attempts = %d, replays = %d; want %d, %d", attempts, replayed, len(plan)+planned, hit)
 			}
 		})
 	}
@@ -104,11 +122,12 @@ func TestLostAnswers(t *testing.T) {
 			client:   clientInterceptor(t, idemgrpc.WithMaxAttempts(1)),
 			dialOpts: []grpc.DialOption{grpc.WithDefaultServiceConfig(retryPolicy)},
 		})
-		runLossy(t, f, plan)
+		_, replayed := runLossy(t, f, plan)
 		total, dup := f.svc.eff.snapshot()
-		t.Logf("grpc retry policy: %d calls, %d answers lost, %d executions, %d calls run more than once", len(plan), f.proxy.Lost(), total, dup)
-		if total != len(plan) || dup != 0 {
-			t.Errorf("executions = %d (%d calls more than once), want %d", total, dup, len(plan))
+		t.Logf("grpc retry policy: %d calls, %d answers lost, %d executions, %d calls run more than once; %d calls answered with a replay",
+			len(plan), f.proxy.Lost(), total, dup, replayed)
+		if total != len(plan) || dup != 0 || replayed != hit {
+			t.Errorf("executions = %d (%d calls more than once), replays = %d; want %d, %d", total, dup, replayed, len(plan), hit)
 		}
 	})
 	// The same calls without the interceptors, retried by gRPC: every lost

@@ -321,7 +321,10 @@ func (c *clientConfig) backoff(n int) time.Duration {
 			limit = d
 		}
 	}
-	return rand.N(limit + 1)
+	if limit <= 0 {
+		return 0
+	}
+	return rand.N(limit) // [0, limit): limit+1 could overflow
 }
 
 // key returns the call's key: the one in the outgoing metadata, the one of

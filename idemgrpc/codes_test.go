@@ -341,3 +341,28 @@ func TestConcurrentAttempts(t *testing.T) {
 		t.Errorf("executions = %d, want 1", got)
 	}
 }
+
+// recoverer is a recovery interceptor, as servers put outside the others.
+func recoverer(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = status.Errorf(codes.Internal, "panic: %v", v)
+		}
+	}()
+	return handler(ctx, req)
+}
+
+// TestHandlerPanic: a handler's panic goes on to the recovery interceptor,
+// and the key is released: the retry runs the handler again.
+func TestHandlerPanic(t *testing.T) {
+	svc := &service{eff: newEffects(), panicFirst: true}
+	f := newFixture(t, fixtureOptions{store: teststores.Memory(t), svc: svc, outer: recoverer})
+	ctx := withKey(testContext(t), "k")
+	if _, err := f.client().UnaryCall(ctx, request("a")); status.Code(err) != codes.Internal {
+		t.Fatalf("%v, want Internal from the recovery interceptor", err)
+	}
+	resp, err := f.client().UnaryCall(ctx, request("a"))
+	if err != nil || resp.GetUsername() != "2" {
+		t.Fatalf("retry: %v, %v; want the second run's answer", resp, err)
+	}
+}

@@ -65,11 +65,12 @@ func (e *effects) snapshot() (total, duplicated int) {
 // Before it answers it waits for block, if set.
 type service struct {
 	testgrpc.UnimplementedTestServiceServer
-	eff       *effects
-	block     chan struct{}
-	started   chan struct{}
-	failFirst int  // the first failFirst executions of an id fail with Unavailable
-	hangFirst bool // the first execution of an id waits for its context to end
+	eff        *effects
+	block      chan struct{}
+	started    chan struct{}
+	failFirst  int  // the first failFirst executions of an id fail with Unavailable
+	hangFirst  bool // the first execution of an id waits for its context to end
+	panicFirst bool // the first execution of an id panics
 
 	mu   sync.Mutex
 	keys []string // the key of each execution
@@ -89,6 +90,9 @@ func (s *service) UnaryCall(ctx context.Context, req *testgrpc.SimpleRequest) (*
 	s.mu.Unlock()
 	if n <= s.failFirst {
 		return nil, status.Error(codes.Unavailable, "not yet")
+	}
+	if s.panicFirst && n == 1 {
+		panic("first execution")
 	}
 	if s.hangFirst && n == 1 {
 		<-ctx.Done()
@@ -126,6 +130,7 @@ type fixtureOptions struct {
 	store      engine.Store // nil: no server interceptor
 	serverOpts []idemgrpc.ServerOption
 	client     grpc.UnaryClientInterceptor // nil: none
+	outer      grpc.UnaryServerInterceptor // nil: none; before the server interceptor
 	dialOpts   []grpc.DialOption
 	svc        *service
 }
@@ -152,7 +157,11 @@ func newFixture(t testing.TB, o fixtureOptions) *fixture {
 		if err != nil {
 			t.Fatal(err)
 		}
-		sopts = append(sopts, grpc.ChainUnaryInterceptor(f.guard.UnaryServerInterceptor()))
+		chain := []grpc.UnaryServerInterceptor{f.guard.UnaryServerInterceptor()}
+		if o.outer != nil {
+			chain = append([]grpc.UnaryServerInterceptor{o.outer}, chain...)
+		}
+		sopts = append(sopts, grpc.ChainUnaryInterceptor(chain...))
 	}
 	srv := grpc.NewServer(sopts...)
 	testgrpc.RegisterTestServiceServer(srv, f.svc)

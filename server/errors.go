@@ -3,11 +3,11 @@ package server
 import (
 	"encoding/json"
 	"errors"
-	"fmt"
 	"net/http"
 	"strconv"
 	"time"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/internal/wire"
 )
 
@@ -28,13 +28,13 @@ var (
 	ErrBodyTooLarge = errors.New("request body too large")
 	// ErrKeyMismatch: the key was already used for a different request
 	// (422).
-	ErrKeyMismatch = errors.New("idempotency key reused for a different request")
+	ErrKeyMismatch = engine.ErrKeyMismatch
 	// ErrInFlight: a request with the same key is still being processed
 	// (409, with Retry-After).
-	ErrInFlight = errors.New("request with this idempotency key in flight")
+	ErrInFlight = engine.ErrInFlight
 	// ErrStoreUnavailable: the Store failed, so the request could not be
 	// protected and was not run (503, with Retry-After).
-	ErrStoreUnavailable = errors.New("idempotency store unavailable")
+	ErrStoreUnavailable = engine.ErrStoreUnavailable
 	// ErrBodyUnreadable: the request body could not be read to its end (a
 	// broken connection, a body shorter than its Content-Length, a failing
 	// decoder); nothing was claimed and the handler did not run (400).
@@ -46,7 +46,7 @@ var (
 	// earlier holder of its key was lost without completing it, so whether
 	// the request took effect is unknown; the answer is recorded and
 	// replayed for the TTL, and never retried (409, without Retry-After).
-	ErrOutcomeUnknown = errors.New("outcome of the idempotent request unknown")
+	ErrOutcomeUnknown = engine.ErrOutcomeUnknown
 )
 
 // ErrLeaseExpired is the cause with which a handler's context is cancelled
@@ -55,7 +55,7 @@ var (
 // now take the key over. It wraps [ErrLeaseLost], so that
 // errors.Is(context.Cause(ctx), ErrLeaseLost) holds however the lease was
 // lost.
-var ErrLeaseExpired = fmt.Errorf("idempotency lease ended without renewal: %w", ErrLeaseLost)
+var ErrLeaseExpired = engine.ErrLeaseExpired
 
 // problemBase is where each problem type is documented.
 const problemBase = wire.ProblemBase

@@ -1,193 +1,38 @@
 package server
 
-import (
-	"context"
-	"time"
-)
+import "github.com/idemkit/idempotency/engine"
 
 // An Event is what the middleware did with one request, or with the lease of
-// one, for an observer set with [WithObserver]: the raw material of metrics,
-// traces and logs. Every protected request yields exactly one event of a
-// final kind; a request that acquires its key yields an EventAcquired before
-// it, and lease renewals yield their own.
-type Event struct {
-	// Kind says what happened.
-	Kind EventKind
-	// Scope and Key name the record; empty when the request was refused
-	// before they were known. Scope is what the scope function returned:
-	// by default a hash of the credential headers ([CredentialScope]),
-	// never the headers.
-	Scope, Key string
-	// Status is the status code the client was sent; 0 when no answer
-	// could be sent (the client had gone, the handler panicked).
-	Status int
-	// Start is when the middleware began with the request (for lease
-	// events, when the Extend began).
-	Start time.Time
-	// ClaimTook is how long the Claim took, waits ([WithWait]) included.
-	ClaimTook time.Duration
-	// HandlerTook is how long the handler ran.
-	HandlerTook time.Duration
-	// StoreTook is how long the write after the handler took (Complete or
-	// Release, retries included), or the Extend of a lease event.
-	StoreTook time.Duration
-	// Err is the store's error when one decided the outcome (Unavailable,
-	// NotStored, a lease lost), or the cause of a refusal; nil otherwise.
-	Err error
-	// Acquired reports, on a final event, that the request held the key:
-	// an EventAcquired came before it, and the key is no longer held by
-	// it. With EventAcquired it counts the claims in flight.
-	Acquired bool
-}
+// one, for an observer set with [WithObserver]: [engine.Event], whose
+// Status is the HTTP status code the client was sent.
+type Event = engine.Event
 
-// EventKind says what the middleware did.
-type EventKind int
+// EventKind says what the middleware did: [engine.EventKind].
+type EventKind = engine.EventKind
 
-// The kinds of Event. Each protected request ends with one of the first ten
-// or with EventOutcomeUnknown; EventLeaseRenewed and EventLeaseLost come
-// from the lease's renewal, and EventAcquired from a claim that acquired the
-// key.
+// An Observer receives the middleware's events: [engine.Observer]. It is
+// called on the request's goroutine (on a timer's for lease events) before
+// the middleware returns, so it must be quick, and safe for concurrent use.
+// A panic in it is recovered ([WithObserver] says how).
+type Observer = engine.Observer
+
+// The kinds of Event: [engine.EventExecuted] and the others, where each
+// is documented. Each protected request ends with one of the first ten or
+// with EventOutcomeUnknown; EventLeaseRenewed and EventLeaseLost come from
+// the lease's renewal, and EventAcquired from a claim that acquired the key.
 const (
-	// EventExecuted: the handler ran for the first time and its response
-	// was stored.
-	EventExecuted EventKind = iota + 1
-	// EventReplayed: the stored response was replayed.
-	EventReplayed
-	// EventInFlight: refused with 409, the key being in flight.
-	EventInFlight
-	// EventMismatch: refused with 422, the key used for another request.
-	EventMismatch
-	// EventRejected: refused with 400 or 413 before any claim: the key
-	// missing, malformed or refused by WithKeyFormat, the body too large or
-	// unreadable, the request not identified.
-	EventRejected
-	// EventUnavailable: refused with 503 because the store failed or was
-	// too slow (or a transactional store could not commit).
-	EventUnavailable
-	// EventReleased: the handler ran, or began to, and the key was given
-	// back: a 5xx, 408 or 429, a panic, or no answer after its context
-	// ended. A retry runs again.
-	EventReleased
-	// EventNotStored: the handler ran and its response was sent, but
-	// Complete failed even when retried within the store timeout; the
-	// middleware goes on storing it after the request (see
-	// Middleware.Shutdown), and the key stays in flight until then, or
-	// until its lease ends.
-	EventNotStored
-	// EventUnprotected: the handler ran without protection: no key while
-	// keys are optional, or the store failed with WithFailOpen.
-	EventUnprotected
-	// EventClientGone: the client went away before the handler ran;
-	// nothing ran and nothing is left claimed.
-	EventClientGone
-	// EventLeaseRenewed: the lease was extended while the request ran.
-	EventLeaseRenewed
-	// EventLeaseLost: the lease was lost, or ended without renewal, and
-	// the handler's context was cancelled; Err is the cause.
-	EventLeaseLost
-	// EventAcquired: the claim acquired the key, and the handler is about
-	// to run; ClaimTook is how long that took. The request's final event
-	// follows, with Acquired set.
-	EventAcquired
-	// EventOutcomeUnknown: under RefuseAbandoned, the claim took over a
-	// key whose earlier holders were abandoned; the handler did not run and
-	// the final "outcome unknown" answer was recorded and sent (409). If
-	// the store failed to record it, the request ends with
-	// EventUnavailable instead. A final kind, like the first ten.
-	EventOutcomeUnknown
+	EventExecuted       = engine.EventExecuted
+	EventReplayed       = engine.EventReplayed
+	EventInFlight       = engine.EventInFlight
+	EventMismatch       = engine.EventMismatch
+	EventRejected       = engine.EventRejected
+	EventUnavailable    = engine.EventUnavailable
+	EventReleased       = engine.EventReleased
+	EventNotStored      = engine.EventNotStored
+	EventUnprotected    = engine.EventUnprotected
+	EventClientGone     = engine.EventClientGone
+	EventLeaseRenewed   = engine.EventLeaseRenewed
+	EventLeaseLost      = engine.EventLeaseLost
+	EventAcquired       = engine.EventAcquired
+	EventOutcomeUnknown = engine.EventOutcomeUnknown
 )
-
-var eventKindNames = [...]string{
-	EventExecuted:       "executed",
-	EventReplayed:       "replayed",
-	EventInFlight:       "in_flight",
-	EventMismatch:       "mismatch",
-	EventRejected:       "rejected",
-	EventUnavailable:    "unavailable",
-	EventReleased:       "released",
-	EventNotStored:      "not_stored",
-	EventUnprotected:    "unprotected",
-	EventClientGone:     "client_gone",
-	EventLeaseRenewed:   "lease_renewed",
-	EventLeaseLost:      "lease_lost",
-	EventAcquired:       "acquired",
-	EventOutcomeUnknown: "outcome_unknown",
-}
-
-// String returns the kind's name, in snake case for use as a metric
-// attribute: "executed", "replayed", "in_flight", ...
-func (k EventKind) String() string {
-	if k > 0 && int(k) < len(eventKindNames) {
-		return eventKindNames[k]
-	}
-	return "unknown"
-}
-
-// An Observer receives the middleware's events. It is called on the
-// request's goroutine (on a timer's for lease events) before the middleware
-// returns, so it must be quick, and safe for concurrent use. A panic in it is
-// recovered ([WithObserver] says how).
-type Observer func(ctx context.Context, e Event)
-
-// timing is when each step of an exchange ended, kept only for an observer.
-type timing struct {
-	start, claim, handler, store time.Time
-}
-
-func (t *timing) claimed(m *Middleware) {
-	if m.cfg.observer != nil {
-		t.claim = time.Now()
-	}
-}
-
-func (t *timing) handled(m *Middleware) {
-	if m.cfg.observer != nil {
-		t.handler = time.Now()
-	}
-}
-
-func (t *timing) stored(m *Middleware) {
-	if m.cfg.observer != nil {
-		t.store = time.Now()
-	}
-}
-
-// since is end - start, or zero when either is unknown.
-func since(start, end time.Time) time.Duration {
-	if start.IsZero() || end.IsZero() {
-		return 0
-	}
-	return end.Sub(start)
-}
-
-// emit tells the observer, if there is one, how the exchange ended.
-func (ex *exchange) emit(kind EventKind, status int, err error) {
-	if ex.m.cfg.observer == nil {
-		return
-	}
-	t := &ex.timing
-	if t.handler.IsZero() {
-		// Refused or replayed: nothing ran after the claim.
-		t.handler = t.claim
-	}
-	if t.store.IsZero() {
-		t.store = t.handler
-	}
-	ex.m.notify(ex.r.Context(), Event{
-		Kind: kind, Scope: ex.lease.Scope, Key: ex.lease.Key, Status: status,
-		Start: t.start, ClaimTook: since(t.start, t.claim), HandlerTook: since(t.claim, t.handler), StoreTook: since(t.handler, t.store),
-		Err: err, Acquired: ex.acquired,
-	})
-}
-
-// acquire records that the claim acquired the key, and tells the observer.
-func (ex *exchange) acquire() {
-	ex.acquired = true
-	if ex.m.cfg.observer != nil {
-		t := &ex.timing
-		ex.m.notify(ex.r.Context(), Event{
-			Kind: EventAcquired, Scope: ex.lease.Scope, Key: ex.lease.Key,
-			Start: t.start, ClaimTook: since(t.start, t.claim),
-		})
-	}
-}

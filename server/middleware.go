@@ -8,12 +8,12 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
-	"reflect"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/internal/keyfield"
 	"github.com/idemkit/idempotency/internal/wire"
 )
@@ -22,17 +22,15 @@ import (
 // Create one with [New] and wrap handlers with [Middleware.Handler]. Its
 // configuration is immutable, and it is safe for concurrent use.
 type Middleware struct {
-	store      Store
-	binder     Binder
+	engine     *engine.Engine
+	binder     bool // the store is a Binder
 	cfg        config
 	replayable map[string]struct{} // cfg.replayHeaders
-	late       lateWork            // responses stored after they were sent
 	// fingerprintInPlace: cfg.fingerprint is Fingerprint, whose value
 	// serve computes into the stored response's allocation.
 	fingerprintInPlace bool
 
 	// What is logged once per Middleware.
-	observerPanicked    atomic.Bool
 	storeStatusPanicked atomic.Bool
 	errorWriterPanicked atomic.Bool
 	noCredentials       atomic.Bool
@@ -43,9 +41,6 @@ type Middleware struct {
 // store, or a nil pointer in a Store interface (var s *memstore.Store), is
 // refused.
 func New(store Store, opts ...Option) (*Middleware, error) {
-	if isNil(store) {
-		return nil, errors.New("server: New needs a Store, not a nil one")
-	}
 	cfg := defaultConfig()
 	for i, o := range opts {
 		if o == nil {
@@ -57,28 +52,24 @@ func New(store Store, opts ...Option) (*Middleware, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	cfg.logger = slog.New(newRateLimited(cfg.logger.Handler(), time.Second))
-	m := &Middleware{store: store, cfg: cfg, replayable: make(map[string]struct{}, len(cfg.replayHeaders)), fingerprintInPlace: isFingerprint(cfg.fingerprint)}
+	e, err := engine.New(store, engine.Config{
+		TTL: cfg.ttl, Lease: cfg.lease, StoreTimeout: cfg.storeTimeout, Wait: cfg.wait, RetryAfter: cfg.retryAfter,
+		Abandoned: cfg.abandoned, FailOpen: cfg.failOpen, Logger: cfg.logger, Observer: cfg.observer,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("server: %w", err)
+	}
+	// The engine's logger, rate-limited: the middleware's own records are
+	// limited with the engine's.
+	cfg.logger = e.Logger()
+	m := &Middleware{engine: e, cfg: cfg, replayable: make(map[string]struct{}, len(cfg.replayHeaders)), fingerprintInPlace: isFingerprint(cfg.fingerprint)}
 	for _, name := range cfg.replayHeaders {
 		// net/http keeps headers under their canonical names: "Etag",
 		// not "ETag".
 		m.replayable[http.CanonicalHeaderKey(name)] = struct{}{}
 	}
-	m.binder, _ = store.(Binder)
+	_, m.binder = store.(Binder)
 	return m, nil
-}
-
-// isNil reports whether store is nil, or holds a nil pointer, map, slice,
-// func or channel: a Store whose every method would panic.
-func isNil(store Store) bool {
-	if store == nil {
-		return true
-	}
-	switch v := reflect.ValueOf(store); v.Kind() {
-	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan, reflect.Interface:
-		return v.IsNil()
-	}
-	return false
 }
 
 // Handler wraps next. Its shape, func(http.Handler) http.Handler, is the one
@@ -140,7 +131,8 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			return
 		}
 	}
-	ex := &exchange{m: m, w: w, r: r, next: next, timing: timing{start: start}}
+	ex := &exchange{m: m, w: w, r: r, next: next}
+	ex.call.Start = start
 	if m.cfg.echoKey {
 		// A slice of its own, in the exchange: nothing done to the
 		// response's headers may reach the request's.
@@ -176,9 +168,9 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.reject(w, r, start, ID{Scope: scope, Key: key}, problem(ErrUnidentified, "This request could not be fingerprinted.", err))
 		return
 	}
-	ex.body, ex.fingerprint = body, fp
-	ex.lease.ID = ID{Scope: scope, Key: key}
-	ex.handle()
+	ex.body = body
+	ex.id = ID{Scope: scope, Key: key}
+	m.engine.Do(r.Context(), &ex.call, ex.id, fp, ex)
 }
 
 func (m *Middleware) refuse(w http.ResponseWriter, r *http.Request, e *Error) {
@@ -193,24 +185,7 @@ func (m *Middleware) reject(w http.ResponseWriter, r *http.Request, start time.T
 
 // observe gives e to the observer, if there is one.
 func (m *Middleware) observe(r *http.Request, e Event) {
-	if m.cfg.observer != nil {
-		m.notify(r.Context(), e)
-	}
-}
-
-// notify calls the observer, which must be set. A panic in it must neither
-// leave a key claimed (EventAcquired comes between the claim and the
-// handler) nor end the process (lease events run on a timer's goroutine),
-// so it is recovered, and logged the first time only: an observer that
-// panics once will panic on every request.
-func (m *Middleware) notify(ctx context.Context, e Event) {
-	defer func() {
-		if v := recover(); v != nil && !m.observerPanicked.Swap(true) {
-			m.cfg.logger.LogAttrs(ctx, slog.LevelError, "idempotency observer panicked; its panics are recovered, and not logged again",
-				slog.String("event", e.Kind.String()), slog.String("panic", fmt.Sprint(v)))
-		}
-	}()
-	m.cfg.observer(ctx, e)
+	m.engine.Observe(r.Context(), e)
 }
 
 // storeStatus reports whether a response with status is stored, by the

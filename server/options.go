@@ -3,6 +3,7 @@ package server
 import (
 	"errors"
 	"fmt"
+	"github.com/idemkit/idempotency/engine"
 	"log/slog"
 	"net/http"
 	"slices"
@@ -27,26 +28,26 @@ const (
 // Defaults, and the shortest lease.
 const (
 	// DefaultTTL is how long a record is kept ([WithTTL]).
-	DefaultTTL = 24 * time.Hour
+	DefaultTTL = engine.DefaultTTL
 	// DefaultLease is the lease a handler runs under ([WithLease]), when the
 	// TTL is not shorter.
-	DefaultLease = time.Minute
+	DefaultLease = engine.DefaultLease
 	// MinLease is the shortest lease, and so the shortest TTL, accepted.
-	MinLease = 10 * time.Millisecond
+	MinLease = engine.MinLease
 	// DefaultMaxBody is the largest request body accepted ([WithMaxBody]).
 	DefaultMaxBody = 1 << 20
 	// DefaultMaxStored is the largest response body stored ([WithMaxStored]).
 	DefaultMaxStored = 1 << 20
 	// DefaultStoreTimeout bounds every Store call ([WithStoreTimeout]).
-	DefaultStoreTimeout = 5 * time.Second
+	DefaultStoreTimeout = engine.DefaultStoreTimeout
 	// DefaultRetryAfter is the Retry-After of a 409 or 503 ([WithRetryAfter]).
-	DefaultRetryAfter = time.Second
+	DefaultRetryAfter = engine.DefaultRetryAfter
 )
 
 // maxRecordDuration is the longest TTL or lease given to a Store: longer
 // ones are taken as it. A Store adds them to its clock, and a century is
 // as good as forever while leaving that sum far from overflowing.
-const maxRecordDuration = 100 * 365 * 24 * time.Hour
+const maxRecordDuration = engine.MaxDuration
 
 // Option configures the middleware. Options are applied in order, a later
 // one overriding an earlier one of the same kind; [New] refuses an invalid

@@ -1,16 +1,10 @@
 package server
 
-import (
-	"log/slog"
-	"math"
-	"net/http"
-)
+import "github.com/idemkit/idempotency/engine"
 
 // AbandonedPolicy decides what a request gets when its Claim takes over a
-// key whose earlier holders were abandoned: they lost their lease without
-// completing or releasing it (the process died, hung, or lost its store),
-// so they may have done the work before they were lost.
-type AbandonedPolicy int
+// key whose earlier holders were abandoned: [engine.AbandonedPolicy].
+type AbandonedPolicy = engine.AbandonedPolicy
 
 const (
 	// RerunAbandoned, the default, runs the handler again, with the
@@ -18,7 +12,7 @@ const (
 	// handler looks for its own effect before doing it again. With effects
 	// in another service, the key the client derives from the incoming key
 	// deduplicates them there.
-	RerunAbandoned AbandonedPolicy = iota
+	RerunAbandoned = engine.RerunAbandoned
 	// RefuseAbandoned makes the request at most once: the handler does not
 	// run again, and the key is recorded as done with a final problem,
 	// "outcome unknown" (ErrOutcomeUnknown), replayed for the TTL to every
@@ -28,7 +22,7 @@ const (
 	// holder that the store cannot tell from one that ran; the retry that
 	// takes the key over after its lease is refused too, so an "outcome
 	// unknown" may be a request that never ran.
-	RefuseAbandoned
+	RefuseAbandoned = engine.RefuseAbandoned
 )
 
 // HeaderOutcome is the response header, stored and replayed with the
@@ -36,13 +30,7 @@ const (
 // Response.OutcomeUnknown looks for it, so that an operator's tool can tell
 // such a record from a completed request. A handler cannot forge it: it is
 // never stored from a handler's response.
-const HeaderOutcome = "Idempotent-Outcome"
-
-// OutcomeUnknown reports whether r is the "outcome unknown" answer recorded
-// under RefuseAbandoned, rather than the response of a request that ran.
-func (r *Response) OutcomeUnknown() bool {
-	return r != nil && r.Header.Get(HeaderOutcome) == "unknown"
-}
+const HeaderOutcome = engine.HeaderOutcome
 
 // WithAbandoned sets what a request gets when its Claim takes over a key
 // whose earlier holders were abandoned: RerunAbandoned (the default) or
@@ -66,35 +54,4 @@ func WithAbandoned(p AbandonedPolicy) Option {
 		}
 		c.abandoned = p
 	}
-}
-
-// outcomeUnknown records the "outcome unknown" answer under the lease the
-// Claim granted, then sends it. The handler does not run.
-//
-// If the store fails, the answer is 503 and the key is not released: a
-// release would delete the record with its count of abandoned holders, and
-// the retry would run the handler. Kept claimed, the key is taken over again
-// once the lease ends, and refused again.
-func (ex *exchange) outcomeUnknown() {
-	m := ex.m
-	e := problem(ErrOutcomeUnknown, "An earlier attempt at this request was interrupted and whether it took effect is unknown; this answer is final. Do not retry with this key: check the outcome, or ask the operator to resolve the key.", nil)
-	ex.w.Header().Set(HeaderOutcome, "unknown")
-	rec := &ex.capture
-	*rec = recorder{w: ex.w, limit: math.MaxInt}
-	m.refuseHeld(rec, ex.r, e)
-	h := ex.keptHeader()
-	if h == nil {
-		h = make(http.Header, 1)
-	}
-	h.Set(HeaderOutcome, "unknown")
-	resp := &Response{Status: rec.finalStatus(), Header: h, Body: rec.body}
-	m.cfg.logger.LogAttrs(ex.r.Context(), slog.LevelWarn, "idempotency key taken over from abandoned holders; recording its outcome as unknown",
-		slog.String("key", ex.lease.Key), slog.String("scope", ex.lease.Scope), slog.Int("abandoned", ex.lease.Abandoned))
-	if err := ex.complete(resp); err != nil {
-		delete(ex.w.Header(), HeaderOutcome)
-		ex.unavailable(err)
-		return
-	}
-	rec.send()
-	ex.emit(EventOutcomeUnknown, resp.Status, nil)
 }

@@ -259,7 +259,7 @@ func TestResolve(t *testing.T) {
 	require.Equal(t, server.Completed, c.Status)
 	assert.Equal(t, http.StatusCreated, c.Response.Status)
 	assert.Equal(t, `{"order":1}`, string(c.Response.Body))
-	assert.Equal(t, http.Header{"Content-Type": {"application/json"}, "Location": {"/orders/1"}}, c.Response.Header)
+	assert.Equal(t, map[string][]string{"Content-Type": {"application/json"}, "Location": {"/orders/1"}}, c.Response.Header)
 	err = f.store.Complete(ctx, id("order-1"), held.Token, &server.Response{Status: http.StatusCreated}, time.Hour)
 	assert.ErrorIs(t, err, server.ErrLeaseLost)
 	r, err := f.store.Lookup(ctx, id("order-1"))

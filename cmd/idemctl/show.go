@@ -145,7 +145,7 @@ func showable(resp *server.Response) (string, bool) {
 	if len(resp.Body) == 0 || len(resp.Body) > maxShownBody || !utf8.Valid(resp.Body) {
 		return "", false
 	}
-	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+	mt, _, _ := mime.ParseMediaType(http.Header(resp.Header).Get("Content-Type"))
 	if mt != "" && !strings.HasPrefix(mt, "text/") && !strings.HasSuffix(mt, "json") && !strings.HasSuffix(mt, "xml") {
 		return "", false
 	}

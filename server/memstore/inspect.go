@@ -5,25 +5,25 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 )
 
-// Lookup implements server.Inspector. Its times are wall-clock times: the
+// Lookup implements engine.Inspector. Its times are wall-clock times: the
 // wall clock's reading when the store was made, plus the store's monotonic
 // clock since then, so a change of the system's clock after New does not
 // move them. A lease or a life that never ends (math.MaxInt64) ends about
 // 292 years after New.
-func (s *Store) Lookup(ctx context.Context, id server.ID) (server.Record, error) {
+func (s *Store) Lookup(ctx context.Context, id engine.ID) (engine.Record, error) {
 	sh, err := s.lock(ctx, "lookup", id)
 	if err != nil {
-		return server.Record{}, err
+		return engine.Record{}, err
 	}
 	defer sh.mu.Unlock()
 	r, ok := sh.m[id]
 	if !ok || s.now() >= r.expiresAt {
-		return server.Record{}, fmt.Errorf("memstore: lookup: %w", server.ErrNotFound)
+		return engine.Record{}, fmt.Errorf("memstore: lookup: %w", engine.ErrNotFound)
 	}
-	rec := server.Record{
+	rec := engine.Record{
 		ID:          id,
 		Completed:   r.resp != nil,
 		Fingerprint: r.fingerprint,
@@ -39,11 +39,11 @@ func (s *Store) Lookup(ctx context.Context, id server.ID) (server.Record, error)
 	return rec, nil
 }
 
-// Resolve implements server.Inspector. A response stored by Resolve counts
+// Resolve implements engine.Inspector. A response stored by Resolve counts
 // toward the byte bound as one stored by Complete does, and at the bound it
 // is kept without its body in the same way. The ttl is saturated, as in
 // Claim.
-func (s *Store) Resolve(ctx context.Context, id server.ID, resp *server.Response, ttl time.Duration) error {
+func (s *Store) Resolve(ctx context.Context, id engine.ID, resp *engine.Response, ttl time.Duration) error {
 	sh, err := s.lock(ctx, "resolve", id)
 	if err != nil {
 		return err
@@ -52,7 +52,7 @@ func (s *Store) Resolve(ctx context.Context, id server.ID, resp *server.Response
 	now := s.now()
 	r, ok := sh.m[id]
 	if !ok || now >= r.expiresAt {
-		return fmt.Errorf("memstore: resolve: %w", server.ErrNotFound)
+		return fmt.Errorf("memstore: resolve: %w", engine.ErrNotFound)
 	}
 	if resp == nil {
 		s.remove(sh, id, r)

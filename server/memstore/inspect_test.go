@@ -111,7 +111,7 @@ func TestResolveAtByteBound(t *testing.T) {
 	if err != nil || got.Status != server.Completed {
 		t.Fatalf("Claim after Resolve = %v, %v; want completed", got.Status, err)
 	}
-	if !got.Response.BodyOmitted || len(got.Response.Body) != 0 || got.Response.Status != http.StatusOK || got.Response.Header.Get("Location") != "/orders/1" {
+	if !got.Response.BodyOmitted || len(got.Response.Body) != 0 || got.Response.Status != http.StatusOK || http.Header(got.Response.Header).Get("Location") != "/orders/1" {
 		t.Errorf("resolved response = %d %v, %d body bytes, BodyOmitted %v; want 200, its headers, the body omitted",
 			got.Response.Status, got.Response.Header, len(got.Response.Body), got.Response.BodyOmitted)
 	}

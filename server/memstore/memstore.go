@@ -1,4 +1,4 @@
-// Package memstore is an in-memory server.Store: the embedded default for an
+// Package memstore is an in-memory engine.Store: the embedded default for an
 // API that runs as a single process.
 //
 // Records live in a sharded map, so that requests for different keys rarely
@@ -20,7 +20,7 @@
 //     never runs twice; its replay says the body was not kept. Headers that
 //     alone would take the store past its bound are dropped too. This holds
 //     for a response larger than the whole bound, which could never fit:
-//     Complete never fails with server.ErrNotStorable, since it already does,
+//     Complete never fails with engine.ErrNotStorable, since it already does,
 //     in the same step, what the middleware does on that error.
 //
 // Every deadline is computed from the caller's duration with saturation: a
@@ -28,7 +28,7 @@
 // deadline in the past.
 //
 // A Claim that takes over a lease that ran out reports in Claim.Abandoned how
-// many holders lost theirs before it. The Store implements server.Inspector,
+// many holders lost theirs before it. The Store implements engine.Inspector,
 // so that an operator can look a record up and settle it (see [Store.Lookup]
 // and [Store.Resolve]).
 //
@@ -50,7 +50,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 )
 
 // Default bounds. They suit a single API process: a million records, or
@@ -77,12 +77,12 @@ var (
 	// the store past its bound on records or on bytes.
 	ErrFull = errors.New("store full")
 	// ErrClosed is returned, wrapped, by every method after Close; by
-	// Complete, Release and Extend together with server.ErrLeaseLost. It
-	// is server.ErrStoreClosed, so that the middleware stops trying.
-	ErrClosed = server.ErrStoreClosed
+	// Complete, Release and Extend together with engine.ErrLeaseLost. It
+	// is engine.ErrStoreClosed, so that the middleware stops trying.
+	ErrClosed = engine.ErrStoreClosed
 )
 
-// Store is an in-memory server.Store. Create one with New; it is safe for
+// Store is an in-memory engine.Store. Create one with New; it is safe for
 // concurrent use. Call Close to stop its background sweep.
 type Store struct {
 	shards     [shardCount]shard
@@ -105,7 +105,7 @@ type Store struct {
 
 type shard struct {
 	mu sync.Mutex
-	m  map[server.ID]record
+	m  map[engine.ID]record
 	_  [40]byte // keep neighbouring shards' locks off one cache line
 }
 
@@ -131,18 +131,18 @@ func (s *Store) wall(t mono) time.Time { return s.epoch.Round(0).Add(time.Durati
 
 type record struct {
 	fingerprint string
-	token       server.Token
+	token       engine.Token
 	created     mono             // the record was first claimed
 	leaseUntil  mono             // the lease ends
 	expiresAt   mono             // the record ends
-	resp        *server.Response // nil while in flight
+	resp        *engine.Response // nil while in flight
 	size        int64
 	abandoned   int32 // holders that lost their lease
 }
 
 var (
-	_ server.Store     = (*Store)(nil)
-	_ server.Inspector = (*Store)(nil)
+	_ engine.Store     = (*Store)(nil)
+	_ engine.Inspector = (*Store)(nil)
 )
 
 // Option configures a Store.
@@ -229,7 +229,7 @@ func New(opts ...Option) (*Store, error) {
 		done:       make(chan struct{}),
 	}
 	for i := range s.shards {
-		s.shards[i].m = make(map[server.ID]record)
+		s.shards[i].m = make(map[engine.ID]record)
 	}
 	go s.sweepLoop(c.sweepInterval)
 	return s, nil
@@ -241,7 +241,7 @@ func New(opts ...Option) (*Store, error) {
 // A request still running when Close is called is not waited for, and is
 // never held: each method called after Close fails at once with ErrClosed,
 // and a holder's Complete, Release or Extend fails with an error that wraps
-// server.ErrLeaseLost too, since its lease went with the records. The
+// engine.ErrLeaseLost too, since its lease went with the records. The
 // middleware of package server then treats the lease as lost: its next
 // renewal cancels the handler's context, and the response of a handler that
 // returns is sent at once, without trying to store it, so that an
@@ -274,13 +274,13 @@ func (s *Store) Len() int { return int(s.records.Load()) }
 // Bytes returns the memory, in bytes, that the records are accounted for.
 func (s *Store) Bytes() int64 { return s.bytes.Load() }
 
-func (s *Store) shard(id server.ID) *shard {
+func (s *Store) shard(id engine.ID) *shard {
 	return &s.shards[maphash.Comparable(s.seed, id)%shardCount]
 }
 
 // lock locks the shard of id, unless ctx is done or the store is closed.
 // The caller unlocks it.
-func (s *Store) lock(ctx context.Context, op string, id server.ID) (*shard, error) {
+func (s *Store) lock(ctx context.Context, op string, id engine.ID) (*shard, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("memstore: %s: %w", op, err)
 	}
@@ -293,28 +293,28 @@ func (s *Store) lock(ctx context.Context, op string, id server.ID) (*shard, erro
 	return sh, nil
 }
 
-// Claim implements server.Store. The lease and the record's life are
+// Claim implements engine.Store. The lease and the record's life are
 // saturated: math.MaxInt64 means "never ends".
-func (s *Store) Claim(ctx context.Context, id server.ID, fingerprint string, lease, ttl time.Duration) (server.Claim, error) {
+func (s *Store) Claim(ctx context.Context, id engine.ID, fingerprint string, lease, ttl time.Duration) (engine.Claim, error) {
 	c, full, err := s.claim(ctx, id, fingerprint, lease, ttl)
 	if err == nil && full && s.sweepAtBound() {
 		c, full, err = s.claim(ctx, id, fingerprint, lease, ttl)
 	}
 	if err != nil {
-		return server.Claim{}, err
+		return engine.Claim{}, err
 	}
 	if full {
-		return server.Claim{}, fmt.Errorf("memstore: claim: %w", ErrFull)
+		return engine.Claim{}, fmt.Errorf("memstore: claim: %w", ErrFull)
 	}
 	return c, nil
 }
 
 // claim does Claim's work under the shard's lock. It reports full when a new
 // record was needed and there was no room for it.
-func (s *Store) claim(ctx context.Context, id server.ID, fingerprint string, lease, ttl time.Duration) (c server.Claim, full bool, err error) {
+func (s *Store) claim(ctx context.Context, id engine.ID, fingerprint string, lease, ttl time.Duration) (c engine.Claim, full bool, err error) {
 	sh, err := s.lock(ctx, "claim", id)
 	if err != nil {
-		return server.Claim{}, false, err
+		return engine.Claim{}, false, err
 	}
 	defer sh.mu.Unlock()
 	now := s.now()
@@ -328,21 +328,21 @@ func (s *Store) claim(ctx context.Context, id server.ID, fingerprint string, lea
 		r = record{fingerprint: fingerprint, created: now, size: int64(len(id.Scope)+len(id.Key)+len(fingerprint)) + recordOverhead}
 		if s.records.Add(1) > s.maxRecords {
 			s.records.Add(-1)
-			return server.Claim{}, true, nil
+			return engine.Claim{}, true, nil
 		}
 		if s.bytes.Add(r.size) > s.maxBytes {
 			// Claims count toward the byte bound too: without that,
 			// keys that are never completed would fill memory.
 			s.bytes.Add(-r.size)
 			s.records.Add(-1)
-			return server.Claim{}, true, nil
+			return engine.Claim{}, true, nil
 		}
 	case r.resp != nil:
-		return server.Claim{Status: server.Completed, Fingerprint: r.fingerprint, Response: r.resp}, false, nil
+		return engine.Claim{Status: engine.Completed, Fingerprint: r.fingerprint, Response: r.resp}, false, nil
 	case now < r.leaseUntil:
-		return server.Claim{Status: server.InFlight, Fingerprint: r.fingerprint, RetryAfter: time.Duration(r.leaseUntil - now)}, false, nil
+		return engine.Claim{Status: engine.InFlight, Fingerprint: r.fingerprint, RetryAfter: time.Duration(r.leaseUntil - now)}, false, nil
 	case r.fingerprint != fingerprint:
-		return server.Claim{Status: server.InFlight, Fingerprint: r.fingerprint}, false, nil
+		return engine.Claim{Status: engine.InFlight, Fingerprint: r.fingerprint}, false, nil
 	default:
 		// The takeover of a holder that never completed nor
 		// released its claim.
@@ -350,11 +350,11 @@ func (s *Store) claim(ctx context.Context, id server.ID, fingerprint string, lea
 			r.abandoned++
 		}
 	}
-	r.token = server.Token(s.token.Add(1))
+	r.token = engine.Token(s.token.Add(1))
 	r.leaseUntil = now.add(lease)
 	r.expiresAt = now.add(max(ttl, lease))
 	sh.m[id] = r
-	return server.Claim{Status: server.Acquired, Token: r.token, Abandoned: int(r.abandoned)}, false, nil
+	return engine.Claim{Status: engine.Acquired, Token: r.token, Abandoned: int(r.abandoned)}, false, nil
 }
 
 // sweepAtBound sweeps every shard when the store is full, at most once per
@@ -370,12 +370,12 @@ func (s *Store) sweepAtBound() bool {
 	return true
 }
 
-// Complete implements server.Store. At the byte bound it keeps the record
+// Complete implements engine.Store. At the byte bound it keeps the record
 // and drops the response body; see the package documentation. So it never
-// fails with server.ErrNotStorable: a response that could never fit, one
+// fails with engine.ErrNotStorable: a response that could never fit, one
 // larger than the whole byte bound, is kept without its body in the same
 // step, which is what the middleware would do on ErrNotStorable.
-func (s *Store) Complete(ctx context.Context, id server.ID, token server.Token, resp *server.Response, ttl time.Duration) error {
+func (s *Store) Complete(ctx context.Context, id engine.ID, token engine.Token, resp *engine.Response, ttl time.Duration) error {
 	return s.withLease(ctx, "complete", id, token, func(sh *shard, r record) {
 		resp, size := s.fit(resp)
 		now := s.now()
@@ -392,13 +392,13 @@ func (s *Store) Complete(ctx context.Context, id server.ID, token server.Token, 
 // headers too if they alone do not fit. The status and the marker are always
 // kept, over the bound if need be: forgetting that a request ran would let it
 // run twice.
-func (s *Store) fit(resp *server.Response) (*server.Response, int64) {
+func (s *Store) fit(resp *engine.Response) (*engine.Response, int64) {
 	size := int64(resp.Size())
 	if s.bytes.Add(size) <= s.maxBytes {
 		return resp, size
 	}
 	s.bytes.Add(-size)
-	r := &server.Response{Status: resp.Status, Header: resp.Header, BodyOmitted: true}
+	r := &engine.Response{Status: resp.Status, Header: resp.Header, BodyOmitted: true}
 	if size = int64(r.Size()); s.bytes.Add(size) <= s.maxBytes {
 		return r, size
 	}
@@ -409,15 +409,15 @@ func (s *Store) fit(resp *server.Response) (*server.Response, int64) {
 	return r, size
 }
 
-// Release implements server.Store.
-func (s *Store) Release(ctx context.Context, id server.ID, token server.Token) error {
+// Release implements engine.Store.
+func (s *Store) Release(ctx context.Context, id engine.ID, token engine.Token) error {
 	return s.withLease(ctx, "release", id, token, func(sh *shard, r record) {
 		s.remove(sh, id, r)
 	})
 }
 
-// Extend implements server.Store. The lease is saturated, as in Claim.
-func (s *Store) Extend(ctx context.Context, id server.ID, token server.Token, lease time.Duration) error {
+// Extend implements engine.Store. The lease is saturated, as in Claim.
+func (s *Store) Extend(ctx context.Context, id engine.ID, token engine.Token, lease time.Duration) error {
 	return s.withLease(ctx, "extend", id, token, func(sh *shard, r record) {
 		r.leaseUntil = s.now().add(lease)
 		r.expiresAt = max(r.expiresAt, r.leaseUntil)
@@ -427,12 +427,12 @@ func (s *Store) Extend(ctx context.Context, id server.ID, token server.Token, le
 
 // withLease runs fn, under the shard's lock, on the in-flight record that
 // token holds, or fails with ErrLeaseLost.
-func (s *Store) withLease(ctx context.Context, op string, id server.ID, token server.Token, fn func(*shard, record)) error {
+func (s *Store) withLease(ctx context.Context, op string, id engine.ID, token engine.Token, fn func(*shard, record)) error {
 	sh, err := s.lock(ctx, op, id)
 	if errors.Is(err, ErrClosed) {
 		// The lease went with the records: say so, so that a holder
 		// stops trying at once.
-		return fmt.Errorf("%w: %w", err, server.ErrLeaseLost)
+		return fmt.Errorf("%w: %w", err, engine.ErrLeaseLost)
 	}
 	if err != nil {
 		return err
@@ -447,16 +447,16 @@ func (s *Store) withLease(ctx context.Context, op string, id server.ID, token se
 }
 
 // current returns the in-flight record that token holds. sh.mu is held.
-func (s *Store) current(sh *shard, id server.ID, token server.Token) (record, error) {
+func (s *Store) current(sh *shard, id engine.ID, token engine.Token) (record, error) {
 	r, ok := sh.m[id]
 	if !ok || r.token != token || r.resp != nil || s.now() >= r.expiresAt {
-		return record{}, server.ErrLeaseLost
+		return record{}, engine.ErrLeaseLost
 	}
 	return r, nil
 }
 
 // remove deletes a record and returns its room. sh.mu is held.
-func (s *Store) remove(sh *shard, id server.ID, r record) {
+func (s *Store) remove(sh *shard, id engine.ID, r record) {
 	delete(sh.m, id)
 	s.records.Add(-1)
 	s.bytes.Add(-r.size)

@@ -114,7 +114,7 @@ func TestByteBoundKeepsRecord(t *testing.T) {
 	if !got.Response.BodyOmitted || len(got.Response.Body) != 0 {
 		t.Errorf("stored response BodyOmitted = %v with %d body bytes, want the body omitted", got.Response.BodyOmitted, len(got.Response.Body))
 	}
-	if got.Response.Status != http.StatusCreated || got.Response.Header.Get("Location") != "/orders/7" {
+	if got.Response.Status != http.StatusCreated || http.Header(got.Response.Header).Get("Location") != "/orders/7" {
 		t.Errorf("stored response = %d %v, want the status and headers kept", got.Response.Status, got.Response.Header)
 	}
 	if b := s.Bytes(); b > 64<<10 {

@@ -1,4 +1,4 @@
-// Package pgstore is a server.Store in PostgreSQL, on pgx v5, for an API that
+// Package pgstore is an engine.Store (server.Store) in PostgreSQL, on pgx v5, for an API that
 // runs as several instances: they share one table, and one atomic statement
 // decides which of several concurrent requests with the same key runs.
 //

@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 )
 
 // maxStored bounds the bytes of one stored response, its headers and body
@@ -17,15 +17,15 @@ import (
 // mebibyte is left for everything else the two messages carry.
 const maxStored = 1<<30 - 1<<20
 
-// storable returns an error wrapping server.ErrNotStorable when resp, with
+// storable returns an error wrapping engine.ErrNotStorable when resp, with
 // its encoded headers, can never be stored, so that Complete does not send
 // a gigabyte that the server must refuse, and on a connection it would close.
-func storable(id server.ID, resp *server.Response, headers []byte) error {
+func storable(id engine.ID, resp *engine.Response, headers []byte) error {
 	if resp.Status < 0 || resp.Status > math.MaxInt32 {
-		return fmt.Errorf("%w: status %d", server.ErrNotStorable, resp.Status)
+		return fmt.Errorf("%w: status %d", engine.ErrNotStorable, resp.Status)
 	}
 	if n := len(id.Scope) + len(id.Key) + len(headers) + len(resp.Body); n > maxStored {
-		return fmt.Errorf("%w: %d bytes, over the %d that a record holds", server.ErrNotStorable, n, maxStored)
+		return fmt.Errorf("%w: %d bytes, over the %d that a record holds", engine.ErrNotStorable, n, maxStored)
 	}
 	return nil
 }

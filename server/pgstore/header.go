@@ -3,7 +3,6 @@ package pgstore
 import (
 	"encoding/binary"
 	"errors"
-	"net/http"
 	"slices"
 )
 
@@ -17,7 +16,7 @@ const headerVersion = 1
 
 var errCorruptHeader = errors.New("corrupt stored headers")
 
-func encodeHeader(h http.Header) []byte {
+func encodeHeader(h map[string][]string) []byte {
 	if h == nil {
 		return nil
 	}
@@ -47,7 +46,7 @@ func encodeHeader(h http.Header) []byte {
 	return b
 }
 
-func decodeHeader(b []byte) (http.Header, error) {
+func decodeHeader(b []byte) (map[string][]string, error) {
 	if b == nil {
 		return nil, nil
 	}
@@ -56,7 +55,7 @@ func decodeHeader(b []byte) (http.Header, error) {
 	}
 	d := headerDecoder{b: b[1:]}
 	n := d.count()
-	h := make(http.Header, n)
+	h := make(map[string][]string, n)
 	prev := ""
 	for i := range n {
 		k := d.string()

@@ -7,7 +7,7 @@ import (
 )
 
 func TestHeaderRoundTrip(t *testing.T) {
-	for _, h := range []http.Header{
+	for _, h := range []map[string][]string{
 		nil,
 		{},
 		{"Content-Type": {"application/json"}},

@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 )
 
 // lookupRow is a row of lookupSQL.
@@ -30,7 +30,7 @@ type lookupRow struct {
 }
 
 // lookup reads the live record for id; found is false when there is none.
-func (s *Store) lookup(ctx context.Context, id server.ID) (r lookupRow, found bool, err error) {
+func (s *Store) lookup(ctx context.Context, id engine.ID) (r lookupRow, found bool, err error) {
 	err = s.retry(ctx, func() error {
 		r = lookupRow{}
 		return s.pool.QueryRow(ctx, s.stmts().lookup, s.coldMode, []byte(id.Scope), []byte(id.Key)).Scan(
@@ -43,24 +43,24 @@ func (s *Store) lookup(ctx context.Context, id server.ID) (r lookupRow, found bo
 	return r, err == nil, err
 }
 
-// Lookup implements server.Inspector: one statement, which a read-only
+// Lookup implements engine.Inspector: one statement, which a read-only
 // server (a standby) answers too. In transactional mode a request being
 // served is invisible to it, as to every other session, since its record
 // commits with its response or not at all: Lookup then returns an error
-// wrapping server.ErrNotFound, and a completed record once it commits.
-func (s *Store) Lookup(ctx context.Context, id server.ID) (server.Record, error) {
+// wrapping engine.ErrNotFound, and a completed record once it commits.
+func (s *Store) Lookup(ctx context.Context, id engine.ID) (engine.Record, error) {
 	r, found, err := s.lookup(ctx, id)
 	if err != nil {
-		return server.Record{}, fmt.Errorf("pgstore: lookup: %w", err)
+		return engine.Record{}, fmt.Errorf("pgstore: lookup: %w", err)
 	}
 	if !found {
-		return server.Record{}, fmt.Errorf("pgstore: lookup: %w", server.ErrNotFound)
+		return engine.Record{}, fmt.Errorf("pgstore: lookup: %w", engine.ErrNotFound)
 	}
-	rec := server.Record{
+	rec := engine.Record{
 		ID:          id,
 		Completed:   r.state == "completed",
 		Fingerprint: r.fingerprint,
-		Token:       server.Token(r.token),
+		Token:       engine.Token(r.token),
 		Abandoned:   int(r.abandoned),
 		Created:     r.created,
 		Expires:     r.expires,
@@ -71,24 +71,24 @@ func (s *Store) Lookup(ctx context.Context, id server.ID) (server.Record, error)
 	}
 	h, err := decodeHeader(r.headers)
 	if err != nil {
-		return server.Record{}, fmt.Errorf("pgstore: lookup: %w", err)
+		return engine.Record{}, fmt.Errorf("pgstore: lookup: %w", err)
 	}
-	rec.Response = &server.Response{Status: int(r.status), Header: h, Body: r.body, BodyOmitted: r.bodyOmitted}
+	rec.Response = &engine.Response{Status: int(r.status), Header: h, Body: r.body, BodyOmitted: r.bodyOmitted}
 	return rec, nil
 }
 
-// Resolve implements server.Inspector, in one statement. With resp set it
+// Resolve implements engine.Inspector, in one statement. With resp set it
 // records the request as done with resp, whatever the record's state, and
 // the holder of a lease in flight is refused from then on (its Complete,
-// Release and Extend fail with server.ErrLeaseLost); with resp nil it
+// Release and Extend fail with engine.ErrLeaseLost); with resp nil it
 // deletes the record. A response that can never be stored is refused with
-// an error wrapping server.ErrNotStorable, as by Complete.
+// an error wrapping engine.ErrNotStorable, as by Complete.
 //
 // In transactional mode a request being served is invisible (see [Store.Lookup]):
-// Resolve then returns an error wrapping server.ErrNotFound, and a
+// Resolve then returns an error wrapping engine.ErrNotFound, and a
 // transaction that took over an expired record holds it, so that Resolve
 // waits for that transaction to end, within ctx.
-func (s *Store) Resolve(ctx context.Context, id server.ID, resp *server.Response, ttl time.Duration) error {
+func (s *Store) Resolve(ctx context.Context, id engine.ID, resp *engine.Response, ttl time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("pgstore: resolve: %w", err)
 	}
@@ -113,11 +113,11 @@ func (s *Store) Resolve(ctx context.Context, id server.ID, resp *server.Response
 	})
 	switch {
 	case isNotStorable(err):
-		return fmt.Errorf("pgstore: resolve: %w: %w", server.ErrNotStorable, err)
+		return fmt.Errorf("pgstore: resolve: %w: %w", engine.ErrNotStorable, err)
 	case err != nil:
 		return fmt.Errorf("pgstore: resolve: %w", err)
 	case tag.RowsAffected() == 0:
-		return fmt.Errorf("pgstore: resolve: %w", server.ErrNotFound)
+		return fmt.Errorf("pgstore: resolve: %w", engine.ErrNotFound)
 	}
 	return nil
 }

@@ -15,12 +15,12 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 )
 
 // ErrClosed is returned, wrapped, by Claim after Close. It is
-// server.ErrStoreClosed, so that the middleware stops trying.
-var ErrClosed = server.ErrStoreClosed
+// engine.ErrStoreClosed, so that the middleware stops trying.
+var ErrClosed = engine.ErrStoreClosed
 
 const (
 	// maxClaimAttempts bounds how often Claim runs its statement again when
@@ -35,7 +35,7 @@ const (
 
 var errContended = errors.New("record changed under every attempt")
 
-// Store is a server.Store, and a server.Binder, backed by one PostgreSQL
+// Store is a engine.Store, and a engine.Binder, backed by one PostgreSQL
 // table. Create one with New, create its table with Migrate (or apply
 // Schema yourself), and call Close when done. It is safe for concurrent use,
 // by any number of instances of an API sharing the table.
@@ -67,9 +67,9 @@ type Store struct {
 }
 
 var (
-	_ server.Store     = (*Store)(nil)
-	_ server.Binder    = (*Store)(nil)
-	_ server.Inspector = (*Store)(nil)
+	_ engine.Store     = (*Store)(nil)
+	_ engine.Binder    = (*Store)(nil)
+	_ engine.Inspector = (*Store)(nil)
 )
 
 // New returns a Store that keeps its records in a table of the database that
@@ -163,7 +163,7 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// Claim implements server.Store. It is one statement, and one round trip,
+// Claim implements engine.Store. It is one statement, and one round trip,
 // in every case but the takeover of an expired record or lease, which takes
 // a second, conditional statement.
 //
@@ -174,15 +174,15 @@ func (s *Store) Close() error {
 // out, Claim returns InFlight with RetryAfter set to the lock timeout and,
 // since the other transaction's row cannot be read before it commits, the
 // caller's own fingerprint.
-func (s *Store) Claim(ctx context.Context, id server.ID, fingerprint string, lease, ttl time.Duration) (server.Claim, error) {
+func (s *Store) Claim(ctx context.Context, id engine.ID, fingerprint string, lease, ttl time.Duration) (engine.Claim, error) {
 	if err := ctx.Err(); err != nil {
-		return server.Claim{}, fmt.Errorf("pgstore: claim: %w", err)
+		return engine.Claim{}, fmt.Errorf("pgstore: claim: %w", err)
 	}
 	if s.closed.Load() {
-		return server.Claim{}, fmt.Errorf("pgstore: claim: %w", ErrClosed)
+		return engine.Claim{}, fmt.Errorf("pgstore: claim: %w", ErrClosed)
 	}
 	var (
-		c   server.Claim
+		c   engine.Claim
 		err error
 	)
 	if s.transactional {
@@ -202,7 +202,7 @@ func (s *Store) Claim(ctx context.Context, id server.ID, fingerprint string, lea
 		c, err = s.claimReadOnly(ctx, id, err)
 	}
 	if err != nil {
-		return server.Claim{}, fmt.Errorf("pgstore: claim: %w", err)
+		return engine.Claim{}, fmt.Errorf("pgstore: claim: %w", err)
 	}
 	return c, nil
 }
@@ -211,18 +211,18 @@ func (s *Store) Claim(ctx context.Context, id server.ID, fingerprint string, lea
 // set to default_transaction_read_only) refused with refused: a completed
 // record is replayed and a live lease is in flight, which need no write; a
 // request that would have to claim gets the refusal, a store failure.
-func (s *Store) claimReadOnly(ctx context.Context, id server.ID, refused error) (server.Claim, error) {
+func (s *Store) claimReadOnly(ctx context.Context, id engine.ID, refused error) (engine.Claim, error) {
 	r, found, err := s.lookup(ctx, id)
 	switch {
 	case err != nil:
-		return server.Claim{}, errors.Join(refused, err)
+		return engine.Claim{}, errors.Join(refused, err)
 	case !found:
-		return server.Claim{}, refused
+		return engine.Claim{}, refused
 	}
 	row := claimRow{state: r.state, fingerprint: r.fingerprint, live: r.live, remaining: r.remaining,
 		status: r.status, headers: r.headers, body: r.body, bodyOmitted: r.bodyOmitted}
 	if row.state != "completed" && !row.live {
-		return server.Claim{}, refused // a takeover would write
+		return engine.Claim{}, refused // a takeover would write
 	}
 	return row.claim()
 }
@@ -234,7 +234,7 @@ type querier interface {
 
 // claim runs claimSQL, and takeoverSQL when the record it finds may be taken
 // over, until one of them gives an answer.
-func (s *Store) claim(ctx context.Context, db querier, id server.ID, fingerprint string, lease, ttl time.Duration) (server.Claim, error) {
+func (s *Store) claim(ctx context.Context, db querier, id engine.ID, fingerprint string, lease, ttl time.Duration) (engine.Claim, error) {
 	scope, key, fp := []byte(id.Scope), []byte(id.Key), []byte(fingerprint)
 	leaseUS, ttlUS := micros(lease), micros(max(lease, ttl))
 	for range maxClaimAttempts {
@@ -248,7 +248,7 @@ func (s *Store) claim(ctx context.Context, db querier, id server.ID, fingerprint
 			continue // a concurrent claimer's record, not in this statement's snapshot
 		}
 		if err != nil {
-			return server.Claim{}, err
+			return engine.Claim{}, err
 		}
 		s.observeSize(size)
 		if !r.mayTakeOver(fingerprint) {
@@ -263,11 +263,11 @@ func (s *Store) claim(ctx context.Context, db querier, id server.ID, fingerprint
 			continue // changed since it was read: look again
 		}
 		if err != nil {
-			return server.Claim{}, err
+			return engine.Claim{}, err
 		}
-		return server.Claim{Status: server.Acquired, Token: server.Token(token), Abandoned: int(abandoned)}, nil
+		return engine.Claim{Status: engine.Acquired, Token: engine.Token(token), Abandoned: int(abandoned)}, nil
 	}
-	return server.Claim{}, errContended
+	return engine.Claim{}, errContended
 }
 
 // claimRow is a row of claimSQL.
@@ -295,34 +295,34 @@ func (r *claimRow) mayTakeOver(fingerprint string) bool {
 	return r.expired || (r.state == "in_flight" && !r.live && r.fingerprint == fingerprint)
 }
 
-func (r *claimRow) claim() (server.Claim, error) {
+func (r *claimRow) claim() (engine.Claim, error) {
 	switch {
 	case r.inserted:
-		return server.Claim{Status: server.Acquired, Token: server.Token(r.token)}, nil
+		return engine.Claim{Status: engine.Acquired, Token: engine.Token(r.token)}, nil
 	case r.state == "completed":
 		h, err := decodeHeader(r.headers)
 		if err != nil {
-			return server.Claim{}, err
+			return engine.Claim{}, err
 		}
-		return server.Claim{
-			Status:      server.Completed,
+		return engine.Claim{
+			Status:      engine.Completed,
 			Fingerprint: r.fingerprint,
-			Response:    &server.Response{Status: int(r.status), Header: h, Body: r.body, BodyOmitted: r.bodyOmitted},
+			Response:    &engine.Response{Status: int(r.status), Header: h, Body: r.body, BodyOmitted: r.bodyOmitted},
 		}, nil
 	case r.live:
-		return server.Claim{
-			Status:      server.InFlight,
+		return engine.Claim{
+			Status:      engine.InFlight,
 			Fingerprint: r.fingerprint,
 			RetryAfter:  max(fromMicros(r.remaining), time.Microsecond),
 		}, nil
 	default: // a lease that ended, for another request
-		return server.Claim{Status: server.InFlight, Fingerprint: r.fingerprint}, nil
+		return engine.Claim{Status: engine.InFlight, Fingerprint: r.fingerprint}, nil
 	}
 }
 
-// Complete implements server.Store. In lease mode it is one statement, and
+// Complete implements engine.Store. In lease mode it is one statement, and
 // a response that can never be stored (README.md lists what) fails with an
-// error wrapping server.ErrNotStorable and changes nothing; transactional
+// error wrapping engine.ErrNotStorable and changes nothing; transactional
 // mode stores such a response without its body and commits.
 //
 // In transactional mode it stores the response in the lease's transaction
@@ -332,11 +332,11 @@ func (r *claimRow) claim() (server.Claim, error) {
 // returns an error that wraps ErrRolledBack: nothing the handler wrote was
 // kept, and the next Claim of the key acquires it. When the connection fails
 // during COMMIT itself, the outcome is unknown and the error wraps neither
-// ErrRolledBack nor server.ErrLeaseLost: the next Claim finds either the
+// ErrRolledBack nor engine.ErrLeaseLost: the next Claim finds either the
 // completed record or none, never half of it. Every error of Complete in
-// transactional mode wraps server.ErrNotCommitted, on which the middleware
+// transactional mode wraps engine.ErrNotCommitted, on which the middleware
 // answers 503 instead of the handler's response.
-func (s *Store) Complete(ctx context.Context, id server.ID, token server.Token, resp *server.Response, ttl time.Duration) error {
+func (s *Store) Complete(ctx context.Context, id engine.ID, token engine.Token, resp *engine.Response, ttl time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("pgstore: complete: %w", err)
 	}
@@ -360,15 +360,15 @@ func (s *Store) Complete(ctx context.Context, id server.ID, token server.Token, 
 		return err
 	})
 	if isNotStorable(err) {
-		return fmt.Errorf("pgstore: complete: %w: %w", server.ErrNotStorable, err)
+		return fmt.Errorf("pgstore: complete: %w: %w", engine.ErrNotStorable, err)
 	}
 	return result("complete", tag, err)
 }
 
-// Release implements server.Store. In lease mode it deletes the record, in
+// Release implements engine.Store. In lease mode it deletes the record, in
 // one statement; in transactional mode it rolls the lease's transaction
 // back, the handler's writes with it.
-func (s *Store) Release(ctx context.Context, id server.ID, token server.Token) error {
+func (s *Store) Release(ctx context.Context, id engine.ID, token engine.Token) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("pgstore: release: %w", err)
 	}
@@ -383,7 +383,7 @@ func (s *Store) Release(ctx context.Context, id server.ID, token server.Token) e
 	return result("release", tag, err)
 }
 
-// Extend implements server.Store. In lease mode it is one statement.
+// Extend implements engine.Store. In lease mode it is one statement.
 //
 // In transactional mode it changes nothing and succeeds while the lease's
 // transaction is open: no other claimer can take the record over, since the
@@ -391,7 +391,7 @@ func (s *Store) Release(ctx context.Context, id server.ID, token server.Token) e
 // if the process dies PostgreSQL rolls the transaction back. (It also must
 // not touch the transaction, which the handler may be using at the same
 // moment.)
-func (s *Store) Extend(ctx context.Context, id server.ID, token server.Token, lease time.Duration) error {
+func (s *Store) Extend(ctx context.Context, id engine.ID, token engine.Token, lease time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("pgstore: extend: %w", err)
 	}
@@ -413,7 +413,7 @@ func result(op string, tag pgconn.CommandTag, err error) error {
 		return fmt.Errorf("pgstore: %s: %w", op, err)
 	}
 	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("pgstore: %s: %w", op, server.ErrLeaseLost)
+		return fmt.Errorf("pgstore: %s: %w", op, engine.ErrLeaseLost)
 	}
 	return nil
 }

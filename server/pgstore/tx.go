@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 )
 
 // ErrRolledBack is returned, wrapped, by Complete in transactional mode when
@@ -22,7 +22,7 @@ var ErrRolledBack = errors.New("transaction rolled back")
 type notCommitted struct{ err error }
 
 func (e notCommitted) Error() string   { return e.err.Error() }
-func (e notCommitted) Unwrap() []error { return []error{e.err, server.ErrNotCommitted} }
+func (e notCommitted) Unwrap() []error { return []error{e.err, engine.ErrNotCommitted} }
 
 // errOwnedTx is returned by Commit and Rollback of the transaction that
 // TxFromContext hands out.
@@ -30,28 +30,28 @@ var errOwnedTx = errors.New("pgstore: the transaction belongs to the store: Comp
 
 // txKey addresses an open transaction: the lease it is.
 type txKey struct {
-	id    server.ID
-	token server.Token
+	id    engine.ID
+	token engine.Token
 }
 
 // claimTx is Claim in transactional mode: it begins a transaction, claims
 // in it and, when the claim is Acquired, keeps it open for Bind, Complete and
 // Release.
-func (s *Store) claimTx(ctx context.Context, id server.ID, fingerprint string, lease, ttl time.Duration) (server.Claim, error) {
+func (s *Store) claimTx(ctx context.Context, id engine.ID, fingerprint string, lease, ttl time.Duration) (engine.Claim, error) {
 	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: s.beginSQL})
 	if err != nil {
-		return server.Claim{}, err
+		return engine.Claim{}, err
 	}
 	c, err := s.claim(ctx, tx, id, fingerprint, lease, ttl)
 	if err != nil {
 		rollback(ctx, tx)
 		if isLockTimeout(err) {
 			// Another transaction holds the key: it is in flight.
-			return server.Claim{Status: server.InFlight, Fingerprint: fingerprint, RetryAfter: s.lockTimeout}, nil
+			return engine.Claim{Status: engine.InFlight, Fingerprint: fingerprint, RetryAfter: s.lockTimeout}, nil
 		}
-		return server.Claim{}, err
+		return engine.Claim{}, err
 	}
-	if c.Status != server.Acquired {
+	if c.Status != engine.Acquired {
 		// Nothing was written, so the answer stands even if the rollback
 		// fails (and closes the connection).
 		rollback(ctx, tx)
@@ -61,7 +61,7 @@ func (s *Store) claimTx(ctx context.Context, id server.ID, fingerprint string, l
 	if s.closed.Load() {
 		s.mu.Unlock()
 		rollback(ctx, tx)
-		return server.Claim{}, ErrClosed
+		return engine.Claim{}, ErrClosed
 	}
 	s.txs[txKey{id, c.Token}] = tx
 	s.mu.Unlock()
@@ -75,7 +75,7 @@ func isLockTimeout(err error) bool {
 
 // take removes the lease's transaction from the open ones and returns it, or
 // nil. Whoever takes a transaction ends it.
-func (s *Store) take(id server.ID, token server.Token) pgx.Tx {
+func (s *Store) take(id engine.ID, token engine.Token) pgx.Tx {
 	k := txKey{id, token}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -84,23 +84,23 @@ func (s *Store) take(id server.ID, token server.Token) pgx.Tx {
 	return tx
 }
 
-func (s *Store) completeTx(ctx context.Context, id server.ID, token server.Token, resp *server.Response, ttl time.Duration) error {
+func (s *Store) completeTx(ctx context.Context, id engine.ID, token engine.Token, resp *engine.Response, ttl time.Duration) error {
 	tx := s.take(id, token)
 	if tx == nil {
-		return fmt.Errorf("pgstore: complete: %w", server.ErrLeaseLost)
+		return fmt.Errorf("pgstore: complete: %w", engine.ErrLeaseLost)
 	}
 	headers := encodeHeader(resp.Header)
 	if storable(id, resp, headers) != nil {
 		// The handler's writes are in this transaction: keep them, and
 		// record the request as done without the body (and, should they be
 		// the trouble, without its headers), as the middleware would after
-		// server.ErrNotStorable in lease mode.
-		resp = &server.Response{Status: resp.Status, Header: resp.Header, BodyOmitted: true}
+		// engine.ErrNotStorable in lease mode.
+		resp = &engine.Response{Status: resp.Status, Header: resp.Header, BodyOmitted: true}
 		if headers = encodeHeader(resp.Header); storable(id, resp, headers) != nil {
 			resp.Header, headers = nil, nil
 		}
 		if err := storable(id, resp, headers); err != nil {
-			// A status no HTTP server sends; not server.ErrNotStorable,
+			// A status no HTTP server sends; not engine.ErrNotStorable,
 			// since what the handler wrote is rolled back.
 			rollback(ctx, tx)
 			return fmt.Errorf("pgstore: complete: %w: %v", ErrRolledBack, err)
@@ -113,7 +113,7 @@ func (s *Store) completeTx(ctx context.Context, id server.ID, token server.Token
 		micros(ttl), int32(resp.Status), headers, resp.Body, resp.BodyOmitted)
 	if err == nil && tag.RowsAffected() == 0 {
 		// Not while the transaction holds the row.
-		err = server.ErrLeaseLost
+		err = engine.ErrLeaseLost
 	}
 	if err != nil {
 		rollback(ctx, tx)
@@ -128,10 +128,10 @@ func (s *Store) completeTx(ctx context.Context, id server.ID, token server.Token
 	return nil
 }
 
-func (s *Store) releaseTx(ctx context.Context, id server.ID, token server.Token) error {
+func (s *Store) releaseTx(ctx context.Context, id engine.ID, token engine.Token) error {
 	tx := s.take(id, token)
 	if tx == nil {
-		return fmt.Errorf("pgstore: release: %w", server.ErrLeaseLost)
+		return fmt.Errorf("pgstore: release: %w", engine.ErrLeaseLost)
 	}
 	// A rollback that fails closes the connection (pgx does), which rolls
 	// the transaction back as surely: either way it is released.
@@ -139,12 +139,12 @@ func (s *Store) releaseTx(ctx context.Context, id server.ID, token server.Token)
 	return nil
 }
 
-func (s *Store) extendTx(id server.ID, token server.Token) error {
+func (s *Store) extendTx(id engine.ID, token engine.Token) error {
 	s.mu.Lock()
 	_, ok := s.txs[txKey{id, token}]
 	s.mu.Unlock()
 	if !ok {
-		return fmt.Errorf("pgstore: extend: %w", server.ErrLeaseLost)
+		return fmt.Errorf("pgstore: extend: %w", engine.ErrLeaseLost)
 	}
 	return nil
 }
@@ -161,10 +161,10 @@ func rollback(ctx context.Context, tx pgx.Tx) error {
 	return nil
 }
 
-// Bind implements server.Binder. In transactional mode it returns a copy of
+// Bind implements engine.Binder. In transactional mode it returns a copy of
 // ctx that carries the lease's transaction, for TxFromContext; otherwise, or
 // when the lease holds no open transaction, it returns ctx.
-func (s *Store) Bind(ctx context.Context, id server.ID, token server.Token) context.Context {
+func (s *Store) Bind(ctx context.Context, id engine.ID, token engine.Token) context.Context {
 	if !s.transactional {
 		return ctx
 	}

@@ -1,4 +1,4 @@
-// Package redisstore is a server.Store kept in Redis, through go-redis v9:
+// Package redisstore is an engine.Store (server.Store) kept in Redis, through go-redis v9:
 // for an API that runs as several processes, on a standalone Redis, behind
 // Sentinel, or on a Redis Cluster.
 //

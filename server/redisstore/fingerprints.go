@@ -3,7 +3,7 @@ package redisstore
 import (
 	"sync"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 )
 
 // maxFingerprints bounds the leases whose fingerprint a Store remembers: a
@@ -40,7 +40,7 @@ type leaseFacts struct {
 // leaseKey names a lease: the record's key and the lease's token.
 type leaseKey struct {
 	key   string
-	token server.Token
+	token engine.Token
 }
 
 func newFingerprints() *fingerprints {

@@ -6,42 +6,42 @@ import (
 	"math/rand/v2"
 	"time"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 )
 
-var _ server.Inspector = (*Store)(nil)
+var _ engine.Inspector = (*Store)(nil)
 
-// Lookup implements server.Inspector in one round trip. The times it reports
+// Lookup implements engine.Inspector in one round trip. The times it reports
 // are the Redis server's: Created is its clock when the record was first
 // claimed, LeaseEnds and Expires its clock at the lookup plus what the
 // record's expiry has left. A record written by an earlier release (version
 // 1 or 2) has no Created; its Abandoned is 0.
-func (s *Store) Lookup(ctx context.Context, id server.ID) (server.Record, error) {
+func (s *Store) Lookup(ctx context.Context, id engine.ID) (engine.Record, error) {
 	if err := s.usable(ctx); err != nil {
-		return server.Record{}, fmt.Errorf("redisstore: lookup: %w", err)
+		return engine.Record{}, fmt.Errorf("redisstore: lookup: %w", err)
 	}
 	reply, err := s.call(ctx, s.lib.lookup, s.RecordKey(id))
 	if err != nil {
-		return server.Record{}, fmt.Errorf("redisstore: lookup: %w", err)
+		return engine.Record{}, fmt.Errorf("redisstore: lookup: %w", err)
 	}
 	r, err := parseLookup(id, reply)
 	if err != nil {
-		return server.Record{}, fmt.Errorf("redisstore: lookup: %w", err)
+		return engine.Record{}, fmt.Errorf("redisstore: lookup: %w", err)
 	}
 	return r, nil
 }
 
 // parseLookup reads the lookup function's answer.
-func parseLookup(id server.ID, reply any) (server.Record, error) {
+func parseLookup(id engine.ID, reply any) (engine.Record, error) {
 	switch r := reply.(type) {
 	case int64:
 		if r == replyNotFound {
-			return server.Record{}, server.ErrNotFound
+			return engine.Record{}, engine.ErrNotFound
 		}
 	case []any:
 		switch code(r) {
 		case replyCorrupt:
-			return server.Record{}, corruptReply(r)
+			return engine.Record{}, corruptReply(r)
 		case replyFound:
 			if len(r) != 4 {
 				break
@@ -55,19 +55,19 @@ func parseLookup(id server.ID, reply any) (server.Record, error) {
 			return recordOf(id, v, pttl, time.UnixMilli(now))
 		}
 	}
-	return server.Record{}, unexpected(reply)
+	return engine.Record{}, unexpected(reply)
 }
 
 // recordOf decodes v, a live record with pttl ms left, read at now.
-func recordOf(id server.ID, v string, pttl int64, now time.Time) (server.Record, error) {
+func recordOf(id engine.ID, v string, pttl int64, now time.Time) (engine.Record, error) {
 	rec, err := decodeRecord(v)
 	if err != nil {
-		return server.Record{}, err
+		return engine.Record{}, err
 	}
 	if rec.state == stateReleased {
-		return server.Record{}, server.ErrNotFound
+		return engine.Record{}, engine.ErrNotFound
 	}
-	out := server.Record{
+	out := engine.Record{
 		ID:          id,
 		Completed:   rec.state == stateCompleted,
 		Fingerprint: rec.fingerprint,
@@ -94,11 +94,11 @@ func recordOf(id server.ID, v string, pttl int64, now time.Time) (server.Record,
 	return out, nil
 }
 
-// Resolve implements server.Inspector in one round trip. The record keeps
-// its token, so that a holder still running is refused (server.ErrLeaseLost)
+// Resolve implements engine.Inspector in one round trip. The record keeps
+// its token, so that a holder still running is refused (engine.ErrLeaseLost)
 // from then on; with resp nil it becomes a released record, which Lookup
 // does not find and the next Claim takes with a larger token.
-func (s *Store) Resolve(ctx context.Context, id server.ID, resp *server.Response, ttl time.Duration) error {
+func (s *Store) Resolve(ctx context.Context, id engine.ID, resp *engine.Response, ttl time.Duration) error {
 	if err := s.usable(ctx); err != nil {
 		return fmt.Errorf("redisstore: resolve: %w", err)
 	}
@@ -125,7 +125,7 @@ func (s *Store) Resolve(ctx context.Context, id server.ID, resp *server.Response
 			case replyDone:
 				return nil
 			case replyNotFound:
-				return fmt.Errorf("redisstore: resolve: %w", server.ErrNotFound)
+				return fmt.Errorf("redisstore: resolve: %w", engine.ErrNotFound)
 			}
 		case []any:
 			if code(r) == replyCorrupt {

@@ -89,8 +89,8 @@ func TestVersion1Records(t *testing.T) {
 			t.Fatalf("Claim = %v %q, %v; want completed %q", got.Status, got.Fingerprint, err, "fp-1")
 		}
 		if got.Response.Status != want.Status || string(got.Response.Body) != string(want.Body) ||
-			len(got.Response.Header) != 2 || got.Response.Header.Get("Location") != "/orders/1" ||
-			got.Response.Header.Get("Content-Type") != "application/json" {
+			len(got.Response.Header) != 2 || http.Header(got.Response.Header).Get("Location") != "/orders/1" ||
+			http.Header(got.Response.Header).Get("Content-Type") != "application/json" {
 			t.Errorf("replayed %+v, want %+v", got.Response, want)
 		}
 		lost(id, ahead)

@@ -5,12 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"net/http"
 	"slices"
 	"strconv"
 	"strings"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 )
 
 // The record layout. A record is one Redis string: a fixed header (42 bytes
@@ -45,7 +44,7 @@ import (
 // write header names in increasing order, so that a response has one
 // encoding and a record that decodes re-encodes to the same bytes; version 1
 // wrote them in any order. Version 3 adds what an operator asks of a record
-// (server.Record): how many holders abandoned it, and when it was first
+// (engine.Record): how many holders abandoned it, and when it was first
 // claimed.
 const (
 	recordVersion = 3
@@ -85,21 +84,21 @@ var ErrCorruptRecord = errors.New("corrupt idempotency record")
 type record struct {
 	version     byte
 	state       byte
-	token       server.Token
+	token       engine.Token
 	nonce       uint64
 	slack       int64  // versions 2 and 3: ms the record outlives its lease
 	leaseEnd    int64  // version 1: the lease's end, µs since the epoch
 	abandoned   uint32 // version 3: holders that lost the lease before
 	created     int64  // version 3: first claimed, ms since the epoch
 	fingerprint string
-	response    *server.Response // completed only
+	response    *engine.Response // completed only
 }
 
 // recordKey encodes id after prefix as the scope's length in decimal, ":",
 // the scope, ":", the key. The length says where the scope ends whatever bytes
 // it holds, so no two IDs share a key: ("a:b", "c") is "3:a:b:c" and
 // ("a", "b:c") is "1:a:b:c".
-func recordKey(prefix string, id server.ID) string {
+func recordKey(prefix string, id engine.ID) string {
 	var n [20]byte
 	var b strings.Builder
 	b.Grow(len(prefix) + len(n) + 2 + len(id.Scope) + len(id.Key))
@@ -114,7 +113,7 @@ func recordKey(prefix string, id server.ID) string {
 
 // appendHead appends the first 26 bytes of a header of version v (3 or 2):
 // up to the fingerprint's length.
-func appendHead(b []byte, v, state byte, token server.Token, nonce uint64, slack int64) []byte {
+func appendHead(b []byte, v, state byte, token engine.Token, nonce uint64, slack int64) []byte {
 	b = append(b, v, state)
 	b = binary.BigEndian.AppendUint64(b, uint64(token))
 	b = binary.BigEndian.AppendUint64(b, nonce)
@@ -163,7 +162,7 @@ func encodeRecord(r record) ([]byte, error) {
 }
 
 // responseSize checks that resp can be encoded and returns its size.
-func responseSize(resp *server.Response) (int, error) {
+func responseSize(resp *engine.Response) (int, error) {
 	if resp.Status < 0 || resp.Status > math.MaxUint16 {
 		return 0, fmt.Errorf("status %d out of range", resp.Status)
 	}
@@ -184,7 +183,7 @@ func responseSize(resp *server.Response) (int, error) {
 
 // encodeResponse encodes resp as it follows the fingerprint in a completed
 // record, in one allocation.
-func encodeResponse(resp *server.Response) ([]byte, error) {
+func encodeResponse(resp *engine.Response) ([]byte, error) {
 	if resp == nil {
 		return nil, errors.New("nil response")
 	}
@@ -197,7 +196,7 @@ func encodeResponse(resp *server.Response) ([]byte, error) {
 
 // appendResponse appends resp, which responseSize accepted, names in
 // increasing order.
-func appendResponse(b []byte, resp *server.Response) []byte {
+func appendResponse(b []byte, resp *engine.Response) []byte {
 	b = binary.BigEndian.AppendUint16(b, uint16(resp.Status))
 	var flags byte
 	if resp.BodyOmitted {
@@ -244,7 +243,7 @@ func decodeRecord(rec string) (record, error) {
 	if len(rec) < oldHeader {
 		return record{}, corrupt("truncated record header (%d bytes)", len(rec))
 	}
-	r := record{version: rec[0], state: rec[1], token: server.Token(beUint64(rec[2:]))}
+	r := record{version: rec[0], state: rec[1], token: engine.Token(beUint64(rec[2:]))}
 	hdr := headerSize(r.version)
 	switch r.version {
 	case recordVersion:
@@ -285,7 +284,7 @@ func decodeRecord(rec string) (record, error) {
 	// One copy of everything but the body, sliced below.
 	meta := strings.Clone(rec[hdr:metaEnd])
 	r.fingerprint, meta = meta[:fpLen], meta[fpLen:]
-	resp := &server.Response{
+	resp := &engine.Response{
 		Status:      int(binary.BigEndian.Uint16([]byte(meta[0:2]))),
 		BodyOmitted: meta[2]&flagBodyOmitted != 0,
 	}
@@ -309,7 +308,7 @@ func beUint64(s string) uint64 { return binary.BigEndian.Uint64([]byte(s[:8])) }
 // all of s; sorted requires the names in increasing order. The values share
 // one backing array, each slice capped so that an append to one cannot
 // overwrite the next.
-func decodeHeader(s string, sorted bool) (http.Header, error) {
+func decodeHeader(s string, sorted bool) (map[string][]string, error) {
 	d := decoder{s: s}
 	names, values := d.uvarint(), d.uvarint()
 	// Every name and value takes at least a byte: bound the allocations by
@@ -323,7 +322,7 @@ func decodeHeader(s string, sorted bool) (http.Header, error) {
 		}
 		return nil, nil
 	}
-	h := make(http.Header, names)
+	h := make(map[string][]string, names)
 	all := make([]string, values)
 	used := uint64(0)
 	prev := ""

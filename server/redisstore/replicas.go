@@ -9,7 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 )
 
 // ErrNotReplicated is returned, wrapped, by Claim and Complete on a Store
@@ -152,13 +152,13 @@ func (s *Store) nodeFor(ctx context.Context, key, redirect string) (*redis.Clien
 
 // claimAcked is Claim's call WithReplicaAck: a lease that fewer replicas
 // acknowledged than asked is released before Claim fails.
-func (s *Store) claimAcked(ctx context.Context, id server.ID, key string, args ...any) (any, error) {
+func (s *Store) claimAcked(ctx context.Context, id engine.ID, key string, args ...any) (any, error) {
 	reply, acked, err := s.callAcked(ctx, s.lib.claim, key, args...)
 	if reply == nil {
 		return nil, err
 	}
 	c, _, perr := parseClaim(reply)
-	if perr != nil || c.Status != server.Acquired {
+	if perr != nil || c.Status != engine.Acquired {
 		// Nothing was written: there is nothing to wait for.
 		return reply, nil
 	}

@@ -14,13 +14,13 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 )
 
 // DefaultPrefix is the key prefix of a Store made without [WithPrefix].
 const DefaultPrefix = "idempotency:"
 
-// Store is a server.Store kept in Redis. Create one with New; it is safe for
+// Store is a engine.Store kept in Redis. Create one with New; it is safe for
 // concurrent use, and any number of Stores, in any number of processes, share
 // records when they share a Redis and a prefix. A Store owns nothing: the
 // client is the caller's to close. On a client with ContextTimeoutEnabled it
@@ -46,7 +46,7 @@ type Store struct {
 	bulkLimit atomic.Int64
 }
 
-var _ server.Store = (*Store)(nil)
+var _ engine.Store = (*Store)(nil)
 
 // New returns a Store that keeps its records in the Redis that client talks
 // to: a *redis.Client, a Sentinel-backed failover client or a
@@ -88,9 +88,9 @@ func hearsContext(client redis.UniversalClient) bool {
 // RecordKey returns the Redis key that holds id's record, for an operator
 // who needs to inspect or delete it (DEL removes the record: the key is new
 // again). Every operation on id touches this key and no other.
-func (s *Store) RecordKey(id server.ID) string { return recordKey(s.prefix, id) }
+func (s *Store) RecordKey(id engine.ID) string { return recordKey(s.prefix, id) }
 
-// Claim implements server.Store in one round trip. A completed record comes
+// Claim implements engine.Store in one round trip. A completed record comes
 // back whole and is decoded here; one that cannot be decoded fails the call
 // with ErrCorruptRecord and is never replayed.
 //
@@ -98,12 +98,12 @@ func (s *Store) RecordKey(id server.ID) string { return recordKey(s.prefix, id) 
 // microseconds, and written with the record; the function takes it when the
 // key has no record, and max(the record's token + 1, the proposal) when the
 // record is released or its lease expired.
-func (s *Store) Claim(ctx context.Context, id server.ID, fingerprint string, lease, ttl time.Duration) (server.Claim, error) {
+func (s *Store) Claim(ctx context.Context, id engine.ID, fingerprint string, lease, ttl time.Duration) (engine.Claim, error) {
 	if err := s.usable(ctx); err != nil {
-		return server.Claim{}, fmt.Errorf("redisstore: claim: %w", err)
+		return engine.Claim{}, fmt.Errorf("redisstore: claim: %w", err)
 	}
 	px := millis(max(ttl, lease))
-	proposed := server.Token(max(1, time.Now().UnixMicro()))
+	proposed := engine.Token(max(1, time.Now().UnixMicro()))
 	rec, err := encodeRecord(record{
 		version:     recordVersion,
 		state:       stateInFlight,
@@ -113,7 +113,7 @@ func (s *Store) Claim(ctx context.Context, id server.ID, fingerprint string, lea
 		fingerprint: fingerprint,
 	})
 	if err != nil {
-		return server.Claim{}, fmt.Errorf("redisstore: claim: %w", err)
+		return engine.Claim{}, fmt.Errorf("redisstore: claim: %w", err)
 	}
 	key := s.RecordKey(id)
 	var reply any
@@ -123,13 +123,13 @@ func (s *Store) Claim(ctx context.Context, id server.ID, fingerprint string, lea
 		reply, err = s.call(ctx, s.lib.claim, key, rec, px)
 	}
 	if err != nil {
-		return server.Claim{}, fmt.Errorf("redisstore: claim: %w", err)
+		return engine.Claim{}, fmt.Errorf("redisstore: claim: %w", err)
 	}
 	c, created, err := parseClaim(reply)
 	if err != nil {
-		return server.Claim{}, fmt.Errorf("redisstore: claim: %w", err)
+		return engine.Claim{}, fmt.Errorf("redisstore: claim: %w", err)
 	}
-	if c.Status == server.Acquired {
+	if c.Status == engine.Acquired {
 		s.fps.put(leaseKey{key, c.Token}, leaseFacts{fingerprint, uint32(c.Abandoned), created})
 	}
 	return c, nil
@@ -137,26 +137,26 @@ func (s *Store) Claim(ctx context.Context, id server.ID, fingerprint string, lea
 
 // parseClaim reads the claim function's answer, and, for a lease, when the
 // record was first claimed (ms since the epoch).
-func parseClaim(reply any) (server.Claim, int64, error) {
+func parseClaim(reply any) (engine.Claim, int64, error) {
 	c, err := parseClaimReply(reply)
-	if err != nil || c.Status != server.Acquired {
+	if err != nil || c.Status != engine.Acquired {
 		return c, 0, err
 	}
 	r := reply.([]any)
 	return c, r[3].(int64), nil
 }
 
-func parseClaimReply(reply any) (server.Claim, error) {
+func parseClaimReply(reply any) (engine.Claim, error) {
 	switch r := reply.(type) {
 	case string:
 		rec, err := decodeRecord(r)
 		if err != nil {
-			return server.Claim{}, err
+			return engine.Claim{}, err
 		}
 		if rec.state != stateCompleted {
-			return server.Claim{}, corrupt("record in state %d, want completed", rec.state)
+			return engine.Claim{}, corrupt("record in state %d, want completed", rec.state)
 		}
-		return server.Claim{Status: server.Completed, Fingerprint: rec.fingerprint, Response: rec.response}, nil
+		return engine.Claim{Status: engine.Completed, Fingerprint: rec.fingerprint, Response: rec.response}, nil
 	case []any:
 		switch code(r) {
 		case replyAcquired:
@@ -165,7 +165,7 @@ func parseClaimReply(reply any) (server.Claim, error) {
 				ab, ok2 := r[2].(int64)
 				_, ok3 := r[3].(int64)
 				if ok1 && ok2 && ok3 && ab >= 0 && ab <= math.MaxUint32 {
-					return server.Claim{Status: server.Acquired, Token: server.Token(tok), Abandoned: int(ab)}, nil
+					return engine.Claim{Status: engine.Acquired, Token: engine.Token(tok), Abandoned: int(ab)}, nil
 				}
 			}
 		case replyInFlight:
@@ -173,28 +173,28 @@ func parseClaimReply(reply any) (server.Claim, error) {
 				fp, ok1 := r[1].(string)
 				left, ok2 := r[2].(int64)
 				if ok1 && ok2 {
-					return server.Claim{Status: server.InFlight, Fingerprint: fp, RetryAfter: fromMillis(left)}, nil
+					return engine.Claim{Status: engine.InFlight, Fingerprint: fp, RetryAfter: fromMillis(left)}, nil
 				}
 			}
 		case replyCorrupt:
-			return server.Claim{}, corruptReply(r)
+			return engine.Claim{}, corruptReply(r)
 		}
 	}
-	return server.Claim{}, unexpected(reply)
+	return engine.Claim{}, unexpected(reply)
 }
 
-// Complete implements server.Store in one round trip. The record, response
+// Complete implements engine.Store in one round trip. The record, response
 // included, then expires after ttl.
 //
 // A response that Redis will never accept fails with an error wrapping
-// server.ErrNotStorable, and the record stays in flight with its lease: a
+// engine.ErrNotStorable, and the record stays in flight with its lease: a
 // record larger than a Redis string (512 MiB), one that Redis refuses as an
 // argument larger than its proto-max-bulk-len ("Protocol error: invalid bulk
 // length", or the connection reset while the record was sent, when the
 // record is larger than the limit that CONFIG GET reads), or a string larger
 // than Redis keeps ("string exceeds maximum allowed size"). Every other
 // error, a full Redis (OOM) included, may pass.
-func (s *Store) Complete(ctx context.Context, id server.ID, token server.Token, resp *server.Response, ttl time.Duration) error {
+func (s *Store) Complete(ctx context.Context, id engine.ID, token engine.Token, resp *engine.Response, ttl time.Duration) error {
 	if err := s.usable(ctx); err != nil {
 		return fmt.Errorf("redisstore: complete: %w", err)
 	}
@@ -214,17 +214,17 @@ func (s *Store) Complete(ctx context.Context, id server.ID, token server.Token, 
 		response:    resp,
 	})
 	if err == nil && len(rec) > maxValue {
-		err = fmt.Errorf("a record of %d bytes, larger than Redis keeps: %w", len(rec), server.ErrNotStorable)
+		err = fmt.Errorf("a record of %d bytes, larger than Redis keeps: %w", len(rec), engine.ErrNotStorable)
 	}
 	if err != nil {
 		return fmt.Errorf("redisstore: complete: %w", err)
 	}
 	if limit := s.bulkLimit.Load(); limit > 0 && int64(len(rec)) > limit {
-		return fmt.Errorf("redisstore: complete: a record of %d bytes, above the server's proto-max-bulk-len %d: %w", len(rec), limit, server.ErrNotStorable)
+		return fmt.Errorf("redisstore: complete: a record of %d bytes, above the server's proto-max-bulk-len %d: %w", len(rec), limit, engine.ErrNotStorable)
 	}
 	err = s.update(ctx, "complete", s.lib.complete, key, heldBy(token), rec, millis(ttl))
 	if err != nil && (notStorable(err) || s.aboveBulkLimit(ctx, key, len(rec), err)) {
-		return fmt.Errorf("%w (%w)", err, server.ErrNotStorable)
+		return fmt.Errorf("%w (%w)", err, engine.ErrNotStorable)
 	}
 	return err
 }
@@ -280,10 +280,10 @@ func notStorable(err error) bool {
 		redis.HasErrorPrefix(err, "string exceeds maximum allowed size")
 }
 
-// Release implements server.Store in one round trip. The record becomes a
+// Release implements engine.Store in one round trip. The record becomes a
 // small tombstone that keeps the last token until the record would have
 // expired, so that the next lease's token is larger.
-func (s *Store) Release(ctx context.Context, id server.ID, token server.Token) error {
+func (s *Store) Release(ctx context.Context, id engine.ID, token engine.Token) error {
 	if err := s.usable(ctx); err != nil {
 		return fmt.Errorf("redisstore: release: %w", err)
 	}
@@ -292,9 +292,9 @@ func (s *Store) Release(ctx context.Context, id server.ID, token server.Token) e
 	return s.update(ctx, "release", s.lib.release, key, heldBy(token), tombstone(token))
 }
 
-// Extend implements server.Store in one round trip. The record's expiry is
+// Extend implements engine.Store in one round trip. The record's expiry is
 // pushed back too if the new lease would outlive it.
-func (s *Store) Extend(ctx context.Context, id server.ID, token server.Token, lease time.Duration) error {
+func (s *Store) Extend(ctx context.Context, id engine.ID, token engine.Token, lease time.Duration) error {
 	if err := s.usable(ctx); err != nil {
 		return fmt.Errorf("redisstore: extend: %w", err)
 	}
@@ -303,14 +303,14 @@ func (s *Store) Extend(ctx context.Context, id server.ID, token server.Token, le
 
 // tombstone returns a released record that keeps token, with a nonce of
 // its own.
-func tombstone(token server.Token) []byte {
+func tombstone(token engine.Token) []byte {
 	b := appendHead(make([]byte, 0, recordHeader), recordVersion, stateReleased, token, rand.Uint64(), 0)
 	return append(b, make([]byte, recordHeader-len(b))...)
 }
 
 // heldBy returns the first ten bytes of a record in flight with token:
 // version, state and token, which the functions compare with the record's.
-func heldBy(token server.Token) []byte {
+func heldBy(token engine.Token) []byte {
 	return binary.BigEndian.AppendUint64(append(make([]byte, 0, 10), recordVersion, stateInFlight), uint64(token))
 }
 
@@ -361,7 +361,7 @@ func updated(reply any) error {
 		case replyDone:
 			return nil
 		case replyLeaseLost:
-			return server.ErrLeaseLost
+			return engine.ErrLeaseLost
 		}
 	case []any:
 		if code(r) == replyCorrupt {

@@ -518,7 +518,7 @@ func TestCompleteByAnotherStore(t *testing.T) {
 	}
 	got, err := a.Claim(ctx, id, "other", time.Minute, time.Hour)
 	if err != nil || got.Status != server.Completed || got.Fingerprint != "fp\x00\xff" ||
-		string(got.Response.Body) != `{"id":1}` || got.Response.Header.Get("Location") != "/orders/1" {
+		string(got.Response.Body) != `{"id":1}` || http.Header(got.Response.Header).Get("Location") != "/orders/1" {
 		t.Errorf("Claim = %+v, %v; want the completed response and fingerprint", got, err)
 	}
 	// The Store that granted the lease completes nothing twice.

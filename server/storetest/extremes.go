@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 )
 
 // The subtests in this file give leases and TTLs at the ends of their range:
@@ -22,7 +22,7 @@ func farFuture() time.Time { return time.Now().AddDate(100, 0, 0) }
 func testMaxTTL(t *testing.T, f fixture) {
 	id := f.id("max-ttl")
 	tok := f.acquire(t, id, "fp", longLease, forever)
-	if c := f.claim(t, id, "fp", longLease, forever); c.Status != server.InFlight {
+	if c := f.claim(t, id, "fp", longLease, forever); c.Status != engine.InFlight {
 		t.Fatalf("Claim of a record with the largest TTL status = %v, want in flight", c.Status)
 	}
 	want := sampleResponse()
@@ -31,12 +31,12 @@ func testMaxTTL(t *testing.T, f fixture) {
 	}
 	for range 2 {
 		c := f.claim(t, id, "fp", longLease, forever)
-		if c.Status != server.Completed {
+		if c.Status != engine.Completed {
 			t.Fatalf("Claim after Complete with the largest TTL status = %v, want completed", c.Status)
 		}
 		assertResponse(t, c.Response, want)
 	}
-	if in, ok := f.store.(server.Inspector); ok {
+	if in, ok := f.store.(engine.Inspector); ok {
 		r, err := in.Lookup(f.ctx, id)
 		if err != nil {
 			t.Fatalf("Lookup error = %v", err)
@@ -55,7 +55,7 @@ func testMaxLease(t *testing.T, f fixture) {
 	id := f.id("max-lease")
 	tok := f.acquire(t, id, "fp", forever, longTTL)
 	c := f.claim(t, id, "fp", forever, longTTL)
-	if c.Status != server.InFlight {
+	if c.Status != engine.InFlight {
 		t.Fatalf("concurrent Claim of a lease of the largest length status = %v, want in flight", c.Status)
 	}
 	if c.RetryAfter <= longTTL {
@@ -64,10 +64,10 @@ func testMaxLease(t *testing.T, f fixture) {
 	if err := f.store.Extend(f.ctx, id, tok, forever); err != nil {
 		t.Fatalf("Extend by the largest lease error = %v", err)
 	}
-	if c := f.claim(t, id, "fp", forever, forever); c.Status != server.InFlight {
+	if c := f.claim(t, id, "fp", forever, forever); c.Status != engine.InFlight {
 		t.Fatalf("Claim after Extend by the largest lease status = %v, want in flight", c.Status)
 	}
-	if in, ok := f.store.(server.Inspector); ok {
+	if in, ok := f.store.(engine.Inspector); ok {
 		r, err := in.Lookup(f.ctx, id)
 		if err != nil {
 			t.Fatalf("Lookup error = %v", err)
@@ -79,7 +79,7 @@ func testMaxLease(t *testing.T, f fixture) {
 	if err := f.store.Complete(f.ctx, id, tok, sampleResponse(), longTTL); err != nil {
 		t.Fatalf("Complete of a lease of the largest length error = %v", err)
 	}
-	if c := f.claim(t, id, "fp", forever, forever); c.Status != server.Completed {
+	if c := f.claim(t, id, "fp", forever, forever); c.Status != engine.Completed {
 		t.Fatalf("Claim after Complete status = %v, want completed", c.Status)
 	}
 }

@@ -6,26 +6,26 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 )
 
-// The subtests in this file check server.Inspector, and are skipped for a
+// The subtests in this file check engine.Inspector, and are skipped for a
 // Store that does not implement it.
 
 // clockSkew is how far the store's clock may be from this process's.
 const clockSkew = time.Minute
 
 // inspector returns the fixture's Store as an Inspector, or skips.
-func (f fixture) inspector(t *testing.T) server.Inspector {
+func (f fixture) inspector(t *testing.T) engine.Inspector {
 	t.Helper()
-	in, ok := f.store.(server.Inspector)
+	in, ok := f.store.(engine.Inspector)
 	if !ok {
-		t.Skipf("%T does not implement server.Inspector", f.store)
+		t.Skipf("%T does not implement engine.Inspector", f.store)
 	}
 	return in
 }
 
-func (f fixture) lookup(t *testing.T, in server.Inspector, id server.ID) server.Record {
+func (f fixture) lookup(t *testing.T, in engine.Inspector, id engine.ID) engine.Record {
 	t.Helper()
 	r, err := in.Lookup(f.ctx, id)
 	if err != nil {
@@ -37,8 +37,8 @@ func (f fixture) lookup(t *testing.T, in server.Inspector, id server.ID) server.
 	return r
 }
 
-func resolvedResponse() *server.Response {
-	return &server.Response{
+func resolvedResponse() *engine.Response {
+	return &engine.Response{
 		Status: http.StatusOK,
 		Header: http.Header{"Content-Type": {"application/json"}},
 		Body:   []byte(`{"resolved":true}`),
@@ -63,11 +63,11 @@ func assertSpan(t *testing.T, what string, start, end time.Time, lo, hi time.Dur
 
 // awaitForgotten polls Lookup until the record for id is gone, which it
 // must be within patience.
-func (f fixture) awaitForgotten(t *testing.T, in server.Inspector, id server.ID) {
+func (f fixture) awaitForgotten(t *testing.T, in engine.Inspector, id engine.ID) {
 	t.Helper()
 	for {
 		_, err := in.Lookup(f.ctx, id)
-		if errors.Is(err, server.ErrNotFound) {
+		if errors.Is(err, engine.ErrNotFound) {
 			return
 		}
 		if err != nil {
@@ -85,10 +85,10 @@ func testLookupNotFound(t *testing.T, f fixture) {
 	in := f.inspector(t)
 	for _, tc := range []struct {
 		name  string
-		setup func(id server.ID)
+		setup func(id engine.ID)
 	}{
-		{"never claimed", func(server.ID) {}},
-		{"released", func(id server.ID) {
+		{"never claimed", func(engine.ID) {}},
+		{"released", func(id engine.ID) {
 			tok := f.acquire(t, id, "fp", longLease, longTTL)
 			if err := f.store.Release(f.ctx, id, tok); err != nil {
 				t.Fatalf("Release error = %v", err)
@@ -97,11 +97,11 @@ func testLookupNotFound(t *testing.T, f fixture) {
 	} {
 		id := f.id("lookup-none-" + tc.name)
 		tc.setup(id)
-		if _, err := in.Lookup(f.ctx, id); !errors.Is(err, server.ErrNotFound) {
+		if _, err := in.Lookup(f.ctx, id); !errors.Is(err, engine.ErrNotFound) {
 			t.Errorf("Lookup of a key %s error = %v, want ErrNotFound", tc.name, err)
 		}
 		// Looking did not make a record.
-		if c := f.claim(t, id, "fp-other", longLease, longTTL); c.Status != server.Acquired || c.Abandoned != 0 {
+		if c := f.claim(t, id, "fp-other", longLease, longTTL); c.Status != engine.Acquired || c.Abandoned != 0 {
 			t.Errorf("Claim after Lookup of a key %s = %v, Abandoned %d; want acquired, 0", tc.name, c.Status, c.Abandoned)
 		}
 	}
@@ -119,7 +119,7 @@ func testLookupInFlight(t *testing.T, f fixture) {
 	in := f.inspector(t)
 	id := f.id("lookup-inflight")
 	first := f.claim(t, id, "fp", shortLease, longTTL)
-	if first.Status != server.Acquired {
+	if first.Status != engine.Acquired {
 		t.Fatalf("Claim status = %v, want acquired", first.Status)
 	}
 	r := f.lookup(t, in, id)
@@ -184,7 +184,7 @@ func testResolveWithResponse(t *testing.T, f fixture) {
 	// A holder still running, one whose lease ran out, and a record
 	// already completed: each is settled, and its holder refused.
 	live, lost, done := f.id("resolve-live"), f.id("resolve-lost"), f.id("resolve-done")
-	tokens := map[server.ID]server.Token{
+	tokens := map[engine.ID]engine.Token{
 		live: f.acquire(t, live, "fp", longLease, longTTL),
 		lost: f.acquire(t, lost, "fp", shortLease, longTTL),
 		done: f.acquire(t, done, "fp", longLease, longTTL),
@@ -198,13 +198,13 @@ func testResolveWithResponse(t *testing.T, f fixture) {
 	f.acquire(t, probe, "fp", shortLease, longTTL)
 	f.awaitAcquired(t, probe, "fp", longLease, longTTL)
 
-	for _, id := range []server.ID{live, lost, done} {
+	for _, id := range []engine.ID{live, lost, done} {
 		if err := in.Resolve(f.ctx, id, want, longTTL); err != nil {
 			t.Fatalf("Resolve(%s) error = %v", id.Key, err)
 		}
 		for _, fp := range []string{"fp", "fp-other"} {
 			c := f.claim(t, id, fp, longLease, longTTL)
-			if c.Status != server.Completed || c.Fingerprint != "fp" {
+			if c.Status != engine.Completed || c.Fingerprint != "fp" {
 				t.Fatalf("Claim(%s, %s) after Resolve = %v %q, want completed %q", id.Key, fp, c.Status, c.Fingerprint, "fp")
 			}
 			assertResponse(t, c.Response, want)
@@ -215,13 +215,13 @@ func testResolveWithResponse(t *testing.T, f fixture) {
 		}
 		assertResponse(t, r.Response, want)
 		tok := tokens[id]
-		if err := f.store.Complete(f.ctx, id, tok, sampleResponse(), longTTL); !errors.Is(err, server.ErrLeaseLost) {
+		if err := f.store.Complete(f.ctx, id, tok, sampleResponse(), longTTL); !errors.Is(err, engine.ErrLeaseLost) {
 			t.Errorf("Complete(%s) by the holder after Resolve error = %v, want ErrLeaseLost", id.Key, err)
 		}
-		if err := f.store.Extend(f.ctx, id, tok, longLease); !errors.Is(err, server.ErrLeaseLost) {
+		if err := f.store.Extend(f.ctx, id, tok, longLease); !errors.Is(err, engine.ErrLeaseLost) {
 			t.Errorf("Extend(%s) by the holder after Resolve error = %v, want ErrLeaseLost", id.Key, err)
 		}
-		if err := f.store.Release(f.ctx, id, tok); !errors.Is(err, server.ErrLeaseLost) {
+		if err := f.store.Release(f.ctx, id, tok); !errors.Is(err, engine.ErrLeaseLost) {
 			t.Errorf("Release(%s) by the holder after Resolve error = %v, want ErrLeaseLost", id.Key, err)
 		}
 		// The refused calls changed nothing.
@@ -236,7 +236,7 @@ func testResolveTTL(t *testing.T, f fixture) {
 	if err := in.Resolve(f.ctx, id, resolvedResponse(), shortTTL); err != nil {
 		t.Fatalf("Resolve error = %v", err)
 	}
-	if c := f.claim(t, id, "fp", longLease, longTTL); c.Status != server.Completed {
+	if c := f.claim(t, id, "fp", longLease, longTTL); c.Status != engine.Completed {
 		t.Fatalf("Claim before the TTL status = %v, want completed", c.Status)
 	}
 	// The record is forgotten after the TTL that Resolve gave.
@@ -255,15 +255,15 @@ func testResolveForget(t *testing.T, f fixture) {
 	if err := in.Resolve(f.ctx, id, nil, longTTL); err != nil {
 		t.Fatalf("Resolve(nil) error = %v", err)
 	}
-	if _, err := in.Lookup(f.ctx, id); !errors.Is(err, server.ErrNotFound) {
+	if _, err := in.Lookup(f.ctx, id); !errors.Is(err, engine.ErrNotFound) {
 		t.Errorf("Lookup after Resolve(nil) error = %v, want ErrNotFound", err)
 	}
-	if err := f.store.Complete(f.ctx, id, held.Token, sampleResponse(), longTTL); !errors.Is(err, server.ErrLeaseLost) {
+	if err := f.store.Complete(f.ctx, id, held.Token, sampleResponse(), longTTL); !errors.Is(err, engine.ErrLeaseLost) {
 		t.Errorf("Complete by the holder of a forgotten record error = %v, want ErrLeaseLost", err)
 	}
 	// The key runs again, as new, with another fingerprint even.
 	c := f.claim(t, id, "fp-other", longLease, longTTL)
-	if c.Status != server.Acquired || c.Abandoned != 0 {
+	if c.Status != engine.Acquired || c.Abandoned != 0 {
 		t.Fatalf("Claim after Resolve(nil) = %v, Abandoned %d; want acquired, 0", c.Status, c.Abandoned)
 	}
 	if c.Token <= held.Token {
@@ -274,7 +274,7 @@ func testResolveForget(t *testing.T, f fixture) {
 		f.store.Extend(f.ctx, id, held.Token, longLease),
 		f.store.Release(f.ctx, id, held.Token),
 	} {
-		if !errors.Is(err, server.ErrLeaseLost) {
+		if !errors.Is(err, engine.ErrLeaseLost) {
 			t.Errorf("call by the holder of a forgotten record error = %v, want ErrLeaseLost", err)
 		}
 	}
@@ -286,7 +286,7 @@ func testResolveForget(t *testing.T, f fixture) {
 	if err := in.Resolve(f.ctx, id, nil, longTTL); err != nil {
 		t.Fatalf("Resolve(nil) of a completed record error = %v", err)
 	}
-	if c := f.claim(t, id, "fp", longLease, longTTL); c.Status != server.Acquired || c.Abandoned != 0 {
+	if c := f.claim(t, id, "fp", longLease, longTTL); c.Status != engine.Acquired || c.Abandoned != 0 {
 		t.Fatalf("Claim after Resolve(nil) of a completed record = %v, Abandoned %d; want acquired, 0", c.Status, c.Abandoned)
 	}
 }
@@ -304,17 +304,17 @@ func testResolveNotFound(t *testing.T, f fixture) {
 		t.Fatalf("Complete error = %v", err)
 	}
 	f.awaitForgotten(t, in, expired)
-	for _, id := range []server.ID{f.id("resolve-never-claimed"), released, expired} {
-		for _, resp := range []*server.Response{resolvedResponse(), nil} {
-			if err := in.Resolve(f.ctx, id, resp, longTTL); !errors.Is(err, server.ErrNotFound) {
+	for _, id := range []engine.ID{f.id("resolve-never-claimed"), released, expired} {
+		for _, resp := range []*engine.Response{resolvedResponse(), nil} {
+			if err := in.Resolve(f.ctx, id, resp, longTTL); !errors.Is(err, engine.ErrNotFound) {
 				t.Errorf("Resolve(%s, response %v) error = %v, want ErrNotFound", id.Key, resp != nil, err)
 			}
 		}
 		// Nothing was made.
-		if _, err := in.Lookup(f.ctx, id); !errors.Is(err, server.ErrNotFound) {
+		if _, err := in.Lookup(f.ctx, id); !errors.Is(err, engine.ErrNotFound) {
 			t.Errorf("Lookup(%s) after Resolve error = %v, want ErrNotFound", id.Key, err)
 		}
-		if c := f.claim(t, id, "fp", longLease, longTTL); c.Status != server.Acquired {
+		if c := f.claim(t, id, "fp", longLease, longTTL); c.Status != engine.Acquired {
 			t.Errorf("Claim(%s) after Resolve status = %v, want acquired", id.Key, c.Status)
 		}
 	}

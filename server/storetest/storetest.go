@@ -1,4 +1,4 @@
-// Package storetest is the conformance suite for server.Store
+// Package storetest is the conformance suite for engine.Store
 // implementations.
 //
 // Run checks one property per named subtest, each against a Store from the
@@ -14,7 +14,7 @@
 // Besides the Store's methods, the suite checks Claim.Abandoned (how many
 // holders lost their lease before a takeover), leases and TTLs at both ends
 // of their range (1ns and math.MaxInt64), and, for a Store that implements
-// server.Inspector, Lookup and Resolve; those subtests are skipped for a
+// engine.Inspector, Lookup and Resolve; those subtests are skipped for a
 // Store that does not.
 package storetest
 
@@ -30,13 +30,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 )
 
 // NewStore returns a Store for one subtest. It may return the same Store
 // every time; Run gives every subtest keys of its own. Cleanup, if any, is
 // registered with t.Cleanup.
-type NewStore func(t *testing.T) server.Store
+type NewStore func(t *testing.T) engine.Store
 
 const (
 	// shortLease and shortTTL are what the subtests wait out.
@@ -100,16 +100,16 @@ func Run(t *testing.T, newStore NewStore) {
 
 type fixture struct {
 	ctx    context.Context
-	store  server.Store
+	store  engine.Store
 	prefix string
 }
 
 // id returns an ID that no other subtest or run uses.
-func (f fixture) id(name string) server.ID {
-	return server.ID{Scope: "storetest/" + f.prefix, Key: name}
+func (f fixture) id(name string) engine.ID {
+	return engine.ID{Scope: "storetest/" + f.prefix, Key: name}
 }
 
-func (f fixture) claim(t *testing.T, id server.ID, fp string, lease, ttl time.Duration) server.Claim {
+func (f fixture) claim(t *testing.T, id engine.ID, fp string, lease, ttl time.Duration) engine.Claim {
 	t.Helper()
 	c, err := f.store.Claim(f.ctx, id, fp, lease, ttl)
 	if err != nil {
@@ -118,10 +118,10 @@ func (f fixture) claim(t *testing.T, id server.ID, fp string, lease, ttl time.Du
 	return c
 }
 
-func (f fixture) acquire(t *testing.T, id server.ID, fp string, lease, ttl time.Duration) server.Token {
+func (f fixture) acquire(t *testing.T, id engine.ID, fp string, lease, ttl time.Duration) engine.Token {
 	t.Helper()
 	c := f.claim(t, id, fp, lease, ttl)
-	if c.Status != server.Acquired {
+	if c.Status != engine.Acquired {
 		t.Fatalf("Claim(%v) status = %v, want acquired", id, c.Status)
 	}
 	return c.Token
@@ -129,11 +129,11 @@ func (f fixture) acquire(t *testing.T, id server.ID, fp string, lease, ttl time.
 
 // awaitAcquired claims id until the store grants a lease, which it must do
 // within patience.
-func (f fixture) awaitAcquired(t *testing.T, id server.ID, fp string, lease, ttl time.Duration) server.Claim {
+func (f fixture) awaitAcquired(t *testing.T, id engine.ID, fp string, lease, ttl time.Duration) engine.Claim {
 	t.Helper()
 	for {
 		c := f.claim(t, id, fp, lease, ttl)
-		if c.Status == server.Acquired {
+		if c.Status == engine.Acquired {
 			return c
 		}
 		select {
@@ -144,8 +144,8 @@ func (f fixture) awaitAcquired(t *testing.T, id server.ID, fp string, lease, ttl
 	}
 }
 
-func sampleResponse() *server.Response {
-	return &server.Response{
+func sampleResponse() *engine.Response {
+	return &engine.Response{
 		Status: http.StatusCreated,
 		Header: http.Header{"Content-Type": {"application/json"}, "Location": {"/orders/1"}},
 		Body:   []byte(`{"id":1}`),
@@ -154,7 +154,7 @@ func sampleResponse() *server.Response {
 
 func testClaimNew(t *testing.T, f fixture) {
 	c := f.claim(t, f.id("new"), "fp", longLease, longTTL)
-	if c.Status != server.Acquired {
+	if c.Status != engine.Acquired {
 		t.Fatalf("Claim status = %v, want acquired", c.Status)
 	}
 	if c.Token <= 0 {
@@ -171,7 +171,7 @@ func testReplayCompleted(t *testing.T, f fixture) {
 	}
 	for range 2 {
 		c := f.claim(t, id, "fp", longLease, longTTL)
-		if c.Status != server.Completed {
+		if c.Status != engine.Completed {
 			t.Fatalf("Claim after Complete status = %v, want completed", c.Status)
 		}
 		if c.Fingerprint != "fp" {
@@ -179,13 +179,13 @@ func testReplayCompleted(t *testing.T, f fixture) {
 		}
 		assertResponse(t, c.Response, want)
 	}
-	if err := f.store.Complete(f.ctx, id, tok, want, longTTL); !errors.Is(err, server.ErrLeaseLost) {
+	if err := f.store.Complete(f.ctx, id, tok, want, longTTL); !errors.Is(err, engine.ErrLeaseLost) {
 		t.Errorf("second Complete error = %v, want ErrLeaseLost", err)
 	}
-	if err := f.store.Release(f.ctx, id, tok); !errors.Is(err, server.ErrLeaseLost) {
+	if err := f.store.Release(f.ctx, id, tok); !errors.Is(err, engine.ErrLeaseLost) {
 		t.Errorf("Release after Complete error = %v, want ErrLeaseLost", err)
 	}
-	if err := f.store.Extend(f.ctx, id, tok, longLease); !errors.Is(err, server.ErrLeaseLost) {
+	if err := f.store.Extend(f.ctx, id, tok, longLease); !errors.Is(err, engine.ErrLeaseLost) {
 		t.Errorf("Extend after Complete error = %v, want ErrLeaseLost", err)
 	}
 }
@@ -194,7 +194,7 @@ func testInFlight(t *testing.T, f fixture) {
 	id := f.id("inflight")
 	f.acquire(t, id, "fp", longLease, longTTL)
 	c := f.claim(t, id, "fp", longLease, longTTL)
-	if c.Status != server.InFlight {
+	if c.Status != engine.InFlight {
 		t.Fatalf("second Claim status = %v, want in flight", c.Status)
 	}
 	if c.Fingerprint != "fp" {
@@ -209,14 +209,14 @@ func testFingerprintMismatchVisible(t *testing.T, f fixture) {
 	id := f.id("mismatch")
 	tok := f.acquire(t, id, "fp-a", longLease, longTTL)
 	c := f.claim(t, id, "fp-b", longLease, longTTL)
-	if c.Status != server.InFlight || c.Fingerprint != "fp-a" {
+	if c.Status != engine.InFlight || c.Fingerprint != "fp-a" {
 		t.Fatalf("in-flight Claim with another fingerprint = %v %q, want in flight %q", c.Status, c.Fingerprint, "fp-a")
 	}
 	if err := f.store.Complete(f.ctx, id, tok, sampleResponse(), longTTL); err != nil {
 		t.Fatalf("Complete error = %v", err)
 	}
 	c = f.claim(t, id, "fp-b", longLease, longTTL)
-	if c.Status != server.Completed || c.Fingerprint != "fp-a" {
+	if c.Status != engine.Completed || c.Fingerprint != "fp-a" {
 		t.Fatalf("completed Claim with another fingerprint = %v %q, want completed %q", c.Status, c.Fingerprint, "fp-a")
 	}
 }
@@ -245,31 +245,31 @@ func testStaleTokenRefused(t *testing.T, f fixture) {
 		t.Fatalf("Release error = %v", err)
 	}
 	cur := f.acquire(t, id, "fp", longLease, longTTL)
-	if err := f.store.Complete(f.ctx, id, old, sampleResponse(), longTTL); !errors.Is(err, server.ErrLeaseLost) {
+	if err := f.store.Complete(f.ctx, id, old, sampleResponse(), longTTL); !errors.Is(err, engine.ErrLeaseLost) {
 		t.Errorf("Complete with stale token error = %v, want ErrLeaseLost", err)
 	}
-	if err := f.store.Release(f.ctx, id, old); !errors.Is(err, server.ErrLeaseLost) {
+	if err := f.store.Release(f.ctx, id, old); !errors.Is(err, engine.ErrLeaseLost) {
 		t.Errorf("Release with stale token error = %v, want ErrLeaseLost", err)
 	}
-	if err := f.store.Extend(f.ctx, id, old, longLease); !errors.Is(err, server.ErrLeaseLost) {
+	if err := f.store.Extend(f.ctx, id, old, longLease); !errors.Is(err, engine.ErrLeaseLost) {
 		t.Errorf("Extend with stale token error = %v, want ErrLeaseLost", err)
 	}
 	// The stale calls changed nothing: the record is still in flight, held
 	// by the current token.
-	if c := f.claim(t, id, "fp", longLease, longTTL); c.Status != server.InFlight {
+	if c := f.claim(t, id, "fp", longLease, longTTL); c.Status != engine.InFlight {
 		t.Fatalf("Claim after stale calls status = %v, want in flight", c.Status)
 	}
 	if err := f.store.Complete(f.ctx, id, cur, sampleResponse(), longTTL); err != nil {
 		t.Fatalf("Complete with current token error = %v", err)
 	}
 	unknown := f.id("never-claimed")
-	if err := f.store.Complete(f.ctx, unknown, cur, sampleResponse(), longTTL); !errors.Is(err, server.ErrLeaseLost) {
+	if err := f.store.Complete(f.ctx, unknown, cur, sampleResponse(), longTTL); !errors.Is(err, engine.ErrLeaseLost) {
 		t.Errorf("Complete of an unknown ID error = %v, want ErrLeaseLost", err)
 	}
-	if err := f.store.Release(f.ctx, unknown, cur); !errors.Is(err, server.ErrLeaseLost) {
+	if err := f.store.Release(f.ctx, unknown, cur); !errors.Is(err, engine.ErrLeaseLost) {
 		t.Errorf("Release of an unknown ID error = %v, want ErrLeaseLost", err)
 	}
-	if err := f.store.Extend(f.ctx, unknown, cur, longLease); !errors.Is(err, server.ErrLeaseLost) {
+	if err := f.store.Extend(f.ctx, unknown, cur, longLease); !errors.Is(err, engine.ErrLeaseLost) {
 		t.Errorf("Extend of an unknown ID error = %v, want ErrLeaseLost", err)
 	}
 }
@@ -281,13 +281,13 @@ func testLeaseExpiryAndTakeover(t *testing.T, f fixture) {
 	if c.Token <= old {
 		t.Errorf("takeover token = %d, want > %d", c.Token, old)
 	}
-	if err := f.store.Complete(f.ctx, id, old, sampleResponse(), longTTL); !errors.Is(err, server.ErrLeaseLost) {
+	if err := f.store.Complete(f.ctx, id, old, sampleResponse(), longTTL); !errors.Is(err, engine.ErrLeaseLost) {
 		t.Errorf("Complete by the holder that lost its lease error = %v, want ErrLeaseLost", err)
 	}
-	if err := f.store.Extend(f.ctx, id, old, longLease); !errors.Is(err, server.ErrLeaseLost) {
+	if err := f.store.Extend(f.ctx, id, old, longLease); !errors.Is(err, engine.ErrLeaseLost) {
 		t.Errorf("Extend by the holder that lost its lease error = %v, want ErrLeaseLost", err)
 	}
-	if got := f.claim(t, id, "fp", longLease, longTTL); got.Status != server.InFlight {
+	if got := f.claim(t, id, "fp", longLease, longTTL); got.Status != engine.InFlight {
 		t.Fatalf("Claim after takeover status = %v, want in flight", got.Status)
 	}
 	if err := f.store.Complete(f.ctx, id, c.Token, sampleResponse(), longTTL); err != nil {
@@ -305,7 +305,7 @@ func testExpiredLeaseOtherFingerprint(t *testing.T, f fixture) {
 	f.acquire(t, id2, "fp-a", shortLease, longTTL)
 	f.awaitAcquired(t, id2, "fp-a", longLease, longTTL)
 	c := f.claim(t, id, "fp-b", longLease, longTTL)
-	if c.Status != server.InFlight || c.Fingerprint != "fp-a" {
+	if c.Status != engine.InFlight || c.Fingerprint != "fp-a" {
 		t.Fatalf("Claim of an expired lease with another fingerprint = %v %q, want in flight %q", c.Status, c.Fingerprint, "fp-a")
 	}
 	if c.RetryAfter != 0 {
@@ -321,7 +321,7 @@ func testExtend(t *testing.T, f fixture) {
 		t.Fatalf("Extend error = %v", err)
 	}
 	c := f.claim(t, id, "fp", longLease, longTTL)
-	if c.Status != server.InFlight {
+	if c.Status != engine.InFlight {
 		t.Fatalf("Claim after Extend status = %v, want in flight", c.Status)
 	}
 	if c.RetryAfter <= longLease/2 {
@@ -338,7 +338,7 @@ func testTTLExpiry(t *testing.T, f fixture) {
 	if err := f.store.Complete(f.ctx, id, tok, sampleResponse(), shortTTL); err != nil {
 		t.Fatalf("Complete error = %v", err)
 	}
-	if c := f.claim(t, id, "fp", longLease, longTTL); c.Status != server.Completed {
+	if c := f.claim(t, id, "fp", longLease, longTTL); c.Status != engine.Completed {
 		t.Fatalf("Claim before the TTL status = %v, want completed", c.Status)
 	}
 	c := f.awaitAcquired(t, id, "fp-new", longLease, longTTL)
@@ -353,7 +353,7 @@ func testTTLExpiry(t *testing.T, f fixture) {
 
 func testScopesAreSeparate(t *testing.T, f fixture) {
 	a := f.id("shared-key")
-	b := server.ID{Scope: a.Scope + "-other", Key: a.Key}
+	b := engine.ID{Scope: a.Scope + "-other", Key: a.Key}
 	tok := f.acquire(t, a, "fp", longLease, longTTL)
 	if err := f.store.Complete(f.ctx, a, tok, sampleResponse(), longTTL); err != nil {
 		t.Fatalf("Complete error = %v", err)
@@ -381,9 +381,9 @@ func testConcurrentClaimers(t *testing.T, f fixture) {
 				switch {
 				case err != nil:
 					errs = append(errs, err)
-				case c.Status == server.Acquired:
+				case c.Status == engine.Acquired:
 					acquired++
-				case c.Status != server.InFlight:
+				case c.Status != engine.InFlight:
 					errs = append(errs, errors.New("status "+c.Status.String()))
 				}
 			})
@@ -405,7 +405,7 @@ func testBinaryRoundTrip(t *testing.T, f fixture) {
 		body[i] = byte(i)
 	}
 	fp := string([]byte{0, 1, 2, 0xff, 0xfe, '"', '\\', '\n', 0x80})
-	want := &server.Response{
+	want := &engine.Response{
 		Status: 299,
 		Header: http.Header{
 			"X-Binary":     {"\x00\x01\xff\xfe\"\\", ""},
@@ -415,13 +415,13 @@ func testBinaryRoundTrip(t *testing.T, f fixture) {
 		},
 		Body: body,
 	}
-	id := server.ID{Scope: "storetest/" + f.prefix + " scope \"with\" spaces ✓", Key: `key with "quotes" \ and spaces`}
+	id := engine.ID{Scope: "storetest/" + f.prefix + " scope \"with\" spaces ✓", Key: `key with "quotes" \ and spaces`}
 	tok := f.acquire(t, id, fp, longLease, longTTL)
 	if err := f.store.Complete(f.ctx, id, tok, want, longTTL); err != nil {
 		t.Fatalf("Complete error = %v", err)
 	}
 	c := f.claim(t, id, "other", longLease, longTTL)
-	if c.Status != server.Completed {
+	if c.Status != engine.Completed {
 		t.Fatalf("Claim status = %v, want completed", c.Status)
 	}
 	if c.Fingerprint != fp {
@@ -430,7 +430,7 @@ func testBinaryRoundTrip(t *testing.T, f fixture) {
 	assertResponse(t, c.Response, want)
 
 	// An empty response and a body-omitted marker round-trip too.
-	for i, want := range []*server.Response{
+	for i, want := range []*engine.Response{
 		{Status: http.StatusNoContent},
 		{Status: http.StatusCreated, Header: http.Header{"Location": {"/x"}}, BodyOmitted: true},
 	} {
@@ -448,7 +448,7 @@ func testLargeBody(t *testing.T, f fixture) {
 	if _, err := rand.Read(body); err != nil {
 		t.Fatal(err)
 	}
-	want := &server.Response{Status: http.StatusOK, Header: http.Header{"Content-Type": {"application/octet-stream"}}, Body: body}
+	want := &engine.Response{Status: http.StatusOK, Header: http.Header{"Content-Type": {"application/octet-stream"}}, Body: body}
 	id := f.id("large")
 	tok := f.acquire(t, id, "fp", longLease, longTTL)
 	if err := f.store.Complete(f.ctx, id, tok, want, longTTL); err != nil {
@@ -476,7 +476,7 @@ func testContextCancellation(t *testing.T, f fixture) {
 		t.Errorf("Release with a canceled context error = %v, want context.Canceled", err)
 	}
 	// Nothing was completed or released either.
-	if c := f.claim(t, id, "fp", longLease, longTTL); c.Status != server.InFlight {
+	if c := f.claim(t, id, "fp", longLease, longTTL); c.Status != engine.InFlight {
 		t.Errorf("Claim after canceled calls status = %v, want in flight", c.Status)
 	}
 	expired, cancel2 := context.WithDeadline(f.ctx, time.Now().Add(-time.Second))
@@ -488,7 +488,7 @@ func testContextCancellation(t *testing.T, f fixture) {
 
 // assertResponse compares responses exactly: status, the flag, every header
 // value in order, every body byte. nil and empty are the same.
-func assertResponse(t *testing.T, got, want *server.Response) {
+func assertResponse(t *testing.T, got, want *engine.Response) {
 	t.Helper()
 	if got == nil {
 		t.Fatalf("response = nil, want status %d", want.Status)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"net/http"
 	"os"
 	"os/exec"
 	"runtime"
@@ -171,7 +172,7 @@ type textOnly struct{ *memstore.Store }
 func (s textOnly) Complete(ctx context.Context, id server.ID, tok server.Token, resp *server.Response, ttl time.Duration) error {
 	r := *resp
 	r.Body = []byte(strings.ToValidUTF8(string(resp.Body), "?"))
-	r.Header = resp.Header.Clone()
+	r.Header = http.Header(resp.Header).Clone()
 	for k, vs := range r.Header {
 		for i, v := range vs {
 			r.Header[k][i] = strings.ToValidUTF8(v, "?")

@@ -4,7 +4,7 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 )
 
 // The subtests in this file check Claim.Abandoned: how many holders lost
@@ -13,13 +13,13 @@ import (
 func testAbandonedZeroWhenNew(t *testing.T, f fixture) {
 	id := f.id("abandoned-new")
 	c := f.claim(t, id, "fp", longLease, longTTL)
-	if c.Status != server.Acquired || c.Abandoned != 0 {
+	if c.Status != engine.Acquired || c.Abandoned != 0 {
 		t.Fatalf("Claim of a new key = %v, Abandoned %d; want acquired, 0", c.Status, c.Abandoned)
 	}
 	if err := f.store.Release(f.ctx, id, c.Token); err != nil {
 		t.Fatalf("Release error = %v", err)
 	}
-	if c := f.claim(t, id, "fp", longLease, longTTL); c.Status != server.Acquired || c.Abandoned != 0 {
+	if c := f.claim(t, id, "fp", longLease, longTTL); c.Status != engine.Acquired || c.Abandoned != 0 {
 		t.Fatalf("Claim after Release = %v, Abandoned %d; want acquired, 0", c.Status, c.Abandoned)
 	}
 }
@@ -51,7 +51,7 @@ func testReleaseForgetsAbandoned(t *testing.T, f fixture) {
 	}
 	// The release deleted the record, and its count with it.
 	next := f.claim(t, id, "fp", longLease, longTTL)
-	if next.Status != server.Acquired || next.Abandoned != 0 {
+	if next.Status != engine.Acquired || next.Abandoned != 0 {
 		t.Fatalf("Claim after Release = %v, Abandoned %d; want acquired, 0", next.Status, next.Abandoned)
 	}
 }
@@ -70,7 +70,7 @@ func testExtendKeepsAbandoned(t *testing.T, f fixture) {
 	if next.Abandoned != 2 {
 		t.Fatalf("takeover after an Extend Abandoned = %d, want 2", next.Abandoned)
 	}
-	if err := f.store.Extend(f.ctx, id, c.Token, longLease); !errors.Is(err, server.ErrLeaseLost) {
+	if err := f.store.Extend(f.ctx, id, c.Token, longLease); !errors.Is(err, engine.ErrLeaseLost) {
 		t.Errorf("Extend by the holder taken over error = %v, want ErrLeaseLost", err)
 	}
 }

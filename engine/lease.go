@@ -1,4 +1,4 @@
-package server
+package engine
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 	"github.com/idemkit/idempotency/internal/incoming"
 )
 
-// Lease describes the lease a protected handler runs under. The handler can
+// Lease describes the lease that protected work runs under. The work can
 // pass its Token to downstream systems so that they refuse writes from a
 // holder whose lease was lost.
 //
@@ -38,9 +38,9 @@ func (l Lease) Attempt() int { return l.Abandoned + 1 }
 
 type leaseKey struct{}
 
-// LeaseFromContext returns the lease of the request being handled, if the
-// middleware protects it. The handler's context is cancelled when the lease
-// is lost or ends without renewal; context.Cause then wraps ErrLeaseLost.
+// LeaseFromContext returns the lease of the work that ctx belongs to, if a
+// door protects it. The work's context is cancelled when the lease is lost
+// or ends without renewal; context.Cause then wraps ErrLeaseLost.
 func LeaseFromContext(ctx context.Context) (Lease, bool) {
 	l, ok := ctx.Value(leaseKey{}).(*Lease)
 	if !ok {
@@ -90,7 +90,7 @@ func (c *leaseContext) Value(key any) any {
 // Extend in progress (through its context) and waits for it to return, so
 // that nothing of the exchange outlives the request.
 type renewal struct {
-	ex     *exchange
+	c      *Call
 	cancel context.CancelCauseFunc
 
 	mu       sync.Mutex
@@ -110,9 +110,9 @@ type leaseExpired struct{ last error }
 
 func (e *leaseExpired) Error() string {
 	if e.last == nil {
-		return "server: " + ErrLeaseExpired.Error()
+		return "engine: " + ErrLeaseExpired.Error()
 	}
-	return "server: " + ErrLeaseExpired.Error() + ": last renewal: " + e.last.Error()
+	return "engine: " + ErrLeaseExpired.Error() + ": last renewal: " + e.last.Error()
 }
 
 func (e *leaseExpired) Unwrap() []error {
@@ -123,26 +123,22 @@ func (e *leaseExpired) Unwrap() []error {
 }
 
 // margin is how long before the lease's known end the handler is cancelled.
-func (rn *renewal) margin() time.Duration { return leaseMargin(rn.ex.m.cfg.lease) }
+func (rn *renewal) margin() time.Duration { return leaseMargin(rn.c.e.cfg.Lease) }
 
 // leaseMargin is the part of a lease that the handler never runs in: a
 // tenth of it, time for a cancelled handler to stop before another request
 // may take the key over.
 func leaseMargin(lease time.Duration) time.Duration { return lease / 10 }
 
-// errClaimTooLate is why a request whose Claim was answered after the lease
-// it granted ended (less its margin) is refused.
-var errClaimTooLate = errors.New("server: claim answered after its lease ended")
-
-// start begins renewing the lease granted by the Claim sent at ex.claimed.
+// start begins renewing the lease granted by the Claim sent at c.claimed.
 // It reports false, and starts nothing, when that lease has less than its
 // margin left: the Claim's answer came too late for the handler to run, and
 // a renewal that cancelled it from a timer would race its first lines.
-func (rn *renewal) start(ex *exchange, cancel context.CancelCauseFunc) bool {
+func (rn *renewal) start(c *Call, cancel context.CancelCauseFunc) bool {
 	rn.mu.Lock()
 	defer rn.mu.Unlock()
-	rn.ex, rn.cancel = ex, cancel
-	rn.until = addSat(ex.claimed, ex.m.cfg.lease)
+	rn.c, rn.cancel = c, cancel
+	rn.until = addSat(c.claimed, c.e.cfg.Lease)
 	now := time.Now()
 	if !now.Before(rn.until.Add(-rn.margin())) {
 		rn.stopped = true
@@ -156,7 +152,7 @@ func (rn *renewal) start(ex *exchange, cancel context.CancelCauseFunc) bool {
 // of the lease after a success, a tenth after a failure, and, while the
 // handler runs, never past the moment it must be cancelled. rn.mu is held.
 func (rn *renewal) nextRenewal(now time.Time) time.Duration {
-	lease := rn.ex.m.cfg.lease
+	lease := rn.c.e.cfg.Lease
 	d := lease / 3
 	if rn.lastErr != nil || rn.ended {
 		d = lease / 10
@@ -179,7 +175,7 @@ func (rn *renewal) tick() {
 		rn.mu.Unlock()
 		return
 	}
-	ex, m := rn.ex, rn.ex.m
+	c, e := rn.c, rn.c.e
 	now := time.Now()
 	if !rn.ended && !now.Before(rn.until.Add(-rn.margin())) {
 		rn.ended = true
@@ -192,7 +188,7 @@ func (rn *renewal) tick() {
 		return
 	}
 	rn.renewing = true
-	timeout := m.cfg.storeTimeout
+	timeout := e.cfg.StoreTimeout
 	if !rn.ended {
 		// Wake up when the lease ends, whatever the Extend does.
 		end := rn.until.Add(-rn.margin()).Sub(now)
@@ -202,13 +198,13 @@ func (rn *renewal) tick() {
 		rn.timer.Reset(rn.nextRenewal(now))
 	}
 	ctx := new(detached)
-	ctx.init(ex.r.Context(), timeout)
+	ctx.init(c.ctx, timeout)
 	rn.extend = ctx
 	rn.inflight.Add(1)
 	defer rn.inflight.Done()
 	rn.mu.Unlock()
 
-	err := m.store.Extend(ctx, ex.lease.ID, ex.lease.Token, m.cfg.lease)
+	err := e.store.Extend(ctx, c.lease.ID, c.lease.Token, e.cfg.Lease)
 	ctx.stop()
 
 	rn.mu.Lock()
@@ -220,9 +216,9 @@ func (rn *renewal) tick() {
 	}
 	switch {
 	case err == nil:
-		rn.until = addSat(now, m.cfg.lease)
+		rn.until = addSat(now, e.cfg.Lease)
 		rn.lastErr = nil
-		m.observe(ex.r, Event{Kind: EventLeaseRenewed, Scope: ex.lease.Scope, Key: ex.lease.Key, Start: now, StoreTook: time.Since(now)})
+		e.Observe(c.ctx, Event{Kind: EventLeaseRenewed, Scope: c.lease.Scope, Key: c.lease.Key, Start: now, StoreTook: time.Since(now)})
 	case errors.Is(err, ErrLeaseLost):
 		rn.stopped = true
 		rn.timer.Stop()
@@ -233,8 +229,8 @@ func (rn *renewal) tick() {
 		return
 	default:
 		rn.lastErr = err
-		m.cfg.logger.LogAttrs(ctx, slog.LevelWarn, "idempotency lease not renewed; trying again",
-			slog.String("key", ex.lease.Key), slog.String("scope", ex.lease.Scope),
+		e.cfg.Logger.LogAttrs(ctx, slog.LevelWarn, "idempotency lease not renewed; trying again",
+			slog.String("key", c.lease.Key), slog.String("scope", c.lease.Scope),
 			slog.Duration("left", time.Until(rn.until)), slog.Any("error", err))
 	}
 	rn.timer.Reset(rn.nextRenewal(time.Now()))
@@ -243,11 +239,11 @@ func (rn *renewal) tick() {
 // endHandler cancels the handler with cause: its lease is gone, or may be.
 // rn.mu is held.
 func (rn *renewal) endHandler(cause error) {
-	ex := rn.ex
-	ex.m.cfg.logger.LogAttrs(ex.r.Context(), slog.LevelError, "idempotency lease lost while the request was handled; cancelling the handler",
-		slog.String("key", ex.lease.Key), slog.String("scope", ex.lease.Scope), slog.Any("cause", cause))
+	c := rn.c
+	c.e.cfg.Logger.LogAttrs(c.ctx, slog.LevelError, "idempotency lease lost while the request was handled; cancelling the handler",
+		slog.String("key", c.lease.Key), slog.String("scope", c.lease.Scope), slog.Any("cause", cause))
 	rn.cancel(cause)
-	ex.m.observe(ex.r, Event{Kind: EventLeaseLost, Scope: ex.lease.Scope, Key: ex.lease.Key, Start: time.Now(), Err: cause})
+	c.e.Observe(c.ctx, Event{Kind: EventLeaseLost, Scope: c.lease.Scope, Key: c.lease.Key, Start: time.Now(), Err: cause})
 }
 
 // stop ends the renewal: it cuts short an Extend in progress and waits for

@@ -1,0 +1,451 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/idemkit/idempotency/internal/incoming"
+)
+
+// Call is the state of one call, from its claim to its answer: a door
+// keeps it in the same allocation as its own state, and passes a zero Call
+// to Engine.Do, once.
+type Call struct {
+	// Start is when the door began with the call, for the Event; when it
+	// is zero, the Event counts from the claim.
+	Start time.Time
+
+	e           *Engine
+	ctx         context.Context // the caller's: values for the store calls, and whether it is still there
+	door        Door
+	fingerprint string
+	lease       Lease
+	incoming    incoming.Key // the work's incoming key, for the client
+	// claimed is when the Claim that acquired the lease was sent: the
+	// store's lease cannot have begun earlier.
+	claimed    time.Time
+	claimCtx   detached     // the first Claim's context
+	storeCtx   detached     // the context of the write after the work
+	acquired   bool         // the claim acquired the key
+	timing     timing       // for the observer, if there is one
+	renewal    renewal      // keeps the lease alive
+	handlerCtx leaseContext // the work's context
+}
+
+// Lease returns the lease the call holds, or held: its Token is zero until
+// the claim acquires the key.
+func (c *Call) Lease() Lease { return c.lease }
+
+// Do runs one call for id, whose request has fingerprint, through d: it
+// claims the key, and then replays the stored result, refuses the call, or
+// runs the work once under a renewed lease and stores its result (or
+// releases the key), answering the caller through d. ctx is the caller's:
+// the store calls keep its values but not its cancellation (a caller that
+// went away is exactly when the retry will come); a caller gone before the
+// work began gets no answer, and nothing is left claimed.
+//
+// c holds the call's state; pass a zero Call, and use it for one call
+// only: a result stored in the background keeps it until it is stored.
+func (e *Engine) Do(ctx context.Context, c *Call, id ID, fingerprint string, d Door) {
+	c.e, c.ctx, c.door, c.fingerprint = e, ctx, d, fingerprint
+	c.lease.ID = id
+	c.timing.start = c.Start
+	c.handle()
+}
+
+func (c *Call) handle() {
+	e, d := c.e, c.door
+	cl, err := c.claim()
+	if err == nil && cl.Status == InFlight && sameRequest(cl, c.fingerprint) && e.cfg.Wait > 0 {
+		cl, err = c.await(cl)
+	}
+	c.timing.claimed(e)
+	if err != nil {
+		if c.ctx.Err() != nil {
+			// The caller is gone; nothing ran.
+			c.emit(EventClientGone, 0, err)
+			return
+		}
+		c.storeFailed(err)
+		return
+	}
+	switch cl.Status {
+	case Acquired:
+		c.lease.Token, c.lease.Abandoned = cl.Token, cl.Abandoned
+		c.acquire()
+		if cl.Abandoned > 0 && e.cfg.Abandoned == RefuseAbandoned {
+			c.outcomeUnknown()
+			return
+		}
+		if c.ctx.Err() != nil {
+			// The caller left while the claim was made: nothing has
+			// run, so give the key back rather than leave it in flight.
+			c.release("the client went away before the handler ran")
+			c.emit(EventClientGone, 0, nil)
+			return
+		}
+		c.run()
+	case Completed:
+		if cl.Response == nil {
+			// A broken Store: fail closed, as for any store failure.
+			c.storeFailed(errors.New("engine: Claim returned a completed record without its response"))
+			return
+		}
+		if cl.Fingerprint != c.fingerprint {
+			c.mismatch()
+			return
+		}
+		status := d.Replay(cl.Response)
+		c.emit(EventReplayed, status, nil)
+	case InFlight:
+		if cl.Fingerprint != "" && cl.Fingerprint != c.fingerprint {
+			c.mismatch()
+			return
+		}
+		retryAfter := e.cfg.RetryAfter
+		if cl.RetryAfter > 0 {
+			// Never longer than the holder's lease has left: by then
+			// the retry either gets the answer or takes the key over.
+			retryAfter = min(retryAfter, cl.RetryAfter)
+		}
+		status := d.Refuse(ErrInFlight, retryAfter, nil)
+		c.emit(EventInFlight, status, nil)
+	default:
+		c.storeFailed(fmt.Errorf("engine: Claim returned status %d", cl.Status))
+	}
+}
+
+// claim asks the store for the lease, within the store timeout. Its context
+// ignores the caller's cancellation, so that the answer is known: a claim
+// abandoned half-way could leave the key in flight until its lease ended.
+func (c *Call) claim() (Claim, error) {
+	e := c.e
+	var ctx *detached
+	if c.claimCtx.values == nil {
+		// The first claim's context lives in the Call: one allocation
+		// fewer on every call. It is never reused.
+		ctx = &c.claimCtx
+		ctx.init(c.ctx, e.claimTimeout())
+	} else {
+		ctx = c.storeContext(e.claimTimeout())
+	}
+	defer ctx.stop()
+	c.claimed = time.Now()
+	return e.store.Claim(ctx, c.lease.ID, c.fingerprint, e.cfg.Lease, e.cfg.TTL)
+}
+
+// claimTimeout bounds a Claim: by the store timeout, and by the lease less
+// its margin, since a lease granted by an answer that comes later is too
+// short to run the work under.
+func (e *Engine) claimTimeout() time.Duration {
+	return min(e.cfg.StoreTimeout, e.cfg.Lease-leaseMargin(e.cfg.Lease))
+}
+
+// await claims again until the call in flight finishes or the wait ends.
+func (c *Call) await(cl Claim) (Claim, error) {
+	deadline := time.Now().Add(c.e.cfg.Wait)
+	step := 10 * time.Millisecond
+	var timer *time.Timer
+	for cl.Status == InFlight && sameRequest(cl, c.fingerprint) {
+		left := time.Until(deadline)
+		if left <= 0 {
+			break
+		}
+		// A millisecond at least: a store whose clock is behind can
+		// report a lease with negative time left, and a timer of no
+		// length would ask it again at once, for the whole wait.
+		d := min(step, addDur(max(cl.RetryAfter, 0), time.Millisecond), left)
+		if timer == nil {
+			timer = time.NewTimer(d)
+			defer timer.Stop()
+		} else {
+			timer.Reset(d)
+		}
+		select {
+		case <-c.ctx.Done():
+			return cl, c.ctx.Err()
+		case <-timer.C:
+		}
+		step = min(2*step, 250*time.Millisecond)
+		var err error
+		cl, err = c.claim()
+		if err != nil {
+			return cl, err
+		}
+	}
+	return cl, nil
+}
+
+// sameRequest reports whether an in-flight claim is for the request with
+// fingerprint fp, as far as the store can tell.
+func sameRequest(c Claim, fp string) bool {
+	return c.Fingerprint == "" || c.Fingerprint == fp
+}
+
+func (c *Call) storeFailed(err error) {
+	e := c.e
+	if e.cfg.FailOpen {
+		e.cfg.Logger.LogAttrs(c.ctx, slog.LevelError, "idempotency store failed; running unprotected",
+			slog.String("key", c.lease.Key), slog.Any("error", err))
+		c.door.Unprotected()
+		c.emit(EventUnprotected, 0, err)
+		return
+	}
+	e.cfg.Logger.LogAttrs(c.ctx, slog.LevelError, "idempotency store failed; request refused",
+		slog.String("key", c.lease.Key), slog.Any("error", err))
+	c.unavailable(err)
+}
+
+// unavailable refuses the call with ErrStoreUnavailable: the work was not
+// (or may not have been) done, and a retry is safe.
+func (c *Call) unavailable(err error) {
+	// The event is deferred, so that the call ends for the observer even
+	// if the door panics: this may come after the key was acquired and
+	// released, and an observer counting the claims in flight must see it
+	// end.
+	status := unavailableStatus
+	defer func() { c.emit(EventUnavailable, status, err) }()
+	status = c.door.Refuse(ErrStoreUnavailable, c.e.cfg.RetryAfter, err)
+}
+
+// unavailableStatus is the status an Event reports for a refusal with
+// ErrStoreUnavailable whose door panicked before it said what it answered:
+// the HTTP middleware's 503.
+const unavailableStatus = 503
+
+func (c *Call) mismatch() {
+	status := c.door.Refuse(ErrKeyMismatch, 0, nil)
+	c.emit(EventMismatch, status, nil)
+}
+
+// run runs the work under the lease, then stores its result (or releases
+// the key) before the caller is answered.
+func (c *Call) run() {
+	e := c.e
+	cctx, cancel := context.WithCancelCause(c.ctx)
+	defer cancel(nil)
+	c.incoming = incoming.Key{Scope: c.lease.Scope, Key: c.lease.Key}
+	c.handlerCtx = leaseContext{Context: cctx, lease: &c.lease, in: &c.incoming}
+	var ctx context.Context = &c.handlerCtx
+	if e.binder != nil {
+		ctx = e.binder.Bind(ctx, c.lease.ID, c.lease.Token)
+	}
+	// The lease is renewed until the result is stored or the key
+	// released, not only while the work runs: a retry must not take the
+	// key over while the outcome is being written.
+	if !c.renewal.start(c, cancel) {
+		// The Claim's answer came too late: the lease it granted is
+		// over, or nearly, and another call may take the key over and
+		// run. The work must not run at the same time.
+		c.release("the claim was answered too late to run the handler")
+		e.cfg.Logger.LogAttrs(c.ctx, slog.LevelWarn, "idempotency claim answered after its lease ended, or nearly; handler not run, answering 503",
+			slog.String("key", c.lease.Key), slog.String("scope", c.lease.Scope), slog.Duration("claim", time.Since(c.claimed)))
+		c.unavailable(errClaimTooLate)
+		return
+	}
+	renewing := true
+	defer func() {
+		if renewing {
+			c.renewal.stop()
+		}
+	}()
+
+	done := false
+	defer func() {
+		if !done {
+			// The work panicked: give the key back, and let the panic
+			// go on.
+			c.timing.handled(e)
+			c.release("handler panicked")
+			c.emit(EventReleased, 0, nil)
+		}
+	}()
+	o := c.door.Execute(ctx)
+	done = true
+	c.timing.handled(e)
+
+	switch {
+	case o.Response == nil && o.Cause != nil:
+		// The work gave up without an answer because its context
+		// ended: the caller went away, or the lease could not be kept.
+		// An empty result stored now would be replayed for the whole
+		// TTL.
+		c.release(o.Reason + ": " + o.Cause.Error())
+		if c.ctx.Err() == nil {
+			c.unavailable(o.Cause)
+			return
+		}
+		c.emit(EventReleased, 0, o.Cause)
+	case o.Response == nil:
+		// Whatever its size, and even if part of it has gone out: a
+		// status that says "retry" must let the retry run.
+		c.release(o.Reason)
+		if !o.Sent {
+			c.door.Send(false)
+		}
+		c.emit(EventReleased, o.Status, nil)
+	case o.Sent:
+		// Already sent, in part or in whole; record that it ran.
+		err := c.complete(o.Response)
+		if storeLater(err) {
+			renewing = !c.storeAfterSend(o.Response, o.Status, err, true)
+			return
+		}
+		c.completed(o.Status, err)
+	default:
+		err := c.complete(o.Response)
+		if errors.Is(err, ErrNotCommitted) {
+			// The work's effects were undone (or may have been): its
+			// result must not reach the caller.
+			c.unavailable(err)
+			return
+		}
+		if storeLater(err) {
+			// Not stored within the store timeout: the effect
+			// happened once, and the caller is told what it was now;
+			// then the result is stored as soon as the store answers,
+			// so that a retry gets it replayed.
+			renewing = !c.storeAfterSend(o.Response, o.Status, err, false)
+			return
+		}
+		c.door.Send(false)
+		c.completed(o.Status, err)
+	}
+}
+
+// storeLater reports whether a Complete that failed with err should be tried
+// again after the result is answered: the store failed, rather than refused.
+func storeLater(err error) bool {
+	return err != nil && !final(err)
+}
+
+// final reports whether a store write that failed with err cannot succeed
+// if tried again.
+func final(err error) bool {
+	return errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrNotCommitted) ||
+		errors.Is(err, ErrNotStorable) || errors.Is(err, ErrStoreClosed)
+}
+
+// completed reports the outcome of a result answered after Complete.
+func (c *Call) completed(status int, err error) {
+	if err != nil {
+		c.emit(EventNotStored, status, err)
+		return
+	}
+	c.emit(EventExecuted, status, nil)
+}
+
+// storeContext is for store calls that must finish even when the caller has
+// gone. Each call has a context of its own: a Store may leave a goroutine
+// watching the last one for a while after it returned (a context derived
+// from it, whose cancellation propagates asynchronously).
+func (c *Call) storeContext(timeout time.Duration) *detached {
+	ctx := new(detached)
+	ctx.init(c.ctx, timeout)
+	return ctx
+}
+
+// retryStore stores resp with Complete, or, if resp is nil, gives the key
+// back with Release, trying until the call succeeds, fails for good, or the
+// store timeout ends. ErrLeaseLost and ErrNotCommitted are final: trying
+// again cannot change them.
+func (c *Call) retryStore(resp *Response) error {
+	e := c.e
+	var ctx *detached
+	if c.storeCtx.values == nil {
+		// The call's one write after the work: its context lives in the
+		// Call, like the first Claim's, and is never reused.
+		ctx = &c.storeCtx
+		ctx.init(c.ctx, e.cfg.StoreTimeout)
+	} else {
+		ctx = c.storeContext(e.cfg.StoreTimeout)
+	}
+	defer ctx.stop()
+	var timer *time.Timer
+	for wait := 5 * time.Millisecond; ; wait = min(2*wait, 250*time.Millisecond) {
+		var err error
+		if resp != nil {
+			err = e.store.Complete(ctx, c.lease.ID, c.lease.Token, resp, e.cfg.TTL)
+		} else {
+			err = e.store.Release(ctx, c.lease.ID, c.lease.Token)
+		}
+		if err == nil || final(err) {
+			return err
+		}
+		left := time.Until(ctx.deadline)
+		if left <= wait {
+			return err
+		}
+		if timer == nil {
+			timer = time.NewTimer(wait)
+			defer timer.Stop()
+		} else {
+			timer.Reset(wait)
+		}
+		<-timer.C
+	}
+}
+
+// complete stores the result, retrying within the store timeout while the
+// lease is kept alive. An error is logged here; the caller looks only for
+// ErrNotCommitted.
+func (c *Call) complete(resp *Response) error {
+	e := c.e
+	err := c.completeOrOmit(resp, c.retryStore)
+	c.timing.stored(e)
+	log := func(level slog.Level, msg string) {
+		e.cfg.Logger.LogAttrs(c.ctx, level, msg,
+			slog.String("key", c.lease.Key), slog.String("scope", c.lease.Scope), slog.Any("error", err))
+	}
+	switch {
+	case err == nil:
+	case errors.Is(err, ErrNotCommitted):
+		log(slog.LevelError, "idempotent request not committed; answering 503")
+	case errors.Is(err, ErrStoreClosed):
+		log(slog.LevelWarn, "idempotent response not stored: the store was closed")
+	case errors.Is(err, ErrNotStorable):
+		log(slog.LevelError, "idempotent response refused by the store even without its body; sending it, and the key stays in flight until its lease ends")
+	case errors.Is(err, ErrLeaseLost):
+		// Either a try whose answer was lost stored it, or the lease
+		// was lost to a retry.
+		log(slog.LevelWarn, "idempotent response not stored by this holder: stored by an earlier try whose answer was lost, or the lease was lost")
+	default:
+		// The result goes to the caller anyway, the key stays claimed,
+		// and completeLater goes on trying.
+		log(slog.LevelError, "idempotent response not stored within the store timeout; sending it, and storing it when the store answers")
+	}
+	return err
+}
+
+func (c *Call) release(why string) {
+	e := c.e
+	err := c.retryStore(nil)
+	c.timing.stored(e)
+	if err != nil {
+		e.cfg.Logger.LogAttrs(c.ctx, slog.LevelWarn, "idempotency claim not released; retries get 409 until its lease expires",
+			slog.String("key", c.lease.Key), slog.String("scope", c.lease.Scope), slog.String("reason", why), slog.Any("error", err))
+	}
+}
+
+// outcomeUnknown records the door's "outcome unknown" answer under the
+// lease the Claim granted, then sends it. The work does not run.
+//
+// If the store fails, the call is refused with ErrStoreUnavailable and the
+// key is not released: a release would delete the record with its count of
+// abandoned holders, and the retry would run the work. Kept claimed, the
+// key is taken over again once the lease ends, and refused again.
+func (c *Call) outcomeUnknown() {
+	e := c.e
+	resp := c.door.OutcomeUnknown()
+	e.cfg.Logger.LogAttrs(c.ctx, slog.LevelWarn, "idempotency key taken over from abandoned holders; recording its outcome as unknown",
+		slog.String("key", c.lease.Key), slog.String("scope", c.lease.Scope), slog.Int("abandoned", c.lease.Abandoned))
+	if err := c.complete(resp); err != nil {
+		c.unavailable(err)
+		return
+	}
+	c.door.Send(false)
+	c.emit(EventOutcomeUnknown, resp.Status, nil)
+}

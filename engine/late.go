@@ -1,0 +1,237 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// Bounds of the late Completes in progress: beyond either, a late Complete
+// runs on the request's goroutine instead (see lateWork).
+const (
+	maxLate      = 1024
+	maxLateBytes = 64 << 20
+)
+
+// lateWork owns the goroutines that store a result after it was answered:
+// the late Completes. A late Complete runs on a goroutine of its own, not the
+// call's, so that neither the caller's answer nor its next request on the
+// same connection waits for the store, whatever wraps the door (a writer
+// that cannot flush, http.TimeoutHandler). They are bounded in number
+// (maxLate) and in the memory their results hold (maxLateBytes); beyond
+// either bound, and after Shutdown, a late Complete runs on the call's
+// goroutine, after an answer that the door sends at once (Door.Send with
+// now), and says so in the log: the result is still stored, so nothing runs
+// twice.
+type lateWork struct {
+	mu     sync.Mutex
+	n      int // goroutines running
+	bytes  int // the sizes of their responses
+	closed bool
+	ctx    context.Context // cancelled when Shutdown gives up
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// base returns the context that Shutdown cancels when it gives up. l.mu is
+// held.
+func (l *lateWork) base() context.Context {
+	if l.ctx == nil {
+		l.ctx, l.cancel = context.WithCancel(context.Background())
+	}
+	return l.ctx
+}
+
+// reserve takes a place for a late Complete of size bytes on a goroutine of
+// its own, and reports whether there was one. The context it returns is the
+// one Shutdown cancels when it gives up; without a place, the late Complete
+// belongs to its request, and its context is not Shutdown's.
+func (l *lateWork) reserve(size int) (context.Context, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ctx := l.base()
+	if l.closed || l.n >= maxLate || l.bytes+size > maxLateBytes {
+		return context.Background(), false
+	}
+	l.n++
+	l.bytes += size
+	l.wg.Add(1)
+	return ctx, true
+}
+
+func (l *lateWork) done(size int) {
+	l.mu.Lock()
+	l.n--
+	l.bytes -= size
+	l.mu.Unlock()
+	l.wg.Done()
+}
+
+// Shutdown waits for the results that are being stored after they were
+// answered (a Complete that failed within the store timeout goes on being
+// tried in the background, for one lease at most) and returns nil once they
+// are all stored or given up; if ctx ends first, it stops them, waits for
+// them to return, and returns ctx's error: their keys stay in flight until
+// their leases end, and a retry after that runs the work again.
+//
+// Call it once no call is still in the engine (after http.Server.Shutdown
+// has returned, for the HTTP middleware). After Shutdown, the engine goes on
+// running calls, but a late Complete runs on its call's goroutine, as it
+// does beyond 1024 late Completes at once or 64 MiB of their results.
+// Shutdown may be called more than once.
+func (e *Engine) Shutdown(ctx context.Context) error {
+	l := &e.late
+	l.mu.Lock()
+	l.closed = true
+	base, cancel := l.base(), l.cancel
+	l.mu.Unlock()
+	idle := make(chan struct{})
+	go func() {
+		l.wg.Wait()
+		close(idle)
+	}()
+	select {
+	case <-idle:
+		return nil
+	case <-base.Done():
+		// An earlier Shutdown gave up.
+	case <-ctx.Done():
+	}
+	cancel()
+	<-idle
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("engine: shutdown: %w", err)
+	}
+	return nil
+}
+
+// storeAfterSend answers the caller with the result, unless it went out
+// already (sent), and stores resp after it, for a Complete that failed
+// within the store timeout: the effect happened once, and the caller is
+// told what it was now. Unless the bounds are reached, the store write goes
+// on a goroutine that the Engine owns, which also owns the lease's renewal
+// from then on; storeAfterSend reports whether it took them.
+func (c *Call) storeAfterSend(resp *Response, status int, firstErr error, sent bool) (handedOff bool) {
+	e := c.e
+	size := resp.Size()
+	base, ok := e.late.reserve(size)
+	if !ok {
+		e.cfg.Logger.LogAttrs(c.ctx, slog.LevelWarn, "idempotent response stored after it was sent on the request's goroutine: too many being stored, or the middleware was shut down",
+			slog.String("key", c.lease.Key), slog.String("scope", c.lease.Scope))
+		if !sent {
+			c.door.Send(true)
+		}
+		c.emit(EventNotStored, status, firstErr)
+		c.completeLater(base, resp)
+		return false
+	}
+	if !sent {
+		c.door.Send(false)
+	}
+	c.emit(EventNotStored, status, firstErr)
+	go func() {
+		defer e.late.done(size)
+		defer c.renewal.stop()
+		c.completeLater(base, resp)
+	}()
+	return true
+}
+
+// lateContext is the context of a late Complete: the request's values, the
+// store timeout, and the cancellation of a Shutdown that gave up.
+type lateContext struct {
+	context.Context
+	values context.Context
+}
+
+func (c lateContext) Value(key any) any { return c.values.Value(key) }
+
+// completeLater keeps trying to store resp after it was sent, for one lease
+// length at most: until the store takes it, or refuses it (a retry took the
+// key over after the lease ended, or a transaction ended), or the store is
+// closed, or Shutdown gives up (base is done). Fencing makes a try after a
+// takeover harmless. A response stored late is replayed to the retries that
+// come after; until then they get 409.
+func (c *Call) completeLater(base context.Context, resp *Response) {
+	e := c.e
+	deadline := addSat(time.Now(), e.cfg.Lease)
+	if end := addSat(c.claimed, e.cfg.TTL); end.Before(deadline) {
+		deadline = end
+	}
+	var timer *time.Timer
+	var err error
+	tries := 0
+	// Often enough to get in before a retry once the store is back: the
+	// lease may have ended meanwhile, and a retry could take the key over.
+	maxWait := min(250*time.Millisecond, e.cfg.Lease/10)
+	for wait := min(50*time.Millisecond, maxWait); time.Now().Add(wait).Before(deadline); wait = min(2*wait, maxWait) {
+		if timer == nil {
+			timer = time.NewTimer(wait)
+			defer timer.Stop()
+		} else {
+			timer.Reset(wait)
+		}
+		select {
+		case <-timer.C:
+		case <-base.Done():
+		}
+		if base.Err() != nil {
+			err = base.Err()
+			break
+		}
+		err = c.completeOrOmit(resp, func(resp *Response) error {
+			ctx, cancel := context.WithTimeout(base, e.cfg.StoreTimeout)
+			defer cancel()
+			return e.store.Complete(lateContext{ctx, c.ctx}, c.lease.ID, c.lease.Token, resp, e.cfg.TTL)
+		})
+		tries++
+		if !storeLater(err) {
+			break
+		}
+	}
+	attrs := []slog.Attr{slog.String("key", c.lease.Key), slog.String("scope", c.lease.Scope), slog.Int("tries", tries)}
+	log := func(level slog.Level, msg string, more ...slog.Attr) {
+		e.cfg.Logger.LogAttrs(c.ctx, level, msg, append(attrs, more...)...)
+	}
+	switch {
+	case err == nil:
+		log(slog.LevelWarn, "idempotent response stored after it was sent")
+	case errors.Is(err, ErrLeaseLost):
+		// After tries that failed, this is ambiguous: one of them may
+		// have been stored with its answer lost, or a retry took the
+		// key over.
+		log(slog.LevelWarn, "idempotent response stored by an earlier try whose answer was lost, or the key was taken over")
+	case errors.Is(err, ErrStoreClosed):
+		log(slog.LevelWarn, "idempotent response not stored: the store was closed", slog.Any("error", err))
+	case base.Err() != nil:
+		log(slog.LevelError, "idempotent response not stored: Shutdown gave up; a retry after its lease ends runs the request again")
+	default:
+		log(slog.LevelError, "idempotent response never stored; a retry after its lease ends runs the request again", slog.Any("error", err))
+	}
+}
+
+// completeOrOmit stores resp with complete and, if the store will never take
+// it (ErrNotStorable), records the request as done without its body, then,
+// if even that is refused, without its headers: a request that ran must not
+// run again because its answer is too large for the store.
+func (c *Call) completeOrOmit(resp *Response, complete func(*Response) error) error {
+	err := complete(resp)
+	if !errors.Is(err, ErrNotStorable) {
+		return err
+	}
+	c.e.cfg.Logger.LogAttrs(c.ctx, slog.LevelWarn, "idempotent response cannot be stored; recording the request as done without its body",
+		slog.String("key", c.lease.Key), slog.String("scope", c.lease.Scope), slog.Int("status", resp.Status), slog.Any("error", err))
+	if !resp.BodyOmitted || len(resp.Body) > 0 {
+		resp = &Response{Status: resp.Status, Header: resp.Header, BodyOmitted: true}
+		if err = complete(resp); !errors.Is(err, ErrNotStorable) {
+			return err
+		}
+	}
+	if len(resp.Header) == 0 {
+		return err
+	}
+	return complete(&Response{Status: resp.Status, BodyOmitted: true})
+}

@@ -1,0 +1,296 @@
+// Package once runs a function at most once per idempotency key, on any
+// Store, and gives every later call with the key the function's stored
+// result: the door of the idempotency engine for jobs, scheduled tasks and
+// queue consumers, where duplicates are the default (a broker redelivers
+// whatever was not acknowledged).
+//
+//	r, err := once.New(store)
+//	...
+//	order, err := once.Do(ctx, r, engine.ID{Scope: "orders", Key: msgID}, msg.Data,
+//		func(ctx context.Context) (Order, error) { return placeOrder(ctx, msg.Data) })
+//
+// It is the protocol that the HTTP middleware runs, and the same store
+// serves both: one execution per key, under a lease that is renewed while
+// the function runs and fenced by a token (engine.LeaseFromContext), the
+// result stored or the key released, the takeover of a lost holder
+// reported, and a result stored after it was returned when the store is
+// slow.
+//
+// # What a call gets
+//
+//   - The first call with a key runs fn. Its value is encoded with the
+//     Runner's Codec (JSON by default) and stored; a later call with the key
+//     and the same input gets the stored value decoded, without running fn.
+//   - The input is fingerprinted (encoded with the Codec, then SHA-256): a
+//     later call with the key and another input gets an error wrapping
+//     engine.ErrKeyMismatch, and fn does not run.
+//   - While fn runs elsewhere with the key, a call waits up to WithWait for
+//     its result, then gets an error wrapping engine.ErrInFlight.
+//   - When the store fails, a call gets an error wrapping
+//     engine.ErrStoreUnavailable, and fn does not run: the door fails
+//     closed.
+//   - Under WithAbandoned(engine.RefuseAbandoned), a call that takes over a
+//     key whose earlier holder was lost gets an error wrapping
+//     engine.ErrOutcomeUnknown, recorded for every later call, and fn does
+//     not run.
+//
+// Every refusal is an [*Error]; its RetryAfter says when to try again.
+//
+// # Errors of fn
+//
+// As the HTTP middleware stores a 4xx and releases the key on a 5xx, an
+// error that fn returns releases the key by default, so that the next call
+// runs fn again: it is a failure to retry (a timeout, an unavailable
+// dependency). An error wrapped with [Permanent] (or one that WithStoreError
+// says to store) is stored instead, like a 4xx: every later call with the
+// key gets a [*StoredError] with its message, and fn does not run again.
+// Both match errors.Is(err, ErrPermanent). The caller that ran fn gets fn's
+// error itself, unchanged, either way.
+//
+// A panic in fn releases the key and goes on to the caller.
+package once
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/idemkit/idempotency/engine"
+)
+
+// MaxKeyLen is the longest key accepted, as the HTTP middleware accepts.
+const MaxKeyLen = 255
+
+// The statuses a record of this door holds (Response.Status), and that its
+// Events report: those of the HTTP middleware for the same outcomes, so
+// that one observer reads both.
+const (
+	// StatusValue: fn returned a value, stored in the record's body.
+	StatusValue = 200
+	// StatusError: fn returned a permanent error, whose message is the
+	// record's body.
+	StatusError = 400
+	// StatusInFlight, StatusMismatch and StatusUnavailable are the
+	// refusals' statuses (engine.ErrInFlight, engine.ErrKeyMismatch,
+	// engine.ErrStoreUnavailable).
+	StatusInFlight    = 409
+	StatusMismatch    = 422
+	StatusUnavailable = 503
+	// StatusOutcomeUnknown: the "outcome unknown" record
+	// (engine.RefuseAbandoned).
+	StatusOutcomeUnknown = 409
+)
+
+// ErrInvalidKey is what a call whose key is empty or longer than MaxKeyLen
+// gets, wrapped; fn does not run.
+var ErrInvalidKey = errors.New("idempotency key invalid")
+
+// ErrPermanent is matched (errors.Is) by an error that fn returned wrapped
+// with Permanent, and by its replays, the [*StoredError]s.
+var ErrPermanent = errors.New("permanent error")
+
+// ErrResultOmitted is what a later call gets, wrapped, when fn ran but its
+// result was not stored: it could not be encoded, or the store refused it
+// (too large, engine.ErrNotStorable). fn is not run again.
+var ErrResultOmitted = errors.New("the function ran, but its result was not stored")
+
+// Runner runs functions once per key against one Store. Create one with
+// New; it is safe for concurrent use.
+type Runner struct {
+	engine   *engine.Engine
+	codec    Codec
+	storeErr func(error) bool
+
+	storeErrPanicked chan struct{} // closed when storeErr first panicked
+}
+
+// New returns a Runner that keeps its records in store. The options are
+// checked: an invalid one is an error that names every invalid option. A nil
+// store is refused.
+func New(store engine.Store, opts ...Option) (*Runner, error) {
+	cfg := config{codec: JSON{}, storeErr: isPermanent}
+	for i, o := range opts {
+		if o == nil {
+			cfg.invalid("option %d is nil", i)
+			continue
+		}
+		o(&cfg)
+	}
+	if err := errors.Join(cfg.bad...); err != nil {
+		return nil, err
+	}
+	e, err := engine.New(store, cfg.engine)
+	if err != nil {
+		return nil, fmt.Errorf("once: %w", err)
+	}
+	return &Runner{engine: e, codec: cfg.codec, storeErr: cfg.storeErr, storeErrPanicked: make(chan struct{})}, nil
+}
+
+// Shutdown waits for the results that are being stored after they were
+// returned (a Complete that failed within the store timeout goes on in the
+// background, for one lease at most), or until ctx ends; see
+// engine.Engine.Shutdown. Call it once no Do is running.
+func (r *Runner) Shutdown(ctx context.Context) error {
+	if err := r.engine.Shutdown(ctx); err != nil {
+		return fmt.Errorf("once: %w", err)
+	}
+	return nil
+}
+
+// Result is what DoResult returns: fn's value, and whether it was
+// replayed from the store rather than computed by this call.
+type Result[T any] struct {
+	Value    T
+	Replayed bool
+}
+
+// Do runs fn at most once for id while its record lives (the TTL), and
+// returns its value, or the value stored by the call that ran it. The
+// package documentation says what every outcome returns. ctx is the
+// caller's: fn runs with a context derived from it that carries the lease
+// (engine.LeaseFromContext) and is cancelled, with a cause that wraps
+// engine.ErrLeaseLost, when the lease is lost; the store calls keep ctx's
+// values but not its cancellation. A caller whose ctx ends before fn runs
+// gets ctx's error, and nothing is left claimed.
+func Do[T any](ctx context.Context, r *Runner, id engine.ID, input any, fn func(context.Context) (T, error)) (T, error) {
+	res, err := DoResult(ctx, r, id, input, fn)
+	return res.Value, err
+}
+
+// DoResult is Do that also reports whether the value was replayed.
+func DoResult[T any](ctx context.Context, r *Runner, id engine.ID, input any, fn func(context.Context) (T, error)) (Result[T], error) {
+	var zero Result[T]
+	if fn == nil {
+		return zero, errors.New("once: Do needs a function")
+	}
+	if id.Key == "" || len(id.Key) > MaxKeyLen {
+		return zero, fmt.Errorf("once: key of %d bytes: %w (1 to %d bytes)", len(id.Key), ErrInvalidKey, MaxKeyLen)
+	}
+	encoded, err := r.codec.Marshal(input)
+	if err != nil {
+		return zero, fmt.Errorf("once: input cannot be encoded for its fingerprint: %w", err)
+	}
+	sum := sha256.Sum256(append([]byte("once\n"), encoded...))
+	d := &door[T]{r: r, ctx: ctx, fn: fn}
+	if r.engine.Config().Observer != nil {
+		d.call.Start = time.Now()
+	}
+	r.engine.Do(ctx, &d.call, id, string(sum[:]), d)
+	if !d.answered {
+		// The caller went away before fn ran: nothing ran, and nothing
+		// is left claimed.
+		if err := ctx.Err(); err != nil {
+			return zero, fmt.Errorf("once: %w", err)
+		}
+		return zero, errors.New("once: call not answered")
+	}
+	return Result[T]{Value: d.value, Replayed: d.replayed}, d.err
+}
+
+// door is one call of Do, as the engine sees it.
+type door[T any] struct {
+	call engine.Call
+	r    *Runner
+	ctx  context.Context // the caller's
+	fn   func(context.Context) (T, error)
+
+	answered bool
+	value    T
+	err      error // what the caller gets
+	replayed bool
+}
+
+func (d *door[T]) Replay(resp *engine.Response) int {
+	d.answered, d.replayed = true, true
+	switch {
+	case resp.OutcomeUnknown():
+		d.err = &Error{Kind: engine.ErrOutcomeUnknown}
+	case resp.BodyOmitted:
+		d.err = fmt.Errorf("once: %w", ErrResultOmitted)
+	case resp.Status == StatusError:
+		d.err = &StoredError{Message: string(resp.Body)}
+	case resp.Status == StatusValue:
+		if err := d.r.codec.Unmarshal(resp.Body, &d.value); err != nil {
+			d.err = fmt.Errorf("once: stored result cannot be decoded: %w", err)
+		}
+	default:
+		d.err = fmt.Errorf("once: stored record has status %d, not one of this door's", resp.Status)
+	}
+	return resp.Status
+}
+
+func (d *door[T]) Refuse(kind error, retryAfter time.Duration, cause error) int {
+	var zero T
+	d.answered, d.value = true, zero
+	d.err = &Error{Kind: kind, RetryAfter: retryAfter, cause: cause}
+	switch kind {
+	case engine.ErrInFlight:
+		return StatusInFlight
+	case engine.ErrKeyMismatch:
+		return StatusMismatch
+	}
+	return StatusUnavailable
+}
+
+func (d *door[T]) Execute(ctx context.Context) engine.Outcome {
+	v, err := d.fn(ctx)
+	d.value, d.err = v, err
+	if err != nil {
+		if !d.stores(ctx, err) {
+			if ctx.Err() != nil {
+				// fn gave up because its context ended: the lease
+				// was lost, or the caller went away.
+				return engine.Outcome{Reason: "the function failed after its context ended", Cause: context.Cause(ctx)}
+			}
+			return engine.Outcome{Status: StatusUnavailable, Reason: "the function failed: " + err.Error()}
+		}
+		return engine.Outcome{Status: StatusError, Response: &engine.Response{Status: StatusError, Body: []byte(err.Error())}}
+	}
+	body, merr := d.r.codec.Marshal(v)
+	if merr != nil {
+		d.r.engine.Logger().LogAttrs(ctx, slog.LevelError, "once: result cannot be encoded; recording the call as done without it",
+			slog.String("key", d.call.Lease().Key), slog.Any("error", merr))
+		return engine.Outcome{Status: StatusValue, Response: &engine.Response{Status: StatusValue, BodyOmitted: true}}
+	}
+	return engine.Outcome{Status: StatusValue, Response: &engine.Response{Status: StatusValue, Body: body}}
+}
+
+// stores reports whether fn's error err is stored, by WithStoreError's
+// function; a panic in it is recovered, logged once, and Permanent decides.
+func (d *door[T]) stores(ctx context.Context, err error) (store bool) {
+	defer func() {
+		if v := recover(); v != nil {
+			select {
+			case <-d.r.storeErrPanicked:
+			default:
+				close(d.r.storeErrPanicked)
+				d.r.engine.Logger().LogAttrs(ctx, slog.LevelError, "once: store error function panicked; Permanent decides instead, and its panics are not logged again",
+					slog.String("panic", fmt.Sprint(v)))
+			}
+			store = isPermanent(err)
+		}
+	}()
+	return d.r.storeErr(err)
+}
+
+// Send: the caller gets what Execute (or OutcomeUnknown) left, when Do
+// returns.
+func (d *door[T]) Send(bool) { d.answered = true }
+
+func (d *door[T]) OutcomeUnknown() *engine.Response {
+	var zero T
+	d.value = zero
+	d.err = &Error{Kind: engine.ErrOutcomeUnknown}
+	return &engine.Response{Status: StatusOutcomeUnknown, Header: map[string][]string{engine.HeaderOutcome: {"unknown"}}}
+}
+
+// Unprotected runs fn without protection. The door never asks the engine
+// to fail open, so the engine never calls it; it is here for the Door
+// interface.
+func (d *door[T]) Unprotected() {
+	d.answered = true
+	d.value, d.err = d.fn(d.ctx)
+}

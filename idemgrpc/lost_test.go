@@ -2,6 +2,7 @@ package idemgrpc_test
 
 import (
 	"bytes"
+	"context"
 	"flag"
 	"math/rand/v2"
 	"strconv"
@@ -56,14 +57,15 @@ func lossPlan(n int, seed uint64) []int {
 // and the number of calls answered with a replay.
 func runLossy(t *testing.T, f *fixture, plan []int) (attempts, replayed int) {
 	t.Helper()
-	ctx := testContext(t)
 	c := f.client()
 	for i, lose := range plan {
 		id := strconv.Itoa(i)
 		f.proxy.Arm(lose)
 		rep := idemgrpc.Report{Attempts: 1}
 		var header metadata.MD
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		resp, err := c.UnaryCall(ctx, request(id), idemgrpc.WithReport(&rep), grpc.Header(&header))
+		cancel()
 		f.proxy.Arm(0)
 		attempts += rep.Attempts
 		if idemgrpc.Replayed(header) {

@@ -69,6 +69,14 @@
 // policies retry) no client retries DataLoss, and it stands out in
 // monitoring.
 //
+// A handler's panic releases the key and goes on, to a recovery
+// interceptor placed outside this one, or to gRPC. When the store is slow
+// to take an answer, the engine answers first and stores it afterwards,
+// in the background (Shutdown waits for those); a unary gRPC answer leaves
+// only when the interceptor returns, so in the rare case where the engine
+// cannot store in the background (too many answers already waiting, or
+// after Shutdown) the answer waits for the store, at most one lease.
+//
 // The client interceptor retries Unavailable, DeadlineExceeded and Aborted
 // by default (WithRetryCodes), with exponential backoff and full jitter
 // (WithBackoff), up to WithMaxAttempts attempts, each bounded by

@@ -1,0 +1,375 @@
+package idemgrpc
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/protoadapt"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/idemkit/idempotency/engine"
+)
+
+// ServerOption configures NewServer.
+type ServerOption func(*serverConfig)
+
+type serverConfig struct {
+	eng         engine.Config
+	protect     func(fullMethod string) bool
+	optional    bool
+	scope       func(ctx context.Context, fullMethod string) (string, error)
+	keyFormat   func(key string) error
+	types       map[string]protoreflect.MessageType
+	releaseCode map[codes.Code]bool
+	errs        []error
+}
+
+func (c *serverConfig) refuse(format string, args ...any) {
+	c.errs = append(c.errs, fmt.Errorf("idemgrpc: "+format, args...))
+}
+
+// WithTTL sets how long a call's record (and so its replay) is kept:
+// engine.DefaultTTL by default.
+func WithTTL(d time.Duration) ServerOption { return func(c *serverConfig) { c.eng.TTL = d } }
+
+// WithLease sets the lease a running handler holds, renewed while it runs:
+// engine.DefaultLease by default.
+func WithLease(d time.Duration) ServerOption { return func(c *serverConfig) { c.eng.Lease = d } }
+
+// WithStoreTimeout bounds every call to the store: engine.DefaultStoreTimeout
+// by default.
+func WithStoreTimeout(d time.Duration) ServerOption {
+	return func(c *serverConfig) { c.eng.StoreTimeout = d }
+}
+
+// WithWait makes a call whose key is in flight wait up to d for the holder's
+// answer before it is refused with Aborted: 0 (no wait) by default.
+func WithWait(d time.Duration) ServerOption { return func(c *serverConfig) { c.eng.Wait = d } }
+
+// WithRetryAfter sets the delay of the RetryInfo detail and retry-after
+// trailer of Aborted (in flight) and Unavailable (store failing):
+// engine.DefaultRetryAfter by default.
+func WithRetryAfter(d time.Duration) ServerOption {
+	return func(c *serverConfig) { c.eng.RetryAfter = d }
+}
+
+// WithAbandoned sets what a call gets when it takes over a key whose earlier
+// holders were lost: engine.RerunAbandoned (run again; the handler can see
+// engine.LeaseFromContext(ctx).Abandoned) by default, or
+// engine.RefuseAbandoned (DataLoss, "outcome unknown", stored and replayed).
+func WithAbandoned(p engine.AbandonedPolicy) ServerOption {
+	return func(c *serverConfig) { c.eng.Abandoned = p }
+}
+
+// WithFailOpen runs handlers unprotected while the store fails, instead of
+// refusing calls with Unavailable.
+func WithFailOpen() ServerOption { return func(c *serverConfig) { c.eng.FailOpen = true } }
+
+// WithLogger sets the logger of the engine: slog.Default() by default.
+func WithLogger(l *slog.Logger) ServerOption { return func(c *serverConfig) { c.eng.Logger = l } }
+
+// WithObserver sets a function that receives an engine.Event for every
+// protected call (executed, replayed, refused, ...), as the HTTP
+// middleware's observers do; its Status is the gRPC code.
+func WithObserver(fn engine.Observer) ServerOption {
+	return func(c *serverConfig) { c.eng.Observer = fn }
+}
+
+// WithProtectedMethods protects only the named methods
+// ("/package.Service/Method"); by default every unary method is. It
+// replaces WithProtectedFilter.
+func WithProtectedMethods(fullMethods ...string) ServerOption {
+	set := make(map[string]bool, len(fullMethods))
+	for _, m := range fullMethods {
+		set[m] = true
+	}
+	return func(c *serverConfig) { c.protect = func(m string) bool { return set[m] } }
+}
+
+// WithProtectedFilter protects the methods for which fn returns true. It
+// replaces WithProtectedMethods.
+func WithProtectedFilter(fn func(fullMethod string) bool) ServerOption {
+	return func(c *serverConfig) {
+		if fn == nil {
+			c.refuse("nil method filter")
+			return
+		}
+		c.protect = fn
+	}
+}
+
+// WithKeyOptional runs a protected call that comes without a key
+// unprotected, instead of refusing it with InvalidArgument.
+func WithKeyOptional() ServerOption { return func(c *serverConfig) { c.optional = true } }
+
+// WithKeyFormat adds a check of the key's form (a UUID, say) to the
+// built-in one (1 to 255 bytes of printable ASCII): a key fn refuses is
+// answered InvalidArgument, with fn's error in the message.
+func WithKeyFormat(fn func(key string) error) ServerOption {
+	return func(c *serverConfig) { c.keyFormat = fn }
+}
+
+// WithScope sets the function that names the caller a key belongs to, so
+// that two callers' keys never meet. By default it is a hash of the
+// authorization metadata ("" without it), as server.CredentialScope is of
+// the HTTP credentials. An error from fn is answered InvalidArgument.
+func WithScope(fn func(ctx context.Context, fullMethod string) (string, error)) ServerOption {
+	return func(c *serverConfig) {
+		if fn == nil {
+			c.refuse("nil scope function")
+			return
+		}
+		c.scope = fn
+	}
+}
+
+// WithResponseType names the response message type of fullMethod, for
+// replays of a method whose service is not in protoregistry.GlobalFiles
+// (generated code registers its services there, so this is seldom needed).
+// zero is any message of the type, such as (*pb.CreateReply)(nil).
+func WithResponseType(fullMethod string, zero proto.Message) ServerOption {
+	return func(c *serverConfig) {
+		if zero == nil {
+			c.refuse("nil response type for %s", fullMethod)
+			return
+		}
+		c.types[fullMethod] = zero.ProtoReflect().Type()
+	}
+}
+
+// WithReleaseCodes sets the handler error codes that release the key, so
+// that a retry runs the handler again, replacing the default Unavailable,
+// Internal, Unknown, ResourceExhausted, Aborted, DeadlineExceeded and
+// Canceled. A handler's error with any other code is stored and replayed.
+// OK is an error.
+func WithReleaseCodes(cs ...codes.Code) ServerOption {
+	return func(c *serverConfig) {
+		m := make(map[codes.Code]bool, len(cs))
+		for _, code := range cs {
+			if code == codes.OK {
+				c.refuse("OK is not a code that releases the key")
+				return
+			}
+			m[code] = true
+		}
+		c.releaseCode = m
+	}
+}
+
+// Server protects the unary methods of a gRPC server with idempotency keys:
+// a call with a key the store has seen gets the answer stored by the first,
+// and the handler runs at most once per key while the record lives. It is
+// the gRPC door of package engine, which runs the protocol. Install its
+// interceptor with grpc.ChainUnaryInterceptor(s.UnaryServerInterceptor()),
+// and call Shutdown after the gRPC server's GracefulStop. It is safe for
+// concurrent use.
+type Server struct {
+	eng *engine.Engine
+	cfg *serverConfig
+
+	learned sync.Map // full method -> protoreflect.MessageType, from the answers the handlers gave
+}
+
+// NewServer returns a Server that keeps its records in store. It returns an
+// error naming every invalid option.
+func NewServer(store engine.Store, opts ...ServerOption) (*Server, error) {
+	c := &serverConfig{
+		protect: func(string) bool { return true },
+		scope:   CredentialScope,
+		types:   make(map[string]protoreflect.MessageType),
+		releaseCode: map[codes.Code]bool{
+			codes.Unavailable: true, codes.Internal: true, codes.Unknown: true,
+			codes.ResourceExhausted: true, codes.Aborted: true,
+			codes.DeadlineExceeded: true, codes.Canceled: true,
+		},
+	}
+	for _, o := range opts {
+		if o == nil {
+			c.refuse("nil option")
+			continue
+		}
+		o(c)
+	}
+	eng, err := engine.New(store, c.eng)
+	if err != nil {
+		c.errs = append(c.errs, fmt.Errorf("idemgrpc: %w", err))
+	}
+	if len(c.errs) > 0 {
+		return nil, errors.Join(c.errs...)
+	}
+	return &Server{eng: eng, cfg: c}, nil
+}
+
+// Shutdown waits until the answers that were sent before they could be
+// stored are stored, or ctx ends. Call it after the gRPC server has stopped.
+func (s *Server) Shutdown(ctx context.Context) error {
+	if err := s.eng.Shutdown(ctx); err != nil {
+		return fmt.Errorf("idemgrpc: shutdown: %w", err)
+	}
+	return nil
+}
+
+// UnaryServerInterceptor returns the interceptor that protects the unary
+// calls.
+func (s *Server) UnaryServerInterceptor() grpc.UnaryServerInterceptor { return s.intercept }
+
+// CredentialScope is the default scope: a hash of the values of the
+// authorization metadata, "cred:" and 32 hex digits, or "" for a call
+// without it.
+func CredentialScope(ctx context.Context, _ string) (string, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	values := md.Get("authorization")
+	if len(values) == 0 || len(values) == 1 && values[0] == "" {
+		return "", nil
+	}
+	b := []byte("idemgrpc scope v1")
+	b = binary.BigEndian.AppendUint64(b, uint64(len(values)))
+	for _, v := range values {
+		b = appendString(b, v)
+	}
+	sum := sha256.Sum256(b)
+	return "cred:" + hex.EncodeToString(sum[:16]), nil
+}
+
+func appendString(b []byte, s string) []byte {
+	b = binary.BigEndian.AppendUint64(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+// Fingerprint returns the fingerprint of a call: the SHA-256, in hex, of its
+// full method and of req marshalled deterministically. A key sent again with
+// another fingerprint is refused (FailedPrecondition, KEY_MISMATCH).
+func Fingerprint(fullMethod string, req proto.Message) (string, error) {
+	body, err := proto.MarshalOptions{Deterministic: true}.Marshal(req)
+	if err != nil {
+		return "", fmt.Errorf("idemgrpc: fingerprint: %w", err)
+	}
+	h := sha256.New()
+	h.Write(appendString(nil, fullMethod))
+	h.Write(body)
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+func checkKey(key string) error {
+	if key == "" {
+		return errors.New("the key is empty")
+	}
+	if len(key) > 255 {
+		return fmt.Errorf("the key is %d bytes long, more than 255", len(key))
+	}
+	for i := 0; i < len(key); i++ {
+		if key[i] < 0x20 || key[i] > 0x7e {
+			return fmt.Errorf("the key has a byte 0x%02x outside printable ASCII", key[i])
+		}
+	}
+	return nil
+}
+
+func (s *Server) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if !s.cfg.protect(info.FullMethod) {
+		return handler(ctx, req)
+	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	keys := md.Get(MetadataKey)
+	switch {
+	case len(keys) == 0 && s.cfg.optional:
+		return handler(ctx, req)
+	case len(keys) == 0:
+		return nil, refusal(codes.InvalidArgument, ReasonKeyMissing, "idempotency key missing: send it in the "+MetadataKey+" metadata", 0)
+	case len(keys) > 1:
+		return nil, refusal(codes.InvalidArgument, ReasonKeyInvalid, "idempotency key invalid: "+strconv.Itoa(len(keys))+" values", 0)
+	}
+	key := keys[0]
+	err := checkKey(key)
+	if err == nil && s.cfg.keyFormat != nil {
+		err = s.cfg.keyFormat(key)
+	}
+	if err != nil {
+		return nil, refusal(codes.InvalidArgument, ReasonKeyInvalid, "idempotency key invalid: "+err.Error(), 0)
+	}
+	msg, ok := req.(proto.Message)
+	if !ok {
+		return nil, refusal(codes.InvalidArgument, ReasonUnidentified, fmt.Sprintf("request could not be identified: %T is not a protocol buffer message", req), 0)
+	}
+	fp, err := Fingerprint(info.FullMethod, msg)
+	if err != nil {
+		return nil, refusal(codes.InvalidArgument, ReasonUnidentified, "request could not be identified: "+err.Error(), 0)
+	}
+	scope, err := s.cfg.scope(ctx, info.FullMethod)
+	if err != nil {
+		return nil, refusal(codes.InvalidArgument, ReasonUnidentified, "request could not be identified: scope: "+err.Error(), 0)
+	}
+	d := &door{s: s, method: info.FullMethod, req: req, handler: handler}
+	d.err = status.Error(codes.Canceled, "idemgrpc: the caller went away before the call ran")
+	d.ctx = ctx
+	if ts := grpc.ServerTransportStreamFromContext(ctx); ts != nil {
+		d.stream = captureStream{ServerTransportStream: ts, d: d}
+		d.ctx = grpc.NewContextWithServerTransportStream(ctx, &d.stream)
+	}
+	d.call.Start = time.Now()
+	s.eng.Do(d.ctx, &d.call, engine.ID{Scope: scope, Key: key}, fp, d)
+	return d.resp, d.err
+}
+
+// refusal is an answer the interceptor makes itself, with the idempotency
+// ErrorInfo and, when retryAfter > 0, a RetryInfo detail.
+func refusal(code codes.Code, reason, msg string, retryAfter time.Duration) error {
+	st := status.New(code, "idemgrpc: "+msg)
+	details := []protoadapt.MessageV1{&errdetails.ErrorInfo{Reason: reason, Domain: ErrorDomain}}
+	if retryAfter > 0 {
+		details = append(details, &errdetails.RetryInfo{RetryDelay: durationpb.New(retryAfter)})
+	}
+	if withDetails, err := st.WithDetails(details...); err == nil {
+		st = withDetails
+	}
+	return st.Err()
+}
+
+// responseType returns the type of fullMethod's response message.
+func (s *Server) responseType(fullMethod string) (protoreflect.MessageType, error) {
+	if t, ok := s.cfg.types[fullMethod]; ok {
+		return t, nil
+	}
+	if t, ok := s.learned.Load(fullMethod); ok {
+		return t.(protoreflect.MessageType), nil
+	}
+	name := strings.TrimPrefix(fullMethod, "/")
+	i := strings.LastIndexByte(name, '/')
+	if i < 0 {
+		return nil, fmt.Errorf("idemgrpc: method %q is not /service/method", fullMethod)
+	}
+	desc, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(name[:i]))
+	if err != nil {
+		return nil, fmt.Errorf("idemgrpc: service of %s: %w", fullMethod, err)
+	}
+	sd, ok := desc.(protoreflect.ServiceDescriptor)
+	if !ok {
+		return nil, fmt.Errorf("idemgrpc: %s is not a service", name[:i])
+	}
+	m := sd.Methods().ByName(protoreflect.Name(name[i+1:]))
+	if m == nil {
+		return nil, fmt.Errorf("idemgrpc: service %s has no method %s", name[:i], name[i+1:])
+	}
+	t, err := protoregistry.GlobalTypes.FindMessageByName(m.Output().FullName())
+	if err != nil {
+		return nil, fmt.Errorf("idemgrpc: response type of %s: %w", fullMethod, err)
+	}
+	return t, nil
+}

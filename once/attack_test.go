@@ -615,3 +615,35 @@ func TestAttackNotCommitted(t *testing.T) {
 	assert.Equal(t, 2, res.Value)
 }
 
+// TestAttackStoreEverythingCallerGone: with a store-error function that
+// stores every error, fn that gives up with its own context's error (the
+// caller went away, or the lease was lost) still releases the key: that
+// error says nothing of the work, and stored it would be replayed to the
+// very retry that should run fn.
+func TestAttackStoreEverythingCallerGone(t *testing.T) {
+	eachStore(t, func(t *testing.T, store engine.Store) {
+		r := newRunner(t, store, once.WithStoreError(func(error) bool { return true }))
+		ctx, cancel := context.WithCancel(context.Background())
+		_, err := once.Do(ctx, r, id("se-1"), nil, func(ctx context.Context) (int, error) {
+			cancel()
+			<-ctx.Done()
+			return 0, fmt.Errorf("charging: %w", ctx.Err())
+		})
+		assert.ErrorIs(t, err, context.Canceled)
+		res, err := once.DoResult(context.Background(), r, id("se-1"), nil, func(context.Context) (int, error) { return 8, nil })
+		require.NoError(t, err, "the retry runs fn instead of getting the stored cancellation")
+		assert.False(t, res.Replayed)
+		assert.Equal(t, 8, res.Value)
+
+		// Permanent says so explicitly: stored.
+		ctx, cancel = context.WithCancel(context.Background())
+		_, err = once.Do(ctx, r, id("se-2"), nil, func(ctx context.Context) (int, error) {
+			cancel()
+			return 0, once.Permanent(ctx.Err())
+		})
+		assert.ErrorIs(t, err, once.ErrPermanent)
+		_, err = once.Do(context.Background(), r, id("se-2"), nil, func(context.Context) (int, error) { return 8, nil })
+		var stored *once.StoredError
+		assert.ErrorAs(t, err, &stored)
+	})
+}

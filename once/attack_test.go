@@ -647,3 +647,26 @@ func TestAttackStoreEverythingCallerGone(t *testing.T) {
 		assert.ErrorAs(t, err, &stored)
 	})
 }
+
+// TestAttackOddIDs: scopes and keys holding separators, NUL and bytes that
+// are not UTF-8 are records of their own on every store.
+func TestAttackOddIDs(t *testing.T) {
+	eachStore(t, func(t *testing.T, store engine.Store) {
+		r := newRunner(t, store)
+		ids := []engine.ID{
+			{Scope: "a:b", Key: "c"}, {Scope: "a", Key: "b:c"}, {Scope: "", Key: "a:b:c"},
+			{Scope: "\x00", Key: "\xff\xfe"}, {Scope: "\x00\x00", Key: "\xff"}, {Scope: "é", Key: "\x00"},
+		}
+		for i, key := range ids {
+			v, err := once.Do(context.Background(), r, key, nil, func(context.Context) (int, error) { return i, nil })
+			require.NoError(t, err, "%q", key)
+			assert.Equal(t, i, v, "%q is a record of its own", key)
+		}
+		for i, key := range ids {
+			res, err := once.DoResult(context.Background(), r, key, nil, func(context.Context) (int, error) { return -1, nil })
+			require.NoError(t, err, "%q", key)
+			assert.True(t, res.Replayed)
+			assert.Equal(t, i, res.Value, "%q", key)
+		}
+	})
+}

@@ -47,7 +47,7 @@ func TestAttackReleaseFails(t *testing.T) {
 	eachStore(t, func(t *testing.T, store engine.Store) {
 		fs := faultstore.New(store)
 		fs.Set(faultstore.Release, faultstore.Fault{Err: errors.New("store down")})
-		r := newRunner(t, fs, once.WithStoreTimeout(30*time.Millisecond), once.WithLease(200*time.Millisecond))
+		r := newRunner(t, fs, once.WithStoreTimeout(100*time.Millisecond), once.WithLease(300*time.Millisecond))
 		errDown := errors.New("downstream down")
 		var runs atomic.Int32
 		_, err := once.Do(context.Background(), r, id("rel-1"), nil, func(context.Context) (int, error) {
@@ -120,7 +120,7 @@ func TestAttackCompleteHangs(t *testing.T) {
 	eachStore(t, func(t *testing.T, store engine.Store) {
 		fs := faultstore.New(store)
 		fs.Set(faultstore.Complete, faultstore.Fault{Hang: true})
-		r, err := once.New(fs, once.WithStoreTimeout(20*time.Millisecond), once.WithLease(300*time.Millisecond))
+		r, err := once.New(fs, once.WithStoreTimeout(100*time.Millisecond), once.WithLease(500*time.Millisecond))
 		require.NoError(t, err)
 		var runs atomic.Int32
 		fn := func(context.Context) (int, error) { return int(runs.Add(1)), nil }
@@ -361,7 +361,7 @@ func TestAttackPanicAfterLeaseLost(t *testing.T) {
 	eachStore(t, func(t *testing.T, store engine.Store) {
 		fs := faultstore.New(store)
 		fs.Set(faultstore.Extend, faultstore.Fault{Err: errors.New("store down")})
-		r := newRunner(t, fs, once.WithLease(100*time.Millisecond), once.WithStoreTimeout(20*time.Millisecond))
+		r := newRunner(t, fs, once.WithLease(300*time.Millisecond), once.WithStoreTimeout(50*time.Millisecond))
 		assert.PanicsWithValue(t, "after loss", func() {
 			_, _ = once.Do(context.Background(), r, id("pl-1"), nil, func(ctx context.Context) (int, error) {
 				<-ctx.Done()
@@ -667,6 +667,64 @@ func TestAttackOddIDs(t *testing.T) {
 			require.NoError(t, err, "%q", key)
 			assert.True(t, res.Replayed)
 			assert.Equal(t, i, res.Value, "%q", key)
+		}
+	})
+}
+
+// TestAttackEveryFault: each Store operation in turn fails, hangs, answers
+// after its deadline or loses its answer, for every call of a first Do;
+// then the store heals. Whatever the first caller got, fn never runs while
+// another run of it is live, and once a caller got a value, every later
+// call gets that value replayed.
+func TestAttackEveryFault(t *testing.T) {
+	const timeout = 30 * time.Millisecond
+	faults := map[string]faultstore.Fault{
+		"err":      {Err: errors.New("store down")},
+		"hang":     {Hang: true},
+		"slow":     {Delay: 2 * timeout},
+		"errafter": {ErrAfter: errors.New("answer lost")},
+	}
+	ops := []faultstore.Op{faultstore.Claim, faultstore.Complete, faultstore.Release, faultstore.Extend}
+	eachStore(t, func(t *testing.T, store engine.Store) {
+		for _, op := range ops {
+			for name, f := range faults {
+				t.Run(op.String()+"/"+name, func(t *testing.T) {
+					fs := faultstore.New(store)
+					fs.Set(op, f)
+					r := newRunner(t, fs, once.WithStoreTimeout(timeout), once.WithLease(150*time.Millisecond))
+					key := id(teststores.UniqueName(t, "ef-"))
+					var running, runs atomic.Int32
+					fn := func(context.Context) (int, error) {
+						if running.Add(1) != 1 {
+							t.Error("fn runs twice at once")
+						}
+						defer running.Add(-1)
+						n := runs.Add(1)
+						if op == faultstore.Release && n == 1 {
+							return 0, errors.New("transient") // so that the key is released
+						}
+						return int(n), nil
+					}
+					first, firstErr := once.Do(context.Background(), r, key, nil, fn)
+					if firstErr != nil {
+						var refusal *once.Error
+						if !errors.As(firstErr, &refusal) {
+							assert.EqualError(t, firstErr, "transient")
+						}
+					}
+					fs.Clear(op)
+					// Healed, with a store timeout that a busy machine's
+					// store meets.
+					healed := newRunner(t, fs, once.WithLease(150*time.Millisecond))
+					res, err := untilRuns(t, healed, key, nil, fn)
+					require.NoError(t, err)
+					if firstErr == nil {
+						assert.True(t, res.Replayed)
+						assert.Equal(t, first, res.Value, "the value the first caller got")
+						assert.Equal(t, int32(1), runs.Load())
+					}
+				})
+			}
 		}
 	})
 }

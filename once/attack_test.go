@@ -728,3 +728,35 @@ func TestAttackEveryFault(t *testing.T) {
 		}
 	})
 }
+
+// TestAttackNoTakeoverAcrossFingerprints: a holder of another door (another
+// fingerprint) whose lease ended is never taken over by once: the key is a
+// mismatch, and fn does not run under it.
+func TestAttackNoTakeoverAcrossFingerprints(t *testing.T) {
+	eachStore(t, func(t *testing.T, store engine.Store) {
+		ctx := context.Background()
+		key := id("abandoned-http")
+		c, err := store.Claim(ctx, key, "an HTTP request's fingerprint", 20*time.Millisecond, time.Hour)
+		require.NoError(t, err)
+		require.Equal(t, engine.Acquired, c.Status)
+		r := newRunner(t, store)
+		ran := false
+		// Past the dead holder's lease, polled: until then it is in flight
+		// (a mismatch already, since the store knows its fingerprint).
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			_, err = once.Do(ctx, r, key, nil, func(context.Context) (int, error) { ran = true; return 1, nil })
+			require.ErrorIs(t, err, engine.ErrKeyMismatch)
+			if lr, ok := store.(engine.Inspector); ok {
+				rec, lerr := lr.Lookup(ctx, key)
+				require.NoError(t, lerr)
+				if !rec.LeaseEnds.IsZero() && time.Now().After(rec.LeaseEnds.Add(50*time.Millisecond)) {
+					break
+				}
+			}
+			require.True(t, time.Now().Before(deadline))
+			time.Sleep(5 * time.Millisecond)
+		}
+		assert.False(t, ran)
+	})
+}

@@ -760,3 +760,33 @@ func TestAttackNoTakeoverAcrossFingerprints(t *testing.T) {
 		assert.False(t, ran)
 	})
 }
+
+// TestAttackValueAfterLeaseLost: fn that returns a value after its lease was
+// lost (its context cancelled) gives the caller that value; a later call
+// gets it replayed if it was stored in the lease's last tenth, or runs fn
+// again told of the lost holder, never anything else.
+func TestAttackValueAfterLeaseLost(t *testing.T) {
+	eachStore(t, func(t *testing.T, store engine.Store) {
+		fs := faultstore.New(store)
+		fs.Set(faultstore.Extend, faultstore.Fault{Err: errors.New("store down")})
+		r := newRunner(t, fs, once.WithLease(300*time.Millisecond), once.WithStoreTimeout(100*time.Millisecond))
+		v, err := once.Do(context.Background(), r, id("vl-1"), nil, func(ctx context.Context) (int, error) {
+			<-ctx.Done()
+			return 1, nil
+		})
+		require.NoError(t, err, "fn ran and returned a value")
+		assert.Equal(t, 1, v)
+		fs.Clear(faultstore.Extend)
+		res, err := untilRuns(t, r, id("vl-1"), nil, func(ctx context.Context) (int, error) {
+			l, _ := engine.LeaseFromContext(ctx)
+			assert.Positive(t, l.Abandoned, "run again only after the holder was lost")
+			return 2, nil
+		})
+		require.NoError(t, err)
+		if res.Replayed {
+			assert.Equal(t, 1, res.Value)
+		} else {
+			assert.Equal(t, 2, res.Value)
+		}
+	})
+}

@@ -13,10 +13,10 @@ import (
 type Event struct {
 	// Kind says what happened.
 	Kind EventKind
-	// Scope and Key name the record; empty when the request was refused
-	// before they were known. Scope is what the scope function returned:
-	// by default a hash of the credential headers ([CredentialScope]),
-	// never the headers.
+	// Scope and Key name the record; empty when the call was refused
+	// before they were known. Scope is what the door's scope gave (for the
+	// HTTP middleware, by default a hash of the credential headers, never
+	// the headers).
 	Scope, Key string
 	// Status is the status the caller was answered with (the HTTP
 	// status code for the middleware, the door's own status for other
@@ -73,7 +73,7 @@ const (
 	// EventNotStored: the handler ran and its response was sent, but
 	// Complete failed even when retried within the store timeout; the
 	// middleware goes on storing it after the request (see
-	// Middleware.Shutdown), and the key stays in flight until then, or
+	// Engine.Shutdown), and the key stays in flight until then, or
 	// until its lease ends.
 	EventNotStored
 	// EventUnprotected: the handler ran without protection: no key while

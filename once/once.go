@@ -74,6 +74,9 @@ const (
 	// StatusError: fn returned a permanent error, whose message is the
 	// record's body.
 	StatusError = 400
+	// StatusFailed: fn returned an error that released the key (reported
+	// in the Event only: nothing is stored).
+	StatusFailed = 500
 	// StatusInFlight, StatusMismatch and StatusUnavailable are the
 	// refusals' statuses (engine.ErrInFlight, engine.ErrKeyMismatch,
 	// engine.ErrStoreUnavailable).
@@ -246,7 +249,7 @@ func (d *door[T]) Execute(ctx context.Context) engine.Outcome {
 				// was lost, or the caller went away.
 				return engine.Outcome{Reason: "the function failed after its context ended", Cause: context.Cause(ctx)}
 			}
-			return engine.Outcome{Status: StatusUnavailable, Reason: "the function failed: " + err.Error()}
+			return engine.Outcome{Status: StatusFailed, Reason: "the function failed: " + err.Error()}
 		}
 		return engine.Outcome{Status: StatusError, Response: &engine.Response{Status: StatusError, Body: []byte(err.Error())}}
 	}

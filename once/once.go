@@ -56,6 +56,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemkit/idempotency/engine"
@@ -107,7 +108,7 @@ type Runner struct {
 	codec    Codec
 	storeErr func(error) bool
 
-	storeErrPanicked chan struct{} // closed when storeErr first panicked
+	storeErrPanicked atomic.Bool // storeErr panicked, and it was logged
 }
 
 // New returns a Runner that keeps its records in store. The options are
@@ -129,7 +130,7 @@ func New(store engine.Store, opts ...Option) (*Runner, error) {
 	if err != nil {
 		return nil, fmt.Errorf("once: %w", err)
 	}
-	return &Runner{engine: e, codec: cfg.codec, storeErr: cfg.storeErr, storeErrPanicked: make(chan struct{})}, nil
+	return &Runner{engine: e, codec: cfg.codec, storeErr: cfg.storeErr}, nil
 }
 
 // Shutdown waits for the results that are being stored after they were
@@ -242,7 +243,7 @@ func (d *door[T]) Execute(ctx context.Context) engine.Outcome {
 	v, err := d.fn(ctx)
 	d.value, d.err = v, err
 	if err != nil {
-		if !d.stores(ctx, err) {
+		if (gaveUp(ctx, err) && !isPermanent(err)) || !d.stores(ctx, err) {
 			if ctx.Err() != nil {
 				// fn gave up because its context ended: the lease
 				// was lost, or the caller went away.
@@ -261,15 +262,21 @@ func (d *door[T]) Execute(ctx context.Context) engine.Outcome {
 	return engine.Outcome{Status: StatusValue, Response: &engine.Response{Status: StatusValue, Body: body}}
 }
 
+// gaveUp reports whether err, returned by fn, is its context's own error
+// after that context ended: the caller went away, or the lease was lost.
+// Such an error says nothing of the work, and stored it would be replayed to
+// the very retry that should run fn, so it releases the key whatever
+// WithStoreError says, unless fn marked it Permanent.
+func gaveUp(ctx context.Context, err error) bool {
+	return ctx.Err() != nil && (errors.Is(err, ctx.Err()) || errors.Is(err, context.Cause(ctx)))
+}
+
 // stores reports whether fn's error err is stored, by WithStoreError's
 // function; a panic in it is recovered, logged once, and Permanent decides.
 func (d *door[T]) stores(ctx context.Context, err error) (store bool) {
 	defer func() {
 		if v := recover(); v != nil {
-			select {
-			case <-d.r.storeErrPanicked:
-			default:
-				close(d.r.storeErrPanicked)
+			if !d.r.storeErrPanicked.Swap(true) {
 				d.r.engine.Logger().LogAttrs(ctx, slog.LevelError, "once: store error function panicked; Permanent decides instead, and its panics are not logged again",
 					slog.String("panic", fmt.Sprint(v)))
 			}

@@ -135,7 +135,11 @@ func WithCodec(codec Codec) Option {
 // WithStoreError sets the function that decides whether an error of fn is
 // stored and replayed (true) or releases the key so that the next call
 // runs fn again (false). By default only errors wrapped with Permanent are
-// stored. A panic in it is recovered, and the default decides.
+// stored. A panic in it is recovered, and the default decides. An error
+// that is fn's context's own (it wraps ctx.Err() or context.Cause(ctx)),
+// returned after that context ended, always releases the key unless it is
+// Permanent: the caller went away or the lease was lost, and the retry must
+// run fn.
 func WithStoreError(fn func(error) bool) Option {
 	return func(c *config) {
 		if fn == nil {

@@ -26,6 +26,12 @@ const (
 	DefaultRetryAfter = time.Second
 )
 
+// MaxScopeLen is the longest ID.Scope a door hands the engine: every store
+// keeps the scope beside the key, and a PostgreSQL index row holds about
+// 8 KB. Doors refuse a longer one as an invalid request, rather than let the
+// store fail on it every time.
+const MaxScopeLen = 1024
+
 // MaxDuration is the longest TTL or lease given to a Store: longer ones are
 // taken as it. A Store adds them to its clock, and a century is as good as
 // forever while leaving that sum far from overflowing.

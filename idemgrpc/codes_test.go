@@ -119,6 +119,21 @@ func TestScope(t *testing.T) {
 	}
 }
 
+// TestScopeTooLong: a scope function returning more than
+// engine.MaxScopeLen bytes gets InvalidArgument, and the handler does not
+// run.
+func TestScopeTooLong(t *testing.T) {
+	long := strings.Repeat("s", engine.MaxScopeLen+1)
+	f := newFixture(t, fixtureOptions{store: teststores.Memory(t), serverOpts: []idemgrpc.ServerOption{
+		idemgrpc.WithScope(func(context.Context, string) (string, error) { return long, nil }),
+	}})
+	_, err := f.client().UnaryCall(withKey(testContext(t), "k"), request("a"))
+	wantRefusal(t, err, codes.InvalidArgument, idemgrpc.ReasonUnidentified, false)
+	if n := f.svc.eff.count("a"); n != 0 {
+		t.Errorf("executions = %d, want 0", n)
+	}
+}
+
 func TestInFlight(t *testing.T) {
 	svc := &service{eff: newEffects(), block: make(chan struct{}), started: make(chan struct{}, 1)}
 	f := newFixture(t, fixtureOptions{store: teststores.Memory(t), svc: svc, serverOpts: []idemgrpc.ServerOption{idemgrpc.WithRetryAfter(2 * time.Second)}})

@@ -318,6 +318,11 @@ func (s *Server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	if err != nil {
 		return nil, refusal(codes.InvalidArgument, ReasonUnidentified, "request could not be identified: scope: "+err.Error(), 0)
 	}
+	if len(scope) > engine.MaxScopeLen {
+		// A store could not keep it: refused, not answered as an outage
+		// to retry forever.
+		return nil, refusal(codes.InvalidArgument, ReasonUnidentified, fmt.Sprintf("request could not be identified: scope of %d bytes, more than %d", len(scope), engine.MaxScopeLen), 0)
+	}
 	d := &door{s: s, method: info.FullMethod, req: req, handler: handler}
 	d.err = status.Error(codes.Canceled, "idemgrpc: the caller went away before the call ran")
 	d.ctx = ctx

@@ -790,3 +790,25 @@ func TestAttackValueAfterLeaseLost(t *testing.T) {
 		}
 	})
 }
+
+// TestAttackLongScope: a scope no store could index (a PostgreSQL index row
+// holds about 8 KB) is refused as an invalid key, never answered as an
+// outage to retry forever; the longest accepted one works on every store.
+func TestAttackLongScope(t *testing.T) {
+	eachStore(t, func(t *testing.T, store engine.Store) {
+		r := newRunner(t, store)
+		for _, n := range []int{once.MaxScopeLen, 16 << 10} {
+			scope := make([]byte, n)
+			for i := range scope {
+				scope[i] = byte(i*7919 + i*i*31 + i>>3) // does not compress
+			}
+			id := engine.ID{Scope: string(scope), Key: "k"}
+			_, err := once.Do(context.Background(), r, id, nil, func(context.Context) (int, error) { return 1, nil })
+			if n <= once.MaxScopeLen {
+				assert.NoError(t, err)
+				continue
+			}
+			assert.ErrorIs(t, err, once.ErrInvalidKey)
+		}
+	})
+}

@@ -45,7 +45,10 @@
 // says to store) is stored instead, like a 4xx: every later call with the
 // key gets a [*StoredError] with its message, and fn does not run again.
 // Both match errors.Is(err, ErrPermanent). The caller that ran fn gets fn's
-// error itself, unchanged, either way.
+// error itself, unchanged, either way, unless fn's context ended first: a
+// caller that went away gets its context's error, and one whose lease was
+// lost an [*Error] wrapping engine.ErrStoreUnavailable (fn ran, but gave up,
+// and the key was released), so that it calls again.
 //
 // A panic in fn releases the key and goes on to the caller.
 package once
@@ -64,6 +67,9 @@ import (
 
 // MaxKeyLen is the longest key accepted, as the HTTP middleware accepts.
 const MaxKeyLen = 255
+
+// MaxScopeLen is the longest scope accepted: engine.MaxScopeLen.
+const MaxScopeLen = engine.MaxScopeLen
 
 // The statuses a record of this door holds (Response.Status), and that its
 // Events report: those of the HTTP middleware for the same outcomes, so
@@ -88,7 +94,8 @@ const (
 	StatusOutcomeUnknown = 409
 )
 
-// ErrInvalidKey is what a call whose key is empty or longer than MaxKeyLen
+// ErrInvalidKey is what a call whose key is empty or longer than MaxKeyLen,
+// or whose scope is longer than MaxScopeLen,
 // gets, wrapped; fn does not run.
 var ErrInvalidKey = errors.New("idempotency key invalid")
 
@@ -137,9 +144,15 @@ func New(store engine.Store, opts ...Option) (*Runner, error) {
 // returned (a Complete that failed within the store timeout goes on in the
 // background, for one lease at most), or until ctx ends; see
 // engine.Engine.Shutdown. Call it once no Do is running.
+//
+// After Shutdown the Runner goes on running calls, but a result that the
+// store does not take within the store timeout is stored on the call's own
+// goroutine: Do returns once it is stored or a lease has passed, whatever
+// its ctx says (a function cannot answer its caller and go on). The same
+// holds beyond 1024 results being stored at once, or 64 MiB of them.
 func (r *Runner) Shutdown(ctx context.Context) error {
 	if err := r.engine.Shutdown(ctx); err != nil {
-		return fmt.Errorf("once: %w", err)
+		return fmt.Errorf("once: shutdown: %w", ctx.Err())
 	}
 	return nil
 }
@@ -172,6 +185,9 @@ func DoResult[T any](ctx context.Context, r *Runner, id engine.ID, input any, fn
 	}
 	if id.Key == "" || len(id.Key) > MaxKeyLen {
 		return zero, fmt.Errorf("once: key of %d bytes: %w (1 to %d bytes)", len(id.Key), ErrInvalidKey, MaxKeyLen)
+	}
+	if len(id.Scope) > MaxScopeLen {
+		return zero, fmt.Errorf("once: scope of %d bytes: %w (at most %d bytes)", len(id.Scope), ErrInvalidKey, MaxScopeLen)
 	}
 	encoded, err := r.codec.Marshal(input)
 	if err != nil {

@@ -236,6 +236,7 @@ func TestCompleteRefused(t *testing.T) {
 		for {
 			res, err := once.DoResult(ctx, r, id("late-1"), nil, fn)
 			if errors.Is(err, engine.ErrInFlight) {
+				pause()
 				continue
 			}
 			require.NoError(t, err)
@@ -304,6 +305,7 @@ func TestAbandoned(t *testing.T) {
 				return 1, nil
 			})
 			if errors.Is(err, engine.ErrInFlight) {
+				pause()
 				continue // the dead holder's lease has not ended yet
 			}
 			require.NoError(t, err)
@@ -320,6 +322,7 @@ func TestAbandoned(t *testing.T) {
 			if !errors.Is(err, engine.ErrInFlight) {
 				break
 			}
+			pause()
 		}
 		assert.ErrorIs(t, err, engine.ErrOutcomeUnknown)
 		_, err = once.Do(ctx, refuse, id("ab-2"), nil, fn)
@@ -365,7 +368,9 @@ func TestBadInput(t *testing.T) {
 		_, err := once.Do(ctx, r, id(key), nil, fn)
 		assert.ErrorIs(t, err, once.ErrInvalidKey)
 	}
-	_, err := once.Do(ctx, r, id(strings.Repeat("k", once.MaxKeyLen)), nil, fn)
+	_, err := once.Do(ctx, r, engine.ID{Scope: strings.Repeat("s", once.MaxScopeLen+1), Key: "k"}, nil, fn)
+	assert.ErrorIs(t, err, once.ErrInvalidKey, "a scope no store can keep is refused, not answered as an outage to retry")
+	_, err = once.Do(ctx, r, id(strings.Repeat("k", once.MaxKeyLen)), nil, fn)
 	assert.NoError(t, err)
 	_, err = once.Do(ctx, r, id("chan"), make(chan int), fn)
 	assert.ErrorContains(t, err, "once: input cannot be encoded")
@@ -437,3 +442,7 @@ func TestEvents(t *testing.T) {
 	defer mu.Unlock()
 	assert.Equal(t, []string{"executed/200", "replayed/200", "mismatch/422"}, kinds)
 }
+
+// pause is the wait between two polls of a condition that another
+// goroutine, or the store's clock, will make true.
+func pause() { time.Sleep(2 * time.Millisecond) }

@@ -19,7 +19,8 @@ import (
 // 64 MiB of their responses. Shutdown may be called more than once.
 func (m *Middleware) Shutdown(ctx context.Context) error {
 	if err := m.engine.Shutdown(ctx); err != nil {
-		return fmt.Errorf("server: %w", err)
+		// The engine gives up only when ctx ends.
+		return fmt.Errorf("server: shutdown: %w", ctx.Err())
 	}
 	return nil
 }

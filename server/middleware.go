@@ -149,6 +149,11 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.reject(w, r, start, ID{Key: key}, problem(ErrUnidentified, "The caller of this request could not be identified.", err))
 		return
 	}
+	if len(scope) > engine.MaxScopeLen {
+		m.reject(w, r, start, ID{Key: key}, problem(ErrUnidentified, "The caller of this request could not be identified.",
+			fmt.Errorf("server: the scope function returned %d bytes, more than %d", len(scope), engine.MaxScopeLen)))
+		return
+	}
 	if scope == "" && !m.cfg.scopeSet && !m.noCredentials.Load() && !m.noCredentials.Swap(true) {
 		m.cfg.logger.LogAttrs(r.Context(), slog.LevelWarn,
 			"idempotent request without credentials: every such caller shares one scope, and can be replayed another's response; set WithScope to the authenticated principal",

@@ -224,7 +224,9 @@ func WithLease(d time.Duration) Option {
 // a token refreshed between attempts), which would put the retry in another
 // scope, where it runs again.
 //
-// An error from the function refuses the request with 400.
+// An error from the function refuses the request with 400, as does a scope
+// longer than engine.MaxScopeLen (1024 bytes), which a store could not
+// keep: hash a longer principal.
 func WithScope(fn func(*http.Request) (string, error)) Option {
 	return func(c *config) {
 		if fn == nil {

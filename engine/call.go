@@ -241,7 +241,7 @@ func (c *Call) run() {
 		// over, or nearly, and another call may take the key over and
 		// run. The work must not run at the same time.
 		c.release("the claim was answered too late to run the handler")
-		e.cfg.Logger.LogAttrs(c.ctx, slog.LevelWarn, "idempotency claim answered after its lease ended, or nearly; handler not run, answering 503",
+		e.cfg.Logger.LogAttrs(c.ctx, slog.LevelWarn, "idempotency claim answered after its lease ended, or nearly; the work did not run, and the caller is told to retry",
 			slog.String("key", c.lease.Key), slog.String("scope", c.lease.Scope), slog.Duration("claim", time.Since(c.claimed)))
 		c.unavailable(errClaimTooLate)
 		return
@@ -403,11 +403,11 @@ func (c *Call) complete(resp *Response) error {
 	switch {
 	case err == nil:
 	case errors.Is(err, ErrNotCommitted):
-		log(slog.LevelError, "idempotent request not committed; answering 503")
+		log(slog.LevelError, "idempotent request not committed; the caller is told to retry")
 	case errors.Is(err, ErrStoreClosed):
 		log(slog.LevelWarn, "idempotent response not stored: the store was closed")
 	case errors.Is(err, ErrNotStorable):
-		log(slog.LevelError, "idempotent response refused by the store even without its body; sending it, and the key stays in flight until its lease ends")
+		log(slog.LevelError, "idempotent response refused by the store even without its body; answering with it, and the key stays in flight until its lease ends")
 	case errors.Is(err, ErrLeaseLost):
 		// Either a try whose answer was lost stored it, or the lease
 		// was lost to a retry.
@@ -415,7 +415,7 @@ func (c *Call) complete(resp *Response) error {
 	default:
 		// The result goes to the caller anyway, the key stays claimed,
 		// and completeLater goes on trying.
-		log(slog.LevelError, "idempotent response not stored within the store timeout; sending it, and storing it when the store answers")
+		log(slog.LevelError, "idempotent response not stored within the store timeout; answering with it, and storing it when the store answers")
 	}
 	return err
 }
@@ -425,7 +425,7 @@ func (c *Call) release(why string) {
 	err := c.retryStore(nil)
 	c.timing.stored(e)
 	if err != nil {
-		e.cfg.Logger.LogAttrs(c.ctx, slog.LevelWarn, "idempotency claim not released; retries get 409 until its lease expires",
+		e.cfg.Logger.LogAttrs(c.ctx, slog.LevelWarn, "idempotency claim not released; retries are refused as in flight until its lease expires",
 			slog.String("key", c.lease.Key), slog.String("scope", c.lease.Scope), slog.String("reason", why), slog.Any("error", err))
 	}
 }

@@ -119,7 +119,7 @@ func (c *Call) storeAfterSend(resp *Response, status int, firstErr error, sent b
 	size := resp.Size()
 	base, ok := e.late.reserve(size)
 	if !ok {
-		e.cfg.Logger.LogAttrs(c.ctx, slog.LevelWarn, "idempotent response stored after it was sent on the request's goroutine: too many being stored, or the middleware was shut down",
+		e.cfg.Logger.LogAttrs(c.ctx, slog.LevelWarn, "idempotent response stored after it was answered, on the call's goroutine: too many being stored, or the engine was shut down",
 			slog.String("key", c.lease.Key), slog.String("scope", c.lease.Scope))
 		if !sent {
 			c.door.Send(true)

@@ -240,7 +240,7 @@ func (rn *renewal) tick() {
 // rn.mu is held.
 func (rn *renewal) endHandler(cause error) {
 	c := rn.c
-	c.e.cfg.Logger.LogAttrs(c.ctx, slog.LevelError, "idempotency lease lost while the request was handled; cancelling the handler",
+	c.e.cfg.Logger.LogAttrs(c.ctx, slog.LevelError, "idempotency lease lost while the work ran; cancelling its context",
 		slog.String("key", c.lease.Key), slog.String("scope", c.lease.Scope), slog.Any("cause", cause))
 	rn.cancel(cause)
 	c.e.Observe(c.ctx, Event{Kind: EventLeaseLost, Scope: c.lease.Scope, Key: c.lease.Key, Start: time.Now(), Err: cause})

@@ -87,9 +87,10 @@ func WithLogger(l *slog.Logger) ServerOption { return func(c *serverConfig) { c.
 
 // WithObserver sets a function that receives an engine.Event for every
 // protected call (executed, replayed, refused, ...), as the HTTP
-// middleware's observers do; its Status is the gRPC code. idemotel's
-// ServerObserver reads Status as an HTTP status code, so it does not fit
-// this door's events: give it an observer of your own.
+// middleware's observers do; its Status is the gRPC code. For
+// OpenTelemetry, give it idemotel.ServerObserver(idemotel.WithGRPCStatus()),
+// which reads Status as a gRPC code (without that option it reads an HTTP
+// status).
 func WithObserver(fn engine.Observer) ServerOption {
 	return func(c *serverConfig) { c.eng.Observer = fn }
 }

@@ -74,6 +74,34 @@ func statusErrorType(status int, client bool) string {
 	return ""
 }
 
+// grpcCodes are the names of the gRPC status codes, by number, as
+// rpc.response.status_code has them.
+var grpcCodes = [...]string{
+	"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+	"ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+	"ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+	"UNAUTHENTICATED",
+}
+
+// grpcCodeName is the name of gRPC status code c, or its number for one
+// that has none.
+func grpcCodeName(c int) string {
+	if c >= 0 && c < len(grpcCodes) {
+		return grpcCodes[c]
+	}
+	return strconv.Itoa(c)
+}
+
+// grpcServerError reports whether a server that answered with gRPC code c
+// failed, as the gRPC semantic conventions count it.
+func grpcServerError(c int) bool {
+	switch c {
+	case 2, 4, 12, 13, 14, 15: // UNKNOWN, DEADLINE_EXCEEDED, UNIMPLEMENTED, INTERNAL, UNAVAILABLE, DATA_LOSS
+		return true
+	}
+	return false
+}
+
 // stopReason names why a client stopped retrying.
 func stopReason(err error) string {
 	switch {
@@ -100,6 +128,8 @@ func stopReason(err error) string {
 var (
 	methodKey = semconv.HTTPRequestMethodKey
 	statusKey = semconv.HTTPResponseStatusCodeKey
+	// rpcStatusKey is the status of a gRPC answer (WithGRPCStatus).
+	rpcStatusKey = semconv.RPCResponseStatusCodeKey
 	errorKey  = semconv.ErrorTypeKey
 	resendKey = semconv.HTTPRequestResendCountKey
 )

@@ -23,6 +23,7 @@ type config struct {
 	meterProvider  metric.MeterProvider
 	tracerProvider trace.TracerProvider
 	withKey        bool
+	grpc           bool // Event.Status is a gRPC code (WithGRPCStatus)
 	attrs          []attribute.KeyValue
 	invalid        []error
 }
@@ -94,4 +95,17 @@ func WithKeyAttribute() Option {
 // middlewares or clients in one process.
 func WithAttributes(attrs ...attribute.KeyValue) Option {
 	return func(c *config) { c.attrs = append(c.attrs, attrs...) }
+}
+
+// WithGRPCStatus makes ServerObserver read an event's Status as a gRPC
+// status code, for the gRPC door (idemgrpc's WithObserver), whose events
+// carry the code they answered with: it is recorded as
+// rpc.response.status_code, by name ("OK", "ALREADY_EXISTS", ...), instead
+// of http.response.status_code, and error.type and the span's error status
+// follow the gRPC semantic conventions for a server (UNKNOWN,
+// DEADLINE_EXCEEDED, UNIMPLEMENTED, INTERNAL, UNAVAILABLE and DATA_LOSS are
+// errors). Without it, Status is an HTTP status code, as the middleware and
+// the function door (package once) report it.
+func WithGRPCStatus() Option {
+	return func(c *config) { c.grpc = true }
 }

@@ -18,6 +18,20 @@ import (
 // the stores, whose replays take a fraction of a millisecond.
 var durationBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10}
 
+// answered reports whether e's Status is the status of an answer: a caller
+// that went away got none, and a released or unprotected call reports 0
+// when its status is unknown (a panic, work run without protection). For a
+// gRPC door, whose OK is 0, such a 0 must not be read as OK.
+func answered(e server.Event) bool {
+	switch e.Kind {
+	case server.EventClientGone:
+		return false
+	case server.EventReleased, server.EventUnprotected:
+		return e.Status != 0
+	}
+	return true
+}
+
 // serverObserver turns the middleware's events into metrics and spans.
 type serverObserver struct {
 	cfg    config
@@ -111,6 +125,16 @@ func (o *serverObserver) observe(ctx context.Context, e server.Event) {
 
 	attrs := func() []attribute.KeyValue {
 		a := append(o.attrs(3), OutcomeKey.String(e.Kind.String()))
+		if o.cfg.grpc {
+			if answered(e) {
+				name := grpcCodeName(e.Status)
+				a = append(a, rpcStatusKey.String(name))
+				if grpcServerError(e.Status) {
+					a = append(a, errorKey.String(name))
+				}
+			}
+			return a
+		}
 		if e.Status != 0 {
 			a = append(a, statusKey.Int(e.Status))
 		}
@@ -259,6 +283,10 @@ func (o *serverObserver) span(ctx context.Context, e server.Event, s stepsOf, at
 	switch {
 	case e.Kind == server.EventUnavailable || e.Kind == server.EventNotStored:
 		span.SetStatus(codes.Error, e.Kind.String())
+	case o.cfg.grpc:
+		if answered(e) && grpcServerError(e.Status) {
+			span.SetStatus(codes.Error, "")
+		}
 	case e.Status >= 500:
 		span.SetStatus(codes.Error, "")
 	}

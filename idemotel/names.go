@@ -130,6 +130,6 @@ var (
 	statusKey = semconv.HTTPResponseStatusCodeKey
 	// rpcStatusKey is the status of a gRPC answer (WithGRPCStatus).
 	rpcStatusKey = semconv.RPCResponseStatusCodeKey
-	errorKey  = semconv.ErrorTypeKey
-	resendKey = semconv.HTTPRequestResendCountKey
+	errorKey     = semconv.ErrorTypeKey
+	resendKey    = semconv.HTTPRequestResendCountKey
 )

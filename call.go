@@ -49,6 +49,15 @@ type callKey struct{}
 // run makes the attempts of req, whose body is prepared and whose context
 // is c.first, one after the other: send, decide, drain, wait, send again.
 func (c *call) run(req *http.Request, hc *http.Client) (*http.Response, error) {
+	if err := c.ctx.Err(); err != nil {
+		// Nothing is sent for a caller already gone: net/http may still
+		// send a request whose context has ended when a connection is idle,
+		// and the effect would happen for a caller that cannot learn it.
+		if req.Body != nil {
+			req.Body.Close()
+		}
+		return c.canceled(err)
+	}
 	for {
 		if c.obs != nil {
 			c.obs.sent = time.Now()

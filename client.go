@@ -77,7 +77,9 @@ func (c *Client) config() *config {
 // cannot be read. A body without GetBody is read into memory (up to the
 // limit of WithMaxBufferedBody) before the first attempt; if req's context
 // ends while it is read, Do closes the body, so that a Read that blocks
-// returns, and returns the context's error.
+// returns, and returns the context's error. A request whose context has
+// already ended is not sent at all: Do returns a *RetryError with no
+// attempt, wrapping the context's error.
 func (c *Client) Do(req *http.Request) (*http.Response, error) {
 	cfg := c.config()
 	return cfg.do(req, cfg.doClient, false)

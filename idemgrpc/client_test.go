@@ -147,11 +147,12 @@ func TestKeyFuncError(t *testing.T) {
 }
 
 func TestServerOptionsInvalid(t *testing.T) {
-	_, err := idemgrpc.NewServer(teststores.Memory(t), idemgrpc.WithReleaseCodes(codes.OK), idemgrpc.WithTTL(time.Nanosecond), nil)
+	_, err := idemgrpc.NewServer(teststores.Memory(t), idemgrpc.WithReleaseCodes(codes.OK), idemgrpc.WithTTL(time.Nanosecond), nil,
+		idemgrpc.WithLogger(nil), idemgrpc.WithObserver(nil), idemgrpc.WithKeyFormat(nil))
 	if err == nil {
 		t.Fatal("no error for invalid options")
 	}
-	for _, want := range []string{"OK", "TTL", "nil option"} {
+	for _, want := range []string{"OK", "TTL", "nil option", "nil logger", "nil observer", "nil key format"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not name %q", err, want)
 		}

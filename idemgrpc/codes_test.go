@@ -381,3 +381,20 @@ func TestHandlerPanic(t *testing.T) {
 		t.Fatalf("retry: %v, %v; want the second run's answer", resp, err)
 	}
 }
+
+// TestObserverPanics: an observer that panics on every event changes no
+// answer and leaves no key claimed: the call runs once and its retry is
+// replayed.
+func TestObserverPanics(t *testing.T) {
+	f := newFixture(t, fixtureOptions{store: teststores.Memory(t), serverOpts: []idemgrpc.ServerOption{
+		idemgrpc.WithObserver(func(context.Context, engine.Event) { panic("observer") }),
+	}})
+	for range 2 {
+		if _, err := f.client().UnaryCall(withKey(testContext(t), "k"), request("a")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := f.svc.eff.count("a"); n != 1 {
+		t.Errorf("executions = %d, want 1", n)
+	}
+}

@@ -83,7 +83,15 @@ func WithAbandoned(p engine.AbandonedPolicy) ServerOption {
 func WithFailOpen() ServerOption { return func(c *serverConfig) { c.eng.FailOpen = true } }
 
 // WithLogger sets the logger of the engine: slog.Default() by default.
-func WithLogger(l *slog.Logger) ServerOption { return func(c *serverConfig) { c.eng.Logger = l } }
+func WithLogger(l *slog.Logger) ServerOption {
+	return func(c *serverConfig) {
+		if l == nil {
+			c.refuse("nil logger")
+			return
+		}
+		c.eng.Logger = l
+	}
+}
 
 // WithObserver sets a function that receives an engine.Event for every
 // protected call (executed, replayed, refused, ...), as the HTTP
@@ -92,7 +100,13 @@ func WithLogger(l *slog.Logger) ServerOption { return func(c *serverConfig) { c.
 // which reads Status as a gRPC code (without that option it reads an HTTP
 // status).
 func WithObserver(fn engine.Observer) ServerOption {
-	return func(c *serverConfig) { c.eng.Observer = fn }
+	return func(c *serverConfig) {
+		if fn == nil {
+			c.refuse("nil observer")
+			return
+		}
+		c.eng.Observer = fn
+	}
 }
 
 // WithProtectedMethods protects only the named methods
@@ -126,7 +140,13 @@ func WithKeyOptional() ServerOption { return func(c *serverConfig) { c.optional 
 // built-in one (1 to 255 bytes of printable ASCII): a key fn refuses is
 // answered InvalidArgument, with fn's error in the message.
 func WithKeyFormat(fn func(key string) error) ServerOption {
-	return func(c *serverConfig) { c.keyFormat = fn }
+	return func(c *serverConfig) {
+		if fn == nil {
+			c.refuse("nil key format function")
+			return
+		}
+		c.keyFormat = fn
+	}
 }
 
 // WithScope sets the function that names the caller a key belongs to, so

@@ -114,6 +114,7 @@ type Runner struct {
 	engine   *engine.Engine
 	codec    Codec
 	storeErr func(error) bool
+	observed bool // an observer is set: calls are timed for it
 
 	storeErrPanicked atomic.Bool // storeErr panicked, and it was logged
 }
@@ -137,7 +138,7 @@ func New(store engine.Store, opts ...Option) (*Runner, error) {
 	if err != nil {
 		return nil, fmt.Errorf("once: %w", err)
 	}
-	return &Runner{engine: e, codec: cfg.codec, storeErr: cfg.storeErr}, nil
+	return &Runner{engine: e, codec: cfg.codec, storeErr: cfg.storeErr, observed: cfg.engine.Observer != nil}, nil
 }
 
 // Shutdown waits for the results that are being stored after they were
@@ -195,7 +196,7 @@ func DoResult[T any](ctx context.Context, r *Runner, id engine.ID, input any, fn
 	}
 	sum := sha256.Sum256(append([]byte("once\n"), encoded...))
 	d := &door[T]{r: r, ctx: ctx, fn: fn}
-	if r.engine.Config().Observer != nil {
+	if r.observed {
 		d.call.Start = time.Now()
 	}
 	r.engine.Do(ctx, &d.call, id, string(sum[:]), d)

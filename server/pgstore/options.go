@@ -104,9 +104,12 @@ func WithTransactions() Option {
 // before it answers InFlight. Each waiting Claim holds a connection of the
 // pool. It must be at least a millisecond; PostgreSQL takes at most 24 days
 // (math.MaxInt32 milliseconds), and a longer one is that. When the session
-// has a statement_timeout, the wait is at most half of it, so that it ends
-// as a lock timeout (InFlight) rather than a statement timeout (a failure).
-// The default is [DefaultLockTimeout]; it is ignored in lease mode.
+// has a statement_timeout, the wait is at most half of it, and when the
+// Claim's context has a deadline, at most half the time left to it, so that
+// it ends as a lock timeout (InFlight) rather than a statement timeout or a
+// deadline (a failure): behind the middleware, whose Claims have less than
+// the lease, a duplicate is answered 409 whatever the lease. The default is
+// [DefaultLockTimeout]; it is ignored in lease mode.
 func WithLockTimeout(d time.Duration) Option {
 	return func(c *config) { c.lockTimeout = d }
 }

@@ -52,6 +52,7 @@ type Store struct {
 	unprepared         atomic.Bool
 	transactional      bool
 	lockTimeout        time.Duration
+	idleTimeout        time.Duration
 	beginSQL           string
 	log                *slog.Logger
 
@@ -95,6 +96,7 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 		names:         n,
 		transactional: c.transactional,
 		lockTimeout:   c.lockTimeout,
+		idleTimeout:   c.idleTimeout,
 		log:           c.logger,
 		txs:           make(map[txKey]pgx.Tx),
 	}
@@ -169,11 +171,12 @@ func (s *Store) Close() error {
 //
 // In transactional mode Claim begins the transaction that the lease is, and
 // waits for a concurrent transaction that holds the same key for at most the
-// lock timeout (WithLockTimeout): when that one commits, Claim returns its
-// record, Completed; when it rolls back, Claim acquires; when the wait times
-// out, Claim returns InFlight with RetryAfter set to the lock timeout and,
-// since the other transaction's row cannot be read before it commits, the
-// caller's own fingerprint.
+// lock timeout (WithLockTimeout), and for at most half the time that ctx
+// has left: when that one commits, Claim returns its record, Completed; when
+// it rolls back, Claim acquires; when the wait times out, Claim returns
+// InFlight with RetryAfter set to the lock timeout and, since the other
+// transaction's row cannot be read before it commits, the caller's own
+// fingerprint.
 func (s *Store) Claim(ctx context.Context, id engine.ID, fingerprint string, lease, ttl time.Duration) (engine.Claim, error) {
 	if err := ctx.Err(); err != nil {
 		return engine.Claim{}, fmt.Errorf("pgstore: claim: %w", err)

@@ -38,7 +38,7 @@ type txKey struct {
 // in it and, when the claim is Acquired, keeps it open for Bind, Complete and
 // Release.
 func (s *Store) claimTx(ctx context.Context, id engine.ID, fingerprint string, lease, ttl time.Duration) (engine.Claim, error) {
-	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: s.beginSQL})
+	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: s.begin(ctx)})
 	if err != nil {
 		return engine.Claim{}, err
 	}
@@ -66,6 +66,25 @@ func (s *Store) claimTx(ctx context.Context, id engine.ID, fingerprint string, l
 	s.txs[txKey{id, c.Token}] = tx
 	s.mu.Unlock()
 	return c, nil
+}
+
+// begin returns the statement that begins a transaction of a Claim whose
+// context is ctx. The Claim waits for a concurrent transaction that holds
+// its key for at most the lock timeout, and for at most half the time ctx
+// has left: a wait that ctx's deadline cut would be a store failure (503),
+// where one that ends at the lock timeout is InFlight (409), and the other
+// half leaves the Claim time to roll back and answer. (The middleware's
+// Claim has less than the lease: a lease under the lock timeout would
+// otherwise turn every duplicate into a failure.)
+func (s *Store) begin(ctx context.Context) string {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		return s.beginSQL
+	}
+	if d := time.Until(deadline) / 2; d < s.lockTimeout {
+		return beginSQL(d, s.idleTimeout)
+	}
+	return s.beginSQL
 }
 
 func isLockTimeout(err error) bool {

@@ -332,6 +332,28 @@ func TestTxLockTimeout(t *testing.T) {
 	require.NoError(t, s.Complete(ctx, id, tok, created(`{}`), time.Hour), "the original completes")
 }
 
+// A duplicate whose context ends before the lock timeout would waits for
+// half the time its context has, and is told the request is in flight,
+// rather than failing with its context's deadline.
+func TestTxLockTimeoutWithinDeadline(t *testing.T) {
+	ctx := testContext(t)
+	pool := newPool(t)
+	s, _ := newStore(t, pool, pgstore.WithTransactions(), pgstore.WithLockTimeout(time.Minute))
+	id := scopeID("deadline")
+
+	tok := acquire(t, ctx, s, id, "fp")
+	const timeout = 2 * time.Second
+	claimCtx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	start := time.Now()
+	c, err := s.Claim(claimCtx, id, "fp", time.Minute, time.Hour)
+	elapsed := time.Since(start)
+	require.NoError(t, err, "Claim within its context's %v (after %v)", timeout, elapsed)
+	assert.Equal(t, server.InFlight, c.Status)
+	assert.GreaterOrEqual(t, elapsed, timeout/2-10*time.Millisecond, "Claim returned before half its context's time")
+	require.NoError(t, s.Complete(ctx, id, tok, created(`{}`), time.Hour), "the original completes")
+}
+
 // Many concurrent identical requests: one runs, every other one replays it.
 func TestTxConcurrentRequests(t *testing.T) {
 	ctx := testContext(t)

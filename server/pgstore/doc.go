@@ -66,9 +66,17 @@
 // Claim.Abandoned is 0 in this mode: a holder that is lost has its
 // transaction rolled back, its writes with it, and the record is gone.
 //
-// Extend does nothing in this mode, and succeeds while the transaction is
+// Extend changes nothing in this mode, and succeeds while the transaction is
 // open: the row lock, not a lease, protects the record, nobody can take it
-// over, and if the process dies PostgreSQL rolls the transaction back.
+// over, and if the process dies PostgreSQL rolls the transaction back. A
+// transaction can also end while its handler runs: the server ends one left
+// idle longer than the idle timeout (WithIdleTimeout), as it does one whose
+// backend an operator terminates or whose connection breaks, and the next
+// request with the key then runs. The Store watches for it: the context that
+// Bind returned is cancelled, with a cause wrapping server.ErrLeaseLost,
+// within a quarter of the idle timeout (between 25 ms and a second), and
+// Extend fails with server.ErrLeaseLost. A handler must look at its context
+// before an effect outside the database, as under any lease.
 //
 // Transactional mode asks more of the application (a pool sized for a
 // connection per request, a pgx setting for cancelled statements, one mode

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idempotency/server"
@@ -140,6 +141,19 @@ func TestThroughPgBouncer(t *testing.T) {
 			}
 			if len(failed) > 0 {
 				t.Errorf("%d of %d operations failed; the first: %v", len(failed), workers*rounds*3, failed[0])
+			}
+			if transactional {
+				// Extend finds the transaction's backend through the
+				// pooler, whose connections report process IDs of its
+				// own.
+				id := scopeID("bouncer extend")
+				c, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
+				require.NoError(t, err)
+				require.Equal(t, server.Acquired, c.Status)
+				bound := s.Bind(ctx, id, c.Token)
+				assert.NoError(t, s.Extend(ctx, id, c.Token, time.Minute), "Extend of an open transaction")
+				assert.NoError(t, bound.Err(), "the bound context of an open transaction")
+				require.NoError(t, s.Complete(ctx, id, c.Token, created(`{}`), time.Hour))
 			}
 			if n := logged.n.Load(); n > 1 {
 				t.Errorf("the switch to unnamed statements was logged %d times, want once at most", n)

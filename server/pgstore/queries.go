@@ -54,8 +54,11 @@ func newQueries(n names, epoch int) queries {
 // nothing if it commits, and the statement returns no row at all; Claim then
 // runs it again, with a snapshot that sees the row.
 //
-// The last column is the table's size in bytes, for planEpoch, read from
-// the relation of the row (tableoid) at the cost of one lseek.
+// Then come the table's size in bytes, for planEpoch, read from the
+// relation of the row (tableoid) at the cost of one lseek; and the backend's
+// process ID and the start of the transaction the statement runs in, which
+// identify, in transactional mode, the transaction of a lease (see
+// txwatch.go).
 //
 // Parameters: $1 scope, $2 key, $3 fingerprint, $4 lease (µs), $5 time to
 // live (µs, at least the lease).
@@ -75,7 +78,7 @@ const claimSQL = `WITH cur AS (
 	RETURNING token, tableoid
 )
 SELECT true, token, '', NULL::bytea, false, 0::bigint, false, 0, NULL::bytea, NULL::bytea, false,
-	pg_relation_size(tableoid)
+	pg_relation_size(tableoid), pg_backend_pid(), transaction_timestamp()
 FROM ins
 UNION ALL
 SELECT false, token, state, fingerprint,
@@ -83,7 +86,7 @@ SELECT false, token, state, fingerprint,
 	(extract(epoch FROM lease_until - statement_timestamp()) * 1000000)::bigint,
 	expires_at <= statement_timestamp(),
 	coalesce(status, 0), headers, body, body_omitted,
-	pg_relation_size(tableoid)
+	pg_relation_size(tableoid), pg_backend_pid(), transaction_timestamp()
 FROM cur`
 
 // takeoverSQL gives a new lease on a record that Claim found expired, or in

@@ -62,9 +62,17 @@ type Store struct {
 	stopSweep context.CancelFunc
 	sweepDone chan struct{}
 
-	// mu guards txs, the open transactions of transactional mode.
-	mu  sync.Mutex
-	txs map[txKey]pgx.Tx
+	// mu guards txs, the open transactions of transactional mode, and
+	// watching, whether a watcher runs (see txwatch.go).
+	mu       sync.Mutex
+	txs      map[txKey]*openTx
+	watching bool
+	// watchCtx ends with Close, which stops the watcher; watchers counts
+	// the watchers running. watchEvery is how often one looks.
+	watchCtx   context.Context
+	stopWatch  context.CancelFunc
+	watchers   sync.WaitGroup
+	watchEvery time.Duration
 }
 
 var (
@@ -98,7 +106,11 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 		lockTimeout:   c.lockTimeout,
 		idleTimeout:   c.idleTimeout,
 		log:           c.logger,
-		txs:           make(map[txKey]pgx.Tx),
+		txs:           make(map[txKey]*openTx),
+	}
+	if s.transactional {
+		s.watchCtx, s.stopWatch = context.WithCancel(context.Background())
+		s.watchEvery = watchInterval(c.idleTimeout)
 	}
 	s.beginSQL = beginSQL(c.lockTimeout, c.idleTimeout)
 	for e := range s.plans {
@@ -152,15 +164,20 @@ func (s *Store) Close() error {
 			s.stopSweep()
 			<-s.sweepDone
 		}
+		if s.stopWatch != nil {
+			s.stopWatch()
+		}
 		s.mu.Lock()
 		txs := s.txs
-		s.txs = make(map[txKey]pgx.Tx)
+		s.txs = make(map[txKey]*openTx)
 		s.mu.Unlock()
-		for _, tx := range txs {
-			if err := rollback(context.Background(), tx); err != nil {
+		for _, o := range txs {
+			if err := rollback(context.Background(), o.tx); err != nil {
 				s.log.Warn("pgstore: close: rollback", "err", err)
 			}
+			o.done(errTxClosed)
 		}
+		s.watchers.Wait()
 	})
 	return nil
 }
@@ -197,7 +214,7 @@ func (s *Store) Claim(ctx context.Context, id engine.ID, fingerprint string, lea
 		})
 	} else {
 		err = s.retry(ctx, func() (err error) {
-			c, err = s.claim(ctx, s.pool, id, fingerprint, lease, ttl)
+			c, _, err = s.claim(ctx, s.pool, id, fingerprint, lease, ttl)
 			return err
 		})
 	}
@@ -237,25 +254,30 @@ type querier interface {
 
 // claim runs claimSQL, and takeoverSQL when the record it finds may be taken
 // over, until one of them gives an answer.
-func (s *Store) claim(ctx context.Context, db querier, id engine.ID, fingerprint string, lease, ttl time.Duration) (engine.Claim, error) {
+func (s *Store) claim(ctx context.Context, db querier, id engine.ID, fingerprint string, lease, ttl time.Duration) (engine.Claim, backend, error) {
 	scope, key, fp := []byte(id.Scope), []byte(id.Key), []byte(fingerprint)
 	leaseUS, ttlUS := micros(lease), micros(max(lease, ttl))
 	for range maxClaimAttempts {
 		var r claimRow
 		q, mode := s.stmts(), s.hotMode()
-		var size int64
+		var (
+			size int64
+			b    backend
+		)
 		err := db.QueryRow(ctx, q.claim, mode, scope, key, fp, leaseUS, ttlUS).Scan(
 			&r.inserted, &r.token, &r.state, (*stringScanner)(&r.fingerprint),
-			&r.live, &r.remaining, &r.expired, &r.status, &r.headers, &r.body, &r.bodyOmitted, &size)
+			&r.live, &r.remaining, &r.expired, &r.status, &r.headers, &r.body, &r.bodyOmitted, &size,
+			&b.pid, &b.start)
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // a concurrent claimer's record, not in this statement's snapshot
 		}
 		if err != nil {
-			return engine.Claim{}, err
+			return engine.Claim{}, backend{}, err
 		}
 		s.observeSize(size)
 		if !r.mayTakeOver(fingerprint) {
-			return r.claim()
+			c, err := r.claim()
+			return c, b, err
 		}
 		var (
 			token     int64
@@ -266,11 +288,11 @@ func (s *Store) claim(ctx context.Context, db querier, id engine.ID, fingerprint
 			continue // changed since it was read: look again
 		}
 		if err != nil {
-			return engine.Claim{}, err
+			return engine.Claim{}, backend{}, err
 		}
-		return engine.Claim{Status: engine.Acquired, Token: engine.Token(token), Abandoned: int(abandoned)}, nil
+		return engine.Claim{Status: engine.Acquired, Token: engine.Token(token), Abandoned: int(abandoned)}, b, nil
 	}
-	return engine.Claim{}, errContended
+	return engine.Claim{}, backend{}, errContended
 }
 
 // claimRow is a row of claimSQL.
@@ -388,18 +410,22 @@ func (s *Store) Release(ctx context.Context, id engine.ID, token engine.Token) e
 
 // Extend implements engine.Store. In lease mode it is one statement.
 //
-// In transactional mode it changes nothing and succeeds while the lease's
+// In transactional mode it changes nothing, and succeeds while the lease's
 // transaction is open: no other claimer can take the record over, since the
 // row lock that the transaction holds, not the lease's end, protects it, and
-// if the process dies PostgreSQL rolls the transaction back. (It also must
-// not touch the transaction, which the handler may be using at the same
-// moment.)
+// if the process dies PostgreSQL rolls the transaction back. It must not
+// touch the transaction, which the handler may be using at the same moment:
+// it asks the server, in one statement on another connection of the pool,
+// whether the transaction's backend is still in it, and fails with an error
+// wrapping engine.ErrLeaseLost once the server has ended the transaction
+// (its idle timeout, an operator, a broken connection), which released the
+// key to the next request.
 func (s *Store) Extend(ctx context.Context, id engine.ID, token engine.Token, lease time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("pgstore: extend: %w", err)
 	}
 	if s.transactional {
-		return s.extendTx(id, token)
+		return s.extendTx(ctx, id, token)
 	}
 	var tag pgconn.CommandTag
 	err := s.retry(ctx, func() (err error) {

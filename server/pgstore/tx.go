@@ -34,6 +34,20 @@ type txKey struct {
 	token engine.Token
 }
 
+// openTx is a transaction of transactional mode, from the Claim that began
+// it to the Complete, Release or Close that ends it. Its fields but tx and
+// backend are guarded by Store.mu while it is in Store.txs; the one who
+// takes it out owns it.
+type openTx struct {
+	tx      pgx.Tx
+	backend backend
+	// ended records that the server ended the transaction (see
+	// txwatch.go).
+	ended bool
+	// cancels cancel the contexts that Bind returned for it.
+	cancels []context.CancelCauseFunc
+}
+
 // claimTx is Claim in transactional mode: it begins a transaction, claims
 // in it and, when the claim is Acquired, keeps it open for Bind, Complete and
 // Release.
@@ -42,7 +56,7 @@ func (s *Store) claimTx(ctx context.Context, id engine.ID, fingerprint string, l
 	if err != nil {
 		return engine.Claim{}, err
 	}
-	c, err := s.claim(ctx, tx, id, fingerprint, lease, ttl)
+	c, b, err := s.claim(ctx, tx, id, fingerprint, lease, ttl)
 	if err != nil {
 		rollback(ctx, tx)
 		if isLockTimeout(err) {
@@ -63,7 +77,12 @@ func (s *Store) claimTx(ctx context.Context, id engine.ID, fingerprint string, l
 		rollback(ctx, tx)
 		return engine.Claim{}, ErrClosed
 	}
-	s.txs[txKey{id, c.Token}] = tx
+	s.txs[txKey{id, c.Token}] = &openTx{tx: tx, backend: b}
+	if !s.watching {
+		s.watching = true
+		s.watchers.Add(1)
+		go s.watch()
+	}
 	s.mu.Unlock()
 	return c, nil
 }
@@ -93,21 +112,33 @@ func isLockTimeout(err error) bool {
 }
 
 // take removes the lease's transaction from the open ones and returns it, or
-// nil. Whoever takes a transaction ends it.
-func (s *Store) take(id engine.ID, token engine.Token) pgx.Tx {
+// nil. Whoever takes a transaction ends it, then calls done.
+func (s *Store) take(id engine.ID, token engine.Token) *openTx {
 	k := txKey{id, token}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	tx := s.txs[k]
+	o := s.txs[k]
 	delete(s.txs, k)
-	return tx
+	return o
+}
+
+// done cancels, with cause, the contexts that Bind returned for o, whose
+// transaction has ended, so that none outlives it (nor stays registered
+// with its parent).
+func (o *openTx) done(cause error) {
+	for _, cancel := range o.cancels {
+		cancel(cause)
+	}
+	o.cancels = nil
 }
 
 func (s *Store) completeTx(ctx context.Context, id engine.ID, token engine.Token, resp *engine.Response, ttl time.Duration) error {
-	tx := s.take(id, token)
-	if tx == nil {
+	o := s.take(id, token)
+	if o == nil {
 		return fmt.Errorf("pgstore: complete: %w", engine.ErrLeaseLost)
 	}
+	defer o.done(nil)
+	tx := o.tx
 	headers := encodeHeader(resp.Header)
 	if storable(id, resp, headers) != nil {
 		// The handler's writes are in this transaction: keep them, and
@@ -148,22 +179,44 @@ func (s *Store) completeTx(ctx context.Context, id engine.ID, token engine.Token
 }
 
 func (s *Store) releaseTx(ctx context.Context, id engine.ID, token engine.Token) error {
-	tx := s.take(id, token)
-	if tx == nil {
+	o := s.take(id, token)
+	if o == nil {
 		return fmt.Errorf("pgstore: release: %w", engine.ErrLeaseLost)
 	}
 	// A rollback that fails closes the connection (pgx does), which rolls
 	// the transaction back as surely: either way it is released.
-	rollback(ctx, tx)
+	rollback(ctx, o.tx)
+	o.done(nil)
 	return nil
 }
 
-func (s *Store) extendTx(id engine.ID, token engine.Token) error {
+// extendTx is Extend in transactional mode: the lease holds while its
+// transaction is open on the server, which it asks (see txwatch.go).
+func (s *Store) extendTx(ctx context.Context, id engine.ID, token engine.Token) error {
+	k := txKey{id, token}
 	s.mu.Lock()
-	_, ok := s.txs[txKey{id, token}]
+	o := s.txs[k]
+	var (
+		b     backend
+		ended bool
+	)
+	if o != nil {
+		b, ended = o.backend, o.ended
+	}
 	s.mu.Unlock()
-	if !ok {
+	if o == nil {
 		return fmt.Errorf("pgstore: extend: %w", engine.ErrLeaseLost)
+	}
+	if ended {
+		return fmt.Errorf("pgstore: extend: %w", errEndedByServer)
+	}
+	live, err := s.alive(ctx, []backend{b})
+	if err != nil {
+		return fmt.Errorf("pgstore: extend: %w", err)
+	}
+	if !live[0] {
+		s.ended(k, o)
+		return fmt.Errorf("pgstore: extend: %w", errEndedByServer)
 	}
 	return nil
 }
@@ -183,17 +236,31 @@ func rollback(ctx context.Context, tx pgx.Tx) error {
 // Bind implements engine.Binder. In transactional mode it returns a copy of
 // ctx that carries the lease's transaction, for TxFromContext; otherwise, or
 // when the lease holds no open transaction, it returns ctx.
+//
+// The copy is done once the transaction has ended: committed by Complete,
+// rolled back by Release, or, while the handler may still run, rolled back
+// by Close or ended by the server (its idle timeout, an operator, a broken
+// connection), which releases the key to the next request; in those two
+// cases context.Cause wraps engine.ErrLeaseLost. The Store looks whether
+// the server ended it every quarter of the idle timeout (between 25 ms and a
+// second), and in every Extend.
 func (s *Store) Bind(ctx context.Context, id engine.ID, token engine.Token) context.Context {
 	if !s.transactional {
 		return ctx
 	}
 	s.mu.Lock()
-	tx, ok := s.txs[txKey{id, token}]
-	s.mu.Unlock()
+	defer s.mu.Unlock()
+	o, ok := s.txs[txKey{id, token}]
 	if !ok {
 		return ctx
 	}
-	return context.WithValue(ctx, txContextKey{}, ownedTx{tx})
+	bound, cancel := context.WithCancelCause(ctx)
+	if o.ended {
+		cancel(errTxEnded)
+	} else {
+		o.cancels = append(o.cancels, cancel)
+	}
+	return context.WithValue(bound, txContextKey{}, ownedTx{o.tx})
 }
 
 type txContextKey struct{}

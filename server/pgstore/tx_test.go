@@ -109,6 +109,7 @@ func TestTxInterrupted(t *testing.T) {
 		id     server.ID
 		token  server.Token
 		bound  context.Context // the handler's context
+		ctx    context.Context // the test's, which the end of the transaction does not cancel
 	}
 	for _, tc := range []struct {
 		name string
@@ -175,9 +176,9 @@ func TestTxInterrupted(t *testing.T) {
 			handler: func(t *testing.T, e env) (*server.Response, error) {
 				tx, _ := pgstore.TxFromContext(e.bound)
 				pid := tx.Conn().PgConn().PID()
-				_, err := e.pool.Exec(e.bound, "SELECT pg_terminate_backend($1)", int64(pid))
+				_, err := e.pool.Exec(e.ctx, "SELECT pg_terminate_backend($1)", int64(pid))
 				require.NoError(t, err)
-				waitForBackendGone(t, e.bound, e.pool, pid)
+				waitForBackendGone(t, e.ctx, e.pool, pid)
 				return created(`{"id":1}`), nil
 			},
 			interrupt: func(t *testing.T, e env, resp *server.Response, _ error) {
@@ -206,7 +207,7 @@ func TestTxInterrupted(t *testing.T) {
 			opts: []pgstore.Option{pgstore.WithIdleTimeout(500 * time.Millisecond)},
 			handler: func(t *testing.T, e env) (*server.Response, error) {
 				tx, _ := pgstore.TxFromContext(e.bound)
-				waitForBackendGone(t, e.bound, e.pool, tx.Conn().PgConn().PID())
+				waitForBackendGone(t, e.ctx, e.pool, tx.Conn().PgConn().PID())
 				return created(`{"id":1}`), nil
 			},
 			interrupt: func(t *testing.T, e env, resp *server.Response, _ error) {
@@ -220,6 +221,7 @@ func TestTxInterrupted(t *testing.T) {
 			handler: func(*testing.T, env) (*server.Response, error) { return created(`{"id":1}`), nil },
 			interrupt: func(t *testing.T, e env, resp *server.Response, _ error) {
 				require.NoError(t, e.store.Close())
+				assert.ErrorIs(t, context.Cause(e.bound), server.ErrLeaseLost, "the handler's context after Close")
 				err := e.store.Complete(context.Background(), e.id, e.token, resp, time.Hour)
 				require.ErrorIs(t, err, server.ErrLeaseLost)
 			},
@@ -235,7 +237,7 @@ func TestTxInterrupted(t *testing.T) {
 			c, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
 			require.NoError(t, err)
 			require.Equal(t, server.Acquired, c.Status)
-			e := env{pool: pool, store: s, orders: orders, id: id, token: c.Token, bound: s.Bind(ctx, id, c.Token)}
+			e := env{pool: pool, store: s, orders: orders, id: id, token: c.Token, bound: s.Bind(ctx, id, c.Token), ctx: ctx}
 			require.NoError(t, placeOrder(e.bound, orders, id.Key, 100))
 			assert.Zero(t, countOrders(t, ctx, pool, orders, id.Key), "order visible before completion")
 			resp, err := tc.handler(t, e)
@@ -475,4 +477,58 @@ func claimAsync(ctx context.Context, s server.Store, id server.ID, fp string) <-
 		ch <- claimResult{c, err}
 	}()
 	return ch
+}
+
+// A transaction that the server ended (the idle timeout, an operator):
+// Extend fails with ErrLeaseLost, and the context that Bind returned is
+// cancelled, with a cause that says the lease is lost. Complete says what it
+// always said: the writes were rolled back.
+func TestTxEndedByServer(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opts []pgstore.Option
+		end  func(t *testing.T, ctx context.Context, pool *pgxpool.Pool, pid uint32)
+	}{
+		{
+			name: "idle timeout",
+			opts: []pgstore.Option{pgstore.WithIdleTimeout(200 * time.Millisecond)},
+			end:  func(*testing.T, context.Context, *pgxpool.Pool, uint32) {},
+		},
+		{
+			name: "backend terminated",
+			end: func(t *testing.T, ctx context.Context, pool *pgxpool.Pool, pid uint32) {
+				_, err := pool.Exec(ctx, "SELECT pg_terminate_backend($1)", int64(pid))
+				require.NoError(t, err)
+			},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := testContext(t)
+			pool := newPool(t)
+			orders := newOrders(t, pool)
+			s, _ := newStore(t, pool, append([]pgstore.Option{pgstore.WithTransactions()}, tc.opts...)...)
+			id := scopeID("ended")
+			tok := acquire(t, ctx, s, id, "fp")
+			bound := s.Bind(ctx, id, tok)
+			require.NoError(t, placeOrder(bound, orders, id.Key, 100))
+			require.NoError(t, s.Extend(ctx, id, tok, time.Minute), "Extend of an open transaction")
+			require.NoError(t, bound.Err(), "bound context of an open transaction")
+			tx, _ := pgstore.TxFromContext(bound)
+			pid := tx.Conn().PgConn().PID()
+
+			tc.end(t, ctx, pool, pid)
+			waitForBackendGone(t, ctx, pool, pid)
+			assert.ErrorIs(t, s.Extend(ctx, id, tok, time.Minute), server.ErrLeaseLost, "Extend once the transaction ended")
+			select {
+			case <-bound.Done():
+				assert.ErrorIs(t, context.Cause(bound), server.ErrLeaseLost, "bound context's cause")
+			case <-time.After(10 * time.Second):
+				t.Errorf("bound context not done 10 s after the transaction ended")
+			}
+			err := s.Complete(ctx, id, tok, created(`{}`), time.Hour)
+			assert.ErrorIs(t, err, pgstore.ErrRolledBack)
+			assert.ErrorIs(t, err, server.ErrNotCommitted)
+			assert.Zero(t, countOrders(t, ctx, pool, orders, id.Key))
+		})
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -97,4 +98,78 @@ func TestTxDuplicateWithShortLease(t *testing.T) {
 	r := <-first
 	require.NoError(t, r.err)
 	assert.Equal(t, http.StatusCreated, r.status, "first request's status")
+}
+
+// A handler that waits on another service, its transaction idle, past the
+// idle timeout: PostgreSQL ends the transaction, and with it the row lock
+// that kept retries out. The retry runs; the handler must learn that its
+// transaction is gone, through its context, before it does its effect
+// outside the database, or the effect is done twice.
+func TestTxHandlerToldWhenServerEndsTransaction(t *testing.T) {
+	ctx := testContext(t)
+	pool := newPool(t)
+	orders := newOrders(t, pool)
+	s, _ := newStore(t, pool, pgstore.WithTransactions(), pgstore.WithIdleTimeout(400*time.Millisecond))
+	mw, err := server.New(s) // the default lease: a minute, renewed every 20 s
+	require.NoError(t, err)
+	var (
+		attempts  atomic.Int32
+		effects   atomic.Int32 // the other service's
+		waiting   = make(chan uint32, 1)
+		cancelled = make(chan error, 1)
+		proceed   = make(chan struct{})
+		once      sync.Once
+	)
+	letFirstProceed := func() { once.Do(func() { close(proceed) }) }
+	defer letFirstProceed()
+	srv := httptest.NewServer(mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx := r.Context()
+		if err := placeOrder(ctx, orders, "order-1", 100); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		if attempts.Add(1) == 1 {
+			// The first attempt waits on the other service (until the
+			// test lets it go, or its context ends).
+			tx, _ := pgstore.TxFromContext(ctx)
+			waiting <- tx.Conn().PgConn().PID()
+			idle := time.Now()
+			select {
+			case <-ctx.Done():
+				t.Logf("the first handler's context was cancelled %v after its transaction went idle", time.Since(idle))
+				cancelled <- context.Cause(ctx)
+				return
+			case <-proceed:
+			}
+		}
+		effects.Add(1)
+		w.WriteHeader(http.StatusCreated)
+	})))
+	defer srv.Close()
+
+	first := postAsync(ctx, srv.Client(), srv.URL, "order-1")
+	var pid uint32
+	select {
+	case pid = <-waiting:
+	case r := <-first:
+		t.Fatalf("first request answered %d, %v before its handler waited", r.status, r.err)
+	}
+	waitForBackendGone(t, ctx, pool, pid)
+	// The retry comes: the key is free again, and it runs.
+	status, err := post(ctx, srv.Client(), srv.URL, "order-1")
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusCreated, status, "retry's status")
+
+	select {
+	case cause := <-cancelled:
+		assert.ErrorIs(t, cause, server.ErrLeaseLost, "the first handler's context's cause")
+	case <-time.After(10 * time.Second):
+		t.Errorf("the first handler's context is not done 10 s after its transaction ended")
+		letFirstProceed()
+	}
+	r := <-first
+	require.NoError(t, r.err)
+	assert.Equal(t, http.StatusServiceUnavailable, r.status, "first request's status")
+	assert.Equal(t, int32(1), effects.Load(), "effects on the other service")
+	assert.Equal(t, 1, countOrders(t, ctx, pool, orders, "order-1"), "orders")
 }

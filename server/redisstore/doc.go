@@ -63,9 +63,13 @@
 // migrates) loads it with FUNCTION LOAD REPLACE and calls again: a function
 // that was not found has not run. On a Cluster it loads it on every master,
 // since the node that answered may be one the client was redirected to (ASK,
-// MOVED), not the owner in its slot map. That call takes three round trips;
-// the next ones on that server take one. A library of an earlier release
-// stays on the server until removed with FUNCTION DELETE.
+// MOVED), not the owner in its slot map; and, when no slot map lists the
+// node that serves the key (a master added with CLUSTER MEET that owns no
+// slot yet, to which a slot migrates), which the key's master names when
+// asked the key's PTTL, on that node too, through a client of its own. That
+// call takes three round trips or more; the next ones on that server take
+// one. A library of an earlier release stays on the server until removed
+// with FUNCTION DELETE.
 //
 // # ACL
 //

@@ -3,6 +3,8 @@ package redisstore_test
 import (
 	"context"
 	"net/http"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -33,10 +35,66 @@ func TestSlotMigration(t *testing.T) {
 	// a redirection or a missing function.
 	acked, err := redisstore.New(c, redisstore.WithPrefix("{migration}:"), redisstore.WithReplicaAck(1, 10*time.Millisecond))
 	require.NoError(t, err)
-	migrate(t, ctx, c, s, acked)
+	migrate(t, ctx, c, s, acked, nil)
 }
 
-func migrate(t *testing.T, ctx context.Context, c *redis.ClusterClient, s, acked *redisstore.Store) {
+// A master added with CLUSTER MEET (rather than redis-cli --cluster
+// add-node, which copies the functions to it) owns no slot until one
+// migrates to it, so no slot map lists it: while a slot migrates to it, the
+// calls that ASK sends there load the library there all the same, and
+// succeed; and so do those that MOVED sends there afterwards.
+func TestSlotMigrationToMetNode(t *testing.T) {
+	t.Parallel()
+	addrs := startCluster(t)
+	node := startRedis(t, "--cluster-enabled", "yes",
+		"--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000")
+	ctx := context.Background()
+	meet(t, ctx, addrs, node)
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { c.Close() })
+	s, err := redisstore.New(c, redisstore.WithPrefix("{meet}:"))
+	require.NoError(t, err)
+	acked, err := redisstore.New(c, redisstore.WithPrefix("{meet}:"), redisstore.WithReplicaAck(1, 10*time.Millisecond))
+	require.NoError(t, err)
+	target := redis.NewClient(&redis.Options{Addr: node.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { target.Close() })
+	migrate(t, ctx, c, s, acked, target)
+}
+
+// meet adds node to the cluster of addrs with CLUSTER MEET, and waits until
+// every node knows every other one, and node knows the slots.
+func meet(t *testing.T, ctx context.Context, addrs []string, node *redisProcess) {
+	t.Helper()
+	all := append(append([]string(nil), addrs...), node.Addr)
+	admin := redis.NewClient(&redis.Options{Addr: addrs[0], ContextTimeoutEnabled: true})
+	defer admin.Close()
+	require.NoError(t, admin.ClusterMeet(ctx, "127.0.0.1", strconv.Itoa(node.Port)).Err())
+	deadline := time.Now().Add(20 * time.Second)
+	for _, addr := range all {
+		n := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+		for {
+			info, err := n.ClusterInfo(ctx).Result()
+			nodes, nerr := n.ClusterNodes(ctx).Result()
+			if err == nil && nerr == nil && strings.Contains(info, "cluster_state:ok") &&
+				strings.Contains(info, "cluster_known_nodes:"+strconv.Itoa(len(all))+"\r") &&
+				!strings.Contains(nodes, "handshake") && !strings.Contains(nodes, "noaddr") {
+				break
+			}
+			if time.Now().After(deadline) {
+				n.Close()
+				t.Fatalf("node %s does not know the cluster of %d nodes: %v, %v\n%s\n%s", addr, len(all), err, nerr, info, nodes)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		n.Close()
+	}
+}
+
+// migrate moves the slot of the Stores' records (one hash tag) from its
+// master to target, or to another master when target is nil, whose
+// functions it flushes, and claims keys of the slot before, during and
+// after the migration.
+func migrate(t *testing.T, ctx context.Context, c *redis.ClusterClient, s, acked *redisstore.Store, target *redis.Client) {
 	t.Helper()
 	refused := func(when string) {
 		t.Helper()
@@ -55,10 +113,7 @@ func migrate(t *testing.T, ctx context.Context, c *redis.ClusterClient, s, acked
 	require.NoError(t, err)
 	source, err := c.MasterForKey(ctx, s.RecordKey(before))
 	require.NoError(t, err)
-	var (
-		mu     sync.Mutex
-		target *redis.Client
-	)
+	var mu sync.Mutex
 	require.NoError(t, c.ForEachMaster(ctx, func(_ context.Context, m *redis.Client) error {
 		mu.Lock()
 		defer mu.Unlock()
@@ -109,6 +164,7 @@ func migrate(t *testing.T, ctx context.Context, c *redis.ClusterClient, s, acked
 	}
 	require.NoError(t, target.FunctionFlush(ctx).Err())
 	refused("after the migration")
+	require.NoError(t, target.FunctionFlush(ctx).Err())
 	after := server.ID{Key: "after"}
 	cl, err = s.Claim(ctx, after, "fp", time.Minute, time.Hour)
 	require.NoError(t, err)

@@ -59,10 +59,20 @@ func (s *Store) callAcked(ctx context.Context, fn, key string, args ...any) (any
 	// The node that a redirection names, and whether it was ASK.
 	var redirect string
 	var ask bool
+	// The clients of nodes that the Cluster client's map does not list.
+	var dialed []*redis.Client
+	defer func() {
+		for _, d := range dialed {
+			d.Close()
+		}
+	}()
 	for attempt := 0; ; attempt++ {
-		node, err := s.nodeFor(ctx, key, redirect)
+		node, fresh, err := s.nodeFor(ctx, key, redirect)
 		if err != nil {
 			return nil, 0, contextual(ctx, err)
+		}
+		if fresh {
+			dialed = append(dialed, node)
 		}
 		type sent struct{ fc, wc *redis.Cmd }
 		cmds, err := bounded(ctx, s.deaf, func() (sent, error) {
@@ -119,35 +129,46 @@ func (s *Store) callAcked(ctx context.Context, fn, key string, args ...any) (any
 }
 
 // nodeFor returns the client of the one server that a call on key goes to:
-// the master that owns key, or, after a redirection, the node it names.
-func (s *Store) nodeFor(ctx context.Context, key, redirect string) (*redis.Client, error) {
+// the master that owns key, or, after a redirection, the node it names. It
+// reports whether it made the client for this call, which then closes it:
+// the node that a redirection names may be one that the Cluster client's
+// map does not list (see nodes.go).
+func (s *Store) nodeFor(ctx context.Context, key, redirect string) (*redis.Client, bool, error) {
 	switch c := s.client.(type) {
 	case *redis.Client:
-		return c, nil
+		return c, false, nil
 	case *redis.ClusterClient:
 		if redirect == "" {
-			return c.MasterForKey(ctx, key)
+			node, err := c.MasterForKey(ctx, key)
+			return node, false, err
 		}
 		var (
-			mu   sync.Mutex
-			node *redis.Client
+			mu         sync.Mutex
+			node, like *redis.Client
 		)
 		err := c.ForEachMaster(ctx, func(_ context.Context, m *redis.Client) error {
+			mu.Lock()
+			defer mu.Unlock()
 			if m.Options().Addr == redirect {
-				mu.Lock()
 				node = m
-				mu.Unlock()
 			}
+			like = m
 			return nil
 		})
-		if err == nil && node == nil {
-			err = fmt.Errorf("no master at %s, named by a redirection", redirect)
+		switch {
+		case err != nil:
+			return nil, false, err
+		case node != nil:
+			return node, false, nil
+		case like == nil:
+			return nil, false, fmt.Errorf("no master at %s, named by a redirection", redirect)
 		}
-		return node, err
+		return dialNode(c, like, redirect), true, nil
 	case *redis.Ring:
-		return c.GetShardClientForKey(key)
+		node, err := c.GetShardClientForKey(key)
+		return node, false, err
 	}
-	return nil, fmt.Errorf("WithReplicaAck needs a *redis.Client, *redis.ClusterClient or *redis.Ring, not %T", s.client)
+	return nil, false, fmt.Errorf("WithReplicaAck needs a *redis.Client, *redis.ClusterClient or *redis.Ring, not %T", s.client)
 }
 
 // claimAcked is Claim's call WithReplicaAck: a lease that fewer replicas

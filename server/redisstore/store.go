@@ -479,15 +479,14 @@ func functionMissing(err error) bool {
 // load loads the library where a call on key found it missing: on a
 // Cluster, on every master, since the node that answered may not be the
 // one that owns key in the client's map (the target of an ASK or MOVED
-// redirection while a slot migrates, a replica just promoted); elsewhere,
-// on the one server a call on key goes to.
+// redirection while a slot migrates, a replica just promoted), and on the
+// node that serves key, should no slot map list it (see nodes.go);
+// elsewhere, on the one server a call on key goes to.
 func (s *Store) load(ctx context.Context, key string) error {
 	var node redis.Cmdable = s.client
 	switch c := s.client.(type) {
 	case *redis.ClusterClient:
-		return c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
-			return m.FunctionLoadReplace(ctx, s.lib.code).Err()
-		})
+		return s.loadCluster(ctx, c, key)
 	case *redis.Ring:
 		shard, err := c.GetShardClientForKey(key)
 		if err != nil {

@@ -491,7 +491,7 @@ func TestTxEndedByServer(t *testing.T) {
 	}{
 		{
 			name: "idle timeout",
-			opts: []pgstore.Option{pgstore.WithIdleTimeout(200 * time.Millisecond)},
+			opts: []pgstore.Option{pgstore.WithIdleTimeout(time.Second)},
 			end:  func(*testing.T, context.Context, *pgxpool.Pool, uint32) {},
 		},
 		{

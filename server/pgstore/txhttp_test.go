@@ -109,7 +109,7 @@ func TestTxHandlerToldWhenServerEndsTransaction(t *testing.T) {
 	ctx := testContext(t)
 	pool := newPool(t)
 	orders := newOrders(t, pool)
-	s, _ := newStore(t, pool, pgstore.WithTransactions(), pgstore.WithIdleTimeout(400*time.Millisecond))
+	s, _ := newStore(t, pool, pgstore.WithTransactions(), pgstore.WithIdleTimeout(time.Second))
 	mw, err := server.New(s) // the default lease: a minute, renewed every 20 s
 	require.NoError(t, err)
 	var (

@@ -116,6 +116,13 @@ func (s *service) UnaryCall(ctx context.Context, req *testgrpc.SimpleRequest) (*
 	return &testgrpc.SimpleResponse{Payload: req.GetPayload(), Username: strconv.Itoa(n)}, nil
 }
 
+// StreamingOutputCall counts an execution of "stream:" and its payload's
+// id, and answers it once.
+func (s *service) StreamingOutputCall(req *testgrpc.StreamingOutputCallRequest, stream grpc.ServerStreamingServer[testgrpc.StreamingOutputCallResponse]) error {
+	s.eff.add("stream:" + string(req.GetPayload().GetBody()))
+	return stream.Send(&testgrpc.StreamingOutputCallResponse{Payload: req.GetPayload()})
+}
+
 // fixture is a gRPC server on loopback, behind a lossProxy, and a client
 // connection to it.
 type fixture struct {
@@ -157,11 +164,10 @@ func newFixture(t testing.TB, o fixtureOptions) *fixture {
 		if err != nil {
 			t.Fatal(err)
 		}
-		chain := []grpc.UnaryServerInterceptor{f.guard.UnaryServerInterceptor()}
 		if o.outer != nil {
-			chain = append([]grpc.UnaryServerInterceptor{o.outer}, chain...)
+			sopts = append(sopts, grpc.ChainUnaryInterceptor(o.outer))
 		}
-		sopts = append(sopts, grpc.ChainUnaryInterceptor(chain...))
+		sopts = append(sopts, f.guard.ServerOptions()...)
 	}
 	srv := grpc.NewServer(sopts...)
 	testgrpc.RegisterTestServiceServer(srv, f.svc)

@@ -60,7 +60,9 @@
 //
 // The handler's answer is stored as it was given: a response message
 // (proto.Marshal) with the header and trailer metadata it set, or an error
-// (its google.rpc.Status, with code, message and details), unless its code
+// (its google.rpc.Status, with code, message and details; a message that
+// is not UTF-8, which protobuf refuses to marshal, is kept as it is, and
+// gRPC delivers it alike the first time and on a replay), unless its code
 // means "retry": Unavailable, Internal, Unknown, ResourceExhausted,
 // Aborted, DeadlineExceeded and Canceled release the key, so that the retry
 // runs the handler again (WithReleaseCodes changes the list). A replay

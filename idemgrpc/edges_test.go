@@ -302,3 +302,32 @@ func TestStreamingRefused(t *testing.T) {
 		}
 	})
 }
+
+// TestStoredErrorNotUTF8: a handler's error whose message is not UTF-8
+// (which protobuf refuses to marshal in a google.rpc.Status) is stored and
+// replayed as gRPC delivered it the first time (it writes U+FFFD for the
+// bytes that are not UTF-8), and the handler runs once, on every store.
+func TestStoredErrorNotUTF8(t *testing.T) {
+	for _, kind := range teststores.All() {
+		t.Run(kind.Name, func(t *testing.T) {
+			f := newFixture(t, fixtureOptions{store: kind.New(t)})
+			ctx := withKey(testContext(t), "latin-1")
+			req := failing("l1", codes.InvalidArgument, latin1)
+			_, first := f.client().UnaryCall(ctx, req)
+			if status.Code(first) != codes.InvalidArgument || !strings.HasSuffix(status.Convert(first).Message(), " l1") {
+				t.Fatalf("first call: %v, want InvalidArgument, the handler's", first)
+			}
+			var header metadata.MD
+			_, err := f.client().UnaryCall(ctx, req, grpc.Header(&header))
+			if status.Code(err) != codes.InvalidArgument || status.Convert(err).Message() != status.Convert(first).Message() {
+				t.Errorf("retry: %v, want %v replayed", err, first)
+			}
+			if !idemgrpc.Replayed(header) {
+				t.Error("retry not replayed")
+			}
+			if n := f.svc.eff.count("l1"); n != 1 {
+				t.Errorf("executions = %d, want 1", n)
+			}
+		})
+	}
+}

@@ -111,7 +111,13 @@ func (s *service) UnaryCall(ctx context.Context, req *testgrpc.SimpleRequest) (*
 	grpc.SetHeader(ctx, metadata.Pairs("x-run", strconv.Itoa(n)))
 	grpc.SetTrailer(ctx, metadata.Pairs("x-trailer", "t"))
 	if st := req.GetResponseStatus(); st != nil && st.GetCode() != 0 {
-		return nil, status.Error(codes.Code(st.GetCode()), st.GetMessage())
+		msg := st.GetMessage()
+		if msg == latin1 {
+			// What a request (proto3) cannot carry: a message that is
+			// not UTF-8.
+			msg = "caf\xe9 " + string(req.GetPayload().GetBody())
+		}
+		return nil, status.Error(codes.Code(st.GetCode()), msg)
 	}
 	return &testgrpc.SimpleResponse{Payload: req.GetPayload(), Username: strconv.Itoa(n)}, nil
 }
@@ -122,6 +128,10 @@ func (s *service) StreamingOutputCall(req *testgrpc.StreamingOutputCallRequest, 
 	s.eff.add("stream:" + string(req.GetPayload().GetBody()))
 	return stream.Send(&testgrpc.StreamingOutputCallResponse{Payload: req.GetPayload()})
 }
+
+// latin1, as the message of a request's ResponseStatus, makes UnaryCall
+// fail with a message that is not UTF-8: "caf\xe9 " and the payload's id.
+const latin1 = "latin-1"
 
 // fixture is a gRPC server on loopback, behind a lossProxy, and a client
 // connection to it.

@@ -212,10 +212,10 @@ func WithReleaseCodes(cs ...codes.Code) ServerOption {
 // Server protects the unary methods of a gRPC server with idempotency keys:
 // a call with a key the store has seen gets the answer stored by the first,
 // and the handler runs at most once per key while the record lives. It is
-// the gRPC door of package engine, which runs the protocol. Install its
-// interceptor with grpc.ChainUnaryInterceptor(s.UnaryServerInterceptor()),
-// and call Shutdown after the gRPC server's GracefulStop. It is safe for
-// concurrent use.
+// the gRPC door of package engine, which runs the protocol. Install it
+// with grpc.NewServer(s.ServerOptions()...), after the application's own
+// options, and call Shutdown after the gRPC server's GracefulStop. It is
+// safe for concurrent use.
 type Server struct {
 	eng  *engine.Engine
 	cfg  *serverConfig

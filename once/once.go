@@ -63,11 +63,11 @@
 // key gets a [*StoredError] with its message, and fn does not run again.
 // Both match errors.Is(err, ErrPermanent), even when the store kept the
 // error's status but not its message (too large: StoredError.Omitted). The
-// caller that ran fn gets fn's
-// error itself, unchanged, either way, unless fn's context ended first: a
-// caller that went away gets its context's error, and one whose lease was
-// lost an [*Error] wrapping engine.ErrStoreUnavailable (fn ran, but gave up,
-// and the key was released), so that it calls again.
+// caller that ran fn gets fn's error itself, unchanged, either way, unless
+// fn's context ended first: a caller that went away gets its context's
+// error, and one whose lease was lost an [*Error] wrapping
+// engine.ErrStoreUnavailable (fn ran, but gave up, and the key was
+// released), so that it calls again.
 //
 // A panic in fn releases the key and goes on to the caller.
 package once
@@ -210,14 +210,14 @@ func DoResult[T any](ctx context.Context, r *Runner, id engine.ID, input any, fn
 	if r.observed {
 		start = time.Now()
 	}
-	if fn == nil {
-		return zero, r.reject(ctx, start, id, errors.New("once: Do needs a function"))
-	}
 	if id.Key == "" || len(id.Key) > MaxKeyLen {
 		return zero, r.reject(ctx, start, engine.ID{}, fmt.Errorf("once: key of %d bytes: %w (1 to %d bytes)", len(id.Key), ErrInvalidKey, MaxKeyLen))
 	}
 	if len(id.Scope) > MaxScopeLen {
 		return zero, r.reject(ctx, start, engine.ID{Key: id.Key}, fmt.Errorf("once: scope of %d bytes: %w (at most %d bytes)", len(id.Scope), ErrInvalidKey, MaxScopeLen))
+	}
+	if fn == nil {
+		return zero, r.reject(ctx, start, id, errors.New("once: Do needs a function"))
 	}
 	encoded, err := r.codec.Marshal(input)
 	if err != nil {

@@ -81,11 +81,17 @@ func at(err error, step string) error {
 	return err
 }
 
-// walk is one check of a value: the maps, slices and pointers it walked,
-// since encoding/json reports cycles, which must not make the check loop.
+// walk is one check of a value. encoding/json reports cycles, which must
+// not make the check loop: as json does, it starts to remember the maps,
+// slices and pointers it walks once it is deep enough into them, so that a
+// value without cycles costs no memory.
 type walk struct {
-	seen map[visit]bool
+	depth int // of maps, slices and pointers
+	seen  map[visit]bool
 }
+
+// trackAfter is the depth from which a walk remembers what it walked.
+const trackAfter = 100
 
 // visit is a map, slice or pointer walked.
 type visit struct {
@@ -139,6 +145,7 @@ func (w *walk) check(v reflect.Value) error {
 		if v.IsNil() || w.mark(v) {
 			return nil
 		}
+		defer w.leave()
 		return w.check(v.Elem())
 	case reflect.Struct:
 		for i := range t.NumField() {
@@ -154,20 +161,28 @@ func (w *walk) check(v reflect.Value) error {
 		if v.IsNil() || w.mark(v) {
 			return nil
 		}
+		defer w.leave()
+		// One key and one value, set to each entry in turn.
+		key, val := reflect.New(t.Key()).Elem(), reflect.New(t.Elem()).Elem()
 		for it := v.MapRange(); it.Next(); {
-			if err := w.check(it.Key()); err != nil {
+			key.SetIterKey(it)
+			val.SetIterValue(it)
+			if err := w.check(key); err != nil {
 				return at(err, "[a key]")
 			}
-			if err := w.check(it.Value()); err != nil {
-				return at(err, "["+mapKey(it.Key())+"]")
+			if err := w.check(val); err != nil {
+				return at(err, "["+mapKey(key)+"]")
 			}
 		}
 	case reflect.Slice, reflect.Array:
 		if t.Elem().Kind() == reflect.Uint8 && !t.Elem().Implements(jsonMarshaler) && !t.Elem().Implements(textMarshaler) {
 			return nil // bytes: base64, whole
 		}
-		if t.Kind() == reflect.Slice && (v.IsNil() || w.mark(v)) {
-			return nil
+		if t.Kind() == reflect.Slice {
+			if v.IsNil() || w.mark(v) {
+				return nil
+			}
+			defer w.leave()
 		}
 		for i := range v.Len() {
 			if err := w.check(v.Index(i)); err != nil {
@@ -178,14 +193,19 @@ func (w *walk) check(v reflect.Value) error {
 	return nil
 }
 
-// mark records v, a pointer, map or slice, as walked, and reports whether
-// it was already.
+// mark enters v, a pointer, map or slice, and reports whether it was
+// walked already, deeper than trackAfter. Unless it reports so, leave must
+// follow.
 func (w *walk) mark(v reflect.Value) bool {
+	if w.depth++; w.depth <= trackAfter {
+		return false
+	}
 	k := visit{ptr: v.Pointer(), typ: v.Type()}
 	if v.Kind() == reflect.Slice {
 		k.len = v.Len()
 	}
 	if w.seen[k] {
+		w.depth--
 		return true
 	}
 	if w.seen == nil {
@@ -194,6 +214,9 @@ func (w *walk) mark(v reflect.Value) bool {
 	w.seen[k] = true
 	return false
 }
+
+// leave leaves what mark entered.
+func (w *walk) leave() { w.depth-- }
 
 // promoted reports whether an unexported field of type t is encoded by
 // encoding/json: an embedded struct, or pointer to one, whose exported

@@ -118,6 +118,19 @@ func TestJSONCodec(t *testing.T) {
 	require.NoError(t, err, "fields JSON leaves out are not checked")
 	assert.JSONEq(t, `{"Inner":{"Name":""},"List":[{"Name":"é"}]}`, string(b))
 
+	// Deep is not a cycle: the string at the end of a long list is
+	// checked.
+	type node struct {
+		Name string
+		Next *node
+	}
+	list := &node{Name: "\xff"}
+	for range 300 {
+		list = &node{Name: "ok", Next: list}
+	}
+	_, err = once.JSON{}.Marshal(list)
+	assert.ErrorIs(t, err, once.ErrInvalidUTF8)
+
 	// A cycle is encoding/json's to report, not a reason to loop.
 	cycle := map[string]any{}
 	cycle["self"] = cycle

@@ -71,6 +71,7 @@ type clientConfig struct {
 	retryCodes     map[codes.Code]bool
 	newKey         func() (string, error)
 	onCall         func(ctx context.Context, fullMethod string, r Report, err error)
+	codec          deterministic
 	errs           []error
 }
 
@@ -203,6 +204,13 @@ func WithCallObserver(fn func(ctx context.Context, fullMethod string, r Report, 
 // retries (a retryPolicy in the service config) happen below the
 // interceptor, with the metadata it set, so they carry the key too.
 //
+// Every attempt sends the same bytes, of which the server makes the call's
+// fingerprint: the interceptor marshals the request deterministically with
+// protobuf (grpc.ForceCodecV2 and the content-subtype "proto"), since
+// proto.Marshal writes a map's entries in a random order. A call given its
+// own codec or content-subtype as a call option keeps it; one given by
+// grpc.WithDefaultCallOptions is replaced.
+//
 // It returns an error naming every invalid option.
 func UnaryClientInterceptor(opts ...ClientOption) (grpc.UnaryClientInterceptor, error) {
 	c := &clientConfig{
@@ -212,6 +220,7 @@ func UnaryClientInterceptor(opts ...ClientOption) (grpc.UnaryClientInterceptor, 
 		maxDelay:     5 * time.Second,
 		maxRetryInfo: 30 * time.Second,
 		newKey:       func() (string, error) { return idempotency.NewKey(), nil },
+		codec:        newDeterministic(),
 	}
 	// Unavailable: the connection failed, or the server's store did.
 	// DeadlineExceeded: an attempt ran out of time. Aborted: the key is in
@@ -272,6 +281,14 @@ func (c *clientConfig) call(ctx context.Context, method string, req, reply any, 
 	}
 	var header metadata.MD
 	opts = append(opts[:len(opts):len(opts)], grpc.Header(&header))
+	if !choosesCodec(opts) {
+		// Every attempt sends the same bytes, of which the server makes
+		// the call's fingerprint: marshalled deterministically, since
+		// proto.Marshal writes a map's entries in a random order. The
+		// caller's own codec or content-subtype, given with the call,
+		// comes after these and wins.
+		opts = append([]grpc.CallOption{grpc.ForceCodecV2(c.codec), grpc.CallContentSubtype(c.codec.Name())}, opts...)
+	}
 	for attempt := 0; ; attempt++ {
 		header = nil
 		rep.Attempts = attempt + 1
@@ -346,6 +363,18 @@ func (c *clientConfig) key(ctx context.Context) (string, error) {
 		return "", errors.New("idemgrpc: key: the key function returned an empty key")
 	}
 	return k, nil
+}
+
+// choosesCodec reports whether opts choose the call's codec or
+// content-subtype.
+func choosesCodec(opts []grpc.CallOption) bool {
+	for _, o := range opts {
+		switch o.(type) {
+		case grpc.ForceCodecV2CallOption, grpc.ForceCodecCallOption, grpc.ContentSubtypeCallOption:
+			return true
+		}
+	}
+	return false
 }
 
 func hasKey(ctx context.Context) bool {

@@ -12,23 +12,57 @@
 //	conn, err := grpc.NewClient(target, grpc.WithChainUnaryInterceptor(ci), ...)
 //
 // On the server, with any engine.Store (server/memstore, server/pgstore,
-// server/redisstore):
+// server/redisstore), after the application's own interceptors (its
+// authentication, whose principal names the scope):
 //
-//	s, err := idemgrpc.NewServer(store)
-//	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(s.UnaryServerInterceptor()))
+//	s, err := idemgrpc.NewServer(store, idemgrpc.WithScope(principal))
+//	srv := grpc.NewServer(append([]grpc.ServerOption{grpc.ChainUnaryInterceptor(auth)}, s.ServerOptions()...)...)
 //	...
 //	srv.GracefulStop()
 //	s.Shutdown(ctx)
 //
 // The server interceptor is the gRPC door of package engine, which runs the
 // protocol (claim, wait or refuse in flight, run under a renewed lease with
-// fencing, store or release). A call is identified by its key, in a scope
-// (by default a hash of the authorization metadata), and fingerprinted by
-// the SHA-256 of its full method and its request message marshalled
-// deterministically: the same key with another request is refused. The
-// handler's answer is stored as it was given: a response message
+// fencing, store or release). A call is identified by its key, in a scope,
+// and fingerprinted by the SHA-256 of its full method and of its request's
+// bytes as the client sent them: the same key with another request is
+// refused. The bytes, not the request decoded and encoded again, so that two
+// releases whose schemas differ (a rolling deploy that adds a field) agree
+// on a retry's fingerprint; ServerOptions installs the codec and stats
+// handler through which the interceptor sees them (the interceptor alone
+// fingerprints the request encoded again, and says so once in the log). A
+// client must send the same bytes on every attempt of a call: gRPC's own
+// retries do, and so does the client interceptor, which marshals
+// deterministically (proto.Marshal writes a map's entries in a random
+// order); a Go client that retries by itself must marshal deterministically
+// too. The bytes are kept whole, so no two requests share a fingerprint
+// (proto3 strings that are not UTF-8 are refused by protobuf itself).
+//
+// # The scope
+//
+// By default the scope is a hash of the authorization metadata
+// (CredentialScope), so that two callers' keys never meet. A bearer token
+// (OAuth, JWT) is refreshed as it nears its expiry, so the retry of a call
+// whose answer was lost may carry another token than the call: under the
+// default scope it is another caller's, and runs again. Set WithScope to
+// the principal the application authenticated (an interceptor placed
+// before the Server's puts it in the context); the first call scoped by a
+// bearer token is logged at warn level.
+//
+// # Streams
+//
+// Only unary calls are protected: a streaming call's answer is not one
+// message to store and replay. A streaming call that carries a key, on a
+// protected method, is refused (Unimplemented, STREAMING_UNSUPPORTED) by
+// the stream interceptor of ServerOptions and does not run, so that no
+// client believes it protected; WithStreamsUnprotected runs it unprotected
+// instead, and logs the first. Streaming calls without a key go through.
+//
+// The handler's answer is stored as it was given: a response message
 // (proto.Marshal) with the header and trailer metadata it set, or an error
-// (its google.rpc.Status, with code, message and details), unless its code
+// (its google.rpc.Status, with code, message and details; a message that
+// is not UTF-8, which protobuf refuses to marshal, is kept as it is, and
+// gRPC delivers it alike the first time and on a replay), unless its code
 // means "retry": Unavailable, Internal, Unknown, ResourceExhausted,
 // Aborted, DeadlineExceeded and Canceled release the key, so that the retry
 // runs the handler again (WithReleaseCodes changes the list). A replay
@@ -50,7 +84,9 @@
 //	  not printable ASCII, two values,
 //	  refused by WithKeyFormat)
 //	request unidentified (not a        InvalidArgument     REQUEST_UNIDENTIFIED  no
-//	  message, scope function failed)
+//	  message, scope function failed
+//	  or too long)
+//	streaming call with a key          Unimplemented       STREAMING_UNSUPPORTED no
 //	in flight (another attempt runs)   Aborted             IN_FLIGHT             yes, after RetryInfo /
 //	                                                                              retry-after trailer
 //	key reused for another request     FailedPrecondition  KEY_MISMATCH          no
@@ -68,6 +104,11 @@
 // someone must check; unlike Aborted (which the interceptor and most retry
 // policies retry) no client retries DataLoss, and it stands out in
 // monitoring.
+//
+// Every call of a protected method is told to the observer (WithObserver),
+// those refused before any claim included: EventRejected, with the code as
+// its Status; a call run without protection (WithKeyOptional without a key,
+// WithStreamsUnprotected) is EventUnprotected.
 //
 // A handler's panic releases the key and goes on, to a recovery
 // interceptor placed outside this one, or to gRPC. When the store is slow

@@ -9,7 +9,6 @@ import (
 	"sync"
 	"time"
 
-	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -118,7 +117,7 @@ func (d *door) Execute(ctx context.Context) engine.Outcome {
 			}
 			return o
 		}
-		body, merr := proto.Marshal(st.Proto())
+		body, merr := marshalStatus(st.Proto())
 		if merr != nil {
 			return engine.Outcome{Status: int(code), Reason: "the handler's status could not be marshalled: " + merr.Error()}
 		}
@@ -161,12 +160,12 @@ func (d *door) Replay(r *engine.Response) int {
 		return int(code)
 	}
 	if code != codes.OK {
-		var sp spb.Status
-		if err := proto.Unmarshal(r.Body, &sp); err != nil {
+		sp, err := unmarshalStatus(r.Body)
+		if err != nil {
 			d.resp, d.err = nil, status.Errorf(codes.Internal, "idemgrpc: stored status of %s unreadable: %v", d.method, err)
 			return int(codes.Internal)
 		}
-		d.resp, d.err = nil, status.FromProto(&sp).Err()
+		d.resp, d.err = nil, status.FromProto(sp).Err()
 		return int(code)
 	}
 	if r.BodyOmitted {
@@ -216,7 +215,7 @@ func (d *door) Refuse(kind error, retryAfter time.Duration, _ error) int {
 func (d *door) OutcomeUnknown() *engine.Response {
 	err := outcomeUnknownError()
 	d.out, d.outErr = nil, err
-	body, _ := proto.Marshal(status.Convert(err).Proto())
+	body, _ := marshalStatus(status.Convert(err).Proto())
 	return &engine.Response{
 		Status: int(codes.DataLoss),
 		Header: map[string][]string{engine.HeaderOutcome: {"unknown"}},

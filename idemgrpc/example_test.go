@@ -2,13 +2,16 @@ package idemgrpc_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	"github.com/idemkit/idempotency/idemgrpc"
 	"github.com/idemkit/idempotency/server/memstore"
@@ -25,20 +28,44 @@ func (o *orders) UnaryCall(_ context.Context, req *testgrpc.SimpleRequest) (*tes
 	return &testgrpc.SimpleResponse{Username: fmt.Sprintf("order %s, run %d", req.GetPayload().GetBody(), o.runs)}, nil
 }
 
-// A server protected by the server interceptor, and a client whose calls
+type principalKey struct{}
+
+// authenticate stands for the application's authentication: it finds the
+// account of the call's bearer token, and puts it in the context.
+func authenticate(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	accounts := map[string]string{"Bearer token-1": "acct_7", "Bearer token-2": "acct_7"}
+	auth := md.Get("authorization")
+	if len(auth) != 1 || accounts[auth[0]] == "" {
+		return nil, status.Error(codes.Unauthenticated, "unknown token")
+	}
+	return handler(context.WithValue(ctx, principalKey{}, accounts[auth[0]]), req)
+}
+
+// A server protected by the idempotency Server, and a client whose calls
 // carry a key: the second call with the same key gets the first answer,
-// replayed, and the handler ran once.
+// replayed, and the handler ran once. Keys belong to the account that the
+// application authenticated (WithScope), so a retry whose token was
+// refreshed in between is still the same caller's.
 func Example() {
 	store, err := memstore.New()
 	if err != nil {
 		panic(err)
 	}
 	defer store.Close()
-	guard, err := idemgrpc.NewServer(store)
+	guard, err := idemgrpc.NewServer(store, idemgrpc.WithScope(func(ctx context.Context, _ string) (string, error) {
+		account, ok := ctx.Value(principalKey{}).(string)
+		if !ok {
+			return "", errors.New("unauthenticated")
+		}
+		return account, nil
+	}))
 	if err != nil {
 		panic(err)
 	}
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(guard.UnaryServerInterceptor()))
+	// The authentication first: gRPC chains interceptors in the order of
+	// its options.
+	srv := grpc.NewServer(append([]grpc.ServerOption{grpc.ChainUnaryInterceptor(authenticate)}, guard.ServerOptions()...)...)
 	svc := &orders{}
 	testgrpc.RegisterTestServiceServer(srv, svc)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -68,7 +95,8 @@ func Example() {
 	// interceptor keeps a key the caller chose.
 	ctx := context.Background()
 	ctx = metadata.AppendToOutgoingContext(ctx, idemgrpc.MetadataKey, "order-42")
-	for range 2 {
+	for _, token := range []string{"token-1", "token-2"} {
+		ctx := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
 		var rep idemgrpc.Report
 		resp, err := client.UnaryCall(ctx, &testgrpc.SimpleRequest{Payload: &testgrpc.Payload{Body: []byte("42")}}, idemgrpc.WithReport(&rep))
 		if err != nil {

@@ -111,10 +111,27 @@ func (s *service) UnaryCall(ctx context.Context, req *testgrpc.SimpleRequest) (*
 	grpc.SetHeader(ctx, metadata.Pairs("x-run", strconv.Itoa(n)))
 	grpc.SetTrailer(ctx, metadata.Pairs("x-trailer", "t"))
 	if st := req.GetResponseStatus(); st != nil && st.GetCode() != 0 {
-		return nil, status.Error(codes.Code(st.GetCode()), st.GetMessage())
+		msg := st.GetMessage()
+		if msg == latin1 {
+			// What a request (proto3) cannot carry: a message that is
+			// not UTF-8.
+			msg = "caf\xe9 " + string(req.GetPayload().GetBody())
+		}
+		return nil, status.Error(codes.Code(st.GetCode()), msg)
 	}
 	return &testgrpc.SimpleResponse{Payload: req.GetPayload(), Username: strconv.Itoa(n)}, nil
 }
+
+// StreamingOutputCall counts an execution of "stream:" and its payload's
+// id, and answers it once.
+func (s *service) StreamingOutputCall(req *testgrpc.StreamingOutputCallRequest, stream grpc.ServerStreamingServer[testgrpc.StreamingOutputCallResponse]) error {
+	s.eff.add("stream:" + string(req.GetPayload().GetBody()))
+	return stream.Send(&testgrpc.StreamingOutputCallResponse{Payload: req.GetPayload()})
+}
+
+// latin1, as the message of a request's ResponseStatus, makes UnaryCall
+// fail with a message that is not UTF-8: "caf\xe9 " and the payload's id.
+const latin1 = "latin-1"
 
 // fixture is a gRPC server on loopback, behind a lossProxy, and a client
 // connection to it.
@@ -157,11 +174,10 @@ func newFixture(t testing.TB, o fixtureOptions) *fixture {
 		if err != nil {
 			t.Fatal(err)
 		}
-		chain := []grpc.UnaryServerInterceptor{f.guard.UnaryServerInterceptor()}
 		if o.outer != nil {
-			chain = append([]grpc.UnaryServerInterceptor{o.outer}, chain...)
+			sopts = append(sopts, grpc.ChainUnaryInterceptor(o.outer))
 		}
-		sopts = append(sopts, grpc.ChainUnaryInterceptor(chain...))
+		sopts = append(sopts, f.guard.ServerOptions()...)
 	}
 	srv := grpc.NewServer(sopts...)
 	testgrpc.RegisterTestServiceServer(srv, f.svc)

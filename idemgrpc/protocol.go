@@ -28,14 +28,15 @@ const ErrorDomain = "idempotency.idemkit.github.com"
 
 // Reasons, in the ErrorInfo detail of the server's own answers.
 const (
-	ReasonKeyMissing       = "KEY_MISSING"          // InvalidArgument
-	ReasonKeyInvalid       = "KEY_INVALID"          // InvalidArgument
-	ReasonUnidentified     = "REQUEST_UNIDENTIFIED" // InvalidArgument
-	ReasonInFlight         = "IN_FLIGHT"            // Aborted, with RetryInfo
-	ReasonKeyMismatch      = "KEY_MISMATCH"         // FailedPrecondition
-	ReasonStoreUnavailable = "STORE_UNAVAILABLE"    // Unavailable, with RetryInfo
-	ReasonOutcomeUnknown   = "OUTCOME_UNKNOWN"      // DataLoss
-	ReasonResponseOmitted  = "RESPONSE_OMITTED"     // DataLoss
+	ReasonKeyMissing       = "KEY_MISSING"           // InvalidArgument
+	ReasonKeyInvalid       = "KEY_INVALID"           // InvalidArgument
+	ReasonUnidentified     = "REQUEST_UNIDENTIFIED"  // InvalidArgument
+	ReasonInFlight         = "IN_FLIGHT"             // Aborted, with RetryInfo
+	ReasonKeyMismatch      = "KEY_MISMATCH"          // FailedPrecondition
+	ReasonStoreUnavailable = "STORE_UNAVAILABLE"     // Unavailable, with RetryInfo
+	ReasonOutcomeUnknown   = "OUTCOME_UNKNOWN"       // DataLoss
+	ReasonResponseOmitted  = "RESPONSE_OMITTED"      // DataLoss
+	ReasonStreaming        = "STREAMING_UNSUPPORTED" // Unimplemented
 )
 
 // Reason returns the Reason of the idempotency ErrorInfo detail of err, a

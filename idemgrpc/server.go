@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -35,9 +36,11 @@ type serverConfig struct {
 	protect     func(fullMethod string) bool
 	optional    bool
 	scope       func(ctx context.Context, fullMethod string) (string, error)
+	scopeSet    bool // WithScope was given
 	keyFormat   func(key string) error
 	types       map[string]protoreflect.MessageType
 	releaseCode map[codes.Code]bool
+	streams     bool // WithStreamsUnprotected
 	errs        []error
 }
 
@@ -94,7 +97,9 @@ func WithLogger(l *slog.Logger) ServerOption {
 }
 
 // WithObserver sets a function that receives an engine.Event for every
-// protected call (executed, replayed, refused, ...), as the HTTP
+// call of a protected method (executed, replayed, refused, ...), those
+// refused before any claim included (EventRejected: a key missing or
+// malformed, a scope unusable, a streaming call with a key), as the HTTP
 // middleware's observers do; its Status is the gRPC code. For
 // OpenTelemetry, give it idemotel.ServerObserver(idemotel.WithGRPCStatus()),
 // which reads Status as a gRPC code (without that option it reads an HTTP
@@ -152,14 +157,22 @@ func WithKeyFormat(fn func(key string) error) ServerOption {
 // WithScope sets the function that names the caller a key belongs to, so
 // that two callers' keys never meet. By default it is a hash of the
 // authorization metadata ("" without it), as server.CredentialScope is of
-// the HTTP credentials. An error from fn is answered InvalidArgument.
+// the HTTP credentials. An error from fn, or a scope longer than
+// engine.MaxScopeLen, is answered InvalidArgument.
+//
+// Set it to the principal the application authenticated (an account ID that
+// an interceptor placed before the Server's puts in the context) whenever
+// callers send bearer tokens: a token refreshed between a call whose answer
+// was lost and its retry puts the retry, under the default scope, in
+// another caller's scope, where it runs again. The first call whose default
+// scope comes from a bearer token is logged at warn level.
 func WithScope(fn func(ctx context.Context, fullMethod string) (string, error)) ServerOption {
 	return func(c *serverConfig) {
 		if fn == nil {
 			c.refuse("nil scope function")
 			return
 		}
-		c.scope = fn
+		c.scope, c.scopeSet = fn, true
 	}
 }
 
@@ -199,15 +212,21 @@ func WithReleaseCodes(cs ...codes.Code) ServerOption {
 // Server protects the unary methods of a gRPC server with idempotency keys:
 // a call with a key the store has seen gets the answer stored by the first,
 // and the handler runs at most once per key while the record lives. It is
-// the gRPC door of package engine, which runs the protocol. Install its
-// interceptor with grpc.ChainUnaryInterceptor(s.UnaryServerInterceptor()),
-// and call Shutdown after the gRPC server's GracefulStop. It is safe for
-// concurrent use.
+// the gRPC door of package engine, which runs the protocol. Install it
+// with grpc.NewServer(s.ServerOptions()...), after the application's own
+// options, and call Shutdown after the gRPC server's GracefulStop. It is
+// safe for concurrent use.
 type Server struct {
-	eng *engine.Engine
-	cfg *serverConfig
+	eng  *engine.Engine
+	cfg  *serverConfig
+	wire *wire // the codec and stats handler that see the requests' bytes
 
 	learned sync.Map // full method -> protoreflect.MessageType, from the answers the handlers gave
+
+	// What is logged once per Server.
+	bearerScope   atomic.Bool
+	bytesUnseen   atomic.Bool
+	streamsWarned atomic.Bool
 }
 
 // NewServer returns a Server that keeps its records in store. It returns an
@@ -237,7 +256,7 @@ func NewServer(store engine.Store, opts ...ServerOption) (*Server, error) {
 	if len(c.errs) > 0 {
 		return nil, errors.Join(c.errs...)
 	}
-	return &Server{eng: eng, cfg: c}, nil
+	return &Server{eng: eng, cfg: c, wire: newWire()}, nil
 }
 
 // Shutdown waits until the answers that were sent before they could be
@@ -249,13 +268,50 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	return nil
 }
 
+// ServerOptions returns the options that install s in a grpc.Server: its
+// unary and stream interceptors, and the codec (grpc.ForceServerCodecV2,
+// protobuf's) and stats handler through which it sees each request's bytes
+// as the client sent them, of which a call's fingerprint is made:
+//
+//	srv := grpc.NewServer(append(yourOptions, guard.ServerOptions()...)...)
+//
+// gRPC chains interceptors in the order of its options, so the
+// interceptors of options given before these run first: put an
+// authentication interceptor, whose principal WithScope reads, before
+// them. The codec replaces any other codec of the server: requests are
+// protocol buffers, and answers are encoded by the codec registered as
+// "proto".
+func (s *Server) ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.ChainUnaryInterceptor(s.intercept),
+		grpc.ChainStreamInterceptor(s.interceptStream),
+		grpc.ForceServerCodecV2(s.wire),
+		grpc.StatsHandler(s.wire),
+	}
+}
+
 // UnaryServerInterceptor returns the interceptor that protects the unary
-// calls.
+// calls, for a server that chains its interceptors itself; ServerOptions
+// gives it with the rest. Without the codec and stats handler of
+// ServerOptions, it does not see the requests' bytes, and fingerprints a
+// request encoded again with the server's schema (see Fingerprint): two
+// releases whose schemas differ can then refuse each other's retries, which
+// is logged once.
 func (s *Server) UnaryServerInterceptor() grpc.UnaryServerInterceptor { return s.intercept }
+
+// StreamServerInterceptor returns the interceptor of the streaming calls,
+// for a server that chains its interceptors itself (ServerOptions gives it
+// with the rest). A streaming call cannot be protected (its answer is not one
+// message to store and replay), so it refuses one that carries an
+// idempotency key, on a protected method, with Unimplemented and the reason
+// STREAMING_UNSUPPORTED, rather than let the caller believe it protected; it
+// does not run. WithStreamsUnprotected runs it instead. A streaming call
+// without a key goes through.
+func (s *Server) StreamServerInterceptor() grpc.StreamServerInterceptor { return s.interceptStream }
 
 // CredentialScope is the default scope: a hash of the values of the
 // authorization metadata, "cred:" and 32 hex digits, or "" for a call
-// without it.
+// without it. A refreshed token is another scope: see WithScope.
 func CredentialScope(ctx context.Context, _ string) (string, error) {
 	md, _ := metadata.FromIncomingContext(ctx)
 	values := md.Get("authorization")
@@ -276,18 +332,29 @@ func appendString(b []byte, s string) []byte {
 	return append(b, s...)
 }
 
-// Fingerprint returns the fingerprint of a call: the SHA-256, in hex, of its
-// full method and of req marshalled deterministically. A key sent again with
-// another fingerprint is refused (FailedPrecondition, KEY_MISMATCH).
+// Fingerprint returns the fingerprint of a call from its decoded request:
+// the SHA-256, in hex, of its full method and of req marshalled
+// deterministically. The server interceptor uses it when it did not see the
+// request's bytes (it was installed without the codec and stats handler of
+// ServerOptions); otherwise a call's fingerprint is the same hash of the
+// bytes as the client sent them, which is the same value whenever the
+// client's encoding is the deterministic one of the server's schema. A key
+// sent again with another fingerprint is refused (FailedPrecondition,
+// KEY_MISMATCH).
 func Fingerprint(fullMethod string, req proto.Message) (string, error) {
 	body, err := proto.MarshalOptions{Deterministic: true}.Marshal(req)
 	if err != nil {
 		return "", fmt.Errorf("idemgrpc: fingerprint: %w", err)
 	}
+	return fingerprint(fullMethod, body), nil
+}
+
+// fingerprint is the SHA-256, in hex, of fullMethod and body.
+func fingerprint(fullMethod string, body []byte) string {
 	h := sha256.New()
 	h.Write(appendString(nil, fullMethod))
 	h.Write(body)
-	return hex.EncodeToString(h.Sum(nil)), nil
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 func checkKey(key string) error {
@@ -306,18 +373,27 @@ func checkKey(key string) error {
 }
 
 func (s *Server) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	// Taken first, whatever becomes of the call: they are not kept past
+	// the interceptor.
+	body, seen := takeRequestBytes(ctx)
 	if !s.cfg.protect(info.FullMethod) {
 		return handler(ctx, req)
+	}
+	var start time.Time
+	if s.cfg.eng.Observer != nil {
+		start = time.Now()
 	}
 	md, _ := metadata.FromIncomingContext(ctx)
 	keys := md.Get(MetadataKey)
 	switch {
 	case len(keys) == 0 && s.cfg.optional:
-		return handler(ctx, req)
+		resp, err := handler(ctx, req)
+		s.eng.Observe(ctx, engine.Event{Kind: engine.EventUnprotected, Status: int(status.Code(err)), Start: start})
+		return resp, err
 	case len(keys) == 0:
-		return nil, refusal(codes.InvalidArgument, ReasonKeyMissing, "idempotency key missing: send it in the "+MetadataKey+" metadata", 0)
+		return nil, s.reject(ctx, start, "", codes.InvalidArgument, ReasonKeyMissing, "idempotency key missing: send it in the "+MetadataKey+" metadata")
 	case len(keys) > 1:
-		return nil, refusal(codes.InvalidArgument, ReasonKeyInvalid, "idempotency key invalid: "+strconv.Itoa(len(keys))+" values", 0)
+		return nil, s.reject(ctx, start, "", codes.InvalidArgument, ReasonKeyInvalid, "idempotency key invalid: "+strconv.Itoa(len(keys))+" values")
 	}
 	key := keys[0]
 	err := checkKey(key)
@@ -325,24 +401,39 @@ func (s *Server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 		err = s.cfg.keyFormat(key)
 	}
 	if err != nil {
-		return nil, refusal(codes.InvalidArgument, ReasonKeyInvalid, "idempotency key invalid: "+err.Error(), 0)
+		return nil, s.reject(ctx, start, "", codes.InvalidArgument, ReasonKeyInvalid, "idempotency key invalid: "+err.Error())
 	}
-	msg, ok := req.(proto.Message)
-	if !ok {
-		return nil, refusal(codes.InvalidArgument, ReasonUnidentified, fmt.Sprintf("request could not be identified: %T is not a protocol buffer message", req), 0)
-	}
-	fp, err := Fingerprint(info.FullMethod, msg)
-	if err != nil {
-		return nil, refusal(codes.InvalidArgument, ReasonUnidentified, "request could not be identified: "+err.Error(), 0)
+	var fp string
+	if seen {
+		// What the client sent, whatever this server's schema.
+		fp = fingerprint(info.FullMethod, body)
+	} else {
+		msg, ok := req.(proto.Message)
+		if !ok {
+			return nil, s.reject(ctx, start, key, codes.InvalidArgument, ReasonUnidentified, fmt.Sprintf("request could not be identified: %T is not a protocol buffer message", req))
+		}
+		if fp, err = Fingerprint(info.FullMethod, msg); err != nil {
+			return nil, s.reject(ctx, start, key, codes.InvalidArgument, ReasonUnidentified, "request could not be identified: "+err.Error())
+		}
+		if !s.bytesUnseen.Load() && !s.bytesUnseen.Swap(true) {
+			s.eng.Logger().LogAttrs(ctx, slog.LevelWarn,
+				"idemgrpc: the request's bytes were not seen, so its fingerprint is made of the request encoded again with this server's schema, which a release that adds a field changes; install the Server with its ServerOptions",
+				slog.String("method", info.FullMethod))
+		}
 	}
 	scope, err := s.cfg.scope(ctx, info.FullMethod)
 	if err != nil {
-		return nil, refusal(codes.InvalidArgument, ReasonUnidentified, "request could not be identified: scope: "+err.Error(), 0)
+		return nil, s.reject(ctx, start, key, codes.InvalidArgument, ReasonUnidentified, "request could not be identified: scope: "+err.Error())
 	}
 	if len(scope) > engine.MaxScopeLen {
 		// A store could not keep it: refused, not answered as an outage
 		// to retry forever.
-		return nil, refusal(codes.InvalidArgument, ReasonUnidentified, fmt.Sprintf("request could not be identified: scope of %d bytes, more than %d", len(scope), engine.MaxScopeLen), 0)
+		return nil, s.reject(ctx, start, key, codes.InvalidArgument, ReasonUnidentified, fmt.Sprintf("request could not be identified: scope of %d bytes, more than %d", len(scope), engine.MaxScopeLen))
+	}
+	if scope != "" && !s.cfg.scopeSet && !s.bearerScope.Load() && bearer(md) && !s.bearerScope.Swap(true) {
+		s.eng.Logger().LogAttrs(ctx, slog.LevelWarn,
+			"idemgrpc: call scoped by a bearer token: a retry whose token was refreshed falls in another scope, and runs again; set WithScope to the authenticated principal",
+			slog.String("method", info.FullMethod))
 	}
 	d := &door{s: s, method: info.FullMethod, req: req, handler: handler}
 	d.err = status.Error(codes.Canceled, "idemgrpc: the caller went away before the call ran")
@@ -351,9 +442,29 @@ func (s *Server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 		d.stream = captureStream{ServerTransportStream: ts, d: d}
 		d.ctx = grpc.NewContextWithServerTransportStream(ctx, &d.stream)
 	}
-	d.call.Start = time.Now()
+	d.call.Start = start
 	s.eng.Do(d.ctx, &d.call, engine.ID{Scope: scope, Key: key}, fp, d)
 	return d.resp, d.err
+}
+
+// reject refuses a call before any claim, with code and reason, and tells
+// the observer (EventRejected). key is the call's key once it is known to
+// be valid, "" before.
+func (s *Server) reject(ctx context.Context, start time.Time, key string, code codes.Code, reason, msg string) error {
+	err := refusal(code, reason, msg, 0)
+	s.eng.Observe(ctx, engine.Event{Kind: engine.EventRejected, Key: key, Status: int(code), Start: start, Err: err})
+	return err
+}
+
+// bearer reports whether md's authorization metadata holds a bearer token
+// (what gRPC's OAuth and JWT credentials send).
+func bearer(md metadata.MD) bool {
+	for _, v := range md.Get("authorization") {
+		if len(v) > len("Bearer ") && strings.EqualFold(v[:len("Bearer ")], "Bearer ") {
+			return true
+		}
+	}
+	return false
 }
 
 // refusal is an answer the interceptor makes itself, with the idempotency

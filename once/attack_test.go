@@ -477,9 +477,10 @@ func (s notStorable) Complete(ctx context.Context, id engine.ID, token engine.To
 }
 
 // TestAttackHugeResult: a result the store will not keep is recorded
-// without it: fn does not run again, and later calls get ErrResultOmitted,
-// on a store that refuses it (ErrNotStorable) and on a memstore whose byte
-// bound it exceeds.
+// without it: fn does not run again, and later calls get ErrResultOmitted
+// (or, for a permanent error, a StoredError without its message), on a
+// store that refuses it (ErrNotStorable) and on a memstore whose byte bound
+// it exceeds.
 func TestAttackHugeResult(t *testing.T) {
 	huge := strings.Repeat("x", 1<<16)
 	for name, store := range map[string]engine.Store{
@@ -502,7 +503,8 @@ func TestAttackHugeResult(t *testing.T) {
 			_, err = once.Do(context.Background(), r, id("huge-2"), nil, func(context.Context) (string, error) { runs++; return "", errHuge })
 			assert.ErrorIs(t, err, once.ErrPermanent)
 			_, err = once.Do(context.Background(), r, id("huge-2"), nil, fn)
-			assert.ErrorIs(t, err, once.ErrResultOmitted)
+			assert.ErrorIs(t, err, once.ErrPermanent, "the stored status says the call failed for good")
+			assert.NotErrorIs(t, err, once.ErrResultOmitted)
 			assert.Equal(t, 2, runs)
 		})
 	}

@@ -30,9 +30,13 @@ func Example() {
 		charges++
 		return fmt.Sprintf("receipt-%d", charges), nil
 	}
-	msg := struct{ ID, Body string }{"msg-42", `{"amount":1200}`}
+	msg := struct{ ID, Account, Body string }{"msg-42", "acct_7", `{"amount":1200}`}
+	// The scope names whose key it is: here the account the charge is
+	// for, as the application authenticated it, never a credential such
+	// as a bearer token, which a retry may carry refreshed.
+	id := engine.ID{Scope: "payments/" + msg.Account, Key: msg.ID}
 	for delivery := 1; delivery <= 2; delivery++ {
-		res, err := once.DoResult(context.Background(), r, engine.ID{Scope: "payments", Key: msg.ID}, msg.Body, charge)
+		res, err := once.DoResult(context.Background(), r, id, msg.Body, charge)
 		if err != nil {
 			panic(err)
 		}
@@ -41,7 +45,7 @@ func Example() {
 	fmt.Println("charges:", charges)
 
 	// The same key with another body is refused.
-	_, err = once.Do(context.Background(), r, engine.ID{Scope: "payments", Key: msg.ID}, `{"amount":9900}`, charge)
+	_, err = once.Do(context.Background(), r, id, `{"amount":9900}`, charge)
 	fmt.Println(errors.Is(err, engine.ErrKeyMismatch))
 	// Output:
 	// delivery 1: receipt-1 (replayed: false)

@@ -23,7 +23,11 @@
 //     and the same input gets the stored value decoded, without running fn.
 //   - The input is fingerprinted (encoded with the Codec, then SHA-256): a
 //     later call with the key and another input gets an error wrapping
-//     engine.ErrKeyMismatch, and fn does not run.
+//     engine.ErrKeyMismatch, and fn does not run. The default Codec, JSON,
+//     refuses an input or a result holding a string that is not valid UTF-8
+//     (ErrInvalidUTF8), which encoding/json would change: such an input is
+//     refused before anything is claimed, and such a result is recorded
+//     without its value (ErrResultOmitted), never replayed changed.
 //   - While fn runs elsewhere with the key, a call waits up to WithWait for
 //     its result, then gets an error wrapping engine.ErrInFlight.
 //   - When the store fails, a call gets an error wrapping
@@ -34,7 +38,20 @@
 //     engine.ErrOutcomeUnknown, recorded for every later call, and fn does
 //     not run.
 //
-// Every refusal is an [*Error]; its RetryAfter says when to try again.
+// Every refusal is an [*Error]; its RetryAfter says when to try again. A
+// call whose key is empty or too long, whose scope is too long, or whose
+// input cannot be encoded is refused before anything is claimed, with an
+// error wrapping ErrInvalidKey or the Codec's error; the observer is told
+// of it (engine.EventRejected, StatusInvalid), as of every other call.
+//
+// # The scope
+//
+// id.Scope names whose key it is, so that two owners' keys never meet: the
+// account or tenant the work is for, or the consumer whose effect it is
+// (examples/jetstream/consume uses the stream and the durable consumer).
+// Take it from the authenticated principal, never from a credential: a
+// bearer token refreshed between a call that was lost and its retry would
+// put the retry in another scope, where fn runs again.
 //
 // # Errors of fn
 //
@@ -44,11 +61,13 @@
 // dependency). An error wrapped with [Permanent] (or one that WithStoreError
 // says to store) is stored instead, like a 4xx: every later call with the
 // key gets a [*StoredError] with its message, and fn does not run again.
-// Both match errors.Is(err, ErrPermanent). The caller that ran fn gets fn's
-// error itself, unchanged, either way, unless fn's context ended first: a
-// caller that went away gets its context's error, and one whose lease was
-// lost an [*Error] wrapping engine.ErrStoreUnavailable (fn ran, but gave up,
-// and the key was released), so that it calls again.
+// Both match errors.Is(err, ErrPermanent), even when the store kept the
+// error's status but not its message (too large: StoredError.Omitted). The
+// caller that ran fn gets fn's error itself, unchanged, either way, unless
+// fn's context ended first: a caller that went away gets its context's
+// error, and one whose lease was lost an [*Error] wrapping
+// engine.ErrStoreUnavailable (fn ran, but gave up, and the key was
+// released), so that it calls again.
 //
 // A panic in fn releases the key and goes on to the caller.
 package once
@@ -92,6 +111,10 @@ const (
 	// StatusOutcomeUnknown: the "outcome unknown" record
 	// (engine.RefuseAbandoned).
 	StatusOutcomeUnknown = 409
+	// StatusInvalid: a call refused before any claim (EventRejected): its
+	// key or scope is invalid, its input cannot be encoded, or it has no
+	// function.
+	StatusInvalid = 400
 )
 
 // ErrInvalidKey is what a call whose key is empty or longer than MaxKeyLen,
@@ -104,8 +127,10 @@ var ErrInvalidKey = errors.New("idempotency key invalid")
 var ErrPermanent = errors.New("permanent error")
 
 // ErrResultOmitted is what a later call gets, wrapped, when fn ran but its
-// result was not stored: it could not be encoded, or the store refused it
-// (too large, engine.ErrNotStorable). fn is not run again.
+// value was not stored: it could not be encoded, or the store refused it
+// (too large, engine.ErrNotStorable). fn is not run again. A permanent
+// error whose message was not stored is a [*StoredError] with Omitted set,
+// which matches ErrPermanent and not ErrResultOmitted: the call failed.
 var ErrResultOmitted = errors.New("the function ran, but its result was not stored")
 
 // Runner runs functions once per key against one Store. Create one with
@@ -181,24 +206,26 @@ func Do[T any](ctx context.Context, r *Runner, id engine.ID, input any, fn func(
 // DoResult is Do that also reports whether the value was replayed.
 func DoResult[T any](ctx context.Context, r *Runner, id engine.ID, input any, fn func(context.Context) (T, error)) (Result[T], error) {
 	var zero Result[T]
-	if fn == nil {
-		return zero, errors.New("once: Do needs a function")
+	var start time.Time
+	if r.observed {
+		start = time.Now()
 	}
 	if id.Key == "" || len(id.Key) > MaxKeyLen {
-		return zero, fmt.Errorf("once: key of %d bytes: %w (1 to %d bytes)", len(id.Key), ErrInvalidKey, MaxKeyLen)
+		return zero, r.reject(ctx, start, engine.ID{}, fmt.Errorf("once: key of %d bytes: %w (1 to %d bytes)", len(id.Key), ErrInvalidKey, MaxKeyLen))
 	}
 	if len(id.Scope) > MaxScopeLen {
-		return zero, fmt.Errorf("once: scope of %d bytes: %w (at most %d bytes)", len(id.Scope), ErrInvalidKey, MaxScopeLen)
+		return zero, r.reject(ctx, start, engine.ID{Key: id.Key}, fmt.Errorf("once: scope of %d bytes: %w (at most %d bytes)", len(id.Scope), ErrInvalidKey, MaxScopeLen))
+	}
+	if fn == nil {
+		return zero, r.reject(ctx, start, id, errors.New("once: Do needs a function"))
 	}
 	encoded, err := r.codec.Marshal(input)
 	if err != nil {
-		return zero, fmt.Errorf("once: input cannot be encoded for its fingerprint: %w", err)
+		return zero, r.reject(ctx, start, id, fmt.Errorf("once: input cannot be encoded for its fingerprint: %w", err))
 	}
 	sum := sha256.Sum256(append([]byte("once\n"), encoded...))
 	d := &door[T]{r: r, ctx: ctx, fn: fn}
-	if r.observed {
-		d.call.Start = time.Now()
-	}
+	d.call.Start = start
 	r.engine.Do(ctx, &d.call, id, string(sum[:]), d)
 	if !d.answered {
 		// The caller went away before fn ran: nothing ran, and nothing
@@ -209,6 +236,14 @@ func DoResult[T any](ctx context.Context, r *Runner, id engine.ID, input any, fn
 		return zero, errors.New("once: call not answered")
 	}
 	return Result[T]{Value: d.value, Replayed: d.replayed}, d.err
+}
+
+// reject tells the observer of a call refused before any claim, and returns
+// err, what the caller gets. id names what is known to be valid of the
+// call's ID: nothing of an invalid key or scope.
+func (r *Runner) reject(ctx context.Context, start time.Time, id engine.ID, err error) error {
+	r.engine.Observe(ctx, engine.Event{Kind: engine.EventRejected, Scope: id.Scope, Key: id.Key, Status: StatusInvalid, Start: start, Err: err})
+	return err
 }
 
 // door is one call of Do, as the engine sees it.
@@ -229,10 +264,13 @@ func (d *door[T]) Replay(resp *engine.Response) int {
 	switch {
 	case resp.OutcomeUnknown():
 		d.err = &Error{Kind: engine.ErrOutcomeUnknown}
+	case resp.Status == StatusError:
+		// Decided by the status before the body: a permanent error
+		// whose message the store dropped failed for good all the
+		// same.
+		d.err = &StoredError{Message: string(resp.Body), Omitted: resp.BodyOmitted}
 	case resp.BodyOmitted:
 		d.err = fmt.Errorf("once: %w", ErrResultOmitted)
-	case resp.Status == StatusError:
-		d.err = &StoredError{Message: string(resp.Body)}
 	case resp.Status == StatusValue:
 		if err := d.r.codec.Unmarshal(resp.Body, &d.value); err != nil {
 			d.err = fmt.Errorf("once: stored result cannot be decoded: %w", err)

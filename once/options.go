@@ -1,7 +1,6 @@
 package once
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -96,8 +95,9 @@ func WithAbandoned(p engine.AbandonedPolicy) Option {
 
 // WithObserver sets a function told of every call and lease renewal, as
 // the HTTP middleware's observer is (engine.Event; its Status is one of
-// this package's Status constants). A panic in it is recovered, and logged
-// the first time only.
+// this package's Status constants), a call refused before any claim
+// included (engine.EventRejected, StatusInvalid). A panic in it is
+// recovered, and logged the first time only.
 func WithObserver(fn engine.Observer) Option {
 	return func(c *config) {
 		if fn == nil {
@@ -121,7 +121,8 @@ func WithLogger(l *slog.Logger) Option {
 }
 
 // WithCodec sets how inputs are encoded for their fingerprint and results
-// for the store, JSON by default. Results must round-trip through it.
+// for the store, JSON by default. It must be deterministic and lossless
+// (see Codec): results must round-trip through it.
 func WithCodec(codec Codec) Option {
 	return func(c *config) {
 		if codec == nil {
@@ -149,24 +150,6 @@ func WithStoreError(fn func(error) bool) Option {
 		c.storeErr = fn
 	}
 }
-
-// Codec encodes inputs, for their fingerprint, and results, for the store.
-// Marshal must be deterministic: the same input, encoded twice, must give
-// the same bytes.
-type Codec interface {
-	Marshal(v any) ([]byte, error)
-	Unmarshal(data []byte, v any) error
-}
-
-// JSON is the default Codec: encoding/json. Maps are encoded with their
-// keys sorted, so its encoding is deterministic.
-type JSON struct{}
-
-// Marshal encodes v with json.Marshal.
-func (JSON) Marshal(v any) ([]byte, error) { return json.Marshal(v) }
-
-// Unmarshal decodes data into v with json.Unmarshal.
-func (JSON) Unmarshal(data []byte, v any) error { return json.Unmarshal(data, v) }
 
 // Error is a refusal: the call was answered without running fn (or what ran
 // was undone). It wraps Kind, one of engine.ErrInFlight,
@@ -198,13 +181,21 @@ func (e *Error) Unwrap() []error {
 }
 
 // StoredError is a permanent error of fn, replayed from the store to a later
-// call with the key: it has the original's message, and matches
-// ErrPermanent.
+// call with the key: it has the original's message (unless the store did not
+// keep it), and matches ErrPermanent.
 type StoredError struct {
 	Message string
+	// Omitted reports that the store kept the error's status but not its
+	// message, which was too large: Message is empty.
+	Omitted bool
 }
 
-func (e *StoredError) Error() string { return e.Message }
+func (e *StoredError) Error() string {
+	if e.Omitted {
+		return "once: permanent error, whose message was too large to store"
+	}
+	return e.Message
+}
 
 // Unwrap returns ErrPermanent.
 func (e *StoredError) Unwrap() error { return ErrPermanent }

@@ -19,7 +19,8 @@ import (
 // An orders handler behind the middleware. The first request runs it; the
 // same request again, with the same key, is answered from the store and
 // marked as a replay; the same key for a different request is refused with
-// 422.
+// 422. Keys belong to the principal the application authenticated (its
+// scope), not to a credential, which a retry may carry refreshed.
 func Example() {
 	store, err := memstore.New()
 	if err != nil {
@@ -27,10 +28,25 @@ func Example() {
 		return
 	}
 	defer store.Close()
-	mw, err := server.New(store)
+	type principalKey struct{}
+	mw, err := server.New(store, server.WithScope(func(r *http.Request) (string, error) {
+		account, ok := r.Context().Value(principalKey{}).(string)
+		if !ok {
+			return "", errors.New("unauthenticated")
+		}
+		return account, nil
+	}))
 	if err != nil {
 		fmt.Println(err)
 		return
+	}
+	// The application's authentication, reduced to one account: it puts
+	// the caller's principal in the request's context, in front of the
+	// middleware.
+	authenticate := func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, "acct_1")))
+		})
 	}
 
 	var created atomic.Int64
@@ -39,7 +55,7 @@ func Example() {
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"order":%d}`, created.Add(1))
 	})
-	srv := httptest.NewServer(mw.Handler(createOrder))
+	srv := httptest.NewServer(authenticate(mw.Handler(createOrder)))
 	defer srv.Close()
 
 	post := func(key, body string) {

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"reflect"
 	"strconv"
+	"strings"
 )
 
 // credentialHeaders are the request headers that carry a caller's
@@ -41,7 +42,10 @@ func CredentialHeaders() []string {
 // A hash of a low-entropy credential (a Basic password) can be guessed by
 // whoever reads the store; an API that authenticates callers another way (a
 // session cookie, a client certificate) or knows its principal should use
-// [WithScope].
+// [WithScope]. So should one whose clients send bearer tokens (OAuth): a
+// token refreshed between a request whose answer was lost and its retry
+// puts the retry in another scope, where it runs again; the first request
+// scoped by a bearer token is logged at warn level.
 func CredentialScope(r *http.Request) (string, error) {
 	// Most credentials fit on the stack; a long one (a JWT) spills once.
 	var stack [512]byte
@@ -66,6 +70,22 @@ func CredentialScope(r *http.Request) (string, error) {
 	}
 	sum := sha256.Sum256(b)
 	return "cred:" + hex.EncodeToString(sum[:16]), nil
+}
+
+// bearerHeader returns the name of the credential header of h that holds
+// a bearer token (RFC 6750: the Bearer scheme of Authorization, or of
+// Proxy-Authorization), or "". A bearer token is refreshed as it nears its
+// expiry, so that a retry may carry another one than the request it
+// repeats, and under CredentialScope be in another scope.
+func bearerHeader(h http.Header) string {
+	for _, name := range [...]string{"Authorization", "Proxy-Authorization"} {
+		for _, v := range h[name] {
+			if len(v) > len("Bearer ") && strings.EqualFold(v[:len("Bearer ")], "Bearer ") {
+				return name
+			}
+		}
+	}
+	return ""
 }
 
 func appendString(b []byte, s string) []byte {

@@ -34,6 +34,7 @@ type Middleware struct {
 	storeStatusPanicked atomic.Bool
 	errorWriterPanicked atomic.Bool
 	noCredentials       atomic.Bool
+	bearerScope         atomic.Bool
 }
 
 // New returns middleware that protects requests with store. The options are
@@ -158,6 +159,13 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		m.cfg.logger.LogAttrs(r.Context(), slog.LevelWarn,
 			"idempotent request without credentials: every such caller shares one scope, and can be replayed another's response; set WithScope to the authenticated principal",
 			slog.Any("headers", credentialHeaders[:]), slog.String("method", r.Method), slog.String("path", r.URL.Path))
+	}
+	if scope != "" && !m.cfg.scopeSet && !m.bearerScope.Load() {
+		if name := bearerHeader(r.Header); name != "" && !m.bearerScope.Swap(true) {
+			m.cfg.logger.LogAttrs(r.Context(), slog.LevelWarn,
+				"idempotent request scoped by a bearer token: a retry whose token was refreshed falls in another scope, and runs again; set WithScope to the authenticated principal",
+				slog.String("header", name), slog.String("method", r.Method), slog.String("path", r.URL.Path))
+		}
 	}
 	var fp string
 	if m.fingerprintInPlace {

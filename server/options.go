@@ -219,10 +219,12 @@ func WithLease(d time.Duration) Option {
 // headers falls in the one scope shared by every such caller, and the first
 // of them is logged at warn level. An application that knows its principal
 // (a tenant or account ID set by its authentication middleware, or the
-// session behind a cookie) should name it here instead; so should one whose
+// session behind a cookie) should name it here instead; so must one whose
 // credentials change between a request and its retry (a request signature,
-// a token refreshed between attempts), which would put the retry in another
-// scope, where it runs again.
+// an OAuth bearer token refreshed between a lost answer and the retry),
+// which would put the retry in another scope, where it runs again: the
+// first keyed request whose default scope comes from a bearer token
+// (Authorization: Bearer) is logged at warn level.
 //
 // An error from the function refuses the request with 400, as does a scope
 // longer than engine.MaxScopeLen (1024 bytes), which a store could not

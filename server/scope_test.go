@@ -1,6 +1,8 @@
 package server_test
 
 import (
+	"context"
+	"errors"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -10,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/server/memstore"
 )
 
 // TestCredentialHeadersScope: two callers that authenticate with the same
@@ -87,6 +90,76 @@ func TestNoCredentialsWarnedOnce(t *testing.T) {
 		assert.NotContains(t, logs.String(), warning)
 	})
 }
+
+// TestBearerScope: under the default scope, a retry whose bearer token was
+// refreshed falls in another scope and runs again (the property WithScope's
+// doc warns of), and the first request scoped by a bearer token is logged
+// once at warn level; with the scope set from the authenticated principal,
+// the retry is a replay, and nothing is logged.
+func TestBearerScope(t *testing.T) {
+	const warning = "scoped by a bearer token"
+	logger := func(b *syncBuffer) server.Option { return server.WithLogger(slog.New(slog.NewTextHandler(b, nil))) }
+	t.Run("default scope", func(t *testing.T) {
+		var logs syncBuffer
+		h := &orders{}
+		srv, _ := fixture(t, h, logger(&logs))
+		first := post(t, srv.URL, "order-1", "x", "Authorization", "Bearer token-before-refresh")
+		retry := post(t, srv.URL, "order-1", "x", "Authorization", "Bearer token-after-refresh")
+		post(t, srv.URL, "order-2", "x", "Authorization", "Bearer token-after-refresh")
+		require.Equal(t, http.StatusCreated, first.status)
+		require.Equal(t, http.StatusCreated, retry.status)
+		assert.Empty(t, retry.header.Get("Idempotent-Replayed"))
+		assert.Equal(t, int64(3), h.executions.Load(), "the refreshed token is another scope: the retry ran again")
+		assert.Equal(t, 1, strings.Count(logs.String(), warning), logs.String())
+		assert.Contains(t, logs.String(), "level=WARN")
+		assert.NotContains(t, logs.String(), "token-", "the credential is never logged")
+	})
+	t.Run("API key", func(t *testing.T) {
+		var logs syncBuffer
+		srv, _ := fixture(t, &orders{}, logger(&logs))
+		post(t, srv.URL, "order-1", "x", "Authorization", "Basic YWxpY2U6c2VjcmV0")
+		post(t, srv.URL, "order-2", "x", "X-Api-Key", "k")
+		assert.NotContains(t, logs.String(), warning)
+	})
+	t.Run("principal", func(t *testing.T) {
+		var logs syncBuffer
+		h := &orders{}
+		store, err := memstore.New()
+		require.NoError(t, err)
+		t.Cleanup(func() { store.Close() })
+		mw, err := server.New(store, logger(&logs), server.WithScope(func(r *http.Request) (string, error) {
+			account, ok := r.Context().Value(accountKey{}).(string)
+			if !ok {
+				return "", errors.New("no account")
+			}
+			return "account:" + account, nil
+		}))
+		require.NoError(t, err)
+		t.Cleanup(func() { assert.NoError(t, mw.Shutdown(context.Background())) })
+		// The application's authentication: both tokens are alice's.
+		tokens := map[string]string{"Bearer token-before-refresh": "alice", "Bearer token-after-refresh": "alice"}
+		authenticate := func(next http.Handler) http.Handler {
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				account, ok := tokens[r.Header.Get("Authorization")]
+				if !ok {
+					http.Error(w, "unauthenticated", http.StatusUnauthorized)
+					return
+				}
+				next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), accountKey{}, account)))
+			})
+		}
+		srv := startServer(t, authenticate(mw.Handler(h)))
+		first := post(t, srv.URL, "order-1", "x", "Authorization", "Bearer token-before-refresh")
+		retry := post(t, srv.URL, "order-1", "x", "Authorization", "Bearer token-after-refresh")
+		require.Equal(t, http.StatusCreated, first.status)
+		assert.Equal(t, "true", retry.header.Get("Idempotent-Replayed"))
+		assert.Equal(t, first.body, retry.body)
+		assert.Equal(t, int64(1), h.executions.Load())
+		assert.NotContains(t, logs.String(), warning)
+	})
+}
+
+type accountKey struct{}
 
 // BenchmarkCredentialScope: the default scope of a request with a bearer
 // token, and of one without credentials.

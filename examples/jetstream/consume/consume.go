@@ -74,7 +74,8 @@ func New(run Func, opts ...Option) (*Handler, error) {
 // Handle runs msg and acknowledges it: it is [Handler.Process] followed by
 // [Decision.Settle]. It returns what was done, and the error of the
 // acknowledgement, if any (a lost ack is harmless: the redelivery is
-// answered from the stored result).
+// answered from the stored result). A panic in the Func goes on, and the
+// message is left unsettled (see Process).
 func (h *Handler) Handle(ctx context.Context, msg jetstream.Msg) (Decision, error) {
 	d := h.Process(ctx, msg)
 	return d, d.Settle(msg)
@@ -83,14 +84,20 @@ func (h *Handler) Handle(ctx context.Context, msg jetstream.Msg) (Decision, erro
 // Process runs msg through the Handler's Func and decides what to tell the
 // broker, without telling it yet. While the Func runs, Process tells the
 // server every WithProgress interval that the message is in progress.
+//
+// A panic in the Func stops the progress reports and goes on to the caller
+// (once.Do released the key first): the message is left unsettled, and the
+// broker delivers it again after AckWait. Recover it around Handle to keep
+// consuming; the redelivery runs the effect again.
 func (h *Handler) Process(ctx context.Context, msg jetstream.Msg) Decision {
 	id, err := h.ID(msg)
 	if err != nil {
 		return Decision{Action: Term, Reason: err.Error(), Err: err}
 	}
-	stop := h.progress(msg)
+	// Deferred: a message said to be in progress for ever after a panic
+	// would never be delivered again.
+	defer h.progress(msg)()
 	err = h.run(ctx, id, msg.Data())
-	stop()
 	return h.Decide(ctx, err)
 }
 

@@ -87,16 +87,17 @@ func (h *Handler) Decide(ctx context.Context, err error) Decision {
 	switch {
 	case err == nil:
 		return Decision{Action: Ack}
+	case stored(err) || h.cfg.isFinal(err):
+		// A permanent error that the door stored: every redelivery
+		// would replay it. Decided before omitted: a permanent error
+		// whose message the store did not keep failed all the same.
+		return Decision{Action: Term, Reason: "permanent: " + err.Error(), Err: err}
 	case omitted(err):
 		// The effect ran; only its result could not be stored, and once
 		// will not run it again.
 		return Decision{Action: Ack, Err: err}
 	case invalidKey(err):
 		return Decision{Action: Term, Reason: "message ID not usable as an idempotency key", Err: err}
-	case stored(err) || h.cfg.isFinal(err):
-		// A permanent error that the door stored: every redelivery
-		// would replay it.
-		return Decision{Action: Term, Reason: "permanent: " + err.Error(), Err: err}
 	case errors.Is(err, engine.ErrKeyMismatch):
 		// The publisher reused a message ID for other data: running it
 		// again can never succeed. Term publishes an advisory, so the

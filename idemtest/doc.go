@@ -139,10 +139,10 @@
 // request under another key; duplicates answered with the first's answer
 // no sooner than half a run after their release, while the request under
 // another key ran alongside the first, were held by their key while it
-// ran. That needs a run to take at least 100ms more than a replay:
+// ran. That needs a run to take at least 50ms more than a replay:
 // against a faster endpoint, or a server that handles one request at a
 // time, the check is inconclusive, not passed, and says so. Point it at a
-// test endpoint whose handler takes at least 100ms (250ms leaves room for a
+// test endpoint whose handler takes 100ms or more (250ms leaves room for a
 // loaded machine or a network).
 //
 // # Before you point it at a server

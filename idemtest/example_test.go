@@ -25,7 +25,7 @@ func ExampleCheck() {
 		}
 		// The work takes a while, so that the concurrent check's
 		// duplicates reach the middleware while the first runs: a test
-		// endpoint for the kit takes at least 100ms (see What the kit
+		// endpoint for the kit takes 100ms or more (see What the kit
 		// can see).
 		time.Sleep(100 * time.Millisecond)
 		w.Header().Set("Content-Type", "application/json")

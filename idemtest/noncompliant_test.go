@@ -240,7 +240,7 @@ func TestNoncompliantServers(t *testing.T) {
 			want:  map[string]idemtest.Status{idemtest.CheckConcurrent: idemtest.StatusInconclusive},
 			detail: map[string]string{idemtest.CheckConcurrent: "too fast for duplicates released together to meet the first while it ran. " +
 				"They reached the idempotency layer after it had finished, and got its answer, which a server without any protection of requests in flight also gives. " +
-				"Point the check at an endpoint that takes at least 100ms to run a request"},
+				"Point the check at an endpoint that takes 100ms or more to run a request"},
 		},
 		{
 			// Slow, but one request at a time: the duplicates wait, but
@@ -569,7 +569,7 @@ func TestConcurrentNeedsInFlightProtection(t *testing.T) {
 				case idemtest.StatusFail:
 					assert.Contains(t, res.Detail, "the request ran at least", "run %d", i)
 				case idemtest.StatusInconclusive:
-					assert.Contains(t, res.Detail, "at least 100ms", "run %d: the hint", i)
+					assert.Contains(t, res.Detail, "an endpoint that takes 100ms or more", "run %d: the hint", i)
 				default:
 					t.Errorf("run %d: %s: %s", i, res.Status, res.Detail)
 				}

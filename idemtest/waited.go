@@ -10,8 +10,12 @@ import (
 // minRun is how much longer than a replay a run of the request must take
 // for the concurrent check to tell, by timing, duplicates that waited for
 // the first from duplicates that came after it: well above the jitter of a
-// loaded machine, or of a network.
-const minRun = 100 * time.Millisecond
+// loaded machine, or of a network. The check's advice, an endpoint that
+// takes recommendedRun, leaves room above it.
+const (
+	minRun         = 50 * time.Millisecond
+	recommendedRun = 100 * time.Millisecond
+)
 
 // lone is how long the endpoint takes to answer a request alone: a run
 // (a fresh key), and then its replay.
@@ -82,8 +86,8 @@ type wait struct {
 // have waited: its duplicates never met the first at its idempotency
 // layer.
 func judgeWait(alone lone, released time.Time, successes []answer, control answer, early bool) wait {
-	hint := fmt.Sprintf(" Point the check at an endpoint that takes at least %v to run a request (a test endpoint whose handler sleeps, say 250ms): "+
-		"a duplicate that arrives while it runs must then be refused (409) or wait for its answer, and the check sees which.", minRun)
+	hint := fmt.Sprintf(" Point the check at an endpoint that takes %v or more to run a request (a test endpoint whose handler sleeps, say 250ms): "+
+		"a duplicate that arrives while it runs must then be refused (409) or wait for its answer, and the check sees which.", recommendedRun)
 	var w wait
 	var first, last time.Duration
 	for i, a := range successes {
@@ -106,9 +110,10 @@ func judgeWait(alone lone, released time.Time, successes []answer, control answe
 	w.timing = fmt.Sprintf("alone, a run took %v and its replay %v; ", round(alone.run), round(alone.replay)) + together
 	extra := alone.run - alone.replay
 	if extra < minRun {
-		w.why = fmt.Sprintf("the endpoint runs a request in %v more than it takes to replay one (%v alone, %v for the replay): too fast for duplicates released together to meet the first while it ran. "+
+		w.why = fmt.Sprintf("the endpoint runs a request in %v more than it takes to replay one (%v alone, %v for the replay), under the %v that the kit needs to tell a wait from a replay: "+
+			"too fast for duplicates released together to meet the first while it ran. "+
 			"They reached the idempotency layer after it had finished, and got its answer, which a server without any protection of requests in flight also gives.",
-			round(max(extra, 0)), round(alone.run), round(alone.replay)) + hint
+			round(max(extra, 0)), round(alone.run), round(alone.replay), minRun) + hint
 		return w
 	}
 	half := extra / 2
@@ -122,8 +127,8 @@ func judgeWait(alone lone, released time.Time, successes []answer, control answe
 	case c < alone.replay+half || absDuration(c-first) >= half:
 		w.why = fmt.Sprintf("the request under another key, released with them, was answered %v after the release, and the first success %v after: not together (a run takes %v). "+
 			"The target handled the requests one at a time, so the duplicates never met the first at its idempotency layer, whatever it would do if they did. "+
-			"Run the check against the endpoint served as in production, handling requests concurrently, with an endpoint that takes at least %v.",
-			round(c), round(first), round(alone.run), minRun)
+			"Run the check against the endpoint served as in production, handling requests concurrently, with an endpoint that takes %v or more.",
+			round(c), round(first), round(alone.run), recommendedRun)
 	default:
 		w.waited = true
 		w.why = fmt.Sprintf("each success came %v to %v after the release, though a replay alone takes %v, while the request under another key, released with them, "+

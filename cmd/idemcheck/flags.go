@@ -173,9 +173,9 @@ duplicates that waited as long as the first took to run, while a request
 under another key sent with them ran alongside it. It times a run and a
 replay alone first. A 100 Continue shows nothing: servers send it before
 the application sees the key. Against an endpoint that runs a request in
-less than 100ms more than it takes to replay one, duplicates released
+less than 50ms more than it takes to replay one, duplicates released
 together come after the first has finished, and the check is inconclusive:
-point it at an endpoint that takes at least 100ms (a test endpoint whose
+point it at an endpoint that takes 100ms or more (a test endpoint whose
 handler sleeps, say 250ms). Against a server that handles one request at a
 time, it is inconclusive too.
 

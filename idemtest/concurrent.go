@@ -34,10 +34,10 @@ const continueWait = time.Second
 // idempotency layer, has seen the key. So it shows no overlap.
 //
 // The overlap is seen in two ways. A duplicate answered 409 met the first
-// in flight. Or the duplicates waited: the kit times a lone request (a run)
-// and its replay beforehand, and when a run takes markedly longer than a
-// replay (minRun or more), duplicates answered with the first's answer no
-// sooner than half a run after they were sent, while the control, sent with
+// in flight. Or the duplicates waited: the kit times lone requests (two
+// runs, and a replay) beforehand, and when a run takes markedly longer than
+// a replay (minRun or more), duplicates answered with the first's answer no
+// sooner than half a run (beyond a replay) after they were sent, while the control, sent with
 // them, ran alongside the first, were held by something that told them from
 // the control by their key while the first ran. Otherwise the check is
 // inconclusive, and says what would make it conclusive: an endpoint that

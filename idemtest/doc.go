@@ -134,8 +134,8 @@
 // releases them together; but a 100 Continue shows only that the server
 // will read the body (many send it before any application code, let alone
 // the idempotency layer, has seen the key), so it is no evidence of
-// overlap. The evidence is a 409, or a wait: the kit times a run of the
-// request and its replay alone, and sends, with the duplicates, the same
+// overlap. The evidence is a 409, or a wait: the kit times runs of the
+// request and a replay alone, and sends, with the duplicates, the same
 // request under another key; duplicates answered with the first's answer
 // no sooner than half a run after their release, while the request under
 // another key ran alongside the first, were held by their key while it
@@ -150,8 +150,8 @@
 // The checks create what the endpoint creates: about one resource per check
 // against a compliant target (more if the target runs duplicates, up to
 // Target.Concurrency for the concurrent check). Run the kit against a test or
-// staging deployment (the concurrent check creates two more: a request timed
-// alone, and the request under another key). Check first opens a
+// staging deployment (the concurrent check creates three more: two requests
+// timed alone, and the request under another key). Check first opens a
 // connection to the URL's host, and
 // reports a host it cannot reach with ErrUnreachable. The concurrent and
 // dropped-response checks write their requests on raw connections of the

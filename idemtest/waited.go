@@ -18,7 +18,7 @@ const (
 )
 
 // lone is how long the endpoint takes to answer a request alone: a run
-// (a fresh key), and then its replay.
+// (a fresh key), and a replay.
 type lone struct {
 	sent        string
 	ok          bool   // both succeeded, the second as a replay
@@ -26,12 +26,14 @@ type lone struct {
 	run, replay time.Duration
 }
 
-// timeAlone times a request with a fresh key and then the same request
-// again, each alone on a connection of its own opened beforehand, so that
-// neither counts the time to connect.
+// timeAlone times a request with a fresh key, the same request again, and
+// another with a fresh key, each alone on a connection of its own opened
+// beforehand, so that none counts the time to connect. The run is the
+// shorter of the two runs, so that a pause of the machine or the network
+// during one cannot make a fast endpoint look slow.
 func (r *runner) timeAlone() lone {
-	q := r.keyed(0)
-	l := lone{sent: r.describe(q) + ", then again"}
+	q, other := r.keyed(0), r.keyed(0)
+	l := lone{sent: r.describe(q) + ", then again; then " + r.describe(other)}
 	first, took := r.timed(q)
 	if !first.ok() {
 		l.note = "a request with a fresh key, sent alone, got " + r.describeAnswer(first)
@@ -42,7 +44,12 @@ func (r *runner) timeAlone() lone {
 		l.note = "the same request sent again alone got " + r.describeAnswer(second) + ", not the first's answer replayed"
 		return l
 	}
-	l.ok, l.run, l.replay = true, took, again
+	third, took2 := r.timed(other)
+	if !third.ok() {
+		l.note = "a second request with a fresh key, sent alone, got " + r.describeAnswer(third)
+		return l
+	}
+	l.ok, l.run, l.replay = true, min(took, took2), again
 	return l
 }
 

@@ -170,7 +170,7 @@ an endpoint that takes keys of one length only must declare it.
 The concurrent check passes only when it has seen a duplicate reach the
 endpoint's idempotency layer while the first request ran there: a 409, or
 duplicates that waited as long as the first took to run, while a request
-under another key sent with them ran alongside it. It times a run and a
+under another key sent with them ran alongside it. It times runs and a
 replay alone first. A 100 Continue shows nothing: servers send it before
 the application sees the key. Against an endpoint that runs a request in
 less than 50ms more than it takes to replay one, duplicates released

@@ -27,6 +27,19 @@ func (cfg *config) callKeyFunc(ctx context.Context) (key string, err error) {
 	return cfg.keyFunc()
 }
 
+// callDerivedFunc writes a derived key with the Client's function for
+// them. One that panics fails the call before its first attempt, as one
+// that returns an error does.
+func (cfg *config) callDerivedFunc(ctx context.Context, sum [32]byte) (key string, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			cfg.panicked(ctx, "derived key function", v)
+			key, err = "", fmt.Errorf("derived key function panicked: %v", v)
+		}
+	}()
+	return cfg.derivedFunc(sum)
+}
+
 // callPolicy asks the Client's Policy about the result of an attempt.
 func (c *call) callPolicy(resp *http.Response, err error) (retry bool) {
 	defer func() {

@@ -11,7 +11,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemkit/idempotency/internal/derive"
 	"github.com/idemkit/idempotency/internal/keyfield"
 )
 
@@ -209,8 +208,12 @@ func (cfg *config) keyFor(req *http.Request, method string) (key, wire string, e
 	}
 	key, ok := KeyFromContext(req.Context())
 	if !ok {
-		if key, ok := derive.ForRequest(req.Context(), method, req.URL); ok {
-			// A UUID: valid by construction.
+		key, derived, err := cfg.derivedKeyFor(req, method)
+		if err != nil {
+			return "", "", err
+		}
+		if derived {
+			// Valid: a UUID, or checked.
 			return key, cfg.wireKey(key), nil
 		}
 	}

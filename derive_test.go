@@ -2,9 +2,15 @@ package idempotency_test
 
 import (
 	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/google/uuid"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -138,3 +144,253 @@ func TestDerivedKeySyntax(t *testing.T) {
 	b, _ := idempotency.DerivedKey(handling(t.Context(), "a", "k"), "bc")
 	assert.NotEqual(t, a, b)
 }
+
+// secret is a derivation secret of the tests: 32 bytes.
+var secret = []byte("0123456789abcdef0123456789abcdef")
+
+// guess tries the incoming keys order-48000 to order-48499 against key, as
+// a downstream service that knows the scope and the step can: it returns
+// the one that gives key, if any.
+func guess(t *testing.T, key, scope, step string) (string, bool) {
+	t.Helper()
+	for n := 48000; n < 48500; n++ {
+		candidate := fmt.Sprintf("order-%d", n)
+		if k, _ := idempotency.DerivedKey(handling(t.Context(), scope, candidate), step); k == key {
+			return candidate, true
+		}
+	}
+	return "", false
+}
+
+// TestDerivedKeySecret: without a secret, a guessable incoming key is
+// found from a derived key by whoever knows the scope and the step (a
+// downstream service knows its URL, which names a request without a
+// step); with WithDerivedKeySecret it is not, and the key is still the same
+// in every Client with the secret.
+func TestDerivedKeySecret(t *testing.T) {
+	s := newScript(status(http.StatusCreated))
+	srv := newServer(t, s)
+	run := handling(t.Context(), "tenant-a", "order-48213")
+	step := "POST " + srv.URL + "/charges"
+	send := func(c *idempotency.Client, ctx context.Context) string {
+		t.Helper()
+		resp, err := c.Do(post(t, ctx, srv.URL+"/charges", "x"))
+		require.NoError(t, err)
+		resp.Body.Close()
+		return outcome(t, resp).Key
+	}
+
+	plain := send(newClient(t, srv), run)
+	found, ok := guess(t, plain, "tenant-a", step)
+	require.True(t, ok, "the guessable key is found without a secret")
+	assert.Equal(t, "order-48213", found)
+
+	c := newClient(t, srv, idempotency.WithDerivedKeySecret(secret))
+	key := send(c, run)
+	assert.NotEqual(t, plain, key)
+	_, ok = guess(t, key, "tenant-a", step)
+	assert.False(t, ok, "an incoming key found through a derived key made with a secret")
+	// Another Client with the secret, in another run of the handler,
+	// sends the same key; one with another secret does not.
+	again := newClient(t, srv, idempotency.WithDerivedKeySecret(append([]byte(nil), secret...)))
+	assert.Equal(t, key, send(again, handling(context.Background(), "tenant-a", "order-48213")))
+	other := newClient(t, srv, idempotency.WithDerivedKeySecret([]byte("another secret of 32 bytes......")))
+	assert.NotEqual(t, key, send(other, run))
+	// What another SDK is given is what the Client sends.
+	k, ok, err := c.DerivedKey(idempotency.ContextWithStep(run, "charge"), "charge")
+	require.NoError(t, err)
+	require.True(t, ok)
+	assert.Equal(t, k, send(c, idempotency.ContextWithStep(run, "charge")))
+	_, ok, err = c.DerivedKey(t.Context(), "charge")
+	assert.False(t, ok)
+	assert.NoError(t, err)
+
+	// The secret is copied: changing the caller's slice changes nothing.
+	mine := append([]byte(nil), secret...)
+	copied := newClient(t, srv, idempotency.WithDerivedKeySecret(mine))
+	mine[0] ^= 0xff
+	assert.Equal(t, key, send(copied, run))
+
+	_, err = idempotency.NewClient(idempotency.WithDerivedKeySecret([]byte("short")), idempotency.WithDerivedKeySecret(nil))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "WithDerivedKeySecret needs at least 16 bytes, got 5")
+	assert.Contains(t, err.Error(), "WithDerivedKeySecret needs at least 16 bytes, got 0")
+}
+
+// TestDerivedKeyFormat: a derived key is written in the Client's key
+// format: a version 7 UUID's shape under WithKeyVersion7, WithDerivedKeyFunc's
+// key when given; a Client whose keys come from WithKeyFunc alone refuses
+// to send a key of another format. In every format, the key is the same in
+// every run of the handler.
+func TestDerivedKeyFormat(t *testing.T) {
+	s := newScript(status(http.StatusCreated))
+	srv := newServer(t, s)
+	run := idempotency.ContextWithStep(handling(t.Context(), "tenant-a", "order-17"), "charge")
+	rerun := idempotency.ContextWithStep(handling(context.Background(), "tenant-a", "order-17"), "charge")
+	send := func(c *idempotency.Client, ctx context.Context) string {
+		t.Helper()
+		resp, err := c.Do(post(t, ctx, srv.URL, "x"))
+		require.NoError(t, err)
+		resp.Body.Close()
+		return outcome(t, resp).Key
+	}
+	prefixed := func(sum [32]byte) (string, error) { return "ord_" + hex.EncodeToString(sum[:16]), nil }
+
+	t.Run("version 7", func(t *testing.T) {
+		c := newClient(t, srv, idempotency.WithKeyVersion7())
+		key := send(c, run)
+		u, err := uuid.Parse(key)
+		require.NoError(t, err)
+		assert.Equal(t, uuid.Version(7), u.Version())
+		assert.Equal(t, uuid.RFC4122, u.Variant())
+		assert.Equal(t, key, send(c, rerun), "another run")
+		k, _, err := c.DerivedKey(run, "charge")
+		require.NoError(t, err)
+		assert.Equal(t, key, k)
+		// The same bits as the version 8 key, but for the version.
+		v8, _ := idempotency.DerivedKey(run, "charge")
+		assert.Equal(t, v8[:14]+v8[15:], key[:14]+key[15:])
+	})
+	t.Run("derived key function", func(t *testing.T) {
+		for _, tc := range []struct {
+			opts    []idempotency.Option
+			outside string // the key outside a handler
+		}{
+			{[]idempotency.Option{idempotency.WithDerivedKeyFunc(prefixed)}, `^[0-9a-f]{8}-[0-9a-f]{4}-4`},
+			// A key function for new keys, and its format for derived ones.
+			{[]idempotency.Option{idempotency.WithKeyFunc(func() (string, error) { return "ord_" + idempotency.NewKey(), nil }), idempotency.WithDerivedKeyFunc(prefixed)}, `^ord_`},
+		} {
+			c := newClient(t, srv, tc.opts...)
+			key := send(c, run)
+			assert.Regexp(t, `^ord_[0-9a-f]{32}$`, key)
+			assert.Equal(t, key, send(c, rerun), "another run")
+			k, ok, err := c.DerivedKey(run, "charge")
+			require.NoError(t, err)
+			require.True(t, ok)
+			assert.Equal(t, key, k)
+			assert.Regexp(t, tc.outside, send(c, t.Context()), "outside a handler")
+		}
+	})
+	t.Run("key function alone", func(t *testing.T) {
+		before := len(s.keysSeen())
+		c := newClient(t, srv, idempotency.WithKeyFunc(func() (string, error) { return "ord_" + idempotency.NewKey(), nil }))
+		_, err := c.Do(post(t, run, srv.URL, "x"))
+		assert.ErrorIs(t, err, idempotency.ErrDerivedKeyFormat)
+		assert.Len(t, s.keysSeen(), before, "a request was sent")
+		_, ok, err := c.DerivedKey(run, "charge")
+		assert.True(t, ok)
+		assert.ErrorIs(t, err, idempotency.ErrDerivedKeyFormat)
+		// Outside a handler, the key function makes the key.
+		assert.Regexp(t, `^ord_`, send(c, t.Context()))
+		// A key the caller gives is sent as it is.
+		assert.Equal(t, "mine", send(c, idempotency.ContextWithKey(run, "mine")))
+	})
+	t.Run("derived key function fails", func(t *testing.T) {
+		boom := errors.New("no format")
+		for name, tc := range map[string]struct {
+			fn   func([32]byte) (string, error)
+			want error
+		}{
+			"error":   {func([32]byte) (string, error) { return "", boom }, boom},
+			"invalid": {func([32]byte) (string, error) { return "a\tb", nil }, idempotency.ErrInvalidKey},
+			"panics":  {func([32]byte) (string, error) { panic("format bug") }, nil},
+		} {
+			before := len(s.keysSeen())
+			c := newClient(t, srv, idempotency.WithDerivedKeyFunc(tc.fn), idempotency.WithLogger(slog.New(slog.DiscardHandler)))
+			_, err := c.Do(post(t, run, srv.URL, "x"))
+			require.Error(t, err, name)
+			if tc.want != nil {
+				assert.ErrorIs(t, err, tc.want, name)
+			}
+			assert.Len(t, s.keysSeen(), before, "%s: a request was sent", name)
+		}
+	})
+	t.Run("invalid option", func(t *testing.T) {
+		_, err := idempotency.NewClient(idempotency.WithDerivedKeyFunc(nil))
+		assert.ErrorContains(t, err, "WithDerivedKeyFunc needs a function")
+	})
+}
+
+// TestDerivedKeyGolden pins the derivation as DerivedKey documents it, so
+// that no release changes the keys a retried handler sends. The expected
+// keys were computed from the documented steps alone, with another
+// language's HMAC-SHA256 (Python's hmac and hashlib), and are checked both
+// as DerivedKey returns them and as the Client sends them.
+func TestDerivedKeyGolden(t *testing.T) {
+	s := newScript(status(http.StatusCreated))
+	srv := newServer(t, s)
+	hexSum := func(sum [32]byte) (string, error) { return hex.EncodeToString(sum[:]), nil }
+	for _, tc := range []struct {
+		scope, key, step string
+		secret           bool
+		sum, v8, v7      string
+	}{
+		{"tenant-7", "order-42", "charge", false,
+			"74222cf6ee01dd99e7f9b4f2ebb7aa29b2bbaed2191c8c206dcfaf346766c8af",
+			"74222cf6-ee01-8d99-a7f9-b4f2ebb7aa29", "74222cf6-ee01-7d99-a7f9-b4f2ebb7aa29"},
+		{"", "k", "", false,
+			"1971b66e3e9cf939c5b313ce2d63286671e384d2462d17edbcc14ac420109b77",
+			"1971b66e-3e9c-8939-85b3-13ce2d632866", "1971b66e-3e9c-7939-85b3-13ce2d632866"},
+		// A scope of 200 bytes: its length is a varint of two bytes.
+		{strings.Repeat("s", 200), "order-48213", "refund", false,
+			"9c273966679aeb9250e3bc5d88adaea62ed63388587d786bb1f43438539e2bbb",
+			"9c273966-679a-8b92-90e3-bc5d88adaea6", "9c273966-679a-7b92-90e3-bc5d88adaea6"},
+		{"tënant", "order-42", "étape", false,
+			"830734536a5db6e9be02fc23a38bb7cf9cd0b2fdf0012f16f089bc8bb671f1d2",
+			"83073453-6a5d-86e9-be02-fc23a38bb7cf", "83073453-6a5d-76e9-be02-fc23a38bb7cf"},
+		{"tenant-7", "order-42", "charge", true,
+			"5421e510746ff8794c6c2f38ae744a6d9a6df4ecd6149f988f1ac38c93748de0",
+			"5421e510-746f-8879-8c6c-2f38ae744a6d", "5421e510-746f-7879-8c6c-2f38ae744a6d"},
+	} {
+		name := fmt.Sprintf("%.12s/%s/%s/secret=%v", tc.scope, tc.key, tc.step, tc.secret)
+		ctx := handling(t.Context(), tc.scope, tc.key)
+		var opts []idempotency.Option
+		if tc.secret {
+			opts = append(opts, idempotency.WithDerivedKeySecret(secret))
+		} else {
+			k, ok := idempotency.DerivedKey(ctx, tc.step)
+			require.True(t, ok)
+			assert.Equal(t, tc.v8, k, "%s: DerivedKey", name)
+		}
+		for format, want := range map[string]string{"v8": tc.v8, "v7": tc.v7, "sum": tc.sum} {
+			o := opts
+			switch format {
+			case "v7":
+				o = append(o, idempotency.WithKeyVersion7())
+			case "sum":
+				o = append(o, idempotency.WithDerivedKeyFunc(hexSum))
+			}
+			c := newClient(t, srv, o...)
+			k, _, err := c.DerivedKey(ctx, tc.step)
+			require.NoError(t, err)
+			assert.Equal(t, want, k, "%s, %s: Client.DerivedKey", name, format)
+			resp, err := c.Do(post(t, idempotency.ContextWithStep(ctx, tc.step), srv.URL, "x"))
+			require.NoError(t, err)
+			resp.Body.Close()
+			assert.Equal(t, want, outcome(t, resp).Key, "%s, %s: sent", name, format)
+		}
+	}
+
+	// Without a step, the step is the method, a space and the URL.
+	ctx := handling(t.Context(), "tenant-7", "order-42")
+	k, _ := idempotency.DerivedKey(ctx, "POST https://api.example.com/charges?currency=eur")
+	assert.Equal(t, "268b1417-0231-87dc-b17a-0b66bd4a3e04", k)
+	// The request is caught before the network, with its key.
+	sent := make(chan string, 1)
+	c, err := idempotency.NewClient(idempotency.WithMaxAttempts(1), idempotency.WithHTTPClient(&http.Client{
+		Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			sent <- r.Header.Get(idempotency.HeaderKey)
+			return nil, errors.New("caught")
+		}),
+	}))
+	require.NoError(t, err)
+	req := post(t, ctx, "https://user:password@api.example.com/charges?currency=eur#fragment", "x")
+	_, err = c.Do(req)
+	require.Error(t, err)
+	assert.Equal(t, "268b1417-0231-87dc-b17a-0b66bd4a3e04", <-sent, "the key of a request without a step")
+}
+
+// roundTripFunc is an http.RoundTripper made of a function.
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

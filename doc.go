@@ -106,10 +106,19 @@
 // a step name (ContextWithStep), or, without a step, the request's method
 // and URL: the same in every run, distinct for distinct steps. Two calls to
 // one endpoint in one handler need two step names, or they share a key. A
-// key in the header or from ContextWithKey still wins. DerivedKey gives the
-// same key to code that calls a service through an SDK of its own. A
-// derived key is an HMAC-SHA256 keyed by the incoming key, written as a
-// version 8 UUID: it reveals neither the incoming key nor the scope.
+// key in the header or from ContextWithKey still wins. DerivedKey (and
+// Client.DerivedKey, with the Client's options) gives the same key to code
+// that calls a service through an SDK of its own. A derived key is an
+// HMAC-SHA256 keyed by the incoming key, written as a version 8 UUID; the
+// derivation is specified in DerivedKey's documentation, so that a service
+// in another language can reproduce it, and never changes between
+// releases. It reveals the incoming key only to whoever can guess it: a
+// downstream service that knows the scope and its own URL can try
+// candidates, so guessable incoming keys (order numbers) need a secret,
+// WithDerivedKeySecret. A derived key takes the Client's key format: a
+// version 7 UUID's shape under WithKeyVersion7, and WithDerivedKeyFunc's
+// format when given; a Client with WithKeyFunc alone refuses to derive one
+// (ErrDerivedKeyFormat) rather than send a key of another format.
 //
 // # Limits
 //

@@ -2,6 +2,7 @@ package idempotency_test
 
 import (
 	"context"
+	"encoding/hex"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -70,4 +71,26 @@ func ExampleDerivedKey() {
 	fmt.Println(key, ok)
 	// Output:
 	// 74222cf6-ee01-8d99-a7f9-b4f2ebb7aa29 true
+}
+
+// A handler whose incoming keys are order numbers, which a downstream
+// service could guess from a derived key: the Client derives keys with a
+// secret, shared by every instance of the service, and writes them in the
+// format the downstream service takes.
+func ExampleClient_DerivedKey() {
+	secret := []byte("32 bytes of the service's secret") // from the service's secret store
+	client, err := idempotency.NewClient(
+		idempotency.WithDerivedKeySecret(secret),
+		idempotency.WithDerivedKeyFunc(func(sum [32]byte) (string, error) {
+			return "ord_" + hex.EncodeToString(sum[:16]), nil
+		}))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	ctx := incoming.NewContext(context.Background(), &incoming.Key{Scope: "tenant-7", Key: "order-42"})
+	key, ok, err := client.DerivedKey(ctx, "charge")
+	fmt.Println(key, ok, err)
+	// Output:
+	// ord_144f63994660f97f79ee7ab4e62b7443 true <nil>
 }

@@ -36,6 +36,8 @@ type config struct {
 	quoted       bool
 	keyFunc      func() (string, error) // nil: keys from keys
 	keyV7        bool
+	secret       []byte                             // of derived keys; nil: none
+	derivedFunc  func(sum [32]byte) (string, error) // nil: derived keys are UUIDs
 	keyed        []string
 
 	policy         Policy
@@ -186,7 +188,11 @@ func WithQuotedKey() Option {
 // WithKeyFunc sets the function that makes a key for a keyed request that
 // has none. By default the key is a random (version 4) UUID. If fn fails, Do
 // returns its error before any attempt; if it returns an invalid key, Do
-// returns an error wrapping ErrInvalidKey.
+// returns an error wrapping ErrInvalidKey. Inside a handler, where the key
+// is derived from the incoming key (see DerivedKey), fn cannot make it, as
+// it makes a new key on every call: give WithDerivedKeyFunc too, to write
+// derived keys in fn's format, or Do refuses such requests with
+// ErrDerivedKeyFormat rather than send a key of another format.
 func WithKeyFunc(fn func() (string, error)) Option {
 	return func(c *config) {
 		if fn == nil {
@@ -200,7 +206,11 @@ func WithKeyFunc(fn func() (string, error)) Option {
 // WithKeyVersion7 makes the Client's keys time-ordered (version 7) UUIDs,
 // whose first 48 bits are a millisecond timestamp and the rest random, so
 // that keys stored in a B-tree index are inserted near each other. It
-// replaces a key function given before it with [WithKeyFunc].
+// replaces a key function given before it with [WithKeyFunc]. A key
+// derived inside a handler (see DerivedKey) has a version 7 UUID's shape,
+// for a downstream service that checks it, but its first 48 bits come from
+// the derivation, like the rest: they are not a time, since the key must
+// be the same in every run of the handler.
 func WithKeyVersion7() Option {
 	return func(c *config) { c.keyFunc, c.keyV7 = nil, true }
 }

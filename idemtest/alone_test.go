@@ -136,7 +136,8 @@ func TestConcurrentSlowFirstAnswer(t *testing.T) {
 	tg.Checks = []string{idemtest.CheckConcurrent}
 	res := check(t, tg).Results[0]
 	assert.Equal(t, idemtest.StatusInconclusive, res.Status, "%s\n%s", res.Detail, res.Got)
-	assert.Contains(t, res.Detail, "No request was seen in flight")
+	assert.Contains(t, res.Detail, "No duplicate was seen reaching the idempotency layer while the first ran there")
+	assert.Contains(t, res.Detail, "an endpoint that takes 100ms or more")
 }
 
 // sharedDefault gives every request without a valid key one key of its
@@ -267,4 +268,53 @@ func TestKeyLengths(t *testing.T) {
 	assert.Contains(t, res.Detail, "the 37-byte key (500)")
 	assert.Contains(t, res.Detail, "the 35-byte key (500)")
 	assert.Contains(t, report.Policy.String(), "keys of exactly 36 bytes")
+}
+
+// anyByteKeys stands for a server that documents keys of any byte but
+// control characters: a key with bytes outside printable ASCII, UTF-8 or
+// not, reaches the middleware hex-encoded; a control character is refused
+// (as the middleware refuses a tab).
+func anyByteKeys(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		v := r.Header.Get("Idempotency-Key")
+		if strings.ContainsFunc(v, func(c rune) bool { return c >= utf8.RuneSelf || c == utf8.RuneError }) {
+			r.Header.Set("Idempotency-Key", "b-"+hex.EncodeToString([]byte(v)))
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// TestKeyAlphabetBytes: a server that documents keys of any byte but
+// control characters can be declared so, and passes: it takes keys with
+// non-ASCII characters and with bytes that are not UTF-8, and only keys
+// with a control character are malformed. Declared as UTF-8 or ASCII, it
+// fails malformed-key, since the kit's key outside those alphabets is
+// valid for it.
+func TestKeyAlphabetBytes(t *testing.T) {
+	srv := start(t, anyByteKeys(protect(t, &orders{})))
+	tg := target(srv.URL)
+	tg.KeyAlphabet = idemtest.AlphabetBytes
+	report := check(t, tg)
+	for _, res := range report.Results {
+		want := idemtest.StatusPass
+		if res.Name == idemtest.CheckKeyForms {
+			want = idemtest.StatusNotApplicable
+		}
+		assert.Equal(t, want, res.Status, "%s: %s", res.Name, res.Detail)
+	}
+	res, _ := report.Result(idemtest.CheckFirstRequest)
+	assert.Contains(t, res.Sent, "clé-", "a valid key with non-ASCII characters")
+	assert.Contains(t, res.Sent, "`cl\\xe9-", "a valid key with bytes that are not UTF-8, shown escaped")
+	assert.True(t, utf8.ValidString(res.Sent), "the report is text")
+	res, _ = report.Result(idemtest.CheckMalformedKey)
+	assert.Contains(t, res.Sent, "(a tab)")
+	assert.NotContains(t, res.Sent, "not UTF-8")
+	assert.Contains(t, report.Policy.String(), "keys of any bytes but control characters")
+
+	for _, alphabet := range []idemtest.KeyAlphabet{idemtest.AlphabetASCII, idemtest.AlphabetUTF8} {
+		tg.KeyAlphabet = alphabet
+		tg.Checks = []string{idemtest.CheckMalformedKey}
+		res = check(t, tg).Results[0]
+		assert.Equal(t, idemtest.StatusFail, res.Status, "declared %s: %s", alphabet, res.Detail)
+	}
 }

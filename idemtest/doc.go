@@ -23,8 +23,9 @@
 //
 // The checks that need a valid key send keys of several lengths and forms:
 // 12, 36 (a UUID), 64 and 255 bytes, and a key as stripe-go makes them,
-// those within Target.MinKeyLen and Target.MaxKeyLen, and with
-// AlphabetUTF8 a key with non-ASCII characters.
+// those within Target.MinKeyLen and Target.MaxKeyLen, with AlphabetUTF8 a
+// key with non-ASCII characters, and with AlphabetBytes that one and a key
+// with bytes that are not UTF-8.
 //
 //   - first-request: a request with a fresh key of each form succeeds
 //     (2xx). The checks that need a success are skipped when none did, and
@@ -45,7 +46,8 @@
 //     inconclusive.
 //   - malformed-key: keys that break the draft's syntax but that HTTP
 //     parsers let through (empty, with a tab, with a character outside
-//     Target.KeyAlphabet, an unclosed quoted string), each of a valid
+//     Target.KeyAlphabet unless it is AlphabetBytes, an unclosed quoted
+//     string), each of a valid
 //     length, and with Target.MaxKeyLen a key one byte too long and with
 //     Target.MinKeyLen one a byte too short, each get 400. Where keys are
 //     optional, a malformed key may instead be ignored, as RFC 8941 says of
@@ -54,9 +56,10 @@
 //     quoted (and another the other way round) is one key.
 //   - concurrent: Target.Concurrency identical requests, released together,
 //     have one effect: every success has the same status and body, the
-//     others are 409. The overlap is seen, not inferred from timing: a 409,
-//     or requests that the target answered 100 Continue together, before
-//     any body was sent. Inconclusive when no overlap was seen.
+//     others are 409. It passes only when a duplicate was seen reaching the
+//     idempotency layer while the first ran there: a 409, or a wait that
+//     the timing proves (see What the kit can see). Inconclusive otherwise,
+//     with what would make it conclusive.
 //   - dropped-response: the kit sends the request, closes the connection
 //     after Target.DropAfter without reading the answer, and retries (again
 //     while it gets 409, for up to Target.Patience): the retry gets the
@@ -121,21 +124,35 @@
 // replays can run a request twice unseen; Result.Detail says so when the kit
 // could not tell.
 //
-// Concurrent requests test nothing if the target handles them one after
-// another. The concurrent check sends each with Expect: 100-continue and
-// holds the bodies until the target has answered 100 Continue to each (a
-// net/http server does so when the handler reads the body): requests so
-// answered together were in the target at once. Without that, or a 409, it
-// reports inconclusive rather than pass. A test endpoint that takes some
-// time (tens of milliseconds, as a write to a database does) makes them
-// overlap.
+// Concurrent duplicates test in-flight protection only if one reaches the
+// target's idempotency layer while the first runs there. A server without
+// any such protection, which stores an answer once the request has run and
+// replays it, answers duplicates that come after the first has finished
+// just as a protected one does: their success proves nothing. The
+// concurrent check sends each request with Expect: 100-continue and holds
+// the bodies until the target has answered 100 Continue to each, then
+// releases them together; but a 100 Continue shows only that the server
+// will read the body (many send it before any application code, let alone
+// the idempotency layer, has seen the key), so it is no evidence of
+// overlap. The evidence is a 409, or a wait: the kit times runs of the
+// request and a replay alone, and sends, with the duplicates, the same
+// request under another key; duplicates answered with the first's answer
+// no sooner than half a run after their release, while the request under
+// another key ran alongside the first, were held by their key while it
+// ran. That needs a run to take at least 50ms more than a replay:
+// against a faster endpoint, or a server that handles one request at a
+// time, the check is inconclusive, not passed, and says so. Point it at a
+// test endpoint whose handler takes 100ms or more (250ms leaves room for a
+// loaded machine or a network).
 //
 // # Before you point it at a server
 //
 // The checks create what the endpoint creates: about one resource per check
 // against a compliant target (more if the target runs duplicates, up to
 // Target.Concurrency for the concurrent check). Run the kit against a test or
-// staging deployment. Check first opens a connection to the URL's host, and
+// staging deployment (the concurrent check creates three more: two requests
+// timed alone, and the request under another key). Check first opens a
+// connection to the URL's host, and
 // reports a host it cannot reach with ErrUnreachable. The concurrent and
 // dropped-response checks write their requests on raw connections of the
 // kit's own, dialled to the URL's host (with TLS for https, using the TLS

@@ -23,9 +23,11 @@ func ExampleCheck() {
 			http.Error(w, "induced failure", http.StatusInternalServerError)
 			return
 		}
-		// The work takes a moment, as a write to a database does, so
-		// that the concurrent check's requests overlap.
-		time.Sleep(50 * time.Millisecond)
+		// The work takes a while, so that the concurrent check's
+		// duplicates reach the middleware while the first runs: a test
+		// endpoint for the kit takes 100ms or more (see What the kit
+		// can see).
+		time.Sleep(100 * time.Millisecond)
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"order":%d}`, created.Add(1))

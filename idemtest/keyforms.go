@@ -25,6 +25,13 @@ const (
 	// non-ASCII character, and a byte that is not UTF-8 makes a key
 	// malformed instead.
 	AlphabetUTF8 KeyAlphabet = "utf8"
+	// AlphabetBytes is any byte but the control characters (0x00 to 0x1F
+	// and 0x7F): printable ASCII and every byte from 0x80 to 0xFF, UTF-8
+	// or not, for a target that documents its keys so, as an HTTP header
+	// value allows. The kit then also sends a valid key with non-ASCII
+	// characters and one with bytes that are not UTF-8; only a control
+	// character (the tab) makes a key malformed for what it contains.
+	AlphabetBytes KeyAlphabet = "bytes"
 )
 
 // keyForm is one shape of valid key that the kit sends: the checks that
@@ -47,7 +54,8 @@ const (
 // keyForms returns the forms of valid key for t: a short key, a UUID, a
 // 64-character hex key (a SHA-256 digest), a 255-byte key (the longest
 // that common APIs accept) and a key as stripe-go makes them, and a key
-// with a non-ASCII character for AlphabetUTF8; each kept only if its
+// with a non-ASCII character for AlphabetUTF8 and AlphabetBytes, and one
+// with bytes that are not UTF-8 for AlphabetBytes; each kept only if its
 // length is within the declared bounds. The UUID comes first: it is the
 // form that most clients send. When none fits the bounds, a key of the
 // shortest declared length is the one form.
@@ -59,8 +67,12 @@ func keyForms(t Target) []keyForm {
 		{fmt.Sprintf("the %d-byte key", longKeyLen), func() string { return randomHex(longKeyLen) }},
 		{"the stripe-go style key", stripeKey},
 	}
-	if t.KeyAlphabet == AlphabetUTF8 {
+	if t.KeyAlphabet == AlphabetUTF8 || t.KeyAlphabet == AlphabetBytes {
 		all = append(all, keyForm{"the key with non-ASCII characters", func() string { return "clé-" + newKey() + "-ünï" }})
+	}
+	if t.KeyAlphabet == AlphabetBytes {
+		// Latin-1, as a client that writes ISO 8859-1 sends it.
+		all = append(all, keyForm{"the key with bytes that are not UTF-8", func() string { return "cl\xe9-" + newKey() + "-\xfcn\xef" }})
 	}
 	var forms []keyForm
 	for _, f := range all {
@@ -160,8 +172,11 @@ func describeKeyLimits(t Target) string {
 	case t.MaxKeyLen > 0:
 		parts = append(parts, fmt.Sprintf("keys of at most %d bytes", t.MaxKeyLen))
 	}
-	if t.KeyAlphabet == AlphabetUTF8 {
+	switch t.KeyAlphabet {
+	case AlphabetUTF8:
 		parts = append(parts, "UTF-8 keys")
+	case AlphabetBytes:
+		parts = append(parts, "keys of any bytes but control characters")
 	}
 	return strings.Join(parts, ", ")
 }

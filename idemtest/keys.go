@@ -18,7 +18,9 @@ type probe struct {
 // HTTP parser lets through to the application, each of a valid length in
 // the target's key form, so that a target that takes keys of one length
 // only judges them by what they contain: empty, with a tab, with a
-// character outside the declared alphabet, and a broken quoted string. With
+// character outside the declared alphabet (none for AlphabetBytes, where
+// only control characters are outside, and the tab stands for them), and a
+// broken quoted string. With
 // Target.MaxKeyLen, a key one byte too long joins them, and with
 // Target.MinKeyLen, one a byte too short.
 func (r *runner) malformedProbes() []probe {
@@ -51,9 +53,11 @@ func (r *runner) malformedProbes() []probe {
 	probes := []probe{
 		r.probe("", "(empty)", "the empty key"),
 		r.probe(form(tab), " (a tab)", "the key with a tab"),
-		r.probe(form(outside), outsideNote, outsideName),
-		r.probe(unclosed, unclosedText, "the broken quoted string"),
 	}
+	if r.t.KeyAlphabet != AlphabetBytes {
+		probes = append(probes, r.probe(form(outside), outsideNote, outsideName))
+	}
+	probes = append(probes, r.probe(unclosed, unclosedText, "the broken quoted string"))
 	how := ""
 	if quoted {
 		how = ", between quotes"

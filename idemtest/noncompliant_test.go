@@ -236,9 +236,29 @@ func TestNoncompliantServers(t *testing.T) {
 				require.NoError(t, err)
 				return oneAtATime(mw.Handler(&orders{}))
 			},
+			exact: true,
+			want:  map[string]idemtest.Status{idemtest.CheckConcurrent: idemtest.StatusInconclusive},
+			detail: map[string]string{idemtest.CheckConcurrent: "too fast for duplicates released together to meet the first while it ran. " +
+				"They reached the idempotency layer after it had finished, and got its answer, which a server without any protection of requests in flight also gives. " +
+				"Point the check at an endpoint that takes 100ms or more to run a request"},
+		},
+		{
+			// Slow, but one request at a time: the duplicates wait, but
+			// so does the request under another key, so they never met
+			// the first at the idempotency layer.
+			name: "one request at a time, slowly",
+			handler: func(t *testing.T) http.Handler {
+				store, err := memstore.New()
+				require.NoError(t, err)
+				t.Cleanup(func() { store.Close() })
+				mw, err := server.New(store)
+				require.NoError(t, err)
+				return oneAtATime(mw.Handler(slowly(120*time.Millisecond, &orders{})))
+			},
+			edit:   func(tg *idemtest.Target) { tg.Checks = []string{idemtest.CheckConcurrent} },
 			exact:  true,
 			want:   map[string]idemtest.Status{idemtest.CheckConcurrent: idemtest.StatusInconclusive},
-			detail: map[string]string{idemtest.CheckConcurrent: "No request was seen in flight: none was answered 409, and 1 of 10 was answered 100 Continue before the bodies were sent"},
+			detail: map[string]string{idemtest.CheckConcurrent: "The target handled the requests one at a time, so the duplicates never met the first at its idempotency layer"},
 		},
 		{
 			name: "marks replays with a common spelling",
@@ -469,5 +489,94 @@ func TestKeyMismatchHint(t *testing.T) {
 		res := check(t, tg).Results[0]
 		assert.Equal(t, idemtest.StatusFail, res.Status, tc.body)
 		assert.Equal(t, tc.hint, strings.Contains(res.Detail, "differ only in white space"), "%s: %s", tc.body, res.Detail)
+	}
+}
+
+// noInFlight is a server without any in-flight protection: it answers a key
+// that has a stored answer with that answer, marked as a replay, and runs
+// any other request (an order of its own, after delay) and then stores its
+// answer. A duplicate that arrives while the first runs runs too; one that
+// arrives after gets the replay.
+type noInFlight struct {
+	delay   time.Duration
+	created atomic.Int64
+
+	mu      sync.Mutex
+	records map[string]string
+}
+
+func newNoInFlight(delay time.Duration) *noInFlight {
+	return &noInFlight{delay: delay, records: map[string]string{}}
+}
+
+func (s *noInFlight) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	key := r.Header.Get("Idempotency-Key")
+	body, _ := io.ReadAll(r.Body)
+	s.mu.Lock()
+	stored, found := s.records[key]
+	s.mu.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	if found && key != "" {
+		w.Header().Set("Idempotent-Replayed", "true")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, stored)
+		return
+	}
+	if s.delay > 0 {
+		timer := time.NewTimer(s.delay)
+		select {
+		case <-timer.C:
+		case <-r.Context().Done():
+			timer.Stop()
+		}
+	}
+	order := fmt.Sprintf(`{"order":%d,"request":%q}`, s.created.Add(1), body)
+	if key != "" {
+		s.mu.Lock()
+		s.records[key] = order
+		s.mu.Unlock()
+	}
+	w.WriteHeader(http.StatusCreated)
+	io.WriteString(w, order)
+}
+
+// TestConcurrentNeedsInFlightProtection: a server without in-flight
+// protection never passes the concurrent check. With a slow endpoint the
+// duplicates run during the first and it fails; with a fast one they come
+// after the first has finished and get its replay, which shows nothing:
+// inconclusive, with what would make it conclusive. It used to pass, every
+// time, for the 100 Continue its requests got.
+func TestConcurrentNeedsInFlightProtection(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		delay time.Duration
+		runs  int
+	}{
+		{"fast", 0, 10},
+		{"slow", 150 * time.Millisecond, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newNoInFlight(tc.delay)
+			srv := start(t, h)
+			tg := target(srv.URL)
+			tg.Checks = []string{idemtest.CheckConcurrent}
+			for i := range tc.runs {
+				res, _ := check(t, tg).Result(idemtest.CheckConcurrent)
+				if !assert.NotEqual(t, idemtest.StatusPass, res.Status, "run %d: %s\n%s", i, res.Detail, res.Got) {
+					continue
+				}
+				switch res.Status {
+				case idemtest.StatusFail:
+					assert.Contains(t, res.Detail, "the request ran at least", "run %d", i)
+				case idemtest.StatusInconclusive:
+					assert.Contains(t, res.Detail, "an endpoint that takes 100ms or more", "run %d: the hint", i)
+				default:
+					t.Errorf("run %d: %s: %s", i, res.Status, res.Detail)
+				}
+				if tc.delay > 0 {
+					assert.Equal(t, idemtest.StatusFail, res.Status, "run %d: the duplicates ran during the first: %s\n%s", i, res.Detail, res.Got)
+				}
+			}
+		})
 	}
 }

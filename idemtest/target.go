@@ -126,8 +126,9 @@ type Target struct {
 	MinKeyLen int
 
 	// KeyAlphabet is the set of characters the target documents for its
-	// keys: AlphabetASCII (printable ASCII, the draft's) by default, or
-	// AlphabetUTF8.
+	// keys: AlphabetASCII (printable ASCII, the draft's) by default,
+	// AlphabetUTF8 (UTF-8 text) or AlphabetBytes (any byte but control
+	// characters).
 	KeyAlphabet KeyAlphabet
 
 	// Require5xxRelease makes the release-5xx policy a requirement: after
@@ -276,9 +277,9 @@ func (t Target) withDefaults() (Target, error) {
 	switch t.KeyAlphabet {
 	case "":
 		t.KeyAlphabet = AlphabetASCII
-	case AlphabetASCII, AlphabetUTF8:
+	case AlphabetASCII, AlphabetUTF8, AlphabetBytes:
 	default:
-		bad("Target.KeyAlphabet %q is not %q or %q", t.KeyAlphabet, AlphabetASCII, AlphabetUTF8)
+		bad("Target.KeyAlphabet %q is not %q, %q or %q", t.KeyAlphabet, AlphabetASCII, AlphabetUTF8, AlphabetBytes)
 	}
 	for _, name := range []string{t.KeyHeader, t.ReplayedHeader} {
 		if !validToken(name) {

@@ -52,6 +52,10 @@ func (r *runner) written(key string) string {
 func (r *runner) withKey(variant int, key string) request {
 	q := r.withValue(variant, r.written(key))
 	q.key = key
+	if !utf8.ValidString(key) {
+		// Shown escaped, as bodies are.
+		q.keyText = quote([]byte(q.value))
+	}
 	return q
 }
 

@@ -10,7 +10,8 @@
 //     carried in the context with idempotency.ContextWithKey wins. Inside
 //     a handler behind the middleware of package server, the key is
 //     derived from the handler's incoming key, as the Client derives it
-//     (idempotency.ContextWithStep, idempotency.DerivedKey).
+//     (idempotency.ContextWithStep, idempotency.DerivedKey): a version 8
+//     UUID, derived with the secret of [WithDerivedKeySecret] if given.
 //   - a request is retried only if it is safe to repeat: its method is
 //     idempotent (GET, HEAD, PUT, DELETE, OPTIONS, TRACE) or it has a key.
 //   - what is retried is decided as the Client of package idempotency
@@ -31,6 +32,7 @@ package retryable
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"net/http"
@@ -49,21 +51,56 @@ import (
 // as the Client bounds the drain of a body it discards.
 const problemBound = 250 * time.Millisecond
 
+// An Option configures Protect.
+type Option func(*config)
+
+type config struct {
+	secret  []byte
+	invalid []error
+}
+
+// WithDerivedKeySecret derives the keys of requests made inside a handler
+// with secret as well as the incoming key, as the Client of package
+// idempotency does with its own WithDerivedKeySecret, which says when it is
+// needed: when incoming keys can be guessed and the downstream service
+// must not learn them. It must be the same in every process that runs the
+// handler, and have at least 16 bytes; it is copied.
+func WithDerivedKeySecret(secret []byte) Option {
+	return func(c *config) {
+		if len(secret) < derive.MinSecret {
+			c.invalid = append(c.invalid, fmt.Errorf("retryable: WithDerivedKeySecret needs at least %d bytes, got %d", derive.MinSecret, len(secret)))
+			return
+		}
+		c.secret = append([]byte(nil), secret...)
+	}
+}
+
 // Protect makes rc safe for POSTs, as the package documentation describes,
 // by setting its CheckRetry, Backoff and RequestLogHook (which still calls
 // the hook it had, if any) and giving it an HTTPClient of its own, a copy
 // of the one it had (go-cleanhttp's pooled client if none), whose
 // Transport marks the errors of requests that must not be retried. Call it
-// once, before rc is used; it returns an error for a nil rc, or one
-// already protected.
+// once, before rc is used; it returns an error for a nil rc, one already
+// protected, or invalid options (all of them, joined).
 //
 // The key is set in the header of the *http.Request that rc sends: for a
 // request made with retryablehttp.FromRequest, which is the caller's, the
 // Header field is replaced by a copy with the key, as go-retryablehttp
 // itself replaces its Body; the caller's header map is not modified.
-func Protect(rc *retryablehttp.Client) error {
+func Protect(rc *retryablehttp.Client, opts ...Option) error {
+	var cfg config
+	for i, opt := range opts {
+		if opt == nil {
+			cfg.invalid = append(cfg.invalid, fmt.Errorf("retryable: option %d is nil", i))
+			continue
+		}
+		opt(&cfg)
+	}
 	if rc == nil {
-		return errors.New("retryable: Protect needs a *retryablehttp.Client")
+		cfg.invalid = append(cfg.invalid, errors.New("retryable: Protect needs a *retryablehttp.Client"))
+	}
+	if err := errors.Join(cfg.invalid...); err != nil {
+		return err
 	}
 	hc := rc.HTTPClient
 	if hc == nil {
@@ -83,7 +120,7 @@ func Protect(rc *retryablehttp.Client) error {
 	prev := rc.RequestLogHook
 	rc.RequestLogHook = func(l retryablehttp.Logger, req *http.Request, attempt int) {
 		if attempt == 0 {
-			setKey(req)
+			setKey(req, cfg.secret)
 		}
 		if prev != nil {
 			prev(l, req, attempt)
@@ -95,14 +132,17 @@ func Protect(rc *retryablehttp.Client) error {
 }
 
 // setKey gives req, before its first attempt, the key that it sends on
-// every attempt, unless it has one.
-func setKey(req *http.Request) {
+// every attempt, unless it has one; a derived key is derived with secret.
+func setKey(req *http.Request, secret []byte) {
 	if hasKey(req.Header) || (req.Method != http.MethodPost && req.Method != http.MethodPatch) {
 		return
 	}
 	key, ok := idempotency.KeyFromContext(req.Context())
 	if !ok {
-		key, ok = derive.ForRequest(req.Context(), req.Method, req.URL)
+		var s [derive.Size]byte
+		if s, ok = derive.ForRequest(req.Context(), req.Method, req.URL, secret); ok {
+			key = derive.UUID(s, 8)
+		}
 	}
 	if !ok {
 		key = idempotency.NewKey()

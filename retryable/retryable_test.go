@@ -295,3 +295,32 @@ func TestUnkeyedPostNotRetried(t *testing.T) {
 		srv.Close()
 	}
 }
+
+// TestDerivedKeySecret: with WithDerivedKeySecret, the derived key is the
+// one a Client with the same secret derives, and not the one without.
+func TestDerivedKeySecret(t *testing.T) {
+	secret := []byte("0123456789abcdef0123456789abcdef")
+	s := &script{steps: []http.HandlerFunc{status(503), status(201)}}
+	srv := httptest.NewServer(s)
+	defer srv.Close()
+	rc := newRetryClient(t, false)
+	require.NoError(t, retryable.Protect(rc, retryable.WithDerivedKeySecret(secret)))
+	ctx := idempotency.ContextWithStep(incoming.NewContext(t.Context(), &incoming.Key{Scope: "t", Key: "in"}), "charge")
+	c, err := idempotency.NewClient(idempotency.WithDerivedKeySecret(secret))
+	require.NoError(t, err)
+	want, _, err := c.DerivedKey(ctx, "charge")
+	require.NoError(t, err)
+	plain, _ := idempotency.DerivedKey(ctx, "charge")
+	require.NotEqual(t, plain, want)
+	req, err := retryablehttp.NewRequestWithContext(ctx, http.MethodPost, srv.URL, []byte("x"))
+	require.NoError(t, err)
+	resp, err := rc.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, []string{want, want}, s.seen())
+
+	err = retryable.Protect(retryablehttp.NewClient(), retryable.WithDerivedKeySecret([]byte("short")), nil)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "WithDerivedKeySecret needs at least 16 bytes, got 5")
+	assert.Contains(t, err.Error(), "option 1 is nil")
+}

@@ -56,7 +56,7 @@ func parseArgs(args []string, stdout io.Writer) (options, error) {
 		keyForm      = fs.String("key-form", string(idemtest.KeyBare), "the key `form`: bare, quoted (an RFC 8941 string, as the draft defines keys), or both (keys sent bare, and the key-forms check)")
 		maxKeyLen    = fs.Int("max-key-len", 0, "the longest key the endpoint accepts, in `bytes`: a key one byte longer must be refused (default: no limit probed, the draft sets none)")
 		minKeyLen    = fs.Int("min-key-len", 0, "the shortest key the endpoint accepts, in `bytes`: a key one byte shorter must be refused, and the valid keys sent (12, 36, 64 and 255 bytes, a stripe-go style key) are those within -min-key-len and -max-key-len; both 36 for an endpoint that takes only UUIDs")
-		keyAlphabet  = fs.String("key-alphabet", string(idemtest.AlphabetASCII), "the characters the endpoint documents for keys: ascii (printable ASCII, the draft's) or utf8 (UTF-8 text: a non-ASCII key is then valid, and a byte that is not UTF-8 malformed)")
+		keyAlphabet  = fs.String("key-alphabet", string(idemtest.AlphabetASCII), "the characters the endpoint documents for keys: ascii (printable ASCII, the draft's), utf8 (UTF-8 text: a non-ASCII key is then valid, and a byte that is not UTF-8 malformed) or bytes (any byte but control characters: keys with non-ASCII characters and with bytes that are not UTF-8 are then valid)")
 		release5xx   = fs.Bool("require-5xx-release", false, "require policy release-5xx: a retry after a 5xx runs again (default: a stored 5xx is advisory, as the draft allows it)")
 		timeout      = fs.Duration("timeout", idemtest.DefaultTimeout, "the longest each request may take")
 		patience     = fs.Duration("patience", idemtest.DefaultPatience, "how long to keep retrying while the endpoint answers 409 (in flight)")
@@ -167,11 +167,17 @@ policy that the flags declare, and the report says which: -keys-optional,
 The checks that need a valid key send keys of several lengths and forms, so
 an endpoint that takes keys of one length only must declare it.
 
-The concurrent check needs requests that overlap, and sees it: a 409, or
-requests that the endpoint answered 100 Continue (to Expect: 100-continue)
-at once, before any body was sent. Against an endpoint that handles them one
-after another, it is inconclusive. An endpoint that takes tens of
-milliseconds, or a larger -n, makes them overlap.
+The concurrent check passes only when it has seen a duplicate reach the
+endpoint's idempotency layer while the first request ran there: a 409, or
+duplicates that waited as long as the first took to run, while a request
+under another key sent with them ran alongside it. It times runs and a
+replay alone first. A 100 Continue shows nothing: servers send it before
+the application sees the key. Against an endpoint that runs a request in
+less than 50ms more than it takes to replay one, duplicates released
+together come after the first has finished, and the check is inconclusive:
+point it at an endpoint that takes 100ms or more (a test endpoint whose
+handler sleeps, say 250ms). Against a server that handles one request at a
+time, it is inconclusive too.
 
 Flags:
 `)

@@ -45,22 +45,37 @@ func orders() http.Handler {
 // protect puts mw in front of h, and holds each run of h until a duplicate
 // of its request (the same key) has been answered, or for 50ms at most: the
 // concurrent check's duplicates then meet the first in flight, as they
-// would a handler that takes time, without depending on the scheduler.
+// would a handler that takes time, without depending on the scheduler. The
+// concurrent check's requests (with Expect: 100-continue) are held for up
+// to a second, so that a late duplicate still meets the first; once a
+// duplicate has been answered, the others go on, and those that come in
+// the second after it (the check's request under another key) are held for
+// 50ms only.
 func protect(mw func(http.Handler) http.Handler, h http.Handler) http.Handler {
-	var mu sync.Mutex
-	running := map[string]chan struct{}{}
+	var (
+		mu      sync.Mutex
+		running = map[string]chan struct{}{}
+		settled = make(chan struct{})
+		lastAt  time.Time
+	)
 	type ranKey struct{}
 	protected := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if ran, ok := r.Context().Value(ranKey{}).(*atomic.Bool); ok {
 			ran.Store(true)
 		}
 		key, answered := r.Header.Get("Idempotency-Key"), make(chan struct{})
+		var burst chan struct{} // nil, which never ends the wait, but in a burst
+		window := 50 * time.Millisecond
 		mu.Lock()
 		running[key] = answered
+		if r.Header.Get("Expect") != "" && time.Since(lastAt) > time.Second {
+			burst, window = settled, time.Second
+		}
 		mu.Unlock()
-		timer := time.NewTimer(50 * time.Millisecond)
+		timer := time.NewTimer(window)
 		select {
 		case <-answered:
+		case <-burst:
 		case <-timer.C:
 		}
 		timer.Stop()
@@ -74,6 +89,8 @@ func protect(mw func(http.Handler) http.Handler, h http.Handler) http.Handler {
 			if answered := running[r.Header.Get("Idempotency-Key")]; answered != nil {
 				close(answered)
 				delete(running, r.Header.Get("Idempotency-Key"))
+				close(settled)
+				settled, lastAt = make(chan struct{}), time.Now()
 			}
 			mu.Unlock()
 		}
@@ -304,7 +321,7 @@ func TestParseArgs(t *testing.T) {
 		"-H2", "Authorization: Bearer b", "-fail-header", "X-Fail: yes",
 		"-d", "@" + file, "-n", "4", "-key-header", "X-Key", "-replay-header", "X-Replay",
 		"-keys-optional", "-timeout", "3s", "-patience", "2s", "-drop-after", "50ms",
-		"-key-form", "quoted", "-max-key-len", "64", "-min-key-len", "8", "-key-alphabet", "utf8", "-require-5xx-release",
+		"-key-form", "quoted", "-max-key-len", "64", "-min-key-len", "8", "-key-alphabet", "bytes", "-require-5xx-release",
 		"-checks", "replay, concurrent", "-json", "-url", "https://api.example.com/v1/orders?x=1",
 	}, io.Discard)
 	require.NoError(t, err)
@@ -325,7 +342,7 @@ func TestParseArgs(t *testing.T) {
 	assert.Equal(t, idemtest.KeyQuoted, tg.KeyForm)
 	assert.Equal(t, 64, tg.MaxKeyLen)
 	assert.Equal(t, 8, tg.MinKeyLen)
-	assert.Equal(t, idemtest.AlphabetUTF8, tg.KeyAlphabet)
+	assert.Equal(t, idemtest.AlphabetBytes, tg.KeyAlphabet)
 	assert.True(t, tg.Require5xxRelease)
 	assert.Equal(t, 3*time.Second, tg.Timeout)
 	assert.Equal(t, 2*time.Second, tg.Patience)

@@ -44,7 +44,7 @@ func Example_lookupAndResolve() {
 		Expires:     created.Add(24 * time.Hour),
 		Response: &server.Response{
 			Status: http.StatusConflict,
-			Header: http.Header{"Content-Type": {"application/problem+json"}},
+			Header: http.Header{"Content-Type": {"application/problem+json"}, "Idempotent-Outcome": {"unknown"}},
 			Body:   []byte(`{"type":"https://pkg.go.dev/github.com/idemkit/idempotency/server#ErrOutcomeUnknown","status":409}`),
 		},
 	}}
@@ -71,6 +71,7 @@ func Example_lookupAndResolve() {
 	// fingerprint  9f86d081
 	// response     409 Conflict, 98 body bytes
 	//              Content-Type: application/problem+json
+	//              Idempotent-Outcome: unknown
 	// body         {"type":"https://pkg.go.dev/github.com/idemkit/idempotency/server#ErrOutcomeUnknown","status":409}
 	// resolved: key "order-7" in scope "auth:5d41402abc4b2a76", outcome unknown before, is recorded as done with 201 Created (11 body bytes); every retry gets it for 24h0m0s
 }

@@ -34,8 +34,6 @@ the next request with KEY runs. The store is -store or $IDEMCTL_STORE: a
 postgres:// or redis:// URL. A key whose holder's lease is live is settled
 only with -force. Exit status: 0 done, 1 store failure, 2 usage error, 3 no
 record for KEY, 4 refused: the lease is live.
-
-Flags:
 `
 
 // command is one parsed command line.
@@ -76,28 +74,15 @@ func parseArgs(args []string, env environment) (*command, error) {
 	}
 	switch args[0] {
 	case "-h", "-help", "--help", "help":
-		fmt.Fprint(env.stdout, usageText)
-		newFlagSet("lookup", &command{}, env.stdout).PrintDefaults()
+		printHelp(env.stdout)
 		return nil, flag.ErrHelp
 	case "lookup", "resolve", "forget":
 	default:
 		return nil, fmt.Errorf("%w: unknown command %q: want lookup, resolve or forget", errUsage, args[0])
 	}
 	c := &command{name: args[0]}
-	var (
-		status   int
-		body     string
-		bodyFile string
-		headers  headerFlag
-	)
-	fs := newFlagSet(c.name, c, env.stdout)
-	if c.name == "resolve" {
-		fs.IntVar(&status, "status", 0, "the `status` code of the response to record (required)")
-		fs.StringVar(&body, "body", "", "the response body, as `text`")
-		fs.StringVar(&bodyFile, "body-file", "", "read the response body from `file` (- for standard input)")
-		fs.Var(&headers, "header", "a response header, 'Name: value' (repeatable)")
-		fs.DurationVar(&c.ttl, "ttl", server.DefaultTTL, "how long the record is kept, and replayed")
-	}
+	var ra resolveArgs
+	fs := newFlagSet(c.name, c, &ra, env.stdout)
 	// Flags may come after KEY too.
 	var positional []string
 	for rest := args[1:]; ; {
@@ -140,51 +125,119 @@ func parseArgs(args []string, env environment) (*command, error) {
 	}
 
 	var invalid []error
-	if status < 100 || status > 599 {
-		invalid = append(invalid, fmt.Errorf("-status %d: want a status code from 100 to 599", status))
+	if ra.status < 200 || ra.status > 599 {
+		// An interim (1xx) status is no answer: net/http would answer
+		// 200 to every retry instead.
+		invalid = append(invalid, fmt.Errorf("-status %d: want a final status code, from 200 to 599", ra.status))
 	}
 	if c.ttl <= 0 {
 		invalid = append(invalid, fmt.Errorf("-ttl %v is not positive", c.ttl))
 	}
-	if body != "" && bodyFile != "" {
+	if ra.body != "" && ra.bodyFile != "" {
 		invalid = append(invalid, errors.New("-body and -body-file: give one"))
+	}
+	if _, ok := ra.headers.h[server.HeaderOutcome]; ok {
+		// A record with it is the "outcome unknown" answer again, to
+		// this command's lookup and to every door that replays it.
+		invalid = append(invalid, fmt.Errorf("-header %s: it marks the middleware's \"outcome unknown\" answer, which a resolved record is not", server.HeaderOutcome))
 	}
 	if err := errors.Join(invalid...); err != nil {
 		return nil, fmt.Errorf("%w: %v", errUsage, err)
 	}
-	b := []byte(body)
-	if bodyFile != "" {
-		if b, err = readBody(bodyFile); err != nil {
+	b := []byte(ra.body)
+	if ra.bodyFile != "" {
+		if b, err = readBody(ra.bodyFile); err != nil {
 			return nil, fmt.Errorf("%w: -body-file: %v", errUsage, err)
 		}
 	}
 	if len(b) > maxBody {
 		return nil, fmt.Errorf("%w: the body has %d bytes, more than %d", errUsage, len(b), maxBody)
 	}
-	c.resp = &server.Response{Status: status, Header: headers.h, Body: b}
+	c.resp = &server.Response{Status: ra.status, Header: ra.headers.h, Body: b}
 	return c, nil
 }
 
-// newFlagSet returns the flags every command has, stored in c.
-func newFlagSet(name string, c *command, out io.Writer) *flag.FlagSet {
+// resolveArgs are the flags of resolve that describe the response.
+type resolveArgs struct {
+	status   int
+	body     string
+	bodyFile string
+	headers  headerFlag
+}
+
+// newFlagSet returns the flags of the command name, stored in c and, for
+// resolve, in ra.
+func newFlagSet(name string, c *command, ra *resolveArgs, out io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("idemctl "+name, flag.ContinueOnError)
 	fs.SetOutput(out)
 	fs.Usage = func() {
 		fmt.Fprint(out, usageText)
+		fmt.Fprintf(out, "\nFlags of %s:\n", name)
 		fs.PrintDefaults()
 	}
+	commonFlags(fs, c)
+	switch name {
+	case "lookup":
+		lookupFlags(fs, c)
+	case "resolve":
+		resolveFlags(fs, c, ra)
+		settleFlags(fs, c)
+	case "forget":
+		settleFlags(fs, c)
+	}
+	return fs
+}
+
+// commonFlags are the flags of every command: the store and the key's
+// scope.
+func commonFlags(fs *flag.FlagSet, c *command) {
 	fs.StringVar(&c.store.url, "store", "", "the store's `URL`: postgres://... or redis://... (default $"+envStore+")")
 	fs.StringVar(&c.store.table, "table", "", "PostgreSQL: the records' `table`, [schema.]name (default pgstore's)")
 	fs.StringVar(&c.store.prefix, "prefix", "", "Redis: the records' key `prefix` (default redisstore's)")
 	fs.BoolVar(&c.store.cluster, "cluster", false, "Redis: the URL names a node of a Redis Cluster")
 	fs.StringVar(&c.id.Scope, "scope", "", "the key's `scope`: what the middleware's scope function returned for the caller, as logged in its events")
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "give up on the store after this long")
-	if name == "lookup" {
-		fs.BoolVar(&c.json, "json", false, "print the record as JSON")
-	} else {
-		fs.BoolVar(&c.force, "force", false, "settle the key even while its holder's lease is live")
+}
+
+func lookupFlags(fs *flag.FlagSet, c *command) {
+	fs.BoolVar(&c.json, "json", false, "print the record as JSON")
+}
+
+func resolveFlags(fs *flag.FlagSet, c *command, ra *resolveArgs) {
+	fs.IntVar(&ra.status, "status", 0, "the `status` code of the response to record, a final one: 200 to 599 (required)")
+	fs.StringVar(&ra.body, "body", "", "the response body, as `text`")
+	fs.StringVar(&ra.bodyFile, "body-file", "", "read the response body from `file` (- for standard input)")
+	fs.Var(&ra.headers, "header", "a response header, 'Name: value' (repeatable); not "+server.HeaderOutcome+", which marks the middleware's own \"outcome unknown\" answer")
+	fs.DurationVar(&c.ttl, "ttl", server.DefaultTTL, "how long the record is kept, and replayed")
+}
+
+// settleFlags are the flags of the commands that change a record.
+func settleFlags(fs *flag.FlagSet, c *command) {
+	fs.BoolVar(&c.force, "force", false, "settle the key even while its holder's lease is live")
+}
+
+// printHelp writes the usage and the flags of every command, each once.
+func printHelp(out io.Writer) {
+	fmt.Fprint(out, usageText)
+	var (
+		c  command
+		ra resolveArgs
+	)
+	for _, part := range []struct {
+		heading string
+		add     func(fs *flag.FlagSet)
+	}{
+		{"every command", func(fs *flag.FlagSet) { commonFlags(fs, &c) }},
+		{"lookup", func(fs *flag.FlagSet) { lookupFlags(fs, &c) }},
+		{"resolve", func(fs *flag.FlagSet) { resolveFlags(fs, &c, &ra) }},
+		{"resolve and forget", func(fs *flag.FlagSet) { settleFlags(fs, &c) }},
+	} {
+		fs := flag.NewFlagSet("idemctl", flag.ContinueOnError)
+		fs.SetOutput(out)
+		part.add(fs)
+		fmt.Fprintf(out, "\nFlags of %s:\n", part.heading)
+		fs.PrintDefaults()
 	}
-	return fs
 }
 
 func readBody(name string) ([]byte, error) {

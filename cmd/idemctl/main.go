@@ -11,12 +11,15 @@
 //	idemctl forget  [flags] KEY
 //
 // lookup prints the record of KEY: its state (in flight, completed, or
-// outcome unknown: completed with the middleware's final 409 whose problem
-// type is ...#ErrOutcomeUnknown), how many holders ran it and how many of
-// them were abandoned, when it was first claimed, when the lease ends and
-// when the record expires, and the stored response. resolve records the
-// request as done with the response given, replayed to every retry for -ttl;
-// forget deletes the record, so that the next request with KEY runs. Either
+// outcome unknown: completed with the middleware's final answer, which its
+// Idempotent-Outcome: unknown header marks whatever error writer wrote its
+// body), how many holders ran it and how many of them were abandoned, when
+// it was first claimed, when the lease ends and when the record expires,
+// and the stored response. resolve records the request as done with the
+// response given (a final status, 200 to 599, and headers other than
+// Idempotent-Outcome), replayed to every retry for -ttl; forget deletes the
+// record, so that the next request with KEY runs. idemctl -h lists the
+// flags of every command. Either
 // way a holder still running loses its lease and can no longer complete;
 // both refuse a key in flight whose holder's lease is live (it may still be
 // running, and do its effect after it) unless -force is given. The lease's

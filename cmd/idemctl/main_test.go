@@ -5,9 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -93,10 +96,12 @@ func (f *fixture) takeOver(t *testing.T, key string) server.Claim {
 	}
 }
 
+// outcomeUnknownProblem is the record of the middleware's "outcome unknown"
+// answer, as its default error writer makes it.
 func outcomeUnknownProblem() *server.Response {
 	return &server.Response{
 		Status: http.StatusConflict,
-		Header: http.Header{"Content-Type": {"application/problem+json"}},
+		Header: http.Header{"Content-Type": {"application/problem+json"}, server.HeaderOutcome: {"unknown"}},
 		Body:   []byte(`{"type":"` + wire.TypeOutcomeUnknown + `","title":"Outcome unknown","status":409,"code":"` + wire.CodeOutcomeUnknown + `"}`),
 	}
 }
@@ -145,6 +150,34 @@ func TestLookup(t *testing.T) {
 				require.NoError(t, f.store.Complete(ctx, id("order-1"), c.Token, outcomeUnknownProblem(), time.Hour))
 			},
 			want: []string{"state        outcome unknown: retries get a final 409", "attempts     2 (1 abandoned", "response     409 Conflict"},
+		},
+		{
+			// A WithErrorWriter of the service's own writes the answer:
+			// the header, not the body, says what it is.
+			name: "outcome unknown, written by a custom error writer",
+			setup: func(t *testing.T, f *fixture) {
+				f.claim(t, "order-1", time.Millisecond)
+				c := f.takeOver(t, "order-1")
+				resp := &server.Response{
+					Status: http.StatusConflict,
+					Header: http.Header{"Content-Type": {"application/json"}, server.HeaderOutcome: {"unknown"}},
+					Body:   []byte(`{"error":"ORDER_OUTCOME_UNKNOWN"}`),
+				}
+				require.NoError(t, f.store.Complete(ctx, id("order-1"), c.Token, resp, time.Hour))
+			},
+			want: []string{"state        outcome unknown: retries get a final 409", "attempts     2 (1 abandoned"},
+		},
+		{
+			// The problem type without the header is an answer of the
+			// service's own (or a record resolved with a copy of it).
+			name: "the problem type alone is no unknown outcome",
+			setup: func(t *testing.T, f *fixture) {
+				c := f.claim(t, "order-1", time.Minute)
+				resp := outcomeUnknownProblem()
+				delete(resp.Header, server.HeaderOutcome)
+				require.NoError(t, f.store.Complete(ctx, id("order-1"), c.Token, resp, time.Hour))
+			},
+			want: []string{"state        completed\n"},
 		},
 		{
 			name: "another 409 is no unknown outcome",
@@ -325,7 +358,14 @@ func TestUsage(t *testing.T) {
 		{[]string{"lookup", "-store", "db.internal:5432", "k"}, "", "the store is not a URL"},
 		{[]string{"lookup", "-prefix", "p:", "k"}, "", "-prefix and -cluster are for a Redis store"},
 		{[]string{"lookup", "-store", "redis://127.0.0.1:6379/0", "-table", "t", "k"}, "", "-table is for a PostgreSQL store"},
-		{[]string{"resolve", "k"}, "", "-status 0: want a status code from 100 to 599"},
+		{[]string{"resolve", "k"}, "", "-status 0: want a final status code, from 200 to 599"},
+		// An interim status is no answer: net/http would send 200 to
+		// every retry instead.
+		{[]string{"resolve", "-status", "100", "k"}, "", "-status 100: want a final status code, from 200 to 599"},
+		{[]string{"resolve", "-status", "199", "k"}, "", "-status 199: want a final status code, from 200 to 599"},
+		// The header that marks the middleware's own "outcome unknown"
+		// would make the resolved record one again.
+		{[]string{"resolve", "-status", "201", "-header", "idempotent-outcome: unknown", "k"}, "", "-header Idempotent-Outcome: it marks the middleware's \"outcome unknown\" answer"},
 		{[]string{"resolve", "-status", "600", "-ttl", "-1s", "k"}, "", "-ttl -1s is not positive"},
 		{[]string{"resolve", "-status", "201", "-body", "x", "-body-file", "f", "k"}, "", "-body and -body-file: give one"},
 		{[]string{"resolve", "-status", "201", "-body-file", "/nonexistent/body", "k"}, "", "-body-file: open /nonexistent/body"},
@@ -368,6 +408,19 @@ func TestHelp(t *testing.T) {
 	}
 	f.run("resolve", "-h")
 	assert.Contains(t, f.stdout.String(), "-status status")
+	assert.NotContains(t, f.stdout.String(), "-json", "lookup's flag in resolve's help")
+
+	// The help of the command lists the flags of every subcommand, each
+	// once.
+	require.Equal(t, exitOK, f.run("-h"))
+	out := f.stdout.String()
+	for _, flag := range []string{"-store", "-scope", "-timeout", "-json", "-status", "-body", "-body-file", "-header", "-ttl", "-force"} {
+		lines := regexp.MustCompile(`(?m)^  `+flag+`( |$)`).FindAllString(out, -1)
+		assert.Len(t, lines, 1, "%s in:\n%s", flag, out)
+	}
+	for _, heading := range []string{"Flags of every command:\n", "Flags of lookup:\n", "Flags of resolve:\n", "Flags of resolve and forget:\n"} {
+		assert.Contains(t, out, heading)
+	}
 }
 
 // TestStoreFlags: the flags reach the opener as given, and the URL comes from
@@ -460,4 +513,52 @@ func TestCredentialsNeverPrinted(t *testing.T) {
 			t.Log(stderr.String())
 		})
 	}
+}
+
+// TestLookupCustomErrorWriter: the "outcome unknown" answer that the
+// middleware records through an error writer of the service's own, which
+// knows nothing of problem documents, is shown as such: the record's
+// header says what it is, not its body.
+func TestLookupCustomErrorWriter(t *testing.T) {
+	f := newFixture(t)
+	mw, err := server.New(f.store,
+		server.WithAbandoned(server.RefuseAbandoned),
+		server.WithScope(func(*http.Request) (string, error) { return scope, nil }),
+		// The lost holder's, claimed below.
+		server.WithFingerprint(func(*http.Request, []byte) (string, error) { return "fingerprint", nil }),
+		server.WithErrorWriter(func(w http.ResponseWriter, _ *http.Request, err error) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusConflict)
+			fmt.Fprintf(w, `{"error":%q}`, err.Error())
+		}))
+	require.NoError(t, err)
+	srv := httptest.NewServer(mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+	})))
+	defer srv.Close()
+
+	// A holder was lost; the retry takes the key over, and is refused.
+	f.claim(t, "order-1", time.Millisecond)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		req, err := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader("{}"))
+		require.NoError(t, err)
+		req.Header.Set(server.HeaderKey, "order-1")
+		resp, err := srv.Client().Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		if resp.Header.Get(server.HeaderOutcome) == "unknown" {
+			break
+		}
+		require.Equal(t, http.StatusConflict, resp.StatusCode, "before the lost holder's lease ends: in flight")
+		require.False(t, time.Now().After(deadline), "the 1ms lease was not taken over in 10s")
+	}
+
+	require.Equal(t, exitOK, f.run("lookup", "-scope", scope, "order-1"), "stderr: %s", &f.stderr)
+	assert.Contains(t, f.stdout.String(), "state        outcome unknown: retries get a final 409")
+	assert.NotContains(t, f.stdout.String(), "application/problem+json", "the service's own body")
+	require.Equal(t, exitOK, f.run("lookup", "-json", "-scope", scope, "order-1"), "stderr: %s", &f.stderr)
+	var got jsonRecord
+	require.NoError(t, json.Unmarshal(f.stdout.Bytes(), &got))
+	assert.Equal(t, "outcome_unknown", got.State)
 }

@@ -15,7 +15,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/idemkit/idempotency/internal/wire"
 	"github.com/idemkit/idempotency/server"
 )
 
@@ -49,19 +48,12 @@ func stateAt(r server.Record, now time.Time) string {
 }
 
 // outcomeUnknown reports whether resp is the middleware's final answer to a
-// retry whose earlier holder was abandoned: a 409 problem of type
-// wire.TypeOutcomeUnknown.
+// retry whose earlier holder was abandoned. Its header says so
+// (server.HeaderOutcome), whatever error writer wrote its body; a body of
+// the problem type alone, without the header, is an answer of the
+// service's own.
 func outcomeUnknown(resp *server.Response) bool {
-	if resp == nil || resp.Status != http.StatusConflict {
-		return false
-	}
-	var p struct {
-		Type string `json:"type"`
-	}
-	if json.Unmarshal(resp.Body, &p) != nil {
-		return false
-	}
-	return p.Type == wire.TypeOutcomeUnknown
+	return resp.OutcomeUnknown()
 }
 
 // attempts is how many holders the record has had: the abandoned ones and

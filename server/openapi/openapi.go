@@ -1,8 +1,10 @@
 // Package openapi describes the Idempotency-Key protocol of package server
 // as an OpenAPI fragment that an API includes in its own specification: the
 // request header and its syntax, the headers of the answers (the echoed key,
-// the replay marker, Retry-After), and the problem documents that the
-// middleware answers itself, each with its type and code.
+// the replay marker, Retry-After, Idempotent-Outcome on the "outcome
+// unknown" answer, Cache-Control: no-store on every answer the middleware
+// writes itself), and the problem documents that the middleware answers
+// itself, each with its type and code.
 //
 // The fragment is written from the constants that the middleware and the
 // client use (the header names, the key's syntax and length, the problem
@@ -152,6 +154,17 @@ func Document() map[string]any {
 			"description": "Seconds to wait before retrying with the same key.",
 			"schema":      object{"type": "integer", "minimum": 1},
 		},
+		"IdempotentOutcome": object{
+			"description": "Present, as unknown, on the final 409 answer of the IdempotencyOutcomeUnknown problem, and on every replay of it: an earlier " +
+				"request with this key was abandoned while it ran, and whether it took effect is unknown. It tells this answer from any other 409, " +
+				"whatever its body (an API may write its refusals in a format of its own). Do not retry with this key.",
+			"schema": object{"type": "string", "enum": []string{"unknown"}},
+		},
+		"CacheControl": object{
+			"description": "no-store, on every answer that the idempotency layer writes itself: it says what the key's record holds at that moment " +
+				"(in flight, unavailable, refused), and a cache that served it to a retry would hide the request's real answer.",
+			"schema": object{"type": "string", "enum": []string{"no-store"}},
+		},
 	}
 	responses := object{}
 	byStatus := map[int][]Problem{}
@@ -170,19 +183,27 @@ func Document() map[string]any {
 	for status, ps := range byStatus {
 		var one []any
 		desc := ""
-		retry := false
+		retry, unknown := false, false
 		for _, p := range ps {
 			one = append(one, ref("schemas", p.Name))
 			desc += " " + p.Description
 			retry = retry || p.Retry
+			unknown = unknown || p.Type == wire.TypeOutcomeUnknown
 		}
 		schema := one[0]
 		if len(one) > 1 {
 			schema = object{"oneOf": one}
 		}
-		h := object{"IdempotencyKey": ref("headers", "IdempotencyKey")}
+		// The keys are the headers' names on the wire.
+		h := object{
+			server.HeaderKey: ref("headers", "IdempotencyKey"),
+			"Cache-Control":  ref("headers", "CacheControl"),
+		}
 		if retry {
 			h["Retry-After"] = ref("headers", "RetryAfter")
+		}
+		if unknown {
+			h[server.HeaderOutcome] = ref("headers", "IdempotentOutcome")
 		}
 		responses[responseName(status)] = object{
 			"description": http.StatusText(status) + ", answered by the idempotency layer:" + desc,

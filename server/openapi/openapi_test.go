@@ -10,8 +10,10 @@ import (
 	"net/http/httptest"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/getkin/kin-openapi/openapi3"
 	"github.com/stretchr/testify/assert"
@@ -61,7 +63,7 @@ func TestValid(t *testing.T) {
 	assert.Equal(t, "header", p.Value.In)
 	assert.True(t, p.Value.Required)
 	assert.Equal(t, openapi.KeyPattern, p.Value.Schema.Value.Pattern)
-	for _, name := range []string{"IdempotencyKey", "IdempotentReplayed", "IdempotentBodyOmitted", "RetryAfter"} {
+	for _, name := range []string{"IdempotencyKey", "IdempotentReplayed", "IdempotentBodyOmitted", "RetryAfter", "IdempotentOutcome", "CacheControl"} {
 		assert.Contains(t, doc.Components.Headers, name)
 	}
 	for _, name := range []string{openapi.ResponseBadRequest, openapi.ResponseConflict, openapi.ResponseTooLarge, openapi.ResponseMismatch, openapi.ResponseUnavailable} {
@@ -168,6 +170,8 @@ func TestMiddlewareAnswersMatch(t *testing.T) {
 	got["IdempotencyStoreUnavailable"] = do(t, srv, []string{"any"}, "{}")
 	faulty.Clear(faultstore.Claim)
 
+	got["IdempotencyOutcomeUnknown"] = outcomeUnknown(t, mem)
+
 	for name, a := range got {
 		t.Run(name, func(t *testing.T) {
 			p := problems[name]
@@ -195,7 +199,62 @@ func TestMiddlewareAnswersMatch(t *testing.T) {
 				assert.Contains(t, p.Codes, doc.Code)
 			}
 			assert.Equal(t, p.Retry, a.header.Get("Retry-After") != "", "Retry-After")
+			// Every header of the protocol that the answer carries is
+			// declared, under its name, and its value is valid.
+			for _, name := range protocolHeaders {
+				v := a.header.Get(name)
+				if v == "" {
+					continue
+				}
+				h := resp.Value.Headers[name]
+				if !assert.NotNil(t, h, "%s: %s is not declared", name, v) {
+					continue
+				}
+				assert.NoError(t, h.Value.Schema.Value.VisitJSON(headerValue(h.Value.Schema.Value, v)), "%s: %s", name, v)
+			}
 		})
+	}
+}
+
+// protocolHeaders are the response headers that the middleware sets on the
+// answers it writes itself.
+var protocolHeaders = []string{server.HeaderKey, "Retry-After", server.HeaderOutcome, "Cache-Control", server.HeaderReplayed}
+
+// headerValue is v as its schema types it.
+func headerValue(schema *openapi3.Schema, v string) any {
+	if schema.Type.Is("integer") {
+		if n, err := strconv.Atoi(v); err == nil {
+			return float64(n)
+		}
+	}
+	return v
+}
+
+// outcomeUnknown provokes the "outcome unknown" answer: a retry, under
+// RefuseAbandoned, of a request whose holder was lost.
+func outcomeUnknown(t *testing.T, store server.Store) answer {
+	t.Helper()
+	mw, err := server.New(store,
+		server.WithAbandoned(server.RefuseAbandoned),
+		server.WithScope(func(*http.Request) (string, error) { return "tenant", nil }),
+		server.WithFingerprint(func(*http.Request, []byte) (string, error) { return "fingerprint", nil }))
+	require.NoError(t, err)
+	srv := httptest.NewServer(mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+	})))
+	t.Cleanup(srv.Close)
+	id := server.ID{Scope: "tenant", Key: "lost"}
+	c, err := store.Claim(t.Context(), id, "fingerprint", time.Millisecond, time.Hour)
+	require.NoError(t, err)
+	require.Equal(t, server.Acquired, c.Status)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		a := do(t, srv, []string{"lost"}, "{}")
+		if a.header.Get(server.HeaderOutcome) != "" {
+			return a
+		}
+		require.Equal(t, http.StatusConflict, a.status, "%s", a.body)
+		require.False(t, time.Now().After(deadline), "the lost holder's 1ms lease was not taken over in 10s")
 	}
 }
 

@@ -23,7 +23,20 @@ import (
 // program one.
 const envLoadgen = "LOADBENCH_TEST_LOADGEN"
 
+// envServer makes the test binary a server program that prints the
+// variable's value, or, empty, exits at once with a message.
+const envServer = "LOADBENCH_TEST_SERVER"
+
 func TestMain(m *testing.M) {
+	if line, ok := os.LookupEnv(envServer); ok {
+		if line == "" {
+			os.Stderr.WriteString("cannot serve\n")
+			os.Exit(3)
+		}
+		os.Stdout.WriteString(line + "\n")
+		time.Sleep(time.Hour) // until killed
+		os.Exit(0)
+	}
 	if os.Getenv(envLoadgen) == "1" {
 		if err := serveJobs(os.Stdin, os.Stdout); err != nil {
 			os.Stderr.WriteString(err.Error() + "\n")

@@ -23,9 +23,10 @@ import (
 // process of its own, started for the run; this process runs none of the
 // load and serves nothing, it builds the servers, starts them, drives the
 // load generator and measures. Every round runs each (variant, store, kind)
-// phase once, in an order shuffled each round, and the comparisons are this
-// tree's measures over each other variant's in the same round; the report
-// gives each ratio's median and range over the rounds.
+// phase once, in an order shuffled each round (the variants of a store and
+// kind one after the other), and the comparisons are this tree's measures
+// over each other variant's in the same round; the report gives each
+// ratio's median and range over the rounds.
 
 // Names of the variants other than a revision, which is named as given.
 const (
@@ -308,9 +309,7 @@ func (r *abRun) level(ctx context.Context, rep *benchreport.Report, n int) error
 	for round := range r.cfg.rounds {
 		for _, c := range r.cfg.concurrency {
 			measures := map[abSpec]benchreport.Measure{}
-			shuffled := slices.Clone(specs)
-			rand.Shuffle(len(shuffled), func(i, j int) { shuffled[i], shuffled[j] = shuffled[j], shuffled[i] })
-			for _, sp := range shuffled {
+			for _, sp := range shuffle(specs) {
 				if err := ctx.Err(); err != nil {
 					return err
 				}
@@ -369,6 +368,31 @@ func (r *abRun) level(ctx context.Context, rep *benchreport.Report, n int) error
 	printLevel(r.out, n, r.cfg, done)
 	printRatios(r.out, n, r.cfg, comps)
 	return nil
+}
+
+// shuffle returns the phases of a round in a random order in which the
+// variants of each store and kind run one after the other (in a random
+// order too): a ratio is taken between phases minutes apart otherwise, and
+// the load of a shared machine moves within minutes.
+func shuffle(specs []abSpec) []abSpec {
+	type group struct{ store, kind string }
+	var order []group
+	byGroup := map[group][]abSpec{}
+	for _, sp := range specs {
+		g := group{sp.t.store, sp.kind}
+		if _, ok := byGroup[g]; !ok {
+			order = append(order, g)
+		}
+		byGroup[g] = append(byGroup[g], sp)
+	}
+	rand.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+	out := make([]abSpec, 0, len(specs))
+	for _, g := range order {
+		in := slices.Clone(byGroup[g])
+		rand.Shuffle(len(in), func(i, j int) { in[i], in[j] = in[j], in[i] })
+		out = append(out, in...)
+	}
+	return out
 }
 
 // target returns v's target on store.

@@ -276,3 +276,39 @@ func TestStartServer(t *testing.T) {
 		t.Errorf("a program of another protocol: %v, want an error naming it", err)
 	}
 }
+
+// A round's order is random, with the variants of each store and kind one
+// after the other.
+func TestShuffle(t *testing.T) {
+	var specs []abSpec
+	vs := []*abVariant{{tag: "a"}, {tag: "b"}, {tag: "c"}}
+	for _, store := range []string{benchreport.Memory, benchreport.Redis} {
+		for _, v := range vs {
+			tg := &abTarget{v: v, store: store}
+			specs = append(specs, abSpec{tg, benchreport.KindFirst}, abSpec{tg, benchreport.KindReplay})
+		}
+	}
+	orders := map[string]bool{}
+	for range 200 {
+		got := shuffle(specs)
+		if len(got) != len(specs) {
+			t.Fatalf("shuffle: %d phases, want %d", len(got), len(specs))
+		}
+		var names []string
+		seen := map[abSpec]bool{}
+		for i, sp := range got {
+			if seen[sp] {
+				t.Fatalf("shuffle: %v twice", sp)
+			}
+			seen[sp] = true
+			if i%len(vs) != 0 && (sp.t.store != got[i-1].t.store || sp.kind != got[i-1].kind) {
+				t.Fatalf("shuffle: phase %d (%s %s) is not next to the other variants of %s %s", i, sp.t.store, sp.kind, got[i-1].t.store, got[i-1].kind)
+			}
+			names = append(names, sp.t.store+sp.kind+sp.t.v.tag)
+		}
+		orders[strings.Join(names, ",")] = true
+	}
+	if len(orders) < 100 {
+		t.Errorf("shuffle gave %d orders in 200 rounds, want most of them different", len(orders))
+	}
+}

@@ -47,11 +47,12 @@
 // built from this tree, from REV extracted by git archive, from the peer's
 // source), on a redis-server and a PostgreSQL table of its own; this
 // process drives the load generator and measures. Each round runs every
-// (variant, store, kind) phase once, shuffled; the server CPU per request is
-// the server process's, from /proc; and the report gives, for each store and
-// kind, this tree's requests per second, server CPU and store server CPU
-// per request over each other variant's, a ratio per round, with their
-// median and range.
+// (variant, store, kind) phase once, shuffled, the variants of a store and
+// kind next to each other; the server CPU per request is the server
+// process's, from /proc; and the report gives, for each store and kind,
+// this tree's requests per second, server CPU and store server CPU per
+// request over each other variant's, a ratio per round, with their median
+// and range.
 package main
 
 import (

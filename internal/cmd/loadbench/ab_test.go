@@ -21,7 +21,7 @@ import (
 var (
 	abStores = flag.String("ab.stores", "memory", "stores of TestAB, comma-separated: memory, postgres, redis")
 	abPeer   = flag.String("ab.peer-dir", "", "TestAB also compares with the peer whose source is in this directory")
-	abStarts = flag.Int("ab.starts", 40, "servers that TestStartServer starts (a race it guards against showed about once in 300)")
+	abStarts = flag.Int("ab.starts", 20, "servers that TestStartServer starts (a race it guards against showed about once in 300)")
 )
 
 // The A/B mode end to end, at a tiny size: this tree against HEAD (HEAD's

@@ -68,6 +68,14 @@ func newBuilder(dir string, out io.Writer) (*builder, error) {
 	return b, nil
 }
 
+// sameDir says whether a and b are the same directory, symbolic links
+// followed.
+func sameDir(a, b string) bool {
+	ra, err1 := filepath.EvalSymlinks(a)
+	rb, err2 := filepath.EvalSymlinks(b)
+	return err1 == nil && err2 == nil && ra == rb
+}
+
 // commandErr adds what a command printed to its error.
 func commandErr(err error) error {
 	var ee *exec.ExitError
@@ -307,6 +315,13 @@ func (b *builder) peer(peerDir string) (string, benchreport.Variant, error) {
 		return "", v, err
 	}
 	v.Built = peerModule + " from " + abs
+	// A checkout of the peer says its commit; an extracted archive has none
+	// (and must not be taken for a repository around it).
+	if top, err := exec.Command("git", "-C", abs, "rev-parse", "--show-toplevel").Output(); err == nil && sameDir(strings.TrimSpace(string(top)), abs) {
+		if out, err := exec.Command("git", "-C", abs, "rev-parse", "--short=12", "HEAD").Output(); err == nil {
+			v.Commit = strings.TrimSpace(string(out))
+		}
+	}
 	mods := map[string]string{peerModule: abs, peerModule + "/pgstore": filepath.Join(abs, "pgstore"), peerModule + "/redistore": filepath.Join(abs, "redistore")}
 	for mod, dir := range mods {
 		data, err := os.ReadFile(filepath.Join(dir, "go.mod"))

@@ -207,7 +207,10 @@ func (r *abRun) start(ctx context.Context, rep *benchreport.Report, store string
 	for _, v := range r.variants {
 		t := &abTarget{v: v, store: store}
 		args := append([]string{"-store", store, "-pool", strconv.Itoa(r.cfg.pool)}, v.args...)
-		var err error
+		var (
+			env []string
+			err error
+		)
 		switch store {
 		case benchreport.Memory:
 			t.st = noStore{}
@@ -215,7 +218,8 @@ func (r *abRun) start(ctx context.Context, rep *benchreport.Report, store string
 			var pt *abPostgresTable
 			if pt, err = r.pg.table(v.tag); err == nil {
 				t.st = pt
-				args = append(args, "-postgres-url", pt.url, "-table", pt.name)
+				args = append(args, "-table", pt.name)
+				env = append(env, "IDEMPOTENCY_POSTGRES_URL="+pt.url)
 			}
 		case benchreport.Redis:
 			var rs *abRedis
@@ -229,7 +233,7 @@ func (r *abRun) start(ctx context.Context, rep *benchreport.Report, store string
 		if err == nil {
 			// Closed by r.close from now on, whatever happens next.
 			r.targets = append(r.targets, t)
-			t.proc, err = startServer(ctx, r.client, v.bin, args...)
+			t.proc, err = startServer(ctx, r.client, v.bin, args, env)
 		}
 		if err == nil && store != benchreport.Memory {
 			err = r.seed(ctx, t)

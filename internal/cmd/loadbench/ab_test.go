@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"flag"
+	"fmt"
 	"math"
 	"net/http"
 	"os"
@@ -248,7 +249,7 @@ func TestStartServer(t *testing.T) {
 		}
 		done := make(chan started, 1)
 		go func() {
-			p, err := startServer(ctx, &http.Client{}, os.Args[0])
+			p, err := startServer(ctx, &http.Client{}, os.Args[0], nil, nil)
 			done <- started{p, err}
 		}()
 		select {
@@ -260,7 +261,7 @@ func TestStartServer(t *testing.T) {
 		}
 	}
 	for range *abStarts {
-		p, err := start(`{"protocol":1,"url":"http://127.0.0.1:9"}`)
+		p, err := start(fmt.Sprintf(`{"protocol":%d,"url":"http://127.0.0.1:9"}`, abProtocol))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -272,7 +273,7 @@ func TestStartServer(t *testing.T) {
 	if _, err := start(""); err == nil || !strings.Contains(err.Error(), "cannot serve") {
 		t.Errorf("a program that exits at once: %v, want an error with what it printed", err)
 	}
-	if _, err := start(`{"protocol":2,"url":"http://127.0.0.1:9"}`); err == nil || !strings.Contains(err.Error(), "protocol 2") {
+	if _, err := start(`{"protocol":99,"url":"http://127.0.0.1:9"}`); err == nil || !strings.Contains(err.Error(), "protocol 99") {
 		t.Errorf("a program of another protocol: %v, want an error naming it", err)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"os"
 	"os/exec"
 	"strings"
 	"sync"
@@ -17,7 +18,7 @@ import (
 
 // abProtocol is the version of the server program's output and control
 // requests that this program speaks (abserver's protocol).
-const abProtocol = 1
+const abProtocol = 2
 
 // serverStats are what a server program reports on /loadbench/ requests.
 type serverStats struct {
@@ -36,10 +37,11 @@ type serverProc struct {
 	stderr *tailBuffer
 }
 
-// startServer starts bin with args and waits until it says where it
-// serves.
-func startServer(ctx context.Context, client *http.Client, bin string, args ...string) (*serverProc, error) {
+// startServer starts bin with args, and env added to this process's
+// environment, and waits until it says where it serves.
+func startServer(ctx context.Context, client *http.Client, bin string, args, env []string) (*serverProc, error) {
 	p := &serverProc{cmd: exec.Command(bin, args...), client: client, exited: make(chan struct{}), stderr: &tailBuffer{max: 4096}}
+	p.cmd.Env = append(os.Environ(), env...)
 	p.cmd.SysProcAttr = childAttr()
 	p.cmd.Stderr = p.stderr
 	out, err := p.cmd.StdoutPipe()

@@ -4,10 +4,14 @@
 // the fewest store statements that a first execution and a replay need.
 //
 //	abserver -store memory|postgres|redis [-minimal] [-addr 127.0.0.1:0] [-pool 32]
-//	         [-postgres-url URL -table NAME] [-redis-url URL -prefix PREFIX]
+//	         [-table NAME] [-redis-url URL -prefix PREFIX]
+//
+// PostgreSQL is IDEMPOTENCY_POSTGRES_URL's (by default 127.0.0.1:5432,
+// database test): a URL, which may hold a password, is not a command line
+// argument, which every user of the machine can read.
 //
 // Once it serves, it prints one line of JSON on its standard output,
-// {"protocol":1,"url":"http://127.0.0.1:PORT"}, and it answers the run's
+// {"protocol":2,"url":"http://127.0.0.1:PORT"}, and it answers the run's
 // requests under /loadbench/ (control.go); every other request is load. It
 // serves until it is killed.
 //
@@ -39,9 +43,12 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// protocol is the version of what this program prints and answers under
-// /loadbench/; loadbench refuses a server that speaks another.
-const protocol = 1
+// protocol is the version of how loadbench and this program work together:
+// the flags and the environment that start it, what it prints, and the
+// requests under /loadbench/. A change to any of them is a new version;
+// loadbench refuses a server of a version other than its own, which is a
+// revision's server of another time.
+const protocol = 2
 
 // config is the command line.
 type config struct {
@@ -63,11 +70,13 @@ func main() {
 	flag.BoolVar(&cfg.minimal, "minimal", false, "serve the minimal store statements instead of the middleware")
 	flag.StringVar(&cfg.addr, "addr", "127.0.0.1:0", "address to listen on")
 	flag.IntVar(&cfg.pool, "pool", 32, "most connections of the store's client")
-	flag.StringVar(&cfg.postgresURL, "postgres-url", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable", "PostgreSQL")
 	flag.StringVar(&cfg.table, "table", "idempotency_abserver", "PostgreSQL table, created if missing")
 	flag.StringVar(&cfg.redisURL, "redis-url", "redis://127.0.0.1:6379/0", "Redis")
 	flag.StringVar(&cfg.prefix, "prefix", "abserver:", "prefix of the Redis keys")
 	flag.Parse()
+	if cfg.postgresURL = os.Getenv("IDEMPOTENCY_POSTGRES_URL"); cfg.postgresURL == "" {
+		cfg.postgresURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	}
 	if cfg.pool < 1 {
 		log.Fatal("-pool must be at least 1")
 	}

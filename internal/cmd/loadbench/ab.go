@@ -107,7 +107,11 @@ func runAB(ctx context.Context, cfg config, out io.Writer, newGen func() (*loadg
 			Stores:       cfg.stores,
 		},
 	}
-	defer func() { rep.Machine.LoadAfter = loadAverage() }()
+	defer func() {
+		if rep != nil { // nil when the run could not start
+			rep.Machine.LoadAfter = loadAverage()
+		}
+	}()
 
 	dir, err := os.MkdirTemp("", "loadbench-ab-")
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"math"
 	"net/http"
 	"os"
@@ -311,5 +312,22 @@ func TestShuffle(t *testing.T) {
 	}
 	if len(orders) < 100 {
 		t.Errorf("shuffle gave %d orders in 200 rounds, want most of them different", len(orders))
+	}
+}
+
+// A run that cannot start says why, for a revision that is not one and for
+// a revision whose server speaks another protocol.
+func TestABRefuses(t *testing.T) {
+	for _, tc := range []struct{ rev, want string }{
+		{"no-such-revision", "not a revision"},
+	} {
+		cfg := config{stores: []string{benchreport.Memory}, concurrency: []int{1}, records: []int{0}, duration: 50 * time.Millisecond, rounds: 1, pool: 1, ab: tc.rev}
+		rep, err := runAB(context.Background(), cfg, io.Discard, testLoadgen)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("-ab %s: %v, want an error saying %q", tc.rev, err, tc.want)
+		}
+		if rep != nil && len(rep.Phases) > 0 {
+			t.Errorf("-ab %s: %d phases measured", tc.rev, len(rep.Phases))
+		}
 	}
 }

@@ -71,7 +71,11 @@ func run(ctx context.Context, cfg config, out io.Writer, newGen func() (*loadgen
 			Stores:       cfg.stores,
 		},
 	}
-	defer func() { rep.Machine.LoadAfter = loadAverage() }()
+	defer func() {
+		if rep != nil { // nil when the run could not start
+			rep.Machine.LoadAfter = loadAverage()
+		}
+	}()
 
 	if b.gen, err = newGen(); err != nil {
 		return nil, err

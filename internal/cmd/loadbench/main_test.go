@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -324,5 +325,15 @@ func testRun(t *testing.T, store string) {
 		if w := s.Windows[i]; w.Claims == 0 || w.ClaimP99 <= 0 {
 			t.Errorf("sweep, window %s: %d claims, p99 %v µs; want some", w.Name, w.Claims, w.ClaimP99)
 		}
+	}
+}
+
+// A run that cannot start returns why, rather than panicking on the report
+// it has not made.
+func TestRunCannotStart(t *testing.T) {
+	cfg := config{stores: []string{benchreport.Memory}, concurrency: []int{1}, records: []int{0}, duration: time.Millisecond, rounds: 1, pool: 1}
+	noGen := errors.New("no load generator")
+	if _, err := run(context.Background(), cfg, io.Discard, func() (*loadgen, error) { return nil, noGen }); !errors.Is(err, noGen) {
+		t.Errorf("run = %v, want %v", err, noGen)
 	}
 }

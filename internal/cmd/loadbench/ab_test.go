@@ -331,3 +331,17 @@ func TestABRefuses(t *testing.T) {
 		}
 	}
 }
+
+// A ratio over a measure of nothing is left out: the JSON has no NaN.
+func TestRatioRounds(t *testing.T) {
+	var rr ratioRounds
+	two, zero := 2.0, 0.0
+	rr.add(benchreport.Measure{PerSecond: 10, ServerCPU: 4, StoreCPU: &two}, benchreport.Measure{PerSecond: 5, ServerCPU: 0, StoreCPU: &zero})
+	rr.add(benchreport.Measure{PerSecond: 10, ServerCPU: 4}, benchreport.Measure{PerSecond: 20, ServerCPU: 8, StoreCPU: &two})
+	if !slices.Equal(rr.perSecond, []float64{2, 0.5}) || !slices.Equal(rr.serverCPU, []float64{0.5}) || len(rr.storeCPU) != 0 {
+		t.Errorf("ratios = %v, %v, %v; want [2 0.5], [0.5], []", rr.perSecond, rr.serverCPU, rr.storeCPU)
+	}
+	if !math.IsNaN(last(nil)) {
+		t.Errorf("last(nil) = %v, want NaN", last(nil))
+	}
+}

@@ -46,6 +46,13 @@ type Report struct {
 	// Sweeps holds the runs of first executions around a sweep (or an
 	// expiry) of expired records.
 	Sweeps []Sweep `json:"sweeps,omitempty"`
+	// Variants are the servers that a run of the A/B mode compared (this
+	// tree, a revision, a peer, the minimal statements), in the order
+	// given; empty in a run of one tree.
+	Variants []Variant `json:"variants,omitempty"`
+	// Comparisons hold, in the A/B mode, the ratios of this tree's
+	// measures over each other variant's, taken within each round.
+	Comparisons []Comparison `json:"comparisons,omitempty"`
 }
 
 // Machine describes where the run happened.
@@ -89,10 +96,15 @@ type Settings struct {
 // measured in every round.
 type Phase struct {
 	// Records is how many records the store held when each round began.
-	Records     int    `json:"records"`
-	Concurrency int    `json:"concurrency"`
-	Store       string `json:"store"`
-	Kind        string `json:"kind"`
+	Records     int `json:"records"`
+	Concurrency int `json:"concurrency"`
+	// Store is the store's name; in the A/B mode, the store's and the
+	// variant's, "redis main", so that every variant is a series of its
+	// own wherever phases are told apart by store and kind.
+	Store string `json:"store"`
+	// Variant is the name of the A/B mode's variant, empty otherwise.
+	Variant string `json:"variant,omitempty"`
+	Kind    string `json:"kind"`
 	// Rounds holds each round's measure, in the order the rounds ran.
 	Rounds []Measure `json:"rounds"`
 	// Median holds, for each field, the median over the rounds.
@@ -114,7 +126,9 @@ type Measure struct {
 	P50 float64 `json:"p50_us"`
 	P99 float64 `json:"p99_us"`
 	// ServerCPU is the CPU time of the process serving HTTP (middleware,
-	// store client, memstore), µs per request.
+	// store client, memstore), µs per request. In the A/B mode each
+	// variant's server is a process of its own; otherwise it is the
+	// process that runs the benchmark.
 	ServerCPU float64 `json:"server_cpu_us"`
 	// ServerCPUOverBare is ServerCPU less the bare handler's in the same
 	// round and at the same concurrency.
@@ -130,12 +144,75 @@ type Measure struct {
 	// connections, each answered before the next: round trips per request.
 	RoundTrips *float64 `json:"round_trips,omitempty"`
 	// StoreCalls is the store server's own count of the calls it ran, per
-	// request (Redis: FCALL from INFO commandstats; PostgreSQL: statements
-	// on the table from pg_stat_statements, when loaded).
+	// request (Redis: FCALL from INFO commandstats, and in the A/B mode
+	// every command but INFO, those that functions and scripts call
+	// included; PostgreSQL: statements on the table from
+	// pg_stat_statements, when loaded).
 	StoreCalls *float64 `json:"store_calls,omitempty"`
 	// WireBytes is the bytes the store client sent and received, per
 	// request.
 	WireBytes *float64 `json:"wire_bytes,omitempty"`
+}
+
+// Variant is one server of an A/B run.
+type Variant struct {
+	// Name names the variant in Phase.Variant and Comparison.Over: "this"
+	// for the working tree, the revision as given, "peer", "minimal".
+	Name string `json:"name"`
+	// Source is VariantTree, VariantRevision, VariantPeer or
+	// VariantMinimal.
+	Source string `json:"source"`
+	// Commit is a revision's commit.
+	Commit string `json:"commit,omitempty"`
+	// Built says what the server program was built from.
+	Built string `json:"built,omitempty"`
+}
+
+// Sources of a Variant.
+const (
+	// VariantTree is the working tree the run was started in.
+	VariantTree = "tree"
+	// VariantRevision is a git revision of the repository.
+	VariantRevision = "revision"
+	// VariantPeer is another library's middleware, on stores of its own.
+	VariantPeer = "peer"
+	// VariantMinimal is the fewest store statements that a first
+	// execution and a replay need, behind the same HTTP server.
+	VariantMinimal = "minimal"
+)
+
+// Comparison is, for one store and kind of phase, this tree's measures
+// over another variant's, in each round.
+type Comparison struct {
+	Records     int `json:"records"`
+	Concurrency int `json:"concurrency"`
+	// Store is the store's name alone: memory, postgres, redis.
+	Store string `json:"store"`
+	Kind  string `json:"kind"`
+	// Over names the variant divided by.
+	Over string `json:"over"`
+	// PerSecond is requests per second, this tree's over Over's.
+	PerSecond *Ratio `json:"per_second,omitempty"`
+	// ServerCPU is the serving process's CPU time per request.
+	ServerCPU *Ratio `json:"server_cpu,omitempty"`
+	// StoreCPU is the store server's CPU time per request.
+	StoreCPU *Ratio `json:"store_cpu,omitempty"`
+}
+
+// Ratio is a ratio taken in each round, and its median and range.
+type Ratio struct {
+	Rounds []float64 `json:"rounds"`
+	Median float64   `json:"median"`
+	Min    float64   `json:"min"`
+	Max    float64   `json:"max"`
+}
+
+// NewRatio returns the ratio of the rounds given, nil if there are none.
+func NewRatio(rounds []float64) *Ratio {
+	if len(rounds) == 0 {
+		return nil
+	}
+	return &Ratio{Rounds: rounds, Median: Median(rounds), Min: slices.Min(rounds), Max: slices.Max(rounds)}
 }
 
 // Size is what a record costs a store.

@@ -78,3 +78,42 @@ func TestReadRefusesUnknownFields(t *testing.T) {
 		t.Error("Read of an unknown field: no error")
 	}
 }
+
+func TestNewRatio(t *testing.T) {
+	if r := benchreport.NewRatio(nil); r != nil {
+		t.Errorf("NewRatio(nil) = %+v, want nil", r)
+	}
+	r := benchreport.NewRatio([]float64{1.2, 0.9, 1.0, 1.1})
+	if r == nil || r.Median != 1.05 || r.Min != 0.9 || r.Max != 1.2 || len(r.Rounds) != 4 {
+		t.Errorf("NewRatio = %+v, want median 1.05, range 0.9–1.2, 4 rounds", r)
+	}
+}
+
+// An A/B report's variants and comparisons survive a write and a read.
+func TestRoundTripComparisons(t *testing.T) {
+	in := &benchreport.Report{
+		Variants: []benchreport.Variant{{Name: "this", Source: benchreport.VariantTree}, {Name: "main", Source: benchreport.VariantRevision, Commit: "abc"}},
+		Phases: []benchreport.Phase{{
+			Records: 1, Concurrency: 2, Store: "redis main", Variant: "main", Kind: benchreport.KindFirst,
+			Rounds: []benchreport.Measure{{Requests: 1}},
+		}},
+		Comparisons: []benchreport.Comparison{{
+			Records: 1, Concurrency: 2, Store: benchreport.Redis, Kind: benchreport.KindFirst, Over: "main",
+			PerSecond: benchreport.NewRatio([]float64{1, 2}),
+		}},
+	}
+	var buf bytes.Buffer
+	if err := in.Write(&buf); err != nil {
+		t.Fatal(err)
+	}
+	out, err := benchreport.Read(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out.Variants) != 2 || out.Variants[1].Commit != "abc" || out.Phases[0].Variant != "main" {
+		t.Errorf("read back: variants %+v, phase variant %q", out.Variants, out.Phases[0].Variant)
+	}
+	if len(out.Comparisons) != 1 || out.Comparisons[0].PerSecond == nil || out.Comparisons[0].PerSecond.Median != 1.5 || out.Comparisons[0].ServerCPU != nil {
+		t.Errorf("read back: comparisons %+v, want one, req/s median 1.5, no server CPU", out.Comparisons)
+	}
+}

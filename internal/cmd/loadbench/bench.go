@@ -71,7 +71,11 @@ func run(ctx context.Context, cfg config, out io.Writer, newGen func() (*loadgen
 			Stores:       cfg.stores,
 		},
 	}
-	defer func() { rep.Machine.LoadAfter = loadAverage() }()
+	defer func() {
+		if rep != nil { // nil when the run could not start
+			rep.Machine.LoadAfter = loadAverage()
+		}
+	}()
 
 	if b.gen, err = newGen(); err != nil {
 		return nil, err
@@ -281,17 +285,7 @@ func (b *bench) phase(ctx context.Context, sp phaseSpec, c int, d time.Duration,
 		return benchreport.Measure{}, fmt.Errorf("no answers (%d transport errors)", res.Errors)
 	}
 	per := func(x float64) float64 { return x / float64(res.Requests) }
-	ms := benchreport.Measure{
-		Requests:  res.Requests,
-		OK:        res.ok(),
-		Other:     res.Requests - res.ok() + res.Errors,
-		Seconds:   res.Seconds,
-		PerSecond: float64(res.ok()) / res.Seconds,
-		P50:       micros(res.P50),
-		P99:       micros(res.P99),
-		ServerCPU: per(micros(cpu)),
-		LoadCPU:   per(micros(res.CPU)),
-	}
+	ms := newMeasure(res, cpu)
 	if ms.Other > 0 {
 		fmt.Fprintf(b.out, "warning: %s %s, %s: %d answers other than 201 or errors: %v, %d errors\n",
 			sp.store(), sp.kind, clients(c), ms.Other, res.Statuses, res.Errors)
@@ -329,6 +323,23 @@ func (b *bench) startProfile(sp phaseSpec, first bool) (func(), error) {
 		pprof.StopCPUProfile()
 		f.Close()
 	}, nil
+}
+
+// newMeasure returns what the load generator measured of a phase, with
+// serverCPU, the serving process's CPU time during it.
+func newMeasure(res result, serverCPU time.Duration) benchreport.Measure {
+	per := func(x float64) float64 { return x / float64(res.Requests) }
+	return benchreport.Measure{
+		Requests:  res.Requests,
+		OK:        res.ok(),
+		Other:     res.Requests - res.ok() + res.Errors,
+		Seconds:   res.Seconds,
+		PerSecond: float64(res.ok()) / res.Seconds,
+		P50:       micros(res.P50),
+		P99:       micros(res.P99),
+		ServerCPU: per(micros(serverCPU)),
+		LoadCPU:   per(micros(res.CPU)),
+	}
 }
 
 func micros(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }

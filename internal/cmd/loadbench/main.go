@@ -33,6 +33,26 @@
 // The PostgreSQL server is IDEMPOTENCY_POSTGRES_URL's (by default
 // 127.0.0.1:5432, database test); the store uses a table of its own, dropped
 // at the end. Internal/cmd/benchchart draws charts from the -json output.
+//
+// # The A/B mode
+//
+//	go run ./internal/cmd/loadbench -ab REV [-peer-dir DIR] [-minimal=true] [-stores …] [-c 32] [-records 10000] [-d 2s] [-rounds 4] [-json out.json]
+//
+// compares this tree with the git revision REV in one run, and with the
+// peer middleware whose source is in DIR (github.com/repenguin22/idemlease
+// and its nested modules pgstore and redistore; never downloaded), and with
+// the minimal store statements (SET NX PX and SET XX PX, then GET; INSERT
+// … ON CONFLICT DO NOTHING and UPDATE, then SELECT; a map under a mutex).
+// Each variant on each store is a server process of its own (abserver,
+// built from this tree, from REV extracted by git archive, from the peer's
+// source), on a redis-server and a PostgreSQL table of its own; this
+// process drives the load generator and measures. Each round runs every
+// (variant, store, kind) phase once, shuffled, the variants of a store and
+// kind next to each other; the server CPU per request is the server
+// process's, from /proc; and the report gives, for each store and kind,
+// this tree's requests per second, server CPU and store server CPU per
+// request over each other variant's, a ratio per round, with their median
+// and range.
 package main
 
 import (
@@ -71,8 +91,17 @@ type config struct {
 	sweepStall time.Duration
 	// sweepMax ends it after that long in any case.
 	sweepMax time.Duration
-	args     []string
+	// ab is the revision that the A/B mode compares this tree with,
+	// peerDir the source of the peer it compares it with, and minimal
+	// says whether it also runs the minimal statements.
+	ab      string
+	peerDir string
+	minimal bool
+	args    []string
 }
+
+// abMode says whether cfg asks for the A/B mode.
+func (c config) abMode() bool { return c.ab != "" || c.peerDir != "" }
 
 func main() {
 	log.SetFlags(0)
@@ -95,6 +124,9 @@ func main() {
 	flag.IntVar(&cfg.sweepBatch, "sweep-batch", 1000, "pgstore Sweep batch of -sweep")
 	flag.DurationVar(&cfg.sweepStall, "sweep-stall", 10*time.Second, "end the watch of an expiry of -sweep when no record has gone for this long")
 	flag.DurationVar(&cfg.sweepMax, "sweep-max", time.Minute, "end the watch of an expiry of -sweep after this long")
+	flag.StringVar(&cfg.ab, "ab", "", "A/B mode: compare this tree with this git revision, each variant a server process of its own (-rounds 4 and -records 10000 unless given)")
+	flag.StringVar(&cfg.peerDir, "peer-dir", "", "A/B mode: also compare with the peer middleware whose source is in this directory (github.com/repenguin22/idemlease)")
+	flag.BoolVar(&cfg.minimal, "minimal", true, "A/B mode: also compare with the minimal store statements")
 	flag.Parse()
 	if *loadgen {
 		if err := serveJobs(os.Stdin, os.Stdout); err != nil {
@@ -109,6 +141,9 @@ func main() {
 			cfg.records, err = parseInts(*records, 0)
 		}
 	}
+	if err == nil && cfg.abMode() {
+		err = abDefaults(&cfg, flagsSet())
+	}
 	if err == nil && cfg.rounds < 1 {
 		err = errors.New("loadbench: -rounds must be at least 1")
 	}
@@ -120,7 +155,11 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	rep, err := run(ctx, cfg, os.Stdout, startLoadgen)
+	runner := run
+	if cfg.abMode() {
+		runner = runAB
+	}
+	rep, err := runner(ctx, cfg, os.Stdout, startLoadgen)
 	if rep != nil && cfg.jsonOut != "" {
 		if werr := writeReport(cfg.jsonOut, rep); werr != nil && err == nil {
 			err = werr
@@ -129,6 +168,32 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
+}
+
+// flagsSet returns the names of the flags given on the command line.
+func flagsSet() map[string]bool {
+	set := map[string]bool{}
+	flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	return set
+}
+
+// abDefaults applies the A/B mode's defaults to what the command line did
+// not set, and refuses what the mode does not do.
+func abDefaults(cfg *config, set map[string]bool) error {
+	for _, name := range []string{"sweep", "cpuprofile", "redis-url"} {
+		if set[name] {
+			return fmt.Errorf("loadbench: -%s is not in the A/B mode", name)
+		}
+	}
+	if !set["rounds"] {
+		cfg.rounds = 4
+	}
+	if !set["records"] {
+		// An empty table makes PostgreSQL's generic plans sequential
+		// scans (BENCHMARKS.md, "An empty pgstore table").
+		cfg.records = []int{10_000}
+	}
+	return nil
 }
 
 func writeReport(path string, rep *benchreport.Report) error {

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -23,7 +24,20 @@ import (
 // program one.
 const envLoadgen = "LOADBENCH_TEST_LOADGEN"
 
+// envServer makes the test binary a server program that prints the
+// variable's value, or, empty, exits at once with a message.
+const envServer = "LOADBENCH_TEST_SERVER"
+
 func TestMain(m *testing.M) {
+	if line, ok := os.LookupEnv(envServer); ok {
+		if line == "" {
+			os.Stderr.WriteString("cannot serve\n")
+			os.Exit(3)
+		}
+		os.Stdout.WriteString(line + "\n")
+		time.Sleep(time.Hour) // until killed
+		os.Exit(0)
+	}
 	if os.Getenv(envLoadgen) == "1" {
 		if err := serveJobs(os.Stdin, os.Stdout); err != nil {
 			os.Stderr.WriteString(err.Error() + "\n")
@@ -311,5 +325,15 @@ func testRun(t *testing.T, store string) {
 		if w := s.Windows[i]; w.Claims == 0 || w.ClaimP99 <= 0 {
 			t.Errorf("sweep, window %s: %d claims, p99 %v µs; want some", w.Name, w.Claims, w.ClaimP99)
 		}
+	}
+}
+
+// A run that cannot start returns why, rather than panicking on the report
+// it has not made.
+func TestRunCannotStart(t *testing.T) {
+	cfg := config{stores: []string{benchreport.Memory}, concurrency: []int{1}, records: []int{0}, duration: time.Millisecond, rounds: 1, pool: 1}
+	noGen := errors.New("no load generator")
+	if _, err := run(context.Background(), cfg, io.Discard, func() (*loadgen, error) { return nil, noGen }); !errors.Is(err, noGen) {
+		t.Errorf("run = %v, want %v", err, noGen)
 	}
 }

@@ -63,3 +63,28 @@ func clients(n int) string {
 	}
 	return strconv.Itoa(n) + " clients"
 }
+
+// printRatios prints an A/B level's comparisons: this tree's measures over
+// each other variant's, the median and the range of the rounds' ratios.
+func printRatios(out io.Writer, n int, cfg config, comps []benchreport.Comparison) {
+	for _, c := range cfg.concurrency {
+		fmt.Fprintf(out, "\n%d records, %s: this tree ÷ each other variant, median (min–max) of %d rounds' ratios\n", n, clients(c), cfg.rounds)
+		tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "store\tkind\t÷\treq/s\tserver CPU per request\tstore CPU per request\t")
+		for _, cp := range comps {
+			if cp.Concurrency != c {
+				continue
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t\n", cp.Store, cp.Kind, cp.Over, ratio(cp.PerSecond), ratio(cp.ServerCPU), ratio(cp.StoreCPU))
+		}
+		tw.Flush()
+	}
+}
+
+// ratio formats a ratio that may be missing.
+func ratio(r *benchreport.Ratio) string {
+	if r == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f (%.2f–%.2f)", r.Median, r.Min, r.Max)
+}

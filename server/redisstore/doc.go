@@ -225,7 +225,15 @@
 // fewer than n replicas acknowledged is released and fails with
 // ErrNotReplicated: the middleware answers 503 and the handler does not run,
 // so a failover to an acknowledging replica never loses a claim that a
-// handler ran for. A completion that fewer acknowledged fails with
+// handler ran for. The release keeps what the record knew: a takeover of a
+// lost holder released this way leaves the record as it found it, and the
+// next claim is told of that holder. WAIT waits for timeout, or half of
+// what the call has left before its context's deadline if that is less, so
+// that a claim is answered or released before the middleware's claim
+// timeout (its store timeout, and at most nine tenths of the lease) ends:
+// one left unanswered would stay in flight until its lease ended, and the
+// retry would be told of an abandoned holder that never ran. A completion
+// that fewer acknowledged fails with
 // ErrNotReplicated; the middleware applies its policy for a failed Complete
 // (the response may be on the master only). The cost is a replica's round
 // trip on every claim and completion, and 503s while no replica is in sync,

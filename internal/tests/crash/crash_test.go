@@ -81,13 +81,11 @@ func TestCrash(t *testing.T) {
 		// ttl is the middleware's TTL when it is shorter than the run:
 		// the records of orders answered longer ago may have expired.
 		ttl time.Duration
-		// long is the size of the long run, when not runSize's.
-		long *size
 	}
-	ttlRun := func(kind string, ttl time.Duration, long *size) mode {
+	ttlRun := func(kind string, ttl time.Duration) mode {
 		return mode{name: kind + ", refuse, TTL " + ttl.String() + " (the lease)", kind: kind,
 			args:   []string{"-abandoned", "refuse", "-ttl", ttl.String(), "-lease", "0"},
-			refuse: true, once: true, ttl: ttl, long: long}
+			refuse: true, once: true, ttl: ttl}
 	}
 	failOnce := func(kind string) mode {
 		return mode{name: kind + ", a takeover answers 503 once, then looks for its order", kind: kind,
@@ -103,12 +101,11 @@ func TestCrash(t *testing.T) {
 		modes = append(modes, mode{name: "pg-lease, answering at once after the commit", kind: "pg-lease", args: []string{"-after", "0s"}},
 			mode{name: "redis-lease, refuse", kind: "redis-lease", args: []string{"-abandoned", "refuse"}, refuse: true, once: true})
 		// Each kill's orders wait out the 30 s lease before they are
-		// taken over: 10 kills on 1,000 orders keep the run to minutes.
-		ttlSize := &size{orders: 1000, workers: 16, crashes: 10, inflight: 8}
-		modes = append(modes, ttlRun("pg-lease", 30*time.Second, ttlSize), ttlRun("redis-lease", 30*time.Second, ttlSize),
+		// taken over, while the others go on.
+		modes = append(modes, ttlRun("pg-lease", 30*time.Second), ttlRun("redis-lease", 30*time.Second),
 			failOnce("pg-lease"), failOnce("redis-lease"))
 	} else {
-		modes = append(modes, ttlRun("pg-lease", 5*time.Second, nil), failOnce("pg-lease"))
+		modes = append(modes, ttlRun("pg-lease", 5*time.Second), failOnce("pg-lease"))
 	}
 	for _, m := range modes {
 		t.Run(m.name, func(t *testing.T) {
@@ -116,11 +113,7 @@ func TestCrash(t *testing.T) {
 			if m.refuse {
 				requireAbandonedReported(t, kind)
 			}
-			sz := runSize()
-			if *long && m.long != nil {
-				sz = *m.long
-			}
-			r := newCrashRun(t, bin, kind, sz)
+			r := newCrashRun(t, bin, kind, runSize())
 			r.args = append(r.args, m.args...)
 			r.ttl = m.ttl
 			res := r.run(t)
@@ -262,11 +255,14 @@ func (r *crashRun) run(t *testing.T) result {
 	})
 	failures := make(chan error, 1)
 	hc := client.StandardClient()
+	// A minute for an order, and, with a lease as long as the TTL, time
+	// for it to wait out the leases of a few kills in a row.
+	patience := time.Minute + 4*r.ttl
 	var workers sync.WaitGroup
 	for range r.size.workers {
 		workers.Go(func() {
 			for i := range refs {
-				body, err := submit(ctx, hc, url, i)
+				body, err := submit(ctx, hc, url, i, patience)
 				if err != nil {
 					select {
 					case failures <- fmt.Errorf("order %d: %w", i, err):
@@ -366,10 +362,10 @@ func waitUntil(t *testing.T, proc *testproc.Process, ready func(inflight int) bo
 	}
 }
 
-// submit sends order i until it gets its 201, for at most a minute: the
+// submit sends order i until it gets its 201, for at most patience: the
 // client's own retries, and then its caller's, as an application would.
-func submit(ctx context.Context, hc *http.Client, url string, i int) (string, error) {
-	deadline := time.Now().Add(time.Minute)
+func submit(ctx context.Context, hc *http.Client, url string, i int, patience time.Duration) (string, error) {
+	deadline := time.Now().Add(patience)
 	var last error
 	for time.Now().Before(deadline) && ctx.Err() == nil {
 		body, _, err := send(ctx, hc, url, i)
@@ -378,7 +374,7 @@ func submit(ctx context.Context, hc *http.Client, url string, i int) (string, er
 		}
 		last = err
 	}
-	return "", fmt.Errorf("no answer within a minute: %w", last)
+	return "", fmt.Errorf("no answer within %v: %w", patience, last)
 }
 
 func send(ctx context.Context, hc *http.Client, url string, i int) (body string, replayed bool, err error) {

@@ -141,7 +141,7 @@ func (c *Call) storeAfterSend(resp *Response, status int, firstErr error, sent b
 	return true
 }
 
-// lateContext is the context of a late Complete: the request's values, the
+// lateContext is the context of a late write: the request's values, the
 // store timeout, and the cancellation of a Shutdown that gave up.
 type lateContext struct {
 	context.Context
@@ -161,8 +161,10 @@ func (c lateContext) Value(key any) any { return c.values.Value(key) }
 // which the renewal keeps, by the TTL.
 func (c *Call) completeLater(base context.Context, resp *Response) {
 	e := c.e
-	tries, err := c.retryLater(base, func(ctx context.Context) error {
+	tries, err := c.retryLater(base, func() error {
 		return c.completeOrOmit(resp, func(resp *Response) error {
+			ctx, cancel := c.lateStoreContext(base)
+			defer cancel()
 			return e.store.Complete(ctx, c.lease.ID, c.lease.Token, resp, e.cfg.TTL)
 		})
 	})
@@ -220,7 +222,9 @@ func (c *Call) releaseAfterFailure(renewing bool) bool {
 // key over, and this holder counts as abandoned.
 func (c *Call) releaseLater(base context.Context) {
 	e := c.e
-	tries, err := c.retryLater(base, func(ctx context.Context) error {
+	tries, err := c.retryLater(base, func() error {
+		ctx, cancel := c.lateStoreContext(base)
+		defer cancel()
 		return e.store.Release(ctx, c.lease.ID, c.lease.Token)
 	})
 	attrs := []slog.Attr{slog.String("key", c.lease.Key), slog.String("scope", c.lease.Scope), slog.Int("tries", tries)}
@@ -237,11 +241,17 @@ func (c *Call) releaseLater(base context.Context) {
 	}
 }
 
-// retryLater calls write, each time with a context of the store timeout,
-// until it succeeds or fails for good (final), for one lease length at
-// most, or until base is done (Shutdown gave up), and returns its last
-// error and how many times it was called.
-func (c *Call) retryLater(base context.Context, write func(context.Context) error) (tries int, err error) {
+// lateStoreContext returns the context of one store call of a late write: the
+// request's values, the store timeout, and base's cancellation.
+func (c *Call) lateStoreContext(base context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(base, c.e.cfg.StoreTimeout)
+	return lateContext{ctx, c.ctx}, cancel
+}
+
+// retryLater calls write until it succeeds or fails for good (final), for
+// one lease length at most, or until base is done (Shutdown gave up), and
+// returns how many times it called it and its last error.
+func (c *Call) retryLater(base context.Context, write func() error) (tries int, err error) {
 	e := c.e
 	deadline := addSat(time.Now(), e.cfg.Lease)
 	var timer *time.Timer
@@ -262,11 +272,7 @@ func (c *Call) retryLater(base context.Context, write func(context.Context) erro
 		if base.Err() != nil {
 			return tries, base.Err()
 		}
-		err = func() error {
-			ctx, cancel := context.WithTimeout(base, e.cfg.StoreTimeout)
-			defer cancel()
-			return write(lateContext{ctx, c.ctx})
-		}()
+		err = write()
 		tries++
 		if !storeLater(err) {
 			break

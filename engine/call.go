@@ -83,7 +83,7 @@ func (c *Call) handle() {
 		if c.ctx.Err() != nil {
 			// The caller left while the claim was made: nothing has
 			// run, so give the key back rather than leave it in flight.
-			c.release("the client went away before the handler ran")
+			c.release("the client went away before the handler ran", false)
 			c.emit(EventClientGone, 0, nil)
 			return
 		}
@@ -240,7 +240,7 @@ func (c *Call) run() {
 		// The Claim's answer came too late: the lease it granted is
 		// over, or nearly, and another call may take the key over and
 		// run. The work must not run at the same time.
-		c.release("the claim was answered too late to run the handler")
+		c.release("the claim was answered too late to run the handler", false)
 		e.cfg.Logger.LogAttrs(c.ctx, slog.LevelWarn, "idempotency claim answered after its lease ended, or nearly; the work did not run, and the caller is told to retry",
 			slog.String("key", c.lease.Key), slog.String("scope", c.lease.Scope), slog.Duration("claim", time.Since(c.claimed)))
 		c.unavailable(errClaimTooLate)
@@ -259,7 +259,9 @@ func (c *Call) run() {
 			// The work panicked: give the key back, and let the panic
 			// go on.
 			c.timing.handled(e)
-			c.release("handler panicked")
+			if c.release("handler panicked", true) {
+				renewing = false
+			}
 			c.emit(EventReleased, 0, nil)
 		}
 	}()
@@ -273,7 +275,9 @@ func (c *Call) run() {
 		// ended: the caller went away, or the lease could not be kept.
 		// An empty result stored now would be replayed for the whole
 		// TTL.
-		c.release(o.Reason + ": " + o.Cause.Error())
+		if c.release(o.Reason+": "+o.Cause.Error(), true) {
+			renewing = false
+		}
 		if c.ctx.Err() == nil {
 			c.unavailable(o.Cause)
 			return
@@ -282,7 +286,9 @@ func (c *Call) run() {
 	case o.Response == nil:
 		// Whatever its size, and even if part of it has gone out: a
 		// status that says "retry" must let the retry run.
-		c.release(o.Reason)
+		if c.release(o.Reason, true) {
+			renewing = false
+		}
 		if !o.Sent {
 			c.door.Send(false)
 		}
@@ -420,23 +426,39 @@ func (c *Call) complete(resp *Response) error {
 	return err
 }
 
-func (c *Call) release(why string) {
+// release gives the key back, retrying within the store timeout. The work
+// did nothing that must be kept, and the caller is told to retry, so the
+// retry must run it again: if the store is down, the release goes on in the
+// background (releaseLater), and release reports whether it handed it
+// off; with renewing, the lease's renewal, which then keeps the key from a
+// takeover until the release is written, goes with it. A release never
+// written would leave the key in flight until its lease ended, and then
+// the retry would be told of an abandoned holder (under RefuseAbandoned,
+// answered "outcome unknown") for a call that the door knew did nothing.
+func (c *Call) release(why string, renewing bool) (handedOff bool) {
 	e := c.e
 	err := c.retryStore(nil)
 	c.timing.stored(e)
-	if err != nil {
-		e.cfg.Logger.LogAttrs(c.ctx, slog.LevelWarn, "idempotency claim not released; retries are refused as in flight until its lease expires",
-			slog.String("key", c.lease.Key), slog.String("scope", c.lease.Scope), slog.String("reason", why), slog.Any("error", err))
+	if err == nil {
+		return false
 	}
+	if storeLater(err) && c.releaseAfterFailure(renewing) {
+		e.cfg.Logger.LogAttrs(c.ctx, slog.LevelWarn, "idempotency claim not released within the store timeout; retries are refused as in flight while it is tried again in the background",
+			slog.String("key", c.lease.Key), slog.String("scope", c.lease.Scope), slog.String("reason", why), slog.Any("error", err))
+		return true
+	}
+	e.cfg.Logger.LogAttrs(c.ctx, slog.LevelWarn, "idempotency claim not released; retries are refused as in flight until its lease expires",
+		slog.String("key", c.lease.Key), slog.String("scope", c.lease.Scope), slog.String("reason", why), slog.Any("error", err))
+	return false
 }
 
 // outcomeUnknown records the door's "outcome unknown" answer under the
 // lease the Claim granted, then sends it. The work does not run.
 //
 // If the store fails, the call is refused with ErrStoreUnavailable and the
-// key is not released: a release would delete the record with its count of
-// abandoned holders, and the retry would run the work. Kept claimed, the
-// key is taken over again once the lease ends, and refused again.
+// key is not released: the store has just failed, and a release that it
+// missed would leave the key as this one does. Kept claimed, the key is
+// taken over again once the lease ends, and refused again.
 func (c *Call) outcomeUnknown() {
 	e := c.e
 	resp := c.door.OutcomeUnknown()

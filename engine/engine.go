@@ -39,9 +39,12 @@ const MaxDuration = 100 * 365 * 24 * time.Hour
 
 // Config is how an Engine runs its calls. Its zero value is the defaults.
 type Config struct {
-	// TTL is how long a record is kept after it is claimed or completed:
-	// DefaultTTL when 0; at least MinLease, and taken as MaxDuration when
-	// longer.
+	// TTL is how long a record is kept after the last moment its work may
+	// have run: after its result was stored, or, while it is in flight,
+	// after its lease's end (renewals move it), so that a retry within the
+	// TTL after a lost holder's lease is told of that holder, whatever the
+	// lease. DefaultTTL when 0; at least MinLease, and taken as
+	// MaxDuration when longer.
 	TTL time.Duration
 	// Lease is the lease the work holds while it runs, renewed every third
 	// of its length until its result is stored: DefaultLease when 0, or the

@@ -72,10 +72,11 @@ func (l *lateWork) done(size int) {
 
 // Shutdown waits for the results that are being stored after they were
 // answered (a Complete that failed within the store timeout goes on being
-// tried in the background, for one lease at most) and returns nil once they
-// are all stored or given up; if ctx ends first, it stops them, waits for
-// them to return, and returns ctx's error: their keys stay in flight until
-// their leases end, and a retry after that runs the work again.
+// tried in the background, for one lease at most, and so does a Release)
+// and returns nil once they are all stored or given up; if ctx ends first,
+// it stops them, waits for them to return, and returns ctx's error: their
+// keys stay in flight until their leases end, and a retry after that runs
+// the work again.
 //
 // Call it once no call is still in the engine (after http.Server.Shutdown
 // has returned, for the HTTP middleware). After Shutdown, the engine goes on
@@ -140,7 +141,7 @@ func (c *Call) storeAfterSend(resp *Response, status int, firstErr error, sent b
 	return true
 }
 
-// lateContext is the context of a late Complete: the request's values, the
+// lateContext is the context of a late write: the request's values, the
 // store timeout, and the cancellation of a Shutdown that gave up.
 type lateContext struct {
 	context.Context
@@ -155,43 +156,18 @@ func (c lateContext) Value(key any) any { return c.values.Value(key) }
 // closed, or Shutdown gives up (base is done). Fencing makes a try after a
 // takeover harmless. A response stored late is replayed to the retries that
 // come after; until then they get 409.
+//
+// The TTL does not bound it: the record in flight outlives the lease,
+// which the renewal keeps, by the TTL.
 func (c *Call) completeLater(base context.Context, resp *Response) {
 	e := c.e
-	deadline := addSat(time.Now(), e.cfg.Lease)
-	if end := addSat(c.claimed, e.cfg.TTL); end.Before(deadline) {
-		deadline = end
-	}
-	var timer *time.Timer
-	var err error
-	tries := 0
-	// Often enough to get in before a retry once the store is back: the
-	// lease may have ended meanwhile, and a retry could take the key over.
-	maxWait := min(250*time.Millisecond, e.cfg.Lease/10)
-	for wait := min(50*time.Millisecond, maxWait); time.Now().Add(wait).Before(deadline); wait = min(2*wait, maxWait) {
-		if timer == nil {
-			timer = time.NewTimer(wait)
-			defer timer.Stop()
-		} else {
-			timer.Reset(wait)
-		}
-		select {
-		case <-timer.C:
-		case <-base.Done():
-		}
-		if base.Err() != nil {
-			err = base.Err()
-			break
-		}
-		err = c.completeOrOmit(resp, func(resp *Response) error {
-			ctx, cancel := context.WithTimeout(base, e.cfg.StoreTimeout)
+	tries, err := c.retryLater(base, func() error {
+		return c.completeOrOmit(resp, func(resp *Response) error {
+			ctx, cancel := c.lateStoreContext(base)
 			defer cancel()
-			return e.store.Complete(lateContext{ctx, c.ctx}, c.lease.ID, c.lease.Token, resp, e.cfg.TTL)
+			return e.store.Complete(ctx, c.lease.ID, c.lease.Token, resp, e.cfg.TTL)
 		})
-		tries++
-		if !storeLater(err) {
-			break
-		}
-	}
+	})
 	attrs := []slog.Attr{slog.String("key", c.lease.Key), slog.String("scope", c.lease.Scope), slog.Int("tries", tries)}
 	log := func(level slog.Level, msg string, more ...slog.Attr) {
 		e.cfg.Logger.LogAttrs(c.ctx, level, msg, append(attrs, more...)...)
@@ -211,6 +187,98 @@ func (c *Call) completeLater(base context.Context, resp *Response) {
 	default:
 		log(slog.LevelError, "idempotent response never stored; a retry after its lease ends runs the request again", slog.Any("error", err))
 	}
+}
+
+// releaseAfterFailure hands a release that failed within the store timeout
+// to a goroutine that the Engine owns, which tries it again (releaseLater)
+// and, with renewing, owns the lease's renewal from then on, and reports
+// whether it did. Beyond the bounds of lateWork, or after Shutdown, the
+// release is not tried again: the key stays in flight until its lease
+// ends.
+func (c *Call) releaseAfterFailure(renewing bool) bool {
+	e := c.e
+	base, ok := e.late.reserve(0)
+	if !ok {
+		return false
+	}
+	go func() {
+		defer e.late.done(0)
+		if renewing {
+			defer c.renewal.stop()
+		}
+		c.releaseLater(base)
+	}()
+	return true
+}
+
+// releaseLater keeps trying to release the key, as completeLater stores a
+// response: the call did nothing that must be kept, and the store missed
+// the release that says so. Until the store takes it, retries are refused
+// as in flight (the renewal, if it runs, keeps the lease; so does an
+// Extend once the store is back, until someone takes the key over); once
+// it does, the next retry runs the work as the caller was told it would,
+// rather than being told of an abandoned holder. If the store comes back
+// only after the lease has ended, a retry that reaches it first takes the
+// key over, and this holder counts as abandoned.
+func (c *Call) releaseLater(base context.Context) {
+	e := c.e
+	tries, err := c.retryLater(base, func() error {
+		ctx, cancel := c.lateStoreContext(base)
+		defer cancel()
+		return e.store.Release(ctx, c.lease.ID, c.lease.Token)
+	})
+	attrs := []slog.Attr{slog.String("key", c.lease.Key), slog.String("scope", c.lease.Scope), slog.Int("tries", tries)}
+	switch {
+	case err == nil:
+		e.cfg.Logger.LogAttrs(c.ctx, slog.LevelWarn, "idempotency claim released after the store came back", attrs...)
+	case errors.Is(err, ErrLeaseLost):
+		e.cfg.Logger.LogAttrs(c.ctx, slog.LevelWarn, "idempotency claim released by an earlier try whose answer was lost, or the key was taken over", attrs...)
+	case errors.Is(err, ErrStoreClosed):
+		e.cfg.Logger.LogAttrs(c.ctx, slog.LevelWarn, "idempotency claim not released: the store was closed", append(attrs, slog.Any("error", err))...)
+	default:
+		e.cfg.Logger.LogAttrs(c.ctx, slog.LevelError, "idempotency claim never released; a retry after its lease ends takes it over as from an abandoned holder",
+			append(attrs, slog.Any("error", err))...)
+	}
+}
+
+// lateStoreContext returns the context of one store call of a late write: the
+// request's values, the store timeout, and base's cancellation.
+func (c *Call) lateStoreContext(base context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(base, c.e.cfg.StoreTimeout)
+	return lateContext{ctx, c.ctx}, cancel
+}
+
+// retryLater calls write until it succeeds or fails for good (final), for
+// one lease length at most, or until base is done (Shutdown gave up), and
+// returns how many times it called it and its last error.
+func (c *Call) retryLater(base context.Context, write func() error) (tries int, err error) {
+	e := c.e
+	deadline := addSat(time.Now(), e.cfg.Lease)
+	var timer *time.Timer
+	// Often enough to get in before a retry once the store is back: the
+	// lease may have ended meanwhile, and a retry could take the key over.
+	maxWait := min(250*time.Millisecond, e.cfg.Lease/10)
+	for wait := min(50*time.Millisecond, maxWait); time.Now().Add(wait).Before(deadline); wait = min(2*wait, maxWait) {
+		if timer == nil {
+			timer = time.NewTimer(wait)
+			defer timer.Stop()
+		} else {
+			timer.Reset(wait)
+		}
+		select {
+		case <-timer.C:
+		case <-base.Done():
+		}
+		if base.Err() != nil {
+			return tries, base.Err()
+		}
+		err = write()
+		tries++
+		if !storeLater(err) {
+			break
+		}
+	}
+	return tries, err
 }
 
 // completeOrOmit stores resp with complete and, if the store will never take

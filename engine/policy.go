@@ -21,6 +21,13 @@ const (
 	// did not run) leaves a holder that the store cannot tell from one
 	// that ran; the retry that takes the key over after its lease is
 	// refused too, so an "outcome unknown" may be a call that never ran.
+	// So does a release that the store did not take before the lease
+	// ended (the work failed while the store was away for longer than
+	// the lease); one it missed for less is tried again until it lands.
+	// The refusal holds whatever the TTL and the lease, and after a
+	// takeover that gave the key back: the record in flight is kept the
+	// TTL after its lease's end, and a release keeps the count of lost
+	// holders (Store.Release).
 	RefuseAbandoned
 )
 

@@ -75,9 +75,10 @@ type Claim struct {
 	// before this one and lost their lease without completing or releasing
 	// it (their process died, hung, or lost its store): 0 for a new record,
 	// 1 for the first takeover of an expired lease, 2 for the next, and so
-	// on. A release deletes the record, so holders that released it are not
-	// counted. An abandoned holder may have done its work before it was
-	// lost: a request acquired with Abandoned > 0 must look for its own
+	// on. Holders that released the record are not counted, and do not
+	// make the count forget the lost holders before them (see
+	// Store.Release). An abandoned holder may have done its work before it
+	// was lost: a request acquired with Abandoned > 0 must look for its own
 	// effect before doing it again, or be refused.
 	Abandoned int
 }
@@ -168,10 +169,11 @@ var ErrLeaseLost = errors.New("idempotency lease lost")
 type Store interface {
 	// Claim atomically asks for the lease on id.
 	//
-	// When no live record exists (none was stored, it expired after ttl, or
-	// it was released) Claim creates one in flight with the given
-	// fingerprint, a lease that ends after lease and a record that expires
-	// after ttl, and returns Acquired with a new token.
+	// When no live record exists (none was stored, it expired, or it was
+	// released by a holder that had created it) Claim creates one in
+	// flight with the given fingerprint, a lease that ends after lease and
+	// a record that expires ttl after the lease ends, and returns Acquired
+	// with a new token.
 	//
 	// When a record is in flight and its lease is live, Claim returns
 	// InFlight. When its lease has expired and the fingerprints are equal,
@@ -182,6 +184,12 @@ type Store interface {
 	//
 	// When the record is completed, Claim returns Completed with the stored
 	// fingerprint and response, whatever the fingerprint given.
+	//
+	// An in-flight record outlives every lease that holds it by ttl: the
+	// holder may have done its work until its lease's end, so a retry
+	// after that, within the TTL, must find the record and be told of the
+	// lost holder (Claim.Abandoned), whatever the lease and the TTL, and
+	// however often the lease was extended. Sums of durations saturate.
 	Claim(ctx context.Context, id ID, fingerprint string, lease, ttl time.Duration) (Claim, error)
 
 	// Complete stores resp as the record's response, ends the lease and
@@ -191,13 +199,25 @@ type Store interface {
 	// callers of Claim must not modify the Response it returns.
 	Complete(ctx context.Context, id ID, token Token, resp *Response, ttl time.Duration) error
 
-	// Release gives the lease up without storing a response, so that the
-	// next Claim for id is Acquired (with a larger token). It fails with
-	// ErrLeaseLost unless token is the record's current token and the
-	// record is in flight.
+	// Release gives the lease up without storing a response: the holder
+	// did nothing that must be kept, and the next Claim for id with the
+	// same fingerprint is Acquired (with a larger token). It undoes the
+	// Claim that granted the lease. A record that Claim created is
+	// deleted: the key is new again, for any fingerprint. A record that
+	// Claim took over from lost holders (Claim.Abandoned > 0) goes back to
+	// how that Claim found it: in flight, its lease over, the lost holders
+	// counted as before (Inspector.Lookup reports it so), its expiry kept.
+	// The next Claim with the same fingerprint takes it over at once and
+	// gets the same Abandoned as the holder that released it, and one with
+	// another fingerprint is refused (InFlight, RetryAfter zero): the lost
+	// holders may have done the work, so a release must neither forget
+	// them nor make the key new. Either way the releasing holder's token is
+	// refused from then on. Release fails with ErrLeaseLost unless token is
+	// the record's current token and the record is in flight.
 	Release(ctx context.Context, id ID, token Token) error
 
-	// Extend renews the lease so that it ends after lease from now. It fails
+	// Extend renews the lease so that it ends after lease from now, and
+	// keeps the record at least ttl (Claim's) after that end. It fails
 	// with ErrLeaseLost unless token is the record's current token and the
 	// record is in flight (an expired lease that nobody has taken over yet
 	// may still be extended).
@@ -230,7 +250,10 @@ type Record struct {
 	// Token is the current (or last) holder's fencing token.
 	Token Token
 	// Abandoned counts the holders that lost their lease without completing
-	// or releasing the record, as in Claim.Abandoned.
+	// or releasing the record, as in Claim.Abandoned; a record in flight
+	// whose lease has ended has lost one more, which its takeover counts.
+	// A record released by a holder that took it over is reported as that
+	// takeover found it: in flight, its lease over.
 	Abandoned int
 	// Created is when the record was first claimed, by the store's clock.
 	Created time.Time
@@ -250,7 +273,8 @@ type Record struct {
 // recorded as unknown). memstore, pgstore and redisstore implement it.
 type Inspector interface {
 	// Lookup returns the record for id, or an error wrapping ErrNotFound
-	// when there is none (it was never claimed, was released, or expired).
+	// when there is none (it was never claimed, was released by the holder
+	// that created it, or expired).
 	Lookup(ctx context.Context, id ID) (Record, error)
 
 	// Resolve settles the record for id, in flight or completed, whatever

@@ -48,12 +48,18 @@ func (c *serverConfig) refuse(format string, args ...any) {
 	c.errs = append(c.errs, fmt.Errorf("idemgrpc: "+format, args...))
 }
 
-// WithTTL sets how long a call's record (and so its replay) is kept:
-// engine.DefaultTTL by default.
+// WithTTL sets how long a call's record (and so its replay) is kept after
+// the last moment its handler may have run: after its response was stored,
+// or, while it is in flight, after its lease's end, so that a call that
+// takes over the key of a lost holder is told of it whatever the TTL and
+// the lease. engine.DefaultTTL by default; a TTL shorter than the default
+// lease shortens the lease to it.
 func WithTTL(d time.Duration) ServerOption { return func(c *serverConfig) { c.eng.TTL = d } }
 
 // WithLease sets the lease a running handler holds, renewed while it runs:
-// engine.DefaultLease by default.
+// engine.DefaultLease by default, or the TTL when that is shorter. Once it
+// ends unrenewed (the process died), another call may take the key over,
+// told of the lost holder for the TTL after the lease's end.
 func WithLease(d time.Duration) ServerOption { return func(c *serverConfig) { c.eng.Lease = d } }
 
 // WithStoreTimeout bounds every call to the store: engine.DefaultStoreTimeout

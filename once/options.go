@@ -34,11 +34,13 @@ func (c *config) positive(field *time.Duration, name string, d time.Duration) {
 	*field = d
 }
 
-// WithTTL sets how long a record is kept after it is claimed or completed,
-// engine.DefaultTTL (24 hours) by default: a call with the key after that
-// runs fn again. For a queue consumer it must outlive the broker's
-// redelivery window. At least engine.MinLease; taken as 100 years when
-// longer.
+// WithTTL sets how long a record is kept after the last moment fn may have
+// run, engine.DefaultTTL (24 hours) by default: after its result was
+// stored, or, while it is in flight, after its lease's end, so that a call
+// that takes over the key of a lost holder is told of it whatever the TTL
+// and the lease. A call with the key after that runs fn again. For a queue
+// consumer it must outlive the broker's redelivery window. At least
+// engine.MinLease; taken as 100 years when longer.
 func WithTTL(d time.Duration) Option {
 	return func(c *config) { c.positive(&c.engine.TTL, "TTL", d) }
 }
@@ -47,7 +49,9 @@ func WithTTL(d time.Duration) Option {
 // minute) by default, or the TTL when that is shorter. It is renewed every
 // third of its length until the result is stored; when it ends unrenewed,
 // fn's context is cancelled with a cause that wraps engine.ErrLeaseLost, and
-// another call may take the key over.
+// another call may take the key over, told of the lost holder
+// (Lease.Abandoned, or engine.ErrOutcomeUnknown under RefuseAbandoned) for
+// the TTL after the lease's end.
 func WithLease(d time.Duration) Option {
 	return func(c *config) { c.positive(&c.engine.Lease, "lease", d) }
 }

@@ -154,9 +154,21 @@
 // response, on a goroutine of its own ([Middleware.Shutdown] waits for it),
 // for up to one lease length while the lease holds: a retry gets 409
 // meanwhile, and the replay once the store answers; if it never does, a retry
-// after the lease has ended runs the request again. A failing Release is
-// retried within the store timeout; a key that could not be released answers
-// 409 until its lease ends.
+// after the lease has ended runs the request again. A failing Release (after
+// a 5xx, a panic, a client gone) is retried within the store timeout, then in
+// the same way as a late Complete, the lease kept meanwhile: a retry gets 409
+// until the store takes the release, and then runs, told of no abandoned
+// holder. If the store does not take it before the lease has ended, a retry
+// after that takes the key over as from an abandoned holder (under
+// [RefuseAbandoned], "outcome unknown").
+//
+// A record in flight lives for its lease and the TTL after it ([WithTTL]),
+// so a retry that takes over the key of a holder that was lost (its process
+// died) is told of it, whatever the TTL and the lease: under
+// [RerunAbandoned] in [Lease.Abandoned], under [RefuseAbandoned] by the
+// "outcome unknown" answer. A holder that takes the key over and then gives
+// it back (a 5xx, a Claim answered too late) does not make the key forget
+// the lost holders: the next run is told of them too.
 //
 // Put http.TimeoutHandler around the middleware, not inside it. Outside, its
 // 503 reaches the client while the key stays held until the handler's
@@ -166,7 +178,8 @@
 //
 // A Claim whose answer is lost (the store applied it, then failed or
 // timed out) is answered 503 and runs nothing, but the key stays in flight
-// with no holder: retries get 409 until its lease ends.
+// with no holder: retries get 409 until its lease ends, and the retry after
+// that is told of an abandoned holder that never ran.
 //
 // A 409 for a request in flight carries a short Retry-After, one second by
 // default ([WithRetryAfter]), never more than the lease has left.

@@ -136,6 +136,44 @@ func TestLateCompleteHoldsNothing(t *testing.T) {
 	}
 }
 
+// TestLateCompleteWhateverTheTTL: the late Complete goes on for a lease
+// whatever the TTL. Here the TTL is the lease (a TTL under the default lease
+// makes it so) and the handler, its lease renewed, runs longer than the TTL
+// after its claim; the store is down when it answers. Once the store is
+// back, a retry gets the response replayed: the request did not run again.
+func TestLateCompleteWhateverTheTTL(t *testing.T) {
+	store := newGated(t)
+	var executions atomic.Int64
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		executions.Add(1)
+		select {
+		case <-time.After(600 * time.Millisecond): // work longer than the TTL
+		case <-r.Context().Done():
+			http.Error(w, "lease lost", http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "order 1")
+	})
+	mw, err := server.New(store, server.WithTTL(400*time.Millisecond), server.WithStoreTimeout(50*time.Millisecond))
+	require.NoError(t, err)
+	t.Cleanup(func() { shutdown(t, mw) })
+	srv := startServer(t, mw.Handler(h))
+	c := oneConn(t)
+
+	first, _ := do(t, c, http.MethodPost, srv.URL, "k")
+	require.Equal(t, http.StatusCreated, first.status, "the answer, sent while the store is down")
+	store.unblock()
+	var again reply
+	waitFor(t, "the key to leave the in-flight state", func() bool {
+		again, _ = do(t, c, http.MethodPost, srv.URL, "k")
+		return again.status != http.StatusConflict
+	})
+	assert.Equal(t, "true", again.header.Get("Idempotent-Replayed"), "the retry's answer is a replay")
+	assert.Equal(t, "order 1", again.body)
+	assert.Equal(t, int64(1), executions.Load(), "executions")
+}
+
 func shutdown(t *testing.T, mw *server.Middleware) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

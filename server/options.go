@@ -169,12 +169,17 @@ func WithKeyHeader(name string) Option {
 	}
 }
 
-// WithTTL sets how long a record is kept after it is claimed or completed,
-// [DefaultTTL] (24 hours) by default. A retry that comes later runs again.
-// A TTL shorter than the default lease shortens the lease to the TTL, unless
-// [WithLease] is given too, which must then be no longer than the TTL. A TTL
-// shorter than [MinLease] is refused; one longer than 100 years is taken as
-// 100 years.
+// WithTTL sets how long a record is kept after the last moment its handler
+// may have run, [DefaultTTL] (24 hours) by default: after its response was
+// stored, or, while it is in flight, after its lease's end (renewals move
+// it). A retry that comes later runs again, as a new request. So a retry
+// within the TTL after a holder's lease ran out, its process dead, is told
+// of that holder (see [WithAbandoned]) whatever the TTL and the lease, and
+// however often the lease was renewed: the record of a claim in flight
+// lives as long as its lease and the TTL together. A TTL shorter than the
+// default lease shortens the lease to the TTL, unless [WithLease] is given
+// too, which must then be no longer than the TTL. A TTL shorter than
+// [MinLease] is refused; one longer than 100 years is taken as 100 years.
 func WithTTL(d time.Duration) Option {
 	return func(c *config) {
 		if d < MinLease {
@@ -194,7 +199,8 @@ func WithTTL(d time.Duration) Option {
 // renewal, the handler's context is cancelled with a cause that wraps
 // [ErrLeaseLost]: from then on another request with the same key may take
 // the record over. If this process dies, another request may take it over
-// once the lease has expired. The handler never starts with less than that
+// once the lease has expired, and is told of the lost holder for the TTL
+// after that ([WithTTL]). The handler never starts with less than that
 // tenth left: a Claim answered later, counted from when it was sent, is
 // released and answered with 503 (see [WithStoreTimeout]), so choose a lease
 // well above the store's slowest answers.

@@ -21,7 +21,11 @@ const (
 	// out: the client got 503, and the handler did not run) leaves a
 	// holder that the store cannot tell from one that ran; the retry that
 	// takes the key over after its lease is refused too, so an "outcome
-	// unknown" may be a request that never ran.
+	// unknown" may be a request that never ran. So does a release that the
+	// store did not take before the lease ended (a 5xx while the store was
+	// away for longer than the lease). The refusal holds whatever the TTL
+	// and the lease ([WithTTL]), and after a takeover that gave the key
+	// back (its count of lost holders is kept).
 	RefuseAbandoned = engine.RefuseAbandoned
 )
 

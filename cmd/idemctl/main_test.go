@@ -223,7 +223,7 @@ func TestLookupTimes(t *testing.T) {
 	out := f.stdout.String()
 	assert.Contains(t, out, "started      "+r.Created.UTC().Format(time.RFC3339)+" (1m30s ago)\n")
 	assert.Contains(t, out, "lease ends   "+r.LeaseEnds.UTC().Format(time.RFC3339)+" (30s ago)\n")
-	assert.Contains(t, out, "expires      "+r.Expires.UTC().Format(time.RFC3339)+" (in 58m30s)\n")
+	assert.Contains(t, out, "expires      "+r.Expires.UTC().Format(time.RFC3339)+" (in 59m30s)\n") // the TTL after the lease
 }
 
 func TestLookupJSON(t *testing.T) {

@@ -352,7 +352,9 @@ func (s *Store) claim(ctx context.Context, id engine.ID, fingerprint string, lea
 	}
 	r.token = engine.Token(s.token.Add(1))
 	r.leaseUntil = now.add(lease)
-	r.expiresAt = now.add(max(ttl, lease))
+	// The record outlives the lease by the TTL: a holder lost at its
+	// lease's end may have done its work then, and the retry must see it.
+	r.expiresAt = r.leaseUntil.add(ttl)
 	sh.m[id] = r
 	return engine.Claim{Status: engine.Acquired, Token: r.token, Abandoned: int(r.abandoned)}, false, nil
 }
@@ -409,18 +411,31 @@ func (s *Store) fit(resp *engine.Response) (*engine.Response, int64) {
 	return r, size
 }
 
-// Release implements engine.Store.
+// Release implements engine.Store. A record the holder's Claim created is
+// removed; one it took over from lost holders goes back to how the Claim
+// found it, with a new token: in flight, its lease ended, one holder fewer
+// counted, which the next takeover counts again.
 func (s *Store) Release(ctx context.Context, id engine.ID, token engine.Token) error {
 	return s.withLease(ctx, "release", id, token, func(sh *shard, r record) {
-		s.remove(sh, id, r)
+		if r.abandoned == 0 {
+			s.remove(sh, id, r)
+			return
+		}
+		r.abandoned--
+		r.token = engine.Token(s.token.Add(1))
+		r.leaseUntil = min(r.leaseUntil, s.now())
+		sh.m[id] = r
 	})
 }
 
-// Extend implements engine.Store. The lease is saturated, as in Claim.
+// Extend implements engine.Store. The lease is saturated, as in Claim, and
+// the record's expiry moves with the lease's end, keeping the TTL that the
+// Claim put between them.
 func (s *Store) Extend(ctx context.Context, id engine.ID, token engine.Token, lease time.Duration) error {
 	return s.withLease(ctx, "extend", id, token, func(sh *shard, r record) {
+		slack := time.Duration(r.expiresAt - r.leaseUntil)
 		r.leaseUntil = s.now().add(lease)
-		r.expiresAt = max(r.expiresAt, r.leaseUntil)
+		r.expiresAt = max(r.expiresAt, r.leaseUntil.add(slack))
 		sh.m[id] = r
 	})
 }

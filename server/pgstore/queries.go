@@ -60,8 +60,8 @@ func newQueries(n names, epoch int) queries {
 // identify, in transactional mode, the transaction of a lease (see
 // txwatch.go).
 //
-// Parameters: $1 scope, $2 key, $3 fingerprint, $4 lease (µs), $5 time to
-// live (µs, at least the lease).
+// Parameters: $1 scope, $2 key, $3 fingerprint, $4 lease (µs), $5 the
+// record's life (µs: the lease and then the time to live).
 const claimSQL = `WITH cur AS (
 	SELECT token, state, fingerprint, lease_until, expires_at, status, headers, body, body_omitted, tableoid
 	FROM {{table}}
@@ -72,7 +72,7 @@ const claimSQL = `WITH cur AS (
 		statement_timestamp() + $4::bigint * interval '1 microsecond',
 		statement_timestamp(),
 		statement_timestamp() + $5::bigint * interval '1 microsecond',
-		` + sweepAtFrom + `statement_timestamp() + $5::bigint * interval '1 microsecond'` + sweepAtTo + `
+		` + sweepAtFrom + inFlightSweep + sweepAtTo + `
 	WHERE NOT EXISTS (SELECT 1 FROM cur)
 	ON CONFLICT (scope, key) DO NOTHING
 	RETURNING token, tableoid
@@ -97,7 +97,7 @@ FROM cur`
 // record starts afresh, at 0.
 //
 // Parameters: $1 scope, $2 key, $3 token seen, $4 fingerprint, $5 lease
-// (µs), $6 time to live (µs, at least the lease).
+// (µs), $6 the record's life (µs: the lease and then the time to live).
 const takeoverSQL = `UPDATE {{table}} SET
 	fingerprint = $4,
 	state = 'in_flight',
@@ -105,7 +105,7 @@ const takeoverSQL = `UPDATE {{table}} SET
 	lease_until = statement_timestamp() + $5::bigint * interval '1 microsecond',
 	created_at = CASE WHEN expires_at <= statement_timestamp() THEN statement_timestamp() ELSE created_at END,
 	expires_at = statement_timestamp() + $6::bigint * interval '1 microsecond',
-	sweep_at = ` + sweepAtFrom + `statement_timestamp() + $6::bigint * interval '1 microsecond'` + sweepAtTo + `,
+	sweep_at = ` + sweepAtFrom + takeoverSweep + sweepAtTo + `,
 	status = NULL, headers = NULL, body = NULL, body_omitted = false,
 	abandoned = CASE WHEN expires_at <= statement_timestamp() THEN 0
 		ELSE least(abandoned, 2147483646) + 1 END
@@ -140,14 +140,34 @@ const (
 	completeTxSQL = completeSet + currentTx
 )
 
-// releaseSQL parameters: $1 scope, $2 key, $3 token.
-const releaseSQL = `DELETE FROM {{table}} WHERE ` + current
+// releaseSQL deletes the record that the holder's claim created
+// (abandoned 0), or, when the claim took it over from lost holders, puts it
+// back as the claim found it: in flight, its lease ended, abandoned one
+// less (the takeover counted the holder lost before it, and the next one
+// counts it again), and a token of its own, which no holder has, so that
+// the releasing holder is refused from then on. Its expiry stays. The two
+// changes are exclusive: at most one of them finds the row, and the
+// statement returns how many did. Parameters: $1 scope, $2 key, $3 token.
+const releaseSQL = `WITH back AS (
+	UPDATE {{table}} SET
+		token = nextval('{{sequence}}'),
+		lease_until = least(lease_until, statement_timestamp()),
+		abandoned = abandoned - 1
+	WHERE ` + current + ` AND abandoned > 0
+	RETURNING 1
+), gone AS (
+	DELETE FROM {{table}} WHERE ` + current + ` AND abandoned <= 0
+	RETURNING 1
+)
+SELECT (SELECT count(*) FROM back) + (SELECT count(*) FROM gone)`
 
-// extendSQL parameters: $1 scope, $2 key, $3 token, $4 lease (µs).
+// extendSQL moves the lease's end, and the record's expiry with it, so that
+// the record outlives the lease by as much as it did (the TTL that the
+// claim gave it). sweep_at stays (see inFlightSweep), so that no indexed
+// column changes. Parameters: $1 scope, $2 key, $3 token, $4 lease (µs).
 const extendSQL = `UPDATE {{table}} SET
 	lease_until = statement_timestamp() + $4::bigint * interval '1 microsecond',
-	expires_at = greatest(expires_at, statement_timestamp() + $4::bigint * interval '1 microsecond'),
-	sweep_at = ` + sweepAtFrom + `greatest(expires_at, statement_timestamp() + $4::bigint * interval '1 microsecond')` + sweepAtTo + `
+	expires_at = greatest(expires_at, statement_timestamp() + $4::bigint * interval '1 microsecond' + (expires_at - lease_until))
 WHERE ` + current
 
 // sweepSQL deletes at most $1 expired records. PostgreSQL has no DELETE ...
@@ -155,8 +175,9 @@ WHERE ` + current
 // and locks them; SKIP LOCKED leaves alone the rows a Claim is taking over,
 // and any other sweeper's, so that concurrent sweeps never wait for one
 // another. A record is swept within a minute of its expiry (sweep_at is at
-// most that later); the rows written before sweep_at existed ('-infinity')
-// are tested on expires_at alone.
+// most that later, and, in flight, may be earlier, see inFlightSweep); the
+// rows written before sweep_at existed ('-infinity') are tested on
+// expires_at alone.
 const sweepSQL = `DELETE FROM {{table}}
 WHERE ctid = ANY(ARRAY(
 	SELECT ctid FROM {{table}}
@@ -190,6 +211,18 @@ WHERE scope = $1 AND key = $2 AND expires_at > statement_timestamp()`
 // Parameters: $1 scope, $2 key.
 const forgetSQL = `DELETE FROM {{table}} WHERE scope = $1 AND key = $2 AND expires_at > statement_timestamp()`
 
+// inFlightSweep is the time that a claim's sweep_at is made from: the
+// claim's time plus the TTL ($5, the record's life, less $4, the lease),
+// not the record's expiry, which comes a lease later. A Complete soon after
+// then gives the record the same sweep_at, and its UPDATE stays a HOT one
+// (see sweepAtFrom). The sweep finds an in-flight record through the index
+// up to a lease (and its renewals) before it expires, and leaves it until
+// it does: only a record whose holder was lost or runs long waits so.
+const inFlightSweep = `statement_timestamp() + ($5::bigint - $4::bigint) * interval '1 microsecond'`
+
+// takeoverSweep is inFlightSweep with takeoverSQL's parameters.
+const takeoverSweep = `statement_timestamp() + ($6::bigint - $5::bigint) * interval '1 microsecond'`
+
 // sweepAtFrom and sweepAtTo enclose the SQL of a record's expiry to make
 // that of its sweep_at: the expiry rounded up to the next whole minute (of
 // the Unix epoch, so the session's time zone plays no part), at most a
@@ -198,7 +231,9 @@ const forgetSQL = `DELETE FROM {{table}} WHERE scope = $1 AND key = $2 AND expir
 // Complete's UPDATE write new index entries: PostgreSQL makes an UPDATE a HOT
 // one, which adds none, only when no indexed column's value changes, and a
 // Complete changes sweep_at only when the new expiry falls in another minute
-// than the claim's (for a handler that runs a second, once in 60 times).
+// than the claim's time plus the TTL (for a handler that runs a second, once
+// in 60 times; an in-flight record's sweep_at is made from that, not from
+// its expiry, see inFlightSweep).
 const (
 	sweepAtFrom = "date_bin(interval '1 minute', "
 	sweepAtTo   = ", timestamptz 'epoch') + interval '1 minute'"

@@ -35,9 +35,10 @@ ALTER TABLE {{table}} ADD COLUMN IF NOT EXISTS sweep_at timestamptz NOT NULL DEF
 ALTER SEQUENCE {{sequence}} OWNED BY {{table}}.token;
 
 -- Serves the sweep of expired records. sweep_at is expires_at rounded up
--- to the minute, so that a Complete that moves expires_at by less than the
--- rest of the minute leaves every indexed column as it was, and PostgreSQL
--- makes its UPDATE a HOT one, without new index entries.
+-- to the minute (in flight, the claim's time plus the time to live, up to
+-- a lease before expires_at), so that a Complete that moves expires_at by
+-- less than the rest of the minute leaves every indexed column as it was,
+-- and PostgreSQL makes its UPDATE a HOT one, without new index entries.
 CREATE INDEX IF NOT EXISTS {{index}} ON {{table}} (sweep_at);
 
 -- The first versions' index on expires_at, which made every Complete write

@@ -256,7 +256,9 @@ type querier interface {
 // over, until one of them gives an answer.
 func (s *Store) claim(ctx context.Context, db querier, id engine.ID, fingerprint string, lease, ttl time.Duration) (engine.Claim, backend, error) {
 	scope, key, fp := []byte(id.Scope), []byte(id.Key), []byte(fingerprint)
-	leaseUS, ttlUS := micros(lease), micros(max(lease, ttl))
+	// The record outlives the lease by the TTL: a holder lost at its
+	// lease's end may have done its work then, and the retry must see it.
+	leaseUS, ttlUS := micros(lease), micros(addDur(lease, ttl))
 	for range maxClaimAttempts {
 		var r claimRow
 		q, mode := s.stmts(), s.hotMode()
@@ -390,9 +392,14 @@ func (s *Store) Complete(ctx context.Context, id engine.ID, token engine.Token, 
 	return result("complete", tag, err)
 }
 
-// Release implements engine.Store. In lease mode it deletes the record, in
-// one statement; in transactional mode it rolls the lease's transaction
-// back, the handler's writes with it.
+// Release implements engine.Store, in one statement. In lease mode it
+// deletes a record that the holder's Claim created; one that the Claim took
+// over from lost holders goes back to how the Claim found it, with a new
+// token: in flight, its lease ended, one holder fewer counted, which the
+// next takeover counts again (a table shared with an earlier release of the
+// package reads it as it reads any lost holder's). In transactional mode it
+// rolls the lease's transaction back, the handler's writes with it, and the
+// claim with them, which leaves the record as the Claim found it too.
 func (s *Store) Release(ctx context.Context, id engine.ID, token engine.Token) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("pgstore: release: %w", err)
@@ -400,12 +407,17 @@ func (s *Store) Release(ctx context.Context, id engine.ID, token engine.Token) e
 	if s.transactional {
 		return s.releaseTx(ctx, id, token)
 	}
-	var tag pgconn.CommandTag
-	err := s.retry(ctx, func() (err error) {
-		tag, err = s.pool.Exec(ctx, s.stmts().release, s.hotMode(), []byte(id.Scope), []byte(id.Key), int64(token))
-		return err
+	var n int64
+	err := s.retry(ctx, func() error {
+		return s.pool.QueryRow(ctx, s.stmts().release, s.hotMode(), []byte(id.Scope), []byte(id.Key), int64(token)).Scan(&n)
 	})
-	return result("release", tag, err)
+	if err != nil {
+		return fmt.Errorf("pgstore: release: %w", err)
+	}
+	if n == 0 {
+		return fmt.Errorf("pgstore: release: %w", engine.ErrLeaseLost)
+	}
+	return nil
 }
 
 // Extend implements engine.Store. In lease mode it is one statement.
@@ -445,6 +457,15 @@ func result(op string, tag pgconn.CommandTag, err error) error {
 		return fmt.Errorf("pgstore: %s: %w", op, engine.ErrLeaseLost)
 	}
 	return nil
+}
+
+// addDur is a + b for durations that are not negative, saturated at the
+// longest duration.
+func addDur(a, b time.Duration) time.Duration {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
 }
 
 // micros converts a duration to the microseconds the statements take. Every

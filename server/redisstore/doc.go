@@ -37,9 +37,13 @@
 // A claim that takes over a lease that ran out (its holder died, hung or
 // lost Redis) reports it in Claim.Abandoned: 1 for the first takeover, 2 for
 // the next. The count lives in the record, so it is seen only while the
-// record lives: the record outlives its lease by the TTL less the lease, and
-// with a lease as long as the TTL an abandoned record expires with its lease
-// and the next claim sees a new key. A release clears it.
+// record lives: an in-flight record outlives its lease by the TTL, whatever
+// the two are and however often the lease was extended, so a retry within
+// the TTL after the lost holder's lease is told of it. A release by a holder
+// that took the record over keeps the count: the record goes back to how
+// the takeover found it (in flight, its lease over), so the next claim is
+// told of the same lost holders; only a release by the holder that created
+// the record makes the key new again.
 //
 // Store.Lookup and Store.Resolve (server.Inspector) let an operator read a
 // record (state, fingerprint, token, abandoned holders, first claim, lease
@@ -106,9 +110,10 @@
 // time it is to outlive the lease, which the record holds: the lease has the
 // record's PTTL less the slack left. So the Redis server's own clock, through
 // the key's expiry, judges every lease, and API instances whose clocks differ
-// still agree on who holds one; no function reads the clock. Extend sets the
-// expiry to the later of the record's and the new lease's end, and the slack
-// to the difference.
+// still agree on who holds one; no function reads the clock. The claim
+// sets the slack to the TTL; Extend sets the expiry to the later of the
+// record's and the new lease's end plus the slack, and the slack to the
+// difference, so that it never shrinks.
 //
 // # Tokens
 //
@@ -126,9 +131,9 @@
 //
 // # Expiry
 //
-// A record expires by Redis's own TTL: the claim sets it to the larger of
-// the TTL and the lease, Complete to the TTL, Extend pushes it back to cover
-// a longer lease, Release keeps it. There is no sweep and no goroutine.
+// A record expires by Redis's own TTL: the claim sets it to the lease plus
+// the TTL, Complete to the TTL, Extend pushes it back with the lease's end,
+// Release keeps it. There is no sweep and no goroutine.
 //
 // # Retries by the client
 //
@@ -224,7 +229,15 @@
 // fewer than n replicas acknowledged is released and fails with
 // ErrNotReplicated: the middleware answers 503 and the handler does not run,
 // so a failover to an acknowledging replica never loses a claim that a
-// handler ran for. A completion that fewer acknowledged fails with
+// handler ran for. The release keeps what the record knew: a takeover of a
+// lost holder released this way leaves the record as it found it, and the
+// next claim is told of that holder. WAIT waits for timeout, or half of
+// what the call has left before its context's deadline if that is less, so
+// that a claim is answered or released before the middleware's claim
+// timeout (its store timeout, and at most nine tenths of the lease) ends:
+// one left unanswered would stay in flight until its lease ended, and the
+// retry would be told of an abandoned holder that never ran. A completion
+// that fewer acknowledged fails with
 // ErrNotReplicated; the middleware applies its policy for a failed Complete
 // (the response may be on the master only). The cost is a replica's round
 // trip on every claim and completion, and 503s while no replica is in sync,

@@ -57,6 +57,8 @@ const (
 const libraryTemplate = `#!lua name={{lib}}
 local HDR, OLD = 42, 30
 local DONE, LOST, NOTFOUND = 4, 5, 7
+-- The longest time the Store gives, in ms: math.MaxInt64 ns.
+local MAXMS = 9223372036855
 
 -- header checks v, a value read with redis.pcall, and returns the record's
 -- version, state and header size, or nil and why it cannot be read. An
@@ -167,27 +169,48 @@ end
 
 -- ARGV: the in-flight record's first 10 bytes; the tombstone to write,
 -- which keeps the token, with this call's nonce. It keeps the record's
--- expiry too, so that the next lease's token is larger.
+-- expiry too, so that the next lease's token is larger. A record that the
+-- holder took over from lost holders (abandoned > 0) is not made a
+-- tombstone: it goes back to how the takeover found it, in flight with its
+-- lease over (its slack all that is left of its life), one holder fewer
+-- counted, which the next takeover counts again, and the next token, which
+-- no holder has.
 local function release(keys, args)
   local key, cur, tomb = keys[1], args[1], args[2]
   local v = redis.pcall('GET', key)
   raise(v)
   if type(v) == 'string' and #v >= HDR and string.sub(v, 1, 10) == cur then
-    redis.call('SET', key, tomb, 'KEEPTTL')
+    local ab = struct.unpack('>I4', v, 31)
+    if ab == 0 then
+      redis.call('SET', key, tomb, 'KEEPTTL')
+      return DONE
+    end
+    redis.call('SET', key, string.sub(v, 1, 2) .. struct.pack('>i8', struct.unpack('>i8', v, 3) + 1) ..
+      string.sub(tomb, 11, 18) .. struct.pack('>i8', redis.call('PTTL', key)) .. string.sub(v, 27, 30) ..
+      struct.pack('>I4', ab - 1) .. string.sub(v, 35), 'KEEPTTL')
+    return DONE
+  end
+  -- This very release, sent again after its reply was lost.
+  if type(v) == 'string' and #v >= HDR and string.byte(v, 1) == 3 and string.byte(v, 2) == 1
+    and string.sub(v, 11, 18) == string.sub(tomb, 11, 18) then
     return DONE
   end
   return settle(v, tomb)
 end
 
 -- ARGV: the in-flight record's first 10 bytes; the lease (ms). The record
--- expires when the lease ends or later: its slack is the difference.
+-- expires when the lease ends, and then its slack, the TTL that the claim
+-- gave it: the slack stays, or grows when the lease is shortened, so that
+-- the expiry never comes sooner.
 local function extend(keys, args)
   local key, cur, lease = keys[1], args[1], tonumber(args[2])
   local v = redis.pcall('GET', key)
   raise(v)
   if type(v) == 'string' and #v >= HDR and string.sub(v, 1, 10) == cur then
     local pttl = redis.call('PTTL', key)
-    local px = math.max(pttl, lease)
+    local slack = struct.unpack('>i8', v, 19)
+    if slack < 0 or slack > MAXMS then return {0, 'malformed record slack ' .. slack} end
+    local px = math.max(pttl, lease + slack)
     redis.call('SETRANGE', key, 18, struct.pack('>i8', px - lease))
     if px > pttl then redis.call('PEXPIRE', key, px) end
     return DONE

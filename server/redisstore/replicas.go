@@ -26,12 +26,18 @@ type replicaAck struct {
 }
 
 // WithReplicaAck makes Claim and Complete wait, after their write, until
-// replicas replicas of the master have acknowledged it, for timeout at most
-// (and the call's context): WAIT replicas timeout, sent on the same
-// connection as the function, in the same round trip (a pipeline). With
-// fewer acknowledgements, Claim releases the lease it took and fails with
-// ErrNotReplicated, so that the middleware answers 503 and the handler does
-// not run; Complete fails with ErrNotReplicated, and the middleware applies
+// replicas replicas of the master have acknowledged it, for timeout at most:
+// WAIT replicas timeout, sent on the same connection as the function, in
+// the same round trip (a pipeline). The wait is also bounded by the call's
+// context: at most half of what it has left before its deadline (the
+// middleware's claim timeout is its store timeout, and at most nine tenths
+// of the lease), so that a claim is answered, or released, before the call
+// gives up, whatever timeout is given. With fewer acknowledgements, Claim
+// releases the lease it took and fails with ErrNotReplicated, so that the
+// middleware answers 503 and the handler does not run; the release keeps
+// what the record knew (see [Store.Release]), so a takeover of a lost
+// holder that is released this way still tells the next claim of that
+// holder. Complete fails with ErrNotReplicated, and the middleware applies
 // its policy for a Complete that failed. A replay or an in-flight answer
 // waits for nothing: it wrote nothing.
 //
@@ -82,7 +88,7 @@ func (s *Store) callAcked(ctx context.Context, fn, key string, args ...any) (any
 					p.Do(ctx, "ASKING")
 				}
 				c.fc = p.FCall(ctx, fn, []string{key}, args...)
-				c.wc = p.Do(ctx, "WAIT", s.ack.replicas, s.ack.timeout.Milliseconds())
+				c.wc = p.Do(ctx, "WAIT", s.ack.replicas, s.waitTimeout(ctx))
 				return nil
 			})
 			return c, err
@@ -126,6 +132,23 @@ func (s *Store) callAcked(ctx context.Context, fn, key string, args ...any) (any
 		s.reloadSlots(err)
 		return nil, 0, contextual(ctx, explained(err))
 	}
+}
+
+// waitTimeout returns the timeout of the WAIT of a call with ctx, in
+// milliseconds: WithReplicaAck's, but at most half of what is left before
+// ctx's deadline, so that WAIT answers before the call gives up on its
+// answer, with time left for the answer to come back and, after a claim
+// that too few replicas acknowledged, for its release. A claim applied
+// whose answer never came would be neither answered nor released: its key
+// would stay in flight until its lease ended, and the retry would be told
+// of an abandoned holder that never ran. At least 1 ms: WAIT 0 waits for
+// ever.
+func (s *Store) waitTimeout(ctx context.Context) int64 {
+	wait := s.ack.timeout
+	if deadline, ok := ctx.Deadline(); ok {
+		wait = min(wait, time.Until(deadline)/2)
+	}
+	return max(wait.Milliseconds(), 1)
 }
 
 // nodeFor returns the client of the one server that a call on key goes to:

@@ -102,7 +102,10 @@ func (s *Store) Claim(ctx context.Context, id engine.ID, fingerprint string, lea
 	if err := s.usable(ctx); err != nil {
 		return engine.Claim{}, fmt.Errorf("redisstore: claim: %w", err)
 	}
-	px := millis(max(ttl, lease))
+	// The record outlives the lease by the TTL (its slack): a holder lost
+	// at its lease's end may have done its work then, and the retry must
+	// see it.
+	px := millis(addDur(lease, ttl))
 	proposed := engine.Token(max(1, time.Now().UnixMicro()))
 	rec, err := encodeRecord(record{
 		version:     recordVersion,
@@ -280,9 +283,12 @@ func notStorable(err error) bool {
 		redis.HasErrorPrefix(err, "string exceeds maximum allowed size")
 }
 
-// Release implements engine.Store in one round trip. The record becomes a
-// small tombstone that keeps the last token until the record would have
-// expired, so that the next lease's token is larger.
+// Release implements engine.Store in one round trip. A record that the
+// holder's Claim created becomes a small tombstone that keeps the last token
+// until the record would have expired, so that the next lease's token is
+// larger. One that the Claim took over from lost holders goes back to how
+// the Claim found it, with the next token: in flight, its lease ended, one
+// holder fewer counted, which the next takeover counts again.
 func (s *Store) Release(ctx context.Context, id engine.ID, token engine.Token) error {
 	if err := s.usable(ctx); err != nil {
 		return fmt.Errorf("redisstore: release: %w", err)
@@ -292,8 +298,9 @@ func (s *Store) Release(ctx context.Context, id engine.ID, token engine.Token) e
 	return s.update(ctx, "release", s.lib.release, key, heldBy(token), tombstone(token))
 }
 
-// Extend implements engine.Store in one round trip. The record's expiry is
-// pushed back too if the new lease would outlive it.
+// Extend implements engine.Store in one round trip. The record's expiry
+// moves with the lease's end, keeping the TTL that the Claim put between
+// them (the record's slack).
 func (s *Store) Extend(ctx context.Context, id engine.ID, token engine.Token, lease time.Duration) error {
 	if err := s.usable(ctx); err != nil {
 		return fmt.Errorf("redisstore: extend: %w", err)
@@ -504,6 +511,15 @@ func contextual(ctx context.Context, err error) error {
 		return fmt.Errorf("%w: %w", cerr, err)
 	}
 	return err
+}
+
+// addDur is a + b for durations that are not negative, saturated at the
+// longest duration.
+func addDur(a, b time.Duration) time.Duration {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
 }
 
 // millis rounds d up to whole milliseconds, at least one: Redis deletes a key

@@ -394,8 +394,9 @@ func TestLookalikeIDsAreSeparate(t *testing.T) {
 	}
 }
 
-// Records expire by Redis's TTL: the claim sets the larger of TTL and lease,
-// Complete the TTL, Extend covers a longer lease, Release keeps it.
+// Records expire by Redis's TTL: the claim sets the lease and the TTL after
+// it, Complete the TTL, Extend moves the expiry with the lease's end (never
+// sooner), Release keeps it.
 func TestRecordTTL(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -416,24 +417,24 @@ func TestRecordTTL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pttl("Claim", 9*time.Minute, 10*time.Minute)
+	pttl("Claim", 10*time.Minute+59*time.Second, 11*time.Minute)
 	if err := s.Extend(ctx, id, cl.Token, time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	pttl("Extend beyond the TTL", 59*time.Minute, time.Hour)
+	pttl("Extend beyond the TTL", 69*time.Minute, 70*time.Minute)
 	if err := s.Extend(ctx, id, cl.Token, time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	pttl("a shorter Extend", 59*time.Minute, time.Hour)
+	pttl("a shorter Extend", 69*time.Minute, 70*time.Minute)
 	if err := s.Release(ctx, id, cl.Token); err != nil {
 		t.Fatal(err)
 	}
-	pttl("Release", 59*time.Minute, time.Hour)
+	pttl("Release", 69*time.Minute, 70*time.Minute)
 	cl, err = s.Claim(ctx, id, "fp", 2*time.Hour, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
-	pttl("Claim with a lease longer than the TTL", 119*time.Minute, 2*time.Hour)
+	pttl("Claim with a lease longer than the TTL", 179*time.Minute, 3*time.Hour)
 	if err := s.Complete(ctx, id, cl.Token, &server.Response{Status: http.StatusOK}, 5*time.Minute); err != nil {
 		t.Fatal(err)
 	}

@@ -7,13 +7,15 @@
 // run in parallel. Run it with -race: several properties are about
 // concurrency.
 //
-// The suite waits for leases and TTLs of a few hundred milliseconds to pass,
-// using the Store's own clock (a database's, for instance), so it takes a few
-// seconds.
+// The suite waits for leases and TTLs of a few hundred milliseconds, and a
+// second, to pass, using the Store's own clock (a database's, for instance),
+// so it takes a few seconds.
 //
 // Besides the Store's methods, the suite checks Claim.Abandoned (how many
-// holders lost their lease before a takeover), leases and TTLs at both ends
-// of their range (1ns and math.MaxInt64), and, for a Store that implements
+// holders lost their lease before a takeover, kept when a later holder
+// releases the record), that an in-flight record outlives its lease by the
+// TTL (after a Claim and after an Extend), leases and TTLs at both ends of
+// their range (1ns and math.MaxInt64), and, for a Store that implements
 // engine.Inspector, Lookup and Resolve; those subtests are skipped for a
 // Store that does not.
 package storetest
@@ -73,7 +75,8 @@ func Run(t *testing.T, newStore NewStore) {
 		{"ContextCancellation", testContextCancellation},
 		{"AbandonedZeroWhenNew", testAbandonedZeroWhenNew},
 		{"TakeoverCountsAbandoned", testTakeoverCountsAbandoned},
-		{"ReleaseForgetsAbandoned", testReleaseForgetsAbandoned},
+		{"ReleaseKeepsAbandoned", testReleaseKeepsAbandoned},
+		{"RecordOutlivesLease", testRecordOutlivesLease},
 		{"ExtendKeepsAbandoned", testExtendKeepsAbandoned},
 		{"MaxTTL", testMaxTTL},
 		{"MaxLease", testMaxLease},

@@ -54,7 +54,15 @@ var brokenStores = map[string]struct {
 	},
 	"release-expires-lease": {
 		store:    func(m *memstore.Store) server.Store { return releaseExpiresLease{m} },
-		mustFail: []string{"AbandonedZeroWhenNew", "ReleaseForgetsAbandoned"},
+		mustFail: []string{"AbandonedZeroWhenNew", "ReleaseKeepsAbandoned"},
+	},
+	"release-forgets-abandoned": {
+		store:    func(m *memstore.Store) server.Store { return releaseForgetsAbandoned{m} },
+		mustFail: []string{"ReleaseKeepsAbandoned"},
+	},
+	"record-dies-with-lease": {
+		store:    func(m *memstore.Store) server.Store { return recordDiesWithLease{m} },
+		mustFail: []string{"RecordOutlivesLease"},
 	},
 	"overflows": {
 		store:    func(m *memstore.Store) server.Store { return overflows{m} },
@@ -196,6 +204,29 @@ type releaseExpiresLease struct{ *memstore.Store }
 
 func (s releaseExpiresLease) Release(ctx context.Context, id server.ID, tok server.Token) error {
 	return s.Store.Extend(ctx, id, tok, time.Nanosecond)
+}
+
+// releaseForgetsAbandoned deletes the record on every release, so that a
+// takeover that gives the key back forgets the holders lost before it.
+type releaseForgetsAbandoned struct{ *memstore.Store }
+
+func (s releaseForgetsAbandoned) Release(ctx context.Context, id server.ID, tok server.Token) error {
+	if err := s.Store.Release(ctx, id, tok); err != nil {
+		return err
+	}
+	if err := s.Store.Resolve(ctx, id, nil, 0); err != nil && !errors.Is(err, server.ErrNotFound) {
+		return err
+	}
+	return nil
+}
+
+// recordDiesWithLease lets an in-flight record expire when its lease ends,
+// whatever the TTL, as a store that takes the larger of the two does when
+// the TTL is no longer than the lease.
+type recordDiesWithLease struct{ *memstore.Store }
+
+func (s recordDiesWithLease) Claim(ctx context.Context, id server.ID, fp string, lease, ttl time.Duration) (server.Claim, error) {
+	return s.Store.Claim(ctx, id, fp, lease, time.Nanosecond)
 }
 
 // overflows computes deadlines as a store that adds a duration to the Unix

@@ -61,22 +61,51 @@ func runSize() size {
 // committed when the process died, before its response was stored, runs
 // again once its lease has expired: the test counts those, and checks that
 // there are no more of them than orders were in flight at the kills.
+//
+// Under RefuseAbandoned no order runs twice, also with a TTL as short as
+// the lease (a TTL under the default lease makes the lease the TTL): the
+// record of a killed holder outlives its lease by the TTL, so the retry
+// sees the takeover. Nor with a handler that, taking an order over, looks
+// for the order the killed holder may have written, after answering 503
+// once (-takeover fail-once): the 503 releases the key, and the run after it
+// must still be told of the killed holder, or it writes the order again.
 func TestCrash(t *testing.T) {
 	bin := testproc.Build(t, "github.com/idemkit/idempotency/internal/tests/crash/crashserver")
 	type mode struct {
 		name, kind string
 		args       []string // more flags of crashserver
 		refuse     bool     // -abandoned refuse
+		// once: no order may run twice (-abandoned refuse, or a
+		// takeover that looks for its order).
+		once bool
+		// ttl is the middleware's TTL when it is shorter than the run:
+		// the records of orders answered longer ago may have expired.
+		ttl time.Duration
+	}
+	ttlRun := func(kind string, ttl time.Duration) mode {
+		return mode{name: kind + ", refuse, TTL " + ttl.String() + " (the lease)", kind: kind,
+			args:   []string{"-abandoned", "refuse", "-ttl", ttl.String(), "-lease", "0"},
+			refuse: true, once: true, ttl: ttl}
+	}
+	failOnce := func(kind string) mode {
+		return mode{name: kind + ", a takeover answers 503 once, then looks for its order", kind: kind,
+			args: []string{"-takeover", "fail-once"}, once: true}
 	}
 	modes := []mode{
-		{"pg-tx", "pg-tx", nil, false}, {"pg-lease", "pg-lease", nil, false}, {"redis-lease", "redis-lease", nil, false},
-		{"pg-lease, refuse", "pg-lease", []string{"-abandoned", "refuse"}, true},
+		{name: "pg-tx", kind: "pg-tx", once: true}, {name: "pg-lease", kind: "pg-lease"}, {name: "redis-lease", kind: "redis-lease"},
+		{name: "pg-lease, refuse", kind: "pg-lease", args: []string{"-abandoned", "refuse"}, refuse: true, once: true},
 	}
 	if *long {
 		// The window between the handler's commit and its stored
 		// response decides how often a crash lands in it.
-		modes = append(modes, mode{"pg-lease, answering at once after the commit", "pg-lease", []string{"-after", "0s"}, false},
-			mode{"redis-lease, refuse", "redis-lease", []string{"-abandoned", "refuse"}, true})
+		modes = append(modes, mode{name: "pg-lease, answering at once after the commit", kind: "pg-lease", args: []string{"-after", "0s"}},
+			mode{name: "redis-lease, refuse", kind: "redis-lease", args: []string{"-abandoned", "refuse"}, refuse: true, once: true})
+		// Each kill's orders wait out the 30 s lease before they are
+		// taken over, while the others go on.
+		modes = append(modes, ttlRun("pg-lease", 30*time.Second), ttlRun("redis-lease", 30*time.Second),
+			failOnce("pg-lease"), failOnce("redis-lease"))
+	} else {
+		modes = append(modes, ttlRun("pg-lease", 5*time.Second), failOnce("pg-lease"))
 	}
 	for _, m := range modes {
 		t.Run(m.name, func(t *testing.T) {
@@ -86,15 +115,16 @@ func TestCrash(t *testing.T) {
 			}
 			r := newCrashRun(t, bin, kind, runSize())
 			r.args = append(r.args, m.args...)
+			r.ttl = m.ttl
 			res := r.run(t)
-			t.Logf("%s: %d orders, %d crashes (orders in flight at the kills: %v); %d executions, %d orders run twice or more (%d extra executions), %d half done, %d answered but absent, %d answered \"outcome unknown\" (%d of them executed); answers seen: %s",
+			t.Logf("%s: %d orders, %d crashes (orders in flight at the kills: %v); %d executions, %d orders run twice or more (%d extra executions), %d half done, %d answered but absent, %d answered \"outcome unknown\" (%d of them executed); %d replayed in the audit (%d left out, answered longer ago than half the TTL); answers seen: %s",
 				m.name, res.orders, len(res.killedInflight), res.killedInflight, res.executions, res.duplicatedOrders,
-				res.extraExecutions, res.halfDone, res.lost, res.unknown, res.unknownExecuted, r.answers)
+				res.extraExecutions, res.halfDone, res.lost, res.unknown, res.unknownExecuted, res.audited, res.orders-res.audited, r.answers)
 			assert.Zero(t, res.halfDone, "orders half done")
 			assert.Zero(t, res.lost, "orders answered whose order is not in the database")
 			assert.Zero(t, res.missing, "orders never executed")
-			if kind == "pg-tx" || m.refuse {
-				assert.Zero(t, res.extraExecutions, "extra executions")
+			if m.once {
+				assert.Zero(t, res.extraExecutions, "extra executions (orders run twice: %v)", res.duplicated)
 			}
 			if !m.refuse {
 				assert.Zero(t, res.unknown, "\"outcome unknown\" answers without the refuse policy")
@@ -118,6 +148,7 @@ type crashRun struct {
 	bin, kind, addr string
 	args            []string
 	size            size
+	ttl             time.Duration // the middleware's, if shorter than the run
 	pool            *pgxpool.Pool
 	orders          string // sanitized table names
 	lines           string
@@ -180,6 +211,7 @@ type result struct {
 	missing          int // never executed
 	unknown          int // answered "outcome unknown" (the refuse policy)
 	unknownExecuted  int // of those, the orders the database holds
+	audited          int // orders sent again at the end, each a replay
 }
 
 func (r *crashRun) run(t *testing.T) result {
@@ -201,10 +233,11 @@ func (r *crashRun) run(t *testing.T) result {
 	)
 	url := "http://" + r.addr + "/orders"
 	var (
-		mu      sync.Mutex
-		answers = map[int]string{}
-		done    atomic.Int64
-		crashed atomic.Bool
+		mu         sync.Mutex
+		answers    = map[int]string{}
+		answeredAt = map[int]time.Time{}
+		done       atomic.Int64
+		crashed    atomic.Bool
 	)
 	// Orders are sent until the last crash is over, and at least
 	// r.size.orders of them: there are orders in flight to crash into
@@ -222,11 +255,14 @@ func (r *crashRun) run(t *testing.T) result {
 	})
 	failures := make(chan error, 1)
 	hc := client.StandardClient()
+	// A minute for an order, and, with a lease as long as the TTL, time
+	// for it to wait out the leases of a few kills in a row.
+	patience := time.Minute + 4*r.ttl
 	var workers sync.WaitGroup
 	for range r.size.workers {
 		workers.Go(func() {
 			for i := range refs {
-				body, err := submit(ctx, hc, url, i)
+				body, err := submit(ctx, hc, url, i, patience)
 				if err != nil {
 					select {
 					case failures <- fmt.Errorf("order %d: %w", i, err):
@@ -236,6 +272,7 @@ func (r *crashRun) run(t *testing.T) result {
 				}
 				mu.Lock()
 				answers[i] = body
+				answeredAt[i] = time.Now()
 				mu.Unlock()
 				done.Add(1)
 			}
@@ -274,12 +311,19 @@ func (r *crashRun) run(t *testing.T) result {
 	logs.WriteString(proc.Output())
 	t.Logf("what the server processes said:\n%s", logs.String())
 
-	// Every order once more: each is a replay of the answer the client got.
+	// Every order once more: each is a replay of the answer the client got;
+	// with a TTL shorter than the run, every order whose record surely
+	// lives (answered within half the TTL), for a record that expired is a
+	// new key, and runs again.
 	plain := &http.Transport{}
 	defer plain.CloseIdleConnections()
 	for i := range res.orders {
 		want, ok := answers[i]
 		require.True(t, ok, "order %d has no answer", i)
+		if r.ttl > 0 && time.Since(answeredAt[i]) > r.ttl/2 {
+			continue
+		}
+		res.audited++
 		got, replayed, err := send(ctx, &http.Client{Transport: plain}, url, i)
 		require.NoError(t, err)
 		require.True(t, replayed, "order %d sent again was not a replay: %s", i, got)
@@ -318,10 +362,10 @@ func waitUntil(t *testing.T, proc *testproc.Process, ready func(inflight int) bo
 	}
 }
 
-// submit sends order i until it gets its 201, for at most a minute: the
+// submit sends order i until it gets its 201, for at most patience: the
 // client's own retries, and then its caller's, as an application would.
-func submit(ctx context.Context, hc *http.Client, url string, i int) (string, error) {
-	deadline := time.Now().Add(time.Minute)
+func submit(ctx context.Context, hc *http.Client, url string, i int, patience time.Duration) (string, error) {
+	deadline := time.Now().Add(patience)
 	var last error
 	for time.Now().Before(deadline) && ctx.Err() == nil {
 		body, _, err := send(ctx, hc, url, i)
@@ -330,7 +374,7 @@ func submit(ctx context.Context, hc *http.Client, url string, i int) (string, er
 		}
 		last = err
 	}
-	return "", fmt.Errorf("no answer within a minute: %w", last)
+	return "", fmt.Errorf("no answer within %v: %w", patience, last)
 }
 
 func send(ctx context.Context, hc *http.Client, url string, i int) (body string, replayed bool, err error) {

@@ -1,6 +1,7 @@
 package e2e_test
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"strings"
@@ -80,6 +81,74 @@ func TestCompleteAfterOutage(t *testing.T) {
 			assert.Equal(t, http.StatusCreated, status)
 			assert.Equal(t, "true", replayed, "the retry's answer is a replay")
 			assert.Equal(t, "order 1", body)
+		})
+	}
+}
+
+// TestReleaseAfterOutage: the handler answers 5xx while the store is away,
+// for longer than the store timeout, so the release that gives the key back
+// cannot be written in time; then the store comes back. The middleware knew
+// that nothing was done, and told the client to retry: the retry must run
+// the request, under RefuseAbandoned too, and must not be told of an
+// abandoned holder. A release that was never written would leave the key in
+// flight until its lease ended, and the retry that took it over then would
+// be answered "outcome unknown".
+func TestReleaseAfterOutage(t *testing.T) {
+	for _, kind := range linkedStores() {
+		t.Run(kind.name, func(t *testing.T) {
+			s := kind.new(t)
+			var (
+				executions atomic.Int64
+				abandoned  atomic.Int64
+			)
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if executions.Add(1) == 1 {
+					s.link.Cut() // the store goes away, and the order cannot be made
+					http.Error(w, "try again", http.StatusServiceUnavailable)
+					return
+				}
+				lease, _ := server.LeaseFromContext(r.Context())
+				abandoned.Store(int64(lease.Abandoned))
+				w.WriteHeader(http.StatusCreated)
+				io.WriteString(w, "order 2")
+			})
+			mw, err := server.New(s.store, server.WithStoreTimeout(300*time.Millisecond), server.WithLease(2*time.Second),
+				server.WithAbandoned(server.RefuseAbandoned))
+			require.NoError(t, err)
+			t.Cleanup(func() { // after the server's Close
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				assert.NoError(t, mw.Shutdown(ctx))
+			})
+			srv := startServer(t, mw.Handler(h))
+			client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
+			send := func() (status int, outcome, body string) {
+				req, _ := http.NewRequest(http.MethodPost, srv.URL+"/orders", strings.NewReader(`{"sku":"A1"}`))
+				req.Header.Set("Idempotency-Key", "release-outage-key")
+				resp, err := client.Do(req)
+				require.NoError(t, err)
+				defer resp.Body.Close()
+				b, _ := io.ReadAll(resp.Body)
+				return resp.StatusCode, resp.Header.Get(server.HeaderOutcome), string(b)
+			}
+
+			status, _, _ := send()
+			require.Equal(t, http.StatusServiceUnavailable, status, "the handler's answer")
+			s.link.Heal()
+
+			deadline := time.Now().Add(15 * time.Second)
+			var outcome, body string
+			for time.Now().Before(deadline) {
+				status, outcome, body = send()
+				if outcome != "" || status != http.StatusConflict && status != http.StatusServiceUnavailable {
+					break
+				}
+				time.Sleep(50 * time.Millisecond) // the client's own pause between retries
+			}
+			assert.Empty(t, outcome, "the retry is answered \"outcome unknown\": %s", body)
+			assert.Equal(t, http.StatusCreated, status, body)
+			assert.Equal(t, int64(2), executions.Load(), "executions")
+			assert.Zero(t, abandoned.Load(), "Abandoned of the retry's run")
 		})
 	}
 }

@@ -20,6 +20,18 @@
 // killed is not run again: it gets the final "outcome unknown" answer
 // (server.RefuseAbandoned).
 //
+// -ttl is the middleware's TTL (server.WithTTL) and -lease its lease
+// (server.WithLease); with -lease 0 the lease is the middleware's default:
+// a minute, or the TTL when that is shorter.
+//
+// With -takeover find, a run that took an order over from a killed holder
+// (Lease.Abandoned > 0) looks for the order that holder may have written
+// and answers with it if it is there, as ExampleLease_Abandoned does;
+// with fail-once, the first such run of each order in the process answers
+// 503 without looking (it cannot tell yet: the key is released), and the
+// runs after it look. With rerun (the default) a takeover writes the order
+// as a first run does. (Not with -downstream, whose orders are elsewhere.)
+//
 // With -downstream URL the order's effect is not written here: the handler
 // sends the order, through an idempotency.Client, to a second service behind
 // the middleware (URL, run by the test), which writes it, and answers with
@@ -49,6 +61,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -68,7 +81,9 @@ func main() {
 	kind := flag.String("store", "pg-tx", "records in: pg-tx, pg-lease, redis-lease or mem-lease (the process's memory)")
 	records := flag.String("records", "", "table (PostgreSQL) or key prefix (Redis) of the records")
 	orders := flag.String("orders", "", "table of the orders; its lines are in the table named with the suffix _lines")
-	lease := flag.Duration("lease", time.Second, "the middleware's lease")
+	lease := flag.Duration("lease", time.Second, "the middleware's lease; 0: its default (a minute, or the TTL when shorter)")
+	ttl := flag.Duration("ttl", time.Hour, "the middleware's TTL")
+	takeover := flag.String("takeover", "rerun", "what a run that took an order over from a killed holder does: rerun, find (its order, first) or fail-once (answer 503 once, then find)")
 	step := flag.Duration("step", 5*time.Millisecond, "pause before each line")
 	after := flag.Duration("after", 10*time.Millisecond, "pause between the last write and the answer")
 	abandoned := flag.String("abandoned", "rerun", "what a retry after an abandoned lease gets: rerun or refuse (server.WithAbandoned)")
@@ -85,6 +100,11 @@ func main() {
 		policy = server.RefuseAbandoned
 	default:
 		log.Fatalf("crashserver: -abandoned %q: want rerun or refuse", *abandoned)
+	}
+	switch *takeover {
+	case "rerun", "find", "fail-once":
+	default:
+		log.Fatalf("crashserver: -takeover %q: want rerun, find or fail-once", *takeover)
 	}
 	if *keys != "derived" && *keys != "random" {
 		log.Fatalf("crashserver: -downstream-keys %q: want derived or random", *keys)
@@ -103,7 +123,11 @@ func main() {
 		}
 		down = &downstream{client: c, url: *downURL, random: *keys == "random"}
 	}
-	if err := run(*addr, *kind, *records, *orders, *lease, *step, *after, policy, down); err != nil {
+	opts := []server.Option{server.WithTTL(*ttl), server.WithAbandoned(policy)}
+	if *lease > 0 {
+		opts = append(opts, server.WithLease(*lease))
+	}
+	if err := run(*addr, *kind, *records, *orders, *takeover, *step, *after, opts, down); err != nil {
 		log.Fatal(err)
 	}
 }
@@ -115,7 +139,7 @@ func env(name, def string) string {
 	return def
 }
 
-func run(addr, kind, records, orders string, lease, step, after time.Duration, policy server.AbandonedPolicy, down *downstream) error {
+func run(addr, kind, records, orders, takeover string, step, after time.Duration, opts []server.Option, down *downstream) error {
 	ctx := context.Background()
 	cfg, err := pgxpool.ParseConfig(env("IDEMPOTENCY_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"))
 	if err != nil {
@@ -171,14 +195,14 @@ func run(addr, kind, records, orders string, lease, step, after time.Duration, p
 		return fmt.Errorf("crashserver: unknown store %q", kind)
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	mw, err := server.New(store, server.WithLease(lease), server.WithTTL(time.Hour), server.WithLogger(logger),
-		server.WithAbandoned(policy))
+	mw, err := server.New(store, append(opts, server.WithLogger(logger))...)
 	if err != nil {
 		return err
 	}
-	api := &api{pool: pool, transactional: transactional, step: step, after: after, downstream: down,
+	api := &api{pool: pool, transactional: transactional, step: step, after: after, downstream: down, takeover: takeover,
 		insertOrder: "INSERT INTO " + pgx.Identifier{orders}.Sanitize() + " (ref, lines) VALUES ($1, $2) RETURNING id",
 		insertLine:  "INSERT INTO " + pgx.Identifier{orders + "_lines"}.Sanitize() + " (order_id, n) VALUES ($1, $2)",
+		findOrder:   "SELECT id FROM " + pgx.Identifier{orders}.Sanitize() + " WHERE ref = $1 ORDER BY id LIMIT 1",
 	}
 	mux := http.NewServeMux()
 	// A request counts from before its claim until its response is
@@ -203,12 +227,14 @@ func run(addr, kind, records, orders string, lease, step, after time.Duration, p
 }
 
 type api struct {
-	pool                    *pgxpool.Pool
-	transactional           bool
-	step, after             time.Duration
-	insertOrder, insertLine string
-	downstream              *downstream
-	inflight                atomic.Int64
+	pool                               *pgxpool.Pool
+	transactional                      bool
+	step, after                        time.Duration
+	insertOrder, insertLine, findOrder string
+	downstream                         *downstream
+	inflight                           atomic.Int64
+	takeover                           string   // -takeover
+	failed                             sync.Map // refs whose takeover answered 503 (fail-once)
 }
 
 // downstream is the service that writes the orders, when it is not this one.
@@ -228,6 +254,22 @@ func (a *api) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := r.Context()
+	if lease, _ := server.LeaseFromContext(ctx); lease.Abandoned > 0 && a.takeover != "rerun" && a.downstream == nil {
+		if _, failed := a.failed.LoadOrStore(in.Ref, true); !failed && a.takeover == "fail-once" {
+			http.Error(w, "cannot tell yet whether the order was written", http.StatusServiceUnavailable)
+			return
+		}
+		// A killed holder may have written the order before it died.
+		var id int64
+		switch err := a.pool.QueryRow(ctx, a.findOrder, in.Ref).Scan(&id); {
+		case err == nil:
+			a.answer(w, id, in.Ref)
+			return
+		case !errors.Is(err, pgx.ErrNoRows):
+			a.fail(w, in.Ref, "find", err)
+			return
+		}
+	}
 	if a.downstream != nil {
 		a.forward(ctx, w, in.Ref, in.Lines)
 		return
@@ -274,9 +316,14 @@ func (a *api) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// The order is written (committed, in lease mode); what remains is
 	// the work between the last write and the answer.
 	pause(context.WithoutCancel(ctx), a.after)
+	a.answer(w, id, in.Ref)
+}
+
+// answer answers with order id.
+func (a *api) answer(w http.ResponseWriter, id int64, ref string) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusCreated)
-	fmt.Fprintf(w, `{"id":%s,"ref":%q}`, strconv.FormatInt(id, 10), in.Ref)
+	fmt.Fprintf(w, `{"id":%s,"ref":%q}`, strconv.FormatInt(id, 10), ref)
 }
 
 // forward has the downstream service write the order, and answers with its

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idempotency/engine"
-	"github.com/idemkit/idempotency/server/memstore"
+	"github.com/idemkit/idempotency/store/memstore"
 )
 
 // printDoor is the smallest door: its work prints a line and its result is

@@ -11,8 +11,8 @@
 //	ci, err := idemgrpc.UnaryClientInterceptor()
 //	conn, err := grpc.NewClient(target, grpc.WithChainUnaryInterceptor(ci), ...)
 //
-// On the server, with any engine.Store (server/memstore, server/pgstore,
-// server/redisstore), after the application's own interceptors (its
+// On the server, with any engine.Store (store/memstore, store/pgstore,
+// store/redisstore), after the application's own interceptors (its
 // authentication, whose principal names the scope):
 //
 //	s, err := idemgrpc.NewServer(store, idemgrpc.WithScope(principal))

@@ -14,7 +14,7 @@ import (
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/idemotel"
 	"github.com/idemkit/idempotency/server"
-	"github.com/idemkit/idempotency/server/memstore"
+	"github.com/idemkit/idempotency/store/memstore"
 )
 
 // The middleware and a client, observed; the metrics are read here with a

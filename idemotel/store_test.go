@@ -14,7 +14,7 @@ import (
 
 	"github.com/idemkit/idempotency/idemotel"
 	"github.com/idemkit/idempotency/server"
-	"github.com/idemkit/idempotency/server/memstore"
+	"github.com/idemkit/idempotency/store/memstore"
 )
 
 // TestStoreSize: the gauges report a memstore's records and bytes when the

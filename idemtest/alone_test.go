@@ -14,7 +14,7 @@ import (
 
 	"github.com/idemkit/idempotency/idemtest"
 	"github.com/idemkit/idempotency/server"
-	"github.com/idemkit/idempotency/server/memstore"
+	"github.com/idemkit/idempotency/store/memstore"
 )
 
 // TestEachCheckAlone runs every check on its own, as -checks does, against

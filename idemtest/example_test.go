@@ -9,7 +9,7 @@ import (
 
 	"github.com/idemkit/idempotency/idemtest"
 	"github.com/idemkit/idempotency/server"
-	"github.com/idemkit/idempotency/server/memstore"
+	"github.com/idemkit/idempotency/store/memstore"
 )
 
 // Check an orders endpoint behind the server package's middleware. Every

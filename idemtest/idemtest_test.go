@@ -22,7 +22,7 @@ import (
 	"github.com/idemkit/idempotency/idemtest"
 	"github.com/idemkit/idempotency/internal/testkit/teststores"
 	"github.com/idemkit/idempotency/server"
-	"github.com/idemkit/idempotency/server/memstore"
+	"github.com/idemkit/idempotency/store/memstore"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -17,7 +17,7 @@ import (
 
 	"github.com/idemkit/idempotency/idemtest"
 	"github.com/idemkit/idempotency/server"
-	"github.com/idemkit/idempotency/server/memstore"
+	"github.com/idemkit/idempotency/store/memstore"
 )
 
 // checkThenInsert is the handler of the seed documents: it looks the key up

@@ -21,8 +21,8 @@ import (
 	"github.com/idemkit/idempotency/internal/testkit/teststores"
 	"github.com/idemkit/idempotency/once"
 	"github.com/idemkit/idempotency/server"
-	"github.com/idemkit/idempotency/server/memstore"
-	"github.com/idemkit/idempotency/server/pgstore"
+	"github.com/idemkit/idempotency/store/memstore"
+	"github.com/idemkit/idempotency/store/pgstore"
 )
 
 // untilRuns calls once.Do with fn until the answer is not ErrInFlight (the

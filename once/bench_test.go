@@ -7,7 +7,7 @@ import (
 
 	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/once"
-	"github.com/idemkit/idempotency/server/memstore"
+	"github.com/idemkit/idempotency/store/memstore"
 )
 
 // BenchmarkDo: the function door on memstore, for a first run (a new key

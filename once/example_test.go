@@ -7,7 +7,7 @@ import (
 
 	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/once"
-	"github.com/idemkit/idempotency/server/memstore"
+	"github.com/idemkit/idempotency/store/memstore"
 )
 
 // A message delivered twice, as a broker redelivers one that was not

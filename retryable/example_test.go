@@ -13,7 +13,7 @@ import (
 
 	"github.com/idemkit/idempotency/retryable"
 	"github.com/idemkit/idempotency/server"
-	"github.com/idemkit/idempotency/server/memstore"
+	"github.com/idemkit/idempotency/store/memstore"
 )
 
 // An order service behind the middleware, whose first response is lost

@@ -23,7 +23,7 @@ import (
 	"github.com/idemkit/idempotency/internal/wire"
 	"github.com/idemkit/idempotency/retryable"
 	"github.com/idemkit/idempotency/server"
-	"github.com/idemkit/idempotency/server/memstore"
+	"github.com/idemkit/idempotency/store/memstore"
 )
 
 func TestMain(m *testing.M) {

@@ -15,7 +15,7 @@ import (
 	"github.com/idemkit/idempotency/internal/keyfield"
 	"github.com/idemkit/idempotency/internal/testkit/teststores"
 	"github.com/idemkit/idempotency/server"
-	"github.com/idemkit/idempotency/server/memstore"
+	"github.com/idemkit/idempotency/store/memstore"
 )
 
 // BenchmarkMiddleware measures what the middleware adds to a handler, in

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idempotency/server"
-	"github.com/idemkit/idempotency/server/memstore"
+	"github.com/idemkit/idempotency/store/memstore"
 )
 
 // A graceful shutdown stops the server first, then waits for the responses

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idempotency/server"
-	"github.com/idemkit/idempotency/server/memstore"
+	"github.com/idemkit/idempotency/store/memstore"
 )
 
 // takenOver stands for a store whose last holder of the key died after its

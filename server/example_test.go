@@ -13,7 +13,7 @@ import (
 	"sync/atomic"
 
 	"github.com/idemkit/idempotency/server"
-	"github.com/idemkit/idempotency/server/memstore"
+	"github.com/idemkit/idempotency/store/memstore"
 )
 
 // An orders handler behind the middleware. The first request runs it; the

@@ -24,7 +24,7 @@ import (
 
 	"github.com/idemkit/idempotency/internal/testkit/faultstore"
 	"github.com/idemkit/idempotency/server"
-	"github.com/idemkit/idempotency/server/memstore"
+	"github.com/idemkit/idempotency/store/memstore"
 )
 
 // syncBuffer collects log output written from several goroutines.

@@ -14,7 +14,7 @@ import (
 	"testing"
 
 	"github.com/idemkit/idempotency/server"
-	"github.com/idemkit/idempotency/server/memstore"
+	"github.com/idemkit/idempotency/store/memstore"
 )
 
 // fuzzTarget parses target as net/http parses a request line's target, or

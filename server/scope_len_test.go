@@ -11,7 +11,7 @@ import (
 
 	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/server"
-	"github.com/idemkit/idempotency/server/memstore"
+	"github.com/idemkit/idempotency/store/memstore"
 )
 
 // TestScopeTooLong: a scope function that returns more than

@@ -11,8 +11,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idempotency/server"
-	"github.com/idemkit/idempotency/server/pgstore"
-	"github.com/idemkit/idempotency/server/redisstore"
+	"github.com/idemkit/idempotency/store/pgstore"
+	"github.com/idemkit/idempotency/store/redisstore"
 )
 
 // The kinds of store.

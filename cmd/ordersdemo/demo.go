@@ -21,9 +21,9 @@ import (
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/internal/testkit/faultnet"
 	"github.com/idemkit/idempotency/server"
-	"github.com/idemkit/idempotency/server/memstore"
-	"github.com/idemkit/idempotency/server/pgstore"
-	"github.com/idemkit/idempotency/server/redisstore"
+	"github.com/idemkit/idempotency/store/memstore"
+	"github.com/idemkit/idempotency/store/pgstore"
+	"github.com/idemkit/idempotency/store/redisstore"
 )
 
 // Options configure the demo; Flags sets them from the command line.

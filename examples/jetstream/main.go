@@ -41,7 +41,7 @@ import (
 	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/examples/jetstream/consume"
 	"github.com/idemkit/idempotency/once"
-	"github.com/idemkit/idempotency/server/memstore"
+	"github.com/idemkit/idempotency/store/memstore"
 )
 
 func main() {

@@ -23,7 +23,7 @@ import (
 	"github.com/idemkit/idempotency/internal/keyfield"
 	"github.com/idemkit/idempotency/internal/testkit/faultstore"
 	"github.com/idemkit/idempotency/server"
-	"github.com/idemkit/idempotency/server/memstore"
+	"github.com/idemkit/idempotency/store/memstore"
 	"github.com/idemkit/idempotency/server/openapi"
 )
 

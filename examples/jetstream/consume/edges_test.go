@@ -15,7 +15,7 @@ import (
 	"github.com/idemkit/idempotency/examples/jetstream/consume"
 	"github.com/idemkit/idempotency/internal/testkit/teststores"
 	"github.com/idemkit/idempotency/once"
-	"github.com/idemkit/idempotency/server/memstore"
+	"github.com/idemkit/idempotency/store/memstore"
 )
 
 // newOnce returns a Runner on store, shut down when t ends.

@@ -7,7 +7,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idemkit/idempotency/internal/testkit/exampletest"
-	"github.com/idemkit/idempotency/server/memstore"
+	"github.com/idemkit/idempotency/store/memstore"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

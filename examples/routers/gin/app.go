@@ -28,7 +28,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idempotency/server"
-	"github.com/idemkit/idempotency/server/memstore"
+	"github.com/idemkit/idempotency/store/memstore"
 )
 
 // demoAccounts returns the demo accounts, by API key: alice-key-1 and

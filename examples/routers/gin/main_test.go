@@ -8,7 +8,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idemkit/idempotency/internal/testkit/exampletest"
-	"github.com/idemkit/idempotency/server/memstore"
+	"github.com/idemkit/idempotency/store/memstore"
 )
 
 func TestMain(m *testing.M) {

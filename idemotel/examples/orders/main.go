@@ -37,7 +37,7 @@ import (
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/idemotel"
 	"github.com/idemkit/idempotency/server"
-	"github.com/idemkit/idempotency/server/memstore"
+	"github.com/idemkit/idempotency/store/memstore"
 )
 
 func main() {

@@ -178,7 +178,7 @@ func TestTransplant(t *testing.T) {
 		}
 	}
 	write("go.mod", "module example.com/old\n\ngo 1.26\n")
-	for _, dir := range []string{"store/memstore", "server/pgstore", "server/redisstore"} {
+	for _, dir := range []string{"store/memstore", "store/pgstore", "store/redisstore"} {
 		write(dir+"/doc.go", "package x\n")
 	}
 	top, err := exec.Command("git", "rev-parse", "--show-toplevel").Output()
@@ -190,14 +190,14 @@ func TestTransplant(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if where != "store/memstore, server/pgstore, server/redisstore" {
+	if where != "store/memstore, store/pgstore, store/redisstore" {
 		t.Errorf("transplant() = %q, want the stores' places", where)
 	}
 	code, err := os.ReadFile(filepath.Join(src, abserverDir, idemFile))
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, imp := range []string{`"example.com/old/server"`, `"example.com/old/store/memstore"`, `"example.com/old/server/pgstore"`, `"example.com/old/server/redisstore"`} {
+	for _, imp := range []string{`"example.com/old/server"`, `"example.com/old/store/memstore"`, `"example.com/old/store/pgstore"`, `"example.com/old/store/redisstore"`} {
 		if !bytes.Contains(code, []byte(imp)) {
 			t.Errorf("%s does not import %s:\n%s", idemFile, imp, code)
 		}

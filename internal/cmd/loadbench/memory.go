@@ -8,7 +8,7 @@ import (
 
 	"github.com/idemkit/idempotency/internal/cmd/benchreport"
 	"github.com/idemkit/idempotency/server"
-	"github.com/idemkit/idempotency/server/memstore"
+	"github.com/idemkit/idempotency/store/memstore"
 )
 
 // memoryBench runs memstore. Its records live in this process, whose CPU

@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idempotency/internal/cmd/benchreport"
-	"github.com/idemkit/idempotency/server/pgstore"
+	"github.com/idemkit/idempotency/store/pgstore"
 )
 
 // postgresBench runs pgstore on a table of its own, on the PostgreSQL server

@@ -16,7 +16,7 @@ import (
 
 	"github.com/idemkit/idempotency/internal/cmd/benchreport"
 	"github.com/idemkit/idempotency/server"
-	"github.com/idemkit/idempotency/server/redisstore"
+	"github.com/idemkit/idempotency/store/redisstore"
 )
 
 // redisBench runs redisstore. By default it starts a redis-server of its

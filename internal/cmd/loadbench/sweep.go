@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idempotency/internal/cmd/benchreport"
-	"github.com/idemkit/idempotency/server/memstore"
+	"github.com/idemkit/idempotency/store/memstore"
 )
 
 // sweeps measures first executions, with the latency of each Claim, before,

@@ -16,7 +16,7 @@ import (
 	"github.com/idemkit/idempotency/internal/testkit/faultrun"
 	"github.com/idemkit/idempotency/internal/testkit/faultstore"
 	"github.com/idemkit/idempotency/server"
-	"github.com/idemkit/idempotency/server/memstore"
+	"github.com/idemkit/idempotency/store/memstore"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -13,7 +13,7 @@ import (
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/internal/testkit/faultstore"
 	"github.com/idemkit/idempotency/server"
-	"github.com/idemkit/idempotency/server/memstore"
+	"github.com/idemkit/idempotency/store/memstore"
 )
 
 // StormConfig describes an outage: the store fails, so that the middleware

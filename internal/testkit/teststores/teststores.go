@@ -18,9 +18,9 @@ import (
 
 	"github.com/idemkit/idempotency/internal/testkit/servicetest"
 	"github.com/idemkit/idempotency/server"
-	"github.com/idemkit/idempotency/server/memstore"
-	"github.com/idemkit/idempotency/server/pgstore"
-	"github.com/idemkit/idempotency/server/redisstore"
+	"github.com/idemkit/idempotency/store/memstore"
+	"github.com/idemkit/idempotency/store/pgstore"
+	"github.com/idemkit/idempotency/store/redisstore"
 )
 
 // Kind names a store and makes one for a test.

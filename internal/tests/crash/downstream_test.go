@@ -19,7 +19,7 @@ import (
 	"github.com/idemkit/idempotency/internal/testkit/testproc"
 	"github.com/idemkit/idempotency/internal/testkit/teststores"
 	"github.com/idemkit/idempotency/server"
-	"github.com/idemkit/idempotency/server/memstore"
+	"github.com/idemkit/idempotency/store/memstore"
 )
 
 // TestDownstreamCrash is TestCrash in lease mode where the order's effect

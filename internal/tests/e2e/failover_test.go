@@ -29,7 +29,7 @@ import (
 	"github.com/idemkit/idempotency/internal/testkit/clienttest"
 	"github.com/idemkit/idempotency/internal/testkit/servicetest"
 	"github.com/idemkit/idempotency/server"
-	"github.com/idemkit/idempotency/server/redisstore"
+	"github.com/idemkit/idempotency/store/redisstore"
 )
 
 // TestRedisClusterFailover runs orders through the middleware on a Redis

@@ -17,8 +17,8 @@ import (
 	"github.com/idemkit/idempotency/internal/testkit/servicetest"
 	"github.com/idemkit/idempotency/internal/testkit/teststores"
 	"github.com/idemkit/idempotency/server"
-	"github.com/idemkit/idempotency/server/pgstore"
-	"github.com/idemkit/idempotency/server/redisstore"
+	"github.com/idemkit/idempotency/store/pgstore"
+	"github.com/idemkit/idempotency/store/redisstore"
 )
 
 // linkedStore is a store whose link from the middleware the test controls.

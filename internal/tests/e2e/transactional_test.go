@@ -15,7 +15,7 @@ import (
 
 	"github.com/idemkit/idempotency/internal/testkit/teststores"
 	"github.com/idemkit/idempotency/server"
-	"github.com/idemkit/idempotency/server/pgstore"
+	"github.com/idemkit/idempotency/store/pgstore"
 )
 
 // TestTransactionalInterrupted interrupts, over HTTP, a handler of

@@ -21,7 +21,7 @@ import (
 	"github.com/idemkit/idempotency/internal/testkit/testproc"
 	"github.com/idemkit/idempotency/internal/testkit/teststores"
 	"github.com/idemkit/idempotency/server"
-	"github.com/idemkit/idempotency/server/memstore"
+	"github.com/idemkit/idempotency/store/memstore"
 )
 
 var long = flag.Bool("hostile.long", false, "flood for longer, bounded and unbounded, for the figures")

@@ -13,9 +13,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idempotency/server"
-	"github.com/idemkit/idempotency/server/memstore"
-	"github.com/idemkit/idempotency/server/pgstore"
-	"github.com/idemkit/idempotency/server/redisstore"
+	"github.com/idemkit/idempotency/store/memstore"
+	"github.com/idemkit/idempotency/store/pgstore"
+	"github.com/idemkit/idempotency/store/redisstore"
 )
 
 // middleware returns the middleware on store, at its default options, in

@@ -71,9 +71,9 @@ import (
 
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/server"
-	"github.com/idemkit/idempotency/server/memstore"
-	"github.com/idemkit/idempotency/server/pgstore"
-	"github.com/idemkit/idempotency/server/redisstore"
+	"github.com/idemkit/idempotency/store/memstore"
+	"github.com/idemkit/idempotency/store/pgstore"
+	"github.com/idemkit/idempotency/store/redisstore"
 )
 
 func main() {

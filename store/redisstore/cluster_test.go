@@ -1,0 +1,142 @@
+package redisstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/store/redisstore"
+	"github.com/idemkit/idempotency/store/storetest"
+)
+
+// startCluster starts a Redis Cluster of three masters on loopback ports,
+// waits until every node reports it healthy, and returns its addresses.
+func startCluster(t *testing.T) []string {
+	t.Helper()
+	needRedisServer(t, "redis-cli")
+	addrs := make([]string, 3)
+	for i := range addrs {
+		// Each node has a directory, so a config file, of its own.
+		addrs[i] = startRedis(t, "--cluster-enabled", "yes",
+			"--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000").Addr
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	args := append([]string{"--cluster", "create"}, addrs...)
+	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	if out, err := exec.CommandContext(ctx, "redis-cli", args...).CombinedOutput(); err != nil {
+		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
+	}
+	for _, addr := range addrs {
+		c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+		for {
+			info, err := c.ClusterInfo(ctx).Result()
+			if err == nil && strings.Contains(info, "cluster_state:ok") {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				c.Close()
+				t.Fatalf("cluster node %s not ok: %v\n%s", addr, err, info)
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+		c.Close()
+	}
+	return addrs
+}
+
+// The conformance suite passes on a three-master Redis Cluster, with records
+// spread over every master.
+func TestCluster(t *testing.T) {
+	t.Parallel()
+	addrs := startCluster(t)
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { c.Close() })
+	s, err := redisstore.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	storetest.Run(t, func(*testing.T) server.Store { return s })
+
+	// Enough keys to land on every master, each taken through a claim and a
+	// completion on its own node.
+	ctx := context.Background()
+	spread := func(scope string) {
+		t.Helper()
+		for i := range 64 {
+			id := server.ID{Scope: scope, Key: string(rune('A' + i))}
+			cl, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
+			if err != nil || cl.Status != server.Acquired {
+				t.Fatalf("Claim(%q) = %v, %v; want acquired", id, cl.Status, err)
+			}
+			if err := s.Complete(ctx, id, cl.Token, &server.Response{Status: 200}, time.Hour); err != nil {
+				t.Fatalf("Complete(%q) error = %v", id, err)
+			}
+		}
+	}
+	spread("spread")
+	// Every master loses the functions; the next calls load them on every
+	// master again.
+	err = c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+		return m.FunctionFlush(ctx).Err()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spread("after-flush")
+	err = c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+		libs, err := m.FunctionList(ctx, redis.FunctionListQuery{}).Result()
+		if err == nil && len(libs) != 1 {
+			err = fmt.Errorf("master %s holds %d libraries, want the store's", m.Options().Addr, len(libs))
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	sizes := map[string]int64{}
+	err = c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+		n, err := m.DBSize(ctx).Result()
+		mu.Lock()
+		sizes[m.Options().Addr] = n
+		mu.Unlock()
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for addr, n := range sizes {
+		if n == 0 {
+			t.Errorf("master %s holds no records, want records on every master: %v", addr, sizes)
+		}
+	}
+	if len(sizes) != len(addrs) {
+		t.Errorf("cluster has %d masters, want %d", len(sizes), len(addrs))
+	}
+	// Check reads every master: fine until one of them may evict.
+	if err := s.Check(ctx); err != nil {
+		t.Errorf("Check on a cluster that does not evict = %v, want nil", err)
+	}
+	victim := addrs[1]
+	admin := redis.NewClient(&redis.Options{Addr: victim, ContextTimeoutEnabled: true})
+	defer admin.Close()
+	if err := admin.ConfigSet(ctx, "maxmemory", "1gb").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.ConfigSet(ctx, "maxmemory-policy", "volatile-lru").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Check(ctx); !errors.Is(err, redisstore.ErrEviction) || !strings.Contains(err.Error(), victim) {
+		t.Errorf("Check with master %s on volatile-lru = %v, want ErrEviction naming it", victim, err)
+	}
+}

@@ -1,0 +1,116 @@
+package redisstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/store/redisstore"
+)
+
+const outagePassword = "s3cret-outage-password"
+
+// outageStore starts a Redis of the test's own, with a password, and returns
+// a Store on it that has claimed one key.
+func outageStore(t *testing.T, contextTimeout bool) (*redisProcess, *redisstore.Store) {
+	t.Helper()
+	needRedisServer(t)
+	p := startRedis(t, "--requirepass", outagePassword)
+	c := redis.NewClient(&redis.Options{Addr: p.Addr, Password: outagePassword, ContextTimeoutEnabled: contextTimeout})
+	t.Cleanup(func() { c.Close() })
+	s, err := redisstore.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Claim(context.Background(), server.ID{Key: "before"}, "fp", time.Minute, time.Hour); err != nil {
+		t.Fatalf("Claim while Redis is up error = %v", err)
+	}
+	return p, s
+}
+
+// checkOutageError checks that a call made while Redis is unusable failed
+// as a store error, by its context's deadline, without the password.
+func checkOutageError(t *testing.T, op string, err error, took, deadline time.Duration) {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("%s while Redis is down error = nil, want a store error", op)
+	}
+	if errors.Is(err, server.ErrLeaseLost) {
+		t.Errorf("%s error = %v, want a store error, not ErrLeaseLost", op, err)
+	}
+	if !strings.HasPrefix(err.Error(), "redisstore: ") {
+		t.Errorf("%s error = %q, want the prefix %q", op, err, "redisstore: ")
+	}
+	if strings.Contains(err.Error(), outagePassword) {
+		t.Errorf("%s error = %q holds the password", op, err)
+	}
+	// The deadline, and a margin for a loaded machine running -race.
+	if took > deadline+500*time.Millisecond {
+		t.Errorf("%s took %v to fail, want about its deadline, %v", op, took, deadline)
+	}
+}
+
+// A Redis that is down fails every operation with a store error, by the
+// context's deadline at the latest. (How soon before it is the client's
+// configuration: with go-redis's defaults, dial retries and command retries
+// give up after about two seconds.)
+func TestRedisDown(t *testing.T) {
+	t.Parallel()
+	p, s := outageStore(t, true)
+	p.Kill()
+	const deadline = time.Second
+	for op, call := range map[string]func(context.Context) error{
+		"Claim": func(ctx context.Context) error {
+			_, err := s.Claim(ctx, server.ID{Key: "during"}, "fp", time.Minute, time.Hour)
+			return err
+		},
+		"Complete": func(ctx context.Context) error {
+			return s.Complete(ctx, server.ID{Key: "before"}, 1, &server.Response{Status: 200}, time.Hour)
+		},
+		"Release": func(ctx context.Context) error { return s.Release(ctx, server.ID{Key: "before"}, 1) },
+		"Extend":  func(ctx context.Context) error { return s.Extend(ctx, server.ID{Key: "before"}, 1, time.Minute) },
+	} {
+		t.Run(op, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), deadline)
+			defer cancel()
+			start := time.Now()
+			err := call(ctx)
+			checkOutageError(t, op, err, time.Since(start), deadline)
+		})
+	}
+}
+
+// A Redis that hangs (stopped, or cut off by a partition) fails a call by its
+// context's deadline, whether the client has ContextTimeoutEnabled or not
+// (then go-redis waits for its own ReadTimeout, 3 s by default, and the
+// Store does not).
+func TestRedisHung(t *testing.T) {
+	t.Parallel()
+	for _, contextTimeout := range []bool{true, false} {
+		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v", contextTimeout), func(t *testing.T) {
+			t.Parallel()
+			p, s := outageStore(t, contextTimeout)
+			if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+				t.Fatal(err)
+			}
+			// Killing a stopped process works: Kill, in the cleanup, is enough.
+			const deadline = 300 * time.Millisecond
+			ctx, cancel := context.WithTimeout(context.Background(), deadline)
+			defer cancel()
+			start := time.Now()
+			_, err := s.Claim(ctx, server.ID{Key: "during"}, "fp", time.Minute, time.Hour)
+			checkOutageError(t, "Claim", err, time.Since(start), deadline)
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("Claim error = %v, want context.DeadlineExceeded", err)
+			}
+		})
+	}
+}

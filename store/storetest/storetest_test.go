@@ -1,0 +1,330 @@
+package storetest_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"math"
+	"net/http"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/store/memstore"
+	"github.com/idemkit/idempotency/store/storetest"
+)
+
+func TestMemstore(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) server.Store {
+		s, err := memstore.New()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	})
+}
+
+// brokenStores are deliberately wrong Stores, each with the subtests of the
+// suite that must catch it.
+var brokenStores = map[string]struct {
+	store    func(*memstore.Store) server.Store
+	mustFail []string
+}{
+	"ignores-tokens": {
+		store:    func(m *memstore.Store) server.Store { return ignoresTokens{m} },
+		mustFail: []string{"StaleTokenRefused", "LeaseExpiryAndTakeover"},
+	},
+	"check-then-insert": {
+		store:    func(m *memstore.Store) server.Store { return &checkThenInsert{Store: m, held: map[server.ID]bool{}} },
+		mustFail: []string{"ConcurrentClaimers"},
+	},
+	"text-only": {
+		store:    func(m *memstore.Store) server.Store { return textOnly{m} },
+		mustFail: []string{"BinaryRoundTrip", "LargeBody"},
+	},
+	"never-abandoned": {
+		store:    func(m *memstore.Store) server.Store { return neverAbandoned{m} },
+		mustFail: []string{"TakeoverCountsAbandoned", "ExtendKeepsAbandoned", "TinyDurations"},
+	},
+	"release-expires-lease": {
+		store:    func(m *memstore.Store) server.Store { return releaseExpiresLease{m} },
+		mustFail: []string{"AbandonedZeroWhenNew", "ReleaseKeepsAbandoned"},
+	},
+	"release-forgets-abandoned": {
+		store:    func(m *memstore.Store) server.Store { return releaseForgetsAbandoned{m} },
+		mustFail: []string{"ReleaseKeepsAbandoned"},
+	},
+	"record-dies-with-lease": {
+		store:    func(m *memstore.Store) server.Store { return recordDiesWithLease{m} },
+		mustFail: []string{"RecordOutlivesLease"},
+	},
+	"overflows": {
+		store:    func(m *memstore.Store) server.Store { return overflows{m} },
+		mustFail: []string{"MaxTTL", "MaxLease"},
+	},
+	"sub-millisecond-is-forever": {
+		store:    func(m *memstore.Store) server.Store { return subMillisecondForever{m} },
+		mustFail: []string{"TinyDurations"},
+	},
+	"not-found-unwrapped": {
+		store:    func(m *memstore.Store) server.Store { return notFoundUnwrapped{m} },
+		mustFail: []string{"LookupNotFound", "ResolveNotFound"},
+	},
+	"resolve-by-token": {
+		store:    func(m *memstore.Store) server.Store { return resolveByToken{m} },
+		mustFail: []string{"ResolveWithResponse", "ResolveForget"},
+	},
+	"times-without-epoch": {
+		store:    func(m *memstore.Store) server.Store { return timesWithoutEpoch{m, time.Now()} },
+		mustFail: []string{"LookupInFlight", "LookupCompleted"},
+	},
+}
+
+// TestSuiteCatchesBrokenStores runs the suite, in a child process, against
+// each broken store, and checks that the subtests meant to catch it fail.
+func TestSuiteCatchesBrokenStores(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the suite in child processes")
+	}
+	for name, b := range brokenStores {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			cmd := exec.Command(os.Args[0], "-test.run=^TestBrokenStore$", "-test.v", "-test.count=1")
+			cmd.Env = append(os.Environ(), "STORETEST_BROKEN="+name)
+			out, err := cmd.CombinedOutput()
+			if err == nil {
+				t.Fatalf("suite passed against the %s store, want failures:\n%s", name, out)
+			}
+			for _, sub := range b.mustFail {
+				if !bytes.Contains(out, []byte("--- FAIL: TestBrokenStore/"+sub+" ")) {
+					t.Errorf("subtest %s did not fail against the %s store; output:\n%s", sub, name, out)
+				}
+			}
+		})
+	}
+}
+
+// TestBrokenStore is the child process of TestSuiteCatchesBrokenStores; it
+// does nothing in a normal run.
+func TestBrokenStore(t *testing.T) {
+	name := os.Getenv("STORETEST_BROKEN")
+	if name == "" {
+		return
+	}
+	storetest.Run(t, func(t *testing.T) server.Store {
+		m, err := memstore.New()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Close() })
+		return brokenStores[name].store(m)
+	})
+}
+
+// ignoresTokens completes, releases and extends whatever the token.
+type ignoresTokens struct{ *memstore.Store }
+
+func (s ignoresTokens) Complete(ctx context.Context, id server.ID, _ server.Token, resp *server.Response, ttl time.Duration) error {
+	c, err := s.Store.Claim(ctx, id, "", time.Nanosecond, ttl)
+	if err != nil {
+		return err
+	}
+	if c.Status == server.Acquired {
+		return s.Store.Complete(ctx, id, c.Token, resp, ttl)
+	}
+	return nil
+}
+
+func (s ignoresTokens) Release(context.Context, server.ID, server.Token) error { return nil }
+
+func (s ignoresTokens) Extend(context.Context, server.ID, server.Token, time.Duration) error {
+	return nil
+}
+
+// checkThenInsert looks for a record, then creates one: two claimers can
+// both see none.
+type checkThenInsert struct {
+	*memstore.Store
+	mu   sync.Mutex
+	held map[server.ID]bool
+}
+
+func (s *checkThenInsert) Claim(ctx context.Context, id server.ID, fp string, lease, ttl time.Duration) (server.Claim, error) {
+	s.mu.Lock()
+	seen := s.held[id]
+	s.mu.Unlock()
+	if seen {
+		return s.Store.Claim(ctx, id, fp, lease, ttl)
+	}
+	runtime.Gosched()
+	s.mu.Lock()
+	s.held[id] = true
+	s.mu.Unlock()
+	c, err := s.Store.Claim(ctx, id, fp, lease, ttl)
+	if err == nil && c.Status == server.InFlight {
+		c = server.Claim{Status: server.Acquired, Token: 1}
+	}
+	return c, err
+}
+
+// textOnly stores bodies and headers as valid UTF-8 text, as a store that
+// used a text column would.
+type textOnly struct{ *memstore.Store }
+
+func (s textOnly) Complete(ctx context.Context, id server.ID, tok server.Token, resp *server.Response, ttl time.Duration) error {
+	r := *resp
+	r.Body = []byte(strings.ToValidUTF8(string(resp.Body), "?"))
+	r.Header = http.Header(resp.Header).Clone()
+	for k, vs := range r.Header {
+		for i, v := range vs {
+			r.Header[k][i] = strings.ToValidUTF8(v, "?")
+		}
+	}
+	return s.Store.Complete(ctx, id, tok, &r, ttl)
+}
+
+// neverAbandoned reports every acquired claim as a new record's.
+type neverAbandoned struct{ *memstore.Store }
+
+func (s neverAbandoned) Claim(ctx context.Context, id server.ID, fp string, lease, ttl time.Duration) (server.Claim, error) {
+	c, err := s.Store.Claim(ctx, id, fp, lease, ttl)
+	c.Abandoned = 0
+	return c, err
+}
+
+// releaseExpiresLease releases by ending the lease instead of deleting the
+// record, so that the next claim counts the releaser as abandoned.
+type releaseExpiresLease struct{ *memstore.Store }
+
+func (s releaseExpiresLease) Release(ctx context.Context, id server.ID, tok server.Token) error {
+	return s.Store.Extend(ctx, id, tok, time.Nanosecond)
+}
+
+// releaseForgetsAbandoned deletes the record on every release, so that a
+// takeover that gives the key back forgets the holders lost before it.
+type releaseForgetsAbandoned struct{ *memstore.Store }
+
+func (s releaseForgetsAbandoned) Release(ctx context.Context, id server.ID, tok server.Token) error {
+	if err := s.Store.Release(ctx, id, tok); err != nil {
+		return err
+	}
+	if err := s.Store.Resolve(ctx, id, nil, 0); err != nil && !errors.Is(err, server.ErrNotFound) {
+		return err
+	}
+	return nil
+}
+
+// recordDiesWithLease lets an in-flight record expire when its lease ends,
+// whatever the TTL, as a store that takes the larger of the two does when
+// the TTL is no longer than the lease.
+type recordDiesWithLease struct{ *memstore.Store }
+
+func (s recordDiesWithLease) Claim(ctx context.Context, id server.ID, fp string, lease, ttl time.Duration) (server.Claim, error) {
+	return s.Store.Claim(ctx, id, fp, lease, time.Nanosecond)
+}
+
+// overflows computes deadlines as a store that adds a duration to the Unix
+// time in nanoseconds without saturating does: past the year 2262 the sum
+// wraps to a time before 1970, a deadline already past.
+type overflows struct{ *memstore.Store }
+
+func wrapped(d time.Duration) time.Duration {
+	now := time.Now().UnixNano()
+	if deadline := now + int64(d); deadline < now {
+		return 0
+	}
+	return d
+}
+
+func (s overflows) Claim(ctx context.Context, id server.ID, fp string, lease, ttl time.Duration) (server.Claim, error) {
+	return s.Store.Claim(ctx, id, fp, wrapped(lease), wrapped(ttl))
+}
+
+func (s overflows) Complete(ctx context.Context, id server.ID, tok server.Token, resp *server.Response, ttl time.Duration) error {
+	return s.Store.Complete(ctx, id, tok, resp, wrapped(ttl))
+}
+
+func (s overflows) Extend(ctx context.Context, id server.ID, tok server.Token, lease time.Duration) error {
+	return s.Store.Extend(ctx, id, tok, wrapped(lease))
+}
+
+// subMillisecondForever rounds durations to milliseconds and takes 0 for
+// "no expiry", as a store that leaves out PX 0 would.
+type subMillisecondForever struct{ *memstore.Store }
+
+func roundToForever(d time.Duration) time.Duration {
+	if d < time.Millisecond {
+		return math.MaxInt64
+	}
+	return d
+}
+
+func (s subMillisecondForever) Claim(ctx context.Context, id server.ID, fp string, lease, ttl time.Duration) (server.Claim, error) {
+	return s.Store.Claim(ctx, id, fp, roundToForever(lease), roundToForever(ttl))
+}
+
+func (s subMillisecondForever) Complete(ctx context.Context, id server.ID, tok server.Token, resp *server.Response, ttl time.Duration) error {
+	return s.Store.Complete(ctx, id, tok, resp, roundToForever(ttl))
+}
+
+func (s subMillisecondForever) Extend(ctx context.Context, id server.ID, tok server.Token, lease time.Duration) error {
+	return s.Store.Extend(ctx, id, tok, roundToForever(lease))
+}
+
+// notFoundUnwrapped reports a missing record with an error of its own.
+type notFoundUnwrapped struct{ *memstore.Store }
+
+func unwrapNotFound(err error) error {
+	if errors.Is(err, server.ErrNotFound) {
+		return errors.New("no such record")
+	}
+	return err
+}
+
+func (s notFoundUnwrapped) Lookup(ctx context.Context, id server.ID) (server.Record, error) {
+	r, err := s.Store.Lookup(ctx, id)
+	return r, unwrapNotFound(err)
+}
+
+func (s notFoundUnwrapped) Resolve(ctx context.Context, id server.ID, resp *server.Response, ttl time.Duration) error {
+	return unwrapNotFound(s.Store.Resolve(ctx, id, resp, ttl))
+}
+
+// resolveByToken settles a record as its holder would: completing it with
+// the current token, or forgetting it by ending the lease. Neither works on a
+// completed record, and ending the lease leaves the holder's token valid.
+type resolveByToken struct{ *memstore.Store }
+
+func (s resolveByToken) Resolve(ctx context.Context, id server.ID, resp *server.Response, ttl time.Duration) error {
+	r, err := s.Store.Lookup(ctx, id)
+	if err != nil {
+		return err
+	}
+	if resp == nil {
+		return s.Store.Extend(ctx, id, r.Token, time.Nanosecond)
+	}
+	return s.Store.Complete(ctx, id, r.Token, resp, ttl)
+}
+
+// timesWithoutEpoch reports times on the store's own clock as if they were
+// wall-clock times: offsets from when it started, counted from 1970.
+type timesWithoutEpoch struct {
+	*memstore.Store
+	start time.Time
+}
+
+func (s timesWithoutEpoch) Lookup(ctx context.Context, id server.ID) (server.Record, error) {
+	r, err := s.Store.Lookup(ctx, id)
+	for _, t := range []*time.Time{&r.Created, &r.LeaseEnds, &r.Expires} {
+		if !t.IsZero() {
+			*t = time.Unix(0, int64(t.Sub(s.start)))
+		}
+	}
+	return r, err
+}

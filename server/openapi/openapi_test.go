@@ -23,8 +23,8 @@ import (
 	"github.com/idemkit/idempotency/internal/keyfield"
 	"github.com/idemkit/idempotency/internal/testkit/faultstore"
 	"github.com/idemkit/idempotency/server"
-	"github.com/idemkit/idempotency/store/memstore"
 	"github.com/idemkit/idempotency/server/openapi"
+	"github.com/idemkit/idempotency/store/memstore"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

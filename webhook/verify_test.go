@@ -15,9 +15,9 @@ import (
 	"time"
 
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
-	stripewebhook "github.com/stripe/stripe-go/v82/webhook"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	stripewebhook "github.com/stripe/stripe-go/v82/webhook"
 
 	"github.com/idemkit/idempotency/webhook"
 )

@@ -293,7 +293,10 @@ func forgeries(t *testing.T, i int) (*http.Request, int) {
 // deliveries (wrong secret, tampered body, stale timestamp, no signature)
 // is refused without a single store call, and leaves no record.
 func TestForgedFloodWritesNothing(t *testing.T) {
-	const n = 400
+	n := 400
+	if *redeliveryLong {
+		n = 10000
+	}
 	for _, kind := range teststores.All() {
 		t.Run(kind.Name, func(t *testing.T) {
 			inner := kind.New(t)
@@ -318,6 +321,8 @@ func TestForgedFloodWritesNothing(t *testing.T) {
 			e.mu.Lock()
 			assert.Empty(t, e.runs)
 			e.mu.Unlock()
+			t.Logf("%s: %d forged deliveries refused, %d store calls, 0 records", kind.Name, n,
+				store.Calls(faultstore.Claim)+store.Calls(faultstore.Complete)+store.Calls(faultstore.Release)+store.Calls(faultstore.Extend))
 		})
 	}
 }
@@ -403,4 +408,42 @@ func TestNewRefuses(t *testing.T) {
 	assert.ErrorContains(t, err, "lease")
 	_, err = webhook.New(nil, webhook.Stripe("whsec_x"))
 	assert.Error(t, err)
+}
+
+// TestAbandonedHolder: a delivery whose earlier holder was lost (its lease
+// ran out without an answer) runs again by default; under
+// engine.RefuseAbandoned it is answered 500, marked "Idempotent-Outcome:
+// unknown", never 409, and the sender's retries get the same until an
+// operator resolves the key.
+func TestAbandonedHolder(t *testing.T) {
+	for _, policy := range []engine.AbandonedPolicy{engine.RerunAbandoned, engine.RefuseAbandoned} {
+		t.Run(strconv.Itoa(int(policy)), func(t *testing.T) {
+			store := teststores.Memory(t)
+			id := engine.ID{Scope: "webhook/standard-webhooks/default", Key: "msg_lost"}
+			// A holder that claimed the delivery, then died: its
+			// lease runs out, unanswered.
+			_, err := store.Claim(context.Background(), id, "webhook", 10*time.Millisecond, time.Hour)
+			require.NoError(t, err)
+			require.Eventually(t, func() bool {
+				rec, err := store.Lookup(context.Background(), id)
+				return err == nil && time.Now().After(rec.LeaseEnds)
+			}, 5*time.Second, time.Millisecond)
+			var e effects
+			url := serve(t, newReceiver(t, store, webhook.WithConfig(engine.Config{Abandoned: policy})), counting(&e))
+			for range 2 {
+				a := deliver(t, url, "msg_lost", payload)
+				if policy == engine.RerunAbandoned {
+					assert.Equal(t, http.StatusOK, a.status)
+					continue
+				}
+				assert.Equal(t, http.StatusInternalServerError, a.status)
+				assert.Equal(t, "unknown", a.header.Get(engine.HeaderOutcome))
+			}
+			want := 0
+			if policy == engine.RerunAbandoned {
+				want = 1
+			}
+			assert.Equal(t, want, e.of("msg_lost"))
+		})
+	}
 }

@@ -67,8 +67,15 @@
 //
 // # Checking a receiver
 //
-// To check a receiver end to end, deliver one signed event twice at once
-// and once more afterwards, and count the effects: one, with three 2xx
-// answers. The package's own tests do that for every preset and store, and
-// RELIABILITY.md reports a redelivery run through a lossy network.
+// A receiver is right when a delivery sent twice at once, and once more
+// after its answer, takes effect once and gets three 2xx answers, the later
+// ones with Idempotent-Replayed: true; and when a delivery signed with
+// another secret, or with its body changed, gets a 401 and leaves no record.
+// Against the real sender: resend an event that was answered (Stripe's
+// Dashboard or "stripe events resend", GitHub's "Redeliver", GitLab's
+// "Resend request") and look for the header in its delivery log. The
+// package's tests check every preset against the senders' own libraries,
+// and run a redelivery run through a lossy network on memory, PostgreSQL
+// and Redis (go test ./webhook -run TestRedelivery -webhook.long; the
+// figures are in RELIABILITY.md).
 package webhook

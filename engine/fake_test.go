@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -38,6 +40,13 @@ type fakeStore struct {
 	completeErr, releaseErr, extendErr error
 	// notStorable refuses a response with a body as ErrNotStorable.
 	notStorable bool
+	// onClaim, onComplete and onExtend, when set, are called at the start
+	// of each call, with the number of calls so far; onComplete's error,
+	// if any, is Complete's answer, and onExtend may block.
+	onClaim    func(n int)
+	onComplete func(n int) error
+	onExtend   func(ctx context.Context, n int)
+	nCompletes int
 
 	state    string // "", "in flight", "completed", "released"
 	stored   *engine.Response
@@ -47,6 +56,7 @@ type fakeStore struct {
 	nExtends int
 	ctxValue any // the value under ctxKey of the last write's context
 	deadline bool
+	ctxErr   error // the last Complete's context's, after onComplete
 }
 
 type ctxKey struct{}
@@ -61,6 +71,9 @@ func (s *fakeStore) Claim(ctx context.Context, id engine.ID, fp string, lease, t
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.nClaims++
+	if s.onClaim != nil {
+		s.onClaim(s.nClaims)
+	}
 	if s.claimErr != nil {
 		return engine.Claim{}, s.claimErr
 	}
@@ -79,6 +92,13 @@ func (s *fakeStore) Complete(ctx context.Context, id engine.ID, token engine.Tok
 	defer s.mu.Unlock()
 	s.ctxValue = ctx.Value(ctxKey{})
 	_, s.deadline = ctx.Deadline()
+	s.nCompletes++
+	if s.onComplete != nil {
+		if err := s.onComplete(s.nCompletes); err != nil {
+			return fmt.Errorf("fake: complete: %w", err)
+		}
+	}
+	s.ctxErr = ctx.Err()
 	switch {
 	case s.lost || token != s.token || s.state != "in flight":
 		return fmt.Errorf("fake: complete: %w", engine.ErrLeaseLost)
@@ -107,8 +127,14 @@ func (s *fakeStore) Release(ctx context.Context, id engine.ID, token engine.Toke
 
 func (s *fakeStore) Extend(ctx context.Context, id engine.ID, token engine.Token, lease time.Duration) error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.nExtends++
+	n, hook := s.nExtends, s.onExtend
+	s.mu.Unlock()
+	if hook != nil {
+		hook(ctx, n)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if errors.Is(s.extendErr, engine.ErrLeaseLost) {
 		s.lost = true
 	}
@@ -283,3 +309,37 @@ func shutdown(t *testing.T, e *engine.Engine) {
 		t.Fatalf("Shutdown = %v, want nil: a late write did not end", err)
 	}
 }
+
+// logs records the messages the engine logs.
+type logs struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (l *logs) Enabled(context.Context, slog.Level) bool { return true }
+
+func (l *logs) Handle(_ context.Context, r slog.Record) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.msgs = append(l.msgs, r.Message)
+	return nil
+}
+
+func (l *logs) WithAttrs([]slog.Attr) slog.Handler { return l }
+func (l *logs) WithGroup(string) slog.Handler      { return l }
+
+// count returns how many messages contain part.
+func (l *logs) count(part string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, m := range l.msgs {
+		if strings.Contains(m, part) {
+			n++
+		}
+	}
+	return n
+}
+
+// slogOf returns a logger that records into l.
+func slogOf(l *logs) *slog.Logger { return slog.New(l) }

@@ -144,6 +144,20 @@ func (s *fakeStore) Extend(ctx context.Context, id engine.ID, token engine.Token
 	return nil
 }
 
+// set changes the store's behaviour while calls run.
+func (s *fakeStore) set(f func(*fakeStore)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f(s)
+}
+
+// extends returns how many times Extend was called.
+func (s *fakeStore) extends() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.nExtends
+}
+
 // heal makes the writes succeed from now on.
 func (s *fakeStore) heal() {
 	s.mu.Lock()
@@ -171,6 +185,7 @@ const (
 	panics                       // panics
 	outlive                      // waits for its context, which only a lost lease ends
 	callerLeaves                 // its caller goes away, and it gives up
+	custom                       // fakeDoor.run
 )
 
 // fakeDoor records the engine's calls, in order, as the table writes
@@ -180,6 +195,7 @@ type fakeDoor struct {
 	work   work
 	leave  context.CancelFunc // the caller's, for callerLeaves
 	store  *fakeStore
+	run    func(ctx context.Context) engine.Outcome // the custom work
 	calls  []string
 	lease  engine.Lease // the lease the work saw
 	leased bool
@@ -233,6 +249,8 @@ func (d *fakeDoor) Execute(ctx context.Context) engine.Outcome {
 	case callerLeaves:
 		d.leave()
 		return engine.Outcome{Reason: "gave up", Cause: context.Cause(ctx)}
+	case custom:
+		return d.run(ctx)
 	}
 	panic("unknown work")
 }

@@ -33,6 +33,9 @@ type Call struct {
 	timing     timing       // for the observer, if there is one
 	renewal    renewal      // keeps the lease alive
 	handlerCtx leaseContext // the work's context
+	// renewalHandedOff: a write after the answer took the renewal over,
+	// and stops it when it is done.
+	renewalHandedOff bool
 }
 
 // Lease returns the lease the call holds, or held: its Token is zero until
@@ -56,6 +59,8 @@ func (e *Engine) Do(ctx context.Context, c *Call, id ID, fingerprint string, d D
 	c.handle()
 }
 
+// handle claims the key, and decides what the call gets for the store's
+// answer: a replay, a refusal, or the work run under the lease.
 func (c *Call) handle() {
 	e, d := c.e, c.door
 	cl, err := c.claim()
@@ -118,6 +123,8 @@ func (c *Call) handle() {
 	}
 }
 
+// storeFailed answers a call whose claim the store failed: the work runs
+// unprotected with FailOpen, and is refused otherwise.
 func (c *Call) storeFailed(err error) {
 	e := c.e
 	if e.cfg.FailOpen {
@@ -149,13 +156,13 @@ func (c *Call) unavailable(err error) {
 // the HTTP middleware's 503.
 const unavailableStatus = 503
 
+// mismatch refuses a call whose key was used for another request.
 func (c *Call) mismatch() {
 	status := c.door.Refuse(ErrKeyMismatch, 0, nil)
 	c.emit(EventMismatch, status, nil)
 }
 
-// run runs the work under the lease, then stores its result (or releases
-// the key) before the caller is answered.
+// run runs the work under the lease, then settles what it did.
 func (c *Call) run() {
 	e := c.e
 	cctx, cancel := context.WithCancelCause(c.ctx)
@@ -179,9 +186,8 @@ func (c *Call) run() {
 		c.unavailable(errClaimTooLate)
 		return
 	}
-	renewing := true
 	defer func() {
-		if renewing {
+		if !c.renewalHandedOff {
 			c.renewal.stop()
 		}
 	}()
@@ -192,25 +198,26 @@ func (c *Call) run() {
 			// The work panicked: give the key back, and let the panic
 			// go on.
 			c.timing.handled(e)
-			if c.release("handler panicked", true) {
-				renewing = false
-			}
+			c.release("handler panicked", true)
 			c.emit(EventReleased, 0, nil)
 		}
 	}()
 	o := c.door.Execute(ctx)
 	done = true
 	c.timing.handled(e)
+	c.settle(o)
+}
 
+// settle decides what the work's outcome comes to: its result stored, then
+// answered, or the key released, so that a retry runs the work again.
+func (c *Call) settle(o Outcome) {
 	switch {
 	case o.Response == nil && o.Cause != nil:
 		// The work gave up without an answer because its context
 		// ended: the caller went away, or the lease could not be kept.
 		// An empty result stored now would be replayed for the whole
 		// TTL.
-		if c.release(o.Reason+": "+o.Cause.Error(), true) {
-			renewing = false
-		}
+		c.release(o.Reason+": "+o.Cause.Error(), true)
 		if c.ctx.Err() == nil {
 			c.unavailable(o.Cause)
 			return
@@ -219,9 +226,7 @@ func (c *Call) run() {
 	case o.Response == nil:
 		// Whatever its size, and even if part of it has gone out: a
 		// status that says "retry" must let the retry run.
-		if c.release(o.Reason, true) {
-			renewing = false
-		}
+		c.release(o.Reason, true)
 		if !o.Sent {
 			c.door.Send(false)
 		}
@@ -230,7 +235,7 @@ func (c *Call) run() {
 		// Already sent, in part or in whole; record that it ran.
 		err := c.complete(o.Response)
 		if storeLater(err) {
-			renewing = !c.storeAfterSend(o.Response, o.Status, err, true)
+			c.storeAfterSend(o.Response, o.Status, err, true)
 			return
 		}
 		c.completed(o.Status, err)
@@ -247,7 +252,7 @@ func (c *Call) run() {
 			// happened once, and the caller is told what it was now;
 			// then the result is stored as soon as the store answers,
 			// so that a retry gets it replayed.
-			renewing = !c.storeAfterSend(o.Response, o.Status, err, false)
+			c.storeAfterSend(o.Response, o.Status, err, false)
 			return
 		}
 		c.door.Send(false)

@@ -114,8 +114,8 @@ func (e *Engine) Shutdown(ctx context.Context) error {
 // within the store timeout: the effect happened once, and the caller is
 // told what it was now. Unless the bounds are reached, the store write goes
 // on a goroutine that the Engine owns, which also owns the lease's renewal
-// from then on; storeAfterSend reports whether it took them.
-func (c *Call) storeAfterSend(resp *Response, status int, firstErr error, sent bool) (handedOff bool) {
+// from then on (Call.renewalHandedOff).
+func (c *Call) storeAfterSend(resp *Response, status int, firstErr error, sent bool) {
 	e := c.e
 	size := resp.Size()
 	base, ok := e.late.reserve(size)
@@ -127,18 +127,18 @@ func (c *Call) storeAfterSend(resp *Response, status int, firstErr error, sent b
 		}
 		c.emit(EventNotStored, status, firstErr)
 		c.completeLater(base, resp)
-		return false
+		return
 	}
 	if !sent {
 		c.door.Send(false)
 	}
 	c.emit(EventNotStored, status, firstErr)
+	c.renewalHandedOff = true
 	go func() {
 		defer e.late.done(size)
 		defer c.renewal.stop()
 		c.completeLater(base, resp)
 	}()
-	return true
 }
 
 // lateContext is the context of a late write: the request's values, the
@@ -200,6 +200,9 @@ func (c *Call) releaseAfterFailure(renewing bool) bool {
 	base, ok := e.late.reserve(0)
 	if !ok {
 		return false
+	}
+	if renewing {
+		c.renewalHandedOff = true
 	}
 	go func() {
 		defer e.late.done(0)

@@ -114,27 +114,26 @@ func (c *Call) complete(resp *Response) error {
 // release gives the key back, retrying within the store timeout. The work
 // did nothing that must be kept, and the caller is told to retry, so the
 // retry must run it again: if the store is down, the release goes on in the
-// background (releaseLater), and release reports whether it handed it
-// off; with renewing, the lease's renewal, which then keeps the key from a
-// takeover until the release is written, goes with it. A release never
+// background (releaseLater); with renewing, the lease's renewal, which
+// then keeps the key from a takeover until the release is written, goes
+// with it (Call.renewalHandedOff). A release never
 // written would leave the key in flight until its lease ended, and then
 // the retry would be told of an abandoned holder (under RefuseAbandoned,
 // answered "outcome unknown") for a call that the door knew did nothing.
-func (c *Call) release(why string, renewing bool) (handedOff bool) {
+func (c *Call) release(why string, renewing bool) {
 	e := c.e
 	err := c.releaseWithin()
 	c.timing.stored(e)
 	if err == nil {
-		return false
+		return
 	}
 	if storeLater(err) && c.releaseAfterFailure(renewing) {
 		e.cfg.Logger.LogAttrs(c.ctx, slog.LevelWarn, "idempotency claim not released within the store timeout; retries are refused as in flight while it is tried again in the background",
 			slog.String("key", c.lease.Key), slog.String("scope", c.lease.Scope), slog.String("reason", why), slog.Any("error", err))
-		return true
+		return
 	}
 	e.cfg.Logger.LogAttrs(c.ctx, slog.LevelWarn, "idempotency claim not released; retries are refused as in flight until its lease expires",
 		slog.String("key", c.lease.Key), slog.String("scope", c.lease.Scope), slog.String("reason", why), slog.Any("error", err))
-	return false
 }
 
 // completeOrOmit stores resp with complete and, if the store will never take

@@ -35,7 +35,7 @@ func waitFor(ctx context.Context, ok func() bool) bool {
 func TestLeaseRenewed(t *testing.T) {
 	store := &fakeStore{claims: []engine.Claim{fresh}}
 	var evs events
-	lease := 300 * time.Millisecond
+	lease := 600 * time.Millisecond
 	e, err := engine.New(store, engine.Config{Lease: lease, Observer: evs.observe, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
@@ -87,7 +87,7 @@ func TestLeaseRenewedAfterItEnded(t *testing.T) {
 	store := &fakeStore{claims: []engine.Claim{fresh}, extendErr: errDown}
 	renewed := make(chan struct{}, 100)
 	var evs events
-	e, err := engine.New(store, engine.Config{Lease: 60 * time.Millisecond, Logger: quiet, Observer: func(ctx context.Context, ev engine.Event) {
+	e, err := engine.New(store, engine.Config{Lease: 150 * time.Millisecond, Logger: quiet, Observer: func(ctx context.Context, ev engine.Event) {
 		evs.observe(ctx, ev)
 		if ev.Kind == engine.EventLeaseRenewed {
 			renewed <- struct{}{}
@@ -129,7 +129,7 @@ func TestLeaseRenewedAfterItEnded(t *testing.T) {
 // work's context ends at the lease's end.
 func TestExtendNeverAnswers(t *testing.T) {
 	store := &fakeStore{claims: []engine.Claim{fresh}, onExtend: func(ctx context.Context, n int) { <-ctx.Done() }}
-	e, err := engine.New(store, engine.Config{Lease: 60 * time.Millisecond, StoreTimeout: time.Hour, Logger: quiet})
+	e, err := engine.New(store, engine.Config{Lease: 150 * time.Millisecond, StoreTimeout: time.Hour, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}

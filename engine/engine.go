@@ -159,12 +159,6 @@ func isNil(store Store) bool {
 	return false
 }
 
-// Store returns the engine's store.
-func (e *Engine) Store() Store { return e.store }
-
-// Config returns the engine's configuration, with the defaults filled in.
-func (e *Engine) Config() Config { return e.cfg }
-
 // Logger returns the engine's rate-limited logger, for a door's own records.
 func (e *Engine) Logger() *slog.Logger { return e.cfg.Logger }
 

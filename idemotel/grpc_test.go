@@ -10,8 +10,8 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/idemotel"
-	"github.com/idemkit/idempotency/server"
 )
 
 // TestServerGRPCStatus: with WithGRPCStatus, an event's Status is read as a
@@ -24,13 +24,13 @@ func TestServerGRPCStatus(t *testing.T) {
 	require.NoError(t, err)
 	ctx := context.Background()
 	at := time.Now()
-	for _, e := range []server.Event{
-		{Kind: server.EventExecuted, Status: 0},     // OK
-		{Kind: server.EventReplayed, Status: 6},     // ALREADY_EXISTS, a stored error
-		{Kind: server.EventInFlight, Status: 10},    // ABORTED
-		{Kind: server.EventUnavailable, Status: 14}, // UNAVAILABLE
-		{Kind: server.EventClientGone, Status: 0},   // no answer
-		{Kind: server.EventReleased, Status: 0},     // a panic: no answer
+	for _, e := range []engine.Event{
+		{Kind: engine.EventExecuted, Status: 0},     // OK
+		{Kind: engine.EventReplayed, Status: 6},     // ALREADY_EXISTS, a stored error
+		{Kind: engine.EventInFlight, Status: 10},    // ABORTED
+		{Kind: engine.EventUnavailable, Status: 14}, // UNAVAILABLE
+		{Kind: engine.EventClientGone, Status: 0},   // no answer
+		{Kind: engine.EventReleased, Status: 0},     // a panic: no answer
 	} {
 		e.Start = at
 		observe(ctx, e)

@@ -9,7 +9,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 
 	"github.com/idemkit/idempotency"
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 )
 
 // Attributes of this package's own, under the idempotency namespace. The
@@ -18,7 +18,7 @@ import (
 // and error.type.
 const (
 	// OutcomeKey is what the middleware or the client did: the name of a
-	// [server.EventKind] or an [idempotency.EventKind].
+	// [engine.EventKind] or an [idempotency.EventKind].
 	OutcomeKey = attribute.Key("idempotency.outcome")
 	// StoreOperationKey names a Store operation: claim, complete, release,
 	// extend.
@@ -57,9 +57,9 @@ func storeErrorType(err error) string {
 	switch {
 	case errors.Is(err, context.DeadlineExceeded):
 		return errTimeout
-	case errors.Is(err, server.ErrLeaseLost):
+	case errors.Is(err, engine.ErrLeaseLost):
 		return errLeaseLost
-	case errors.Is(err, server.ErrNotCommitted):
+	case errors.Is(err, engine.ErrNotCommitted):
 		return errNotCommitted
 	}
 	return errOther

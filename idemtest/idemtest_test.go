@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/idemtest"
 	"github.com/idemkit/idempotency/internal/testkit/teststores"
 	"github.com/idemkit/idempotency/server"
@@ -219,10 +220,10 @@ func assertAll(t *testing.T, report *idemtest.Report, want idemtest.Status) {
 
 // stores are the Stores our server is checked with. pgstore and redisstore
 // join them when they land.
-func stores() map[string]func(t *testing.T) server.Store {
-	m := map[string]func(t *testing.T) server.Store{}
+func stores() map[string]func(t *testing.T) engine.Store {
+	m := map[string]func(t *testing.T) engine.Store{}
 	for _, k := range teststores.All() {
-		m[k.Name] = func(t *testing.T) server.Store { return k.New(t) }
+		m[k.Name] = func(t *testing.T) engine.Store { return k.New(t) }
 	}
 	return m
 }

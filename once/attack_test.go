@@ -800,14 +800,14 @@ func TestAttackValueAfterLeaseLost(t *testing.T) {
 func TestAttackLongScope(t *testing.T) {
 	eachStore(t, func(t *testing.T, store engine.Store) {
 		r := newRunner(t, store)
-		for _, n := range []int{once.MaxScopeLen, 16 << 10} {
+		for _, n := range []int{engine.MaxScopeLen, 16 << 10} {
 			scope := make([]byte, n)
 			for i := range scope {
 				scope[i] = byte(i*7919 + i*i*31 + i>>3) // does not compress
 			}
 			id := engine.ID{Scope: string(scope), Key: "k"}
 			_, err := once.Do(context.Background(), r, id, nil, func(context.Context) (int, error) { return 1, nil })
-			if n <= once.MaxScopeLen {
+			if n <= engine.MaxScopeLen {
 				assert.NoError(t, err)
 				continue
 			}

@@ -152,7 +152,7 @@ func TestRejectedObserved(t *testing.T) {
 	}))
 	ctx := context.Background()
 	fn := func(context.Context) (int, error) { return 1, nil }
-	long := strings.Repeat("s", once.MaxScopeLen+1)
+	long := strings.Repeat("s", engine.MaxScopeLen+1)
 	for _, tc := range []struct {
 		name  string
 		id    engine.ID

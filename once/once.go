@@ -87,9 +87,6 @@ import (
 // MaxKeyLen is the longest key accepted, as the HTTP middleware accepts.
 const MaxKeyLen = 255
 
-// MaxScopeLen is the longest scope accepted: engine.MaxScopeLen.
-const MaxScopeLen = engine.MaxScopeLen
-
 // The statuses a record of this door holds (Response.Status), and that its
 // Events report: those of the HTTP middleware for the same outcomes, so
 // that one observer reads both.
@@ -118,7 +115,7 @@ const (
 )
 
 // ErrInvalidKey is what a call whose key is empty or longer than MaxKeyLen,
-// or whose scope is longer than MaxScopeLen,
+// or whose scope is longer than engine.MaxScopeLen,
 // gets, wrapped; fn does not run.
 var ErrInvalidKey = errors.New("idempotency key invalid")
 
@@ -213,8 +210,8 @@ func DoResult[T any](ctx context.Context, r *Runner, id engine.ID, input any, fn
 	if id.Key == "" || len(id.Key) > MaxKeyLen {
 		return zero, r.reject(ctx, start, engine.ID{}, fmt.Errorf("once: key of %d bytes: %w (1 to %d bytes)", len(id.Key), ErrInvalidKey, MaxKeyLen))
 	}
-	if len(id.Scope) > MaxScopeLen {
-		return zero, r.reject(ctx, start, engine.ID{Key: id.Key}, fmt.Errorf("once: scope of %d bytes: %w (at most %d bytes)", len(id.Scope), ErrInvalidKey, MaxScopeLen))
+	if len(id.Scope) > engine.MaxScopeLen {
+		return zero, r.reject(ctx, start, engine.ID{Key: id.Key}, fmt.Errorf("once: scope of %d bytes: %w (at most %d bytes)", len(id.Scope), ErrInvalidKey, engine.MaxScopeLen))
 	}
 	if fn == nil {
 		return zero, r.reject(ctx, start, id, errors.New("once: Do needs a function"))

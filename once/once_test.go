@@ -381,7 +381,7 @@ func TestBadInput(t *testing.T) {
 		_, err := once.Do(ctx, r, id(key), nil, fn)
 		assert.ErrorIs(t, err, once.ErrInvalidKey)
 	}
-	_, err := once.Do(ctx, r, engine.ID{Scope: strings.Repeat("s", once.MaxScopeLen+1), Key: "k"}, nil, fn)
+	_, err := once.Do(ctx, r, engine.ID{Scope: strings.Repeat("s", engine.MaxScopeLen+1), Key: "k"}, nil, fn)
 	assert.ErrorIs(t, err, once.ErrInvalidKey, "a scope no store can keep is refused, not answered as an outage to retry")
 	_, err = once.Do(ctx, r, id(strings.Repeat("k", once.MaxKeyLen)), nil, fn)
 	assert.NoError(t, err)

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/internal/testkit/faultstore"
 	"github.com/idemkit/idempotency/internal/wire"
 	"github.com/idemkit/idempotency/server"
@@ -66,19 +67,19 @@ func TestPreClaimCallbackPanics(t *testing.T) {
 // and sees the takeover.
 func TestRefuseAbandonedWithWait(t *testing.T) {
 	for _, tc := range []struct {
-		policy server.AbandonedPolicy
+		policy engine.AbandonedPolicy
 		status int
 		runs   int64
 	}{
-		{server.RefuseAbandoned, http.StatusConflict, 0},
-		{server.RerunAbandoned, http.StatusCreated, 1},
+		{engine.RefuseAbandoned, http.StatusConflict, 0},
+		{engine.RerunAbandoned, http.StatusCreated, 1},
 	} {
 		t.Run(fmt.Sprint(tc.policy), func(t *testing.T) {
 			mem := newMem(t)
 			var seen atomic.Int64
 			o := &orders{}
 			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				l, _ := server.LeaseFromContext(r.Context())
+				l, _ := engine.LeaseFromContext(r.Context())
 				seen.Store(int64(l.Abandoned))
 				o.ServeHTTP(w, r)
 			})
@@ -90,14 +91,14 @@ func TestRefuseAbandonedWithWait(t *testing.T) {
 			require.NoError(t, err)
 			fp, err := server.Fingerprint(req, []byte("x"))
 			require.NoError(t, err)
-			c, err := mem.Claim(context.Background(), server.ID{Key: "k"}, fp, 300*time.Millisecond, time.Hour)
+			c, err := mem.Claim(context.Background(), engine.ID{Key: "k"}, fp, 300*time.Millisecond, time.Hour)
 			require.NoError(t, err)
-			require.Equal(t, server.Acquired, c.Status)
+			require.Equal(t, engine.Acquired, c.Status)
 
 			got := post(t, srv.URL, "k", "x")
 			assert.Equal(t, tc.status, got.status, got.body)
 			assert.Equal(t, tc.runs, o.executions.Load())
-			if tc.policy == server.RefuseAbandoned {
+			if tc.policy == engine.RefuseAbandoned {
 				var p struct{ Code string }
 				require.NoError(t, json.Unmarshal([]byte(got.body), &p))
 				assert.Equal(t, wire.CodeOutcomeUnknown, p.Code)
@@ -131,10 +132,10 @@ func TestDoubledKeyHeaderAnyCase(t *testing.T) {
 
 // brokenClaim is a Store whose Claim breaks its contract: Completed without
 // a Response.
-type brokenClaim struct{ server.Store }
+type brokenClaim struct{ engine.Store }
 
-func (brokenClaim) Claim(_ context.Context, _ server.ID, fp string, _, _ time.Duration) (server.Claim, error) {
-	return server.Claim{Status: server.Completed, Fingerprint: fp}, nil
+func (brokenClaim) Claim(_ context.Context, _ engine.ID, fp string, _, _ time.Duration) (engine.Claim, error) {
+	return engine.Claim{Status: engine.Completed, Fingerprint: fp}, nil
 }
 
 // TestCompletedWithoutResponse: a Store that reports a completed record
@@ -204,16 +205,16 @@ func TestMethodLetterCase(t *testing.T) {
 // clock is behind, or a broken one.
 type pastLease struct{ claims atomic.Int64 }
 
-func (s *pastLease) Claim(_ context.Context, _ server.ID, fp string, _, _ time.Duration) (server.Claim, error) {
+func (s *pastLease) Claim(_ context.Context, _ engine.ID, fp string, _, _ time.Duration) (engine.Claim, error) {
 	s.claims.Add(1)
-	return server.Claim{Status: server.InFlight, Fingerprint: fp, RetryAfter: -time.Second}, nil
+	return engine.Claim{Status: engine.InFlight, Fingerprint: fp, RetryAfter: -time.Second}, nil
 }
 
-func (*pastLease) Complete(context.Context, server.ID, server.Token, *server.Response, time.Duration) error {
+func (*pastLease) Complete(context.Context, engine.ID, engine.Token, *engine.Response, time.Duration) error {
 	return nil
 }
-func (*pastLease) Release(context.Context, server.ID, server.Token) error               { return nil }
-func (*pastLease) Extend(context.Context, server.ID, server.Token, time.Duration) error { return nil }
+func (*pastLease) Release(context.Context, engine.ID, engine.Token) error               { return nil }
+func (*pastLease) Extend(context.Context, engine.ID, engine.Token, time.Duration) error { return nil }
 
 // TestWaitWithNegativeRetryAfter: a waiter (WithWait) told that the lease
 // in flight has negative time left still waits between its Claims, at least
@@ -277,21 +278,21 @@ func TestRefuseAbandonedWhileFirstRuns(t *testing.T) {
 		<-finish // and goes on regardless
 		o.ServeHTTP(w, r)
 	})
-	srv := fixtureWith(t, store, h, server.WithLease(time.Second), server.WithAbandoned(server.RefuseAbandoned),
+	srv := fixtureWith(t, store, h, server.WithLease(time.Second), server.WithAbandoned(engine.RefuseAbandoned),
 		server.WithLogger(discardLogger()))
 	first := postAsync(srv.URL, "k", "x")
 	waitFor(t, "the first handler to be cancelled", cancelled.Load)
 	var got reply
 	waitFor(t, "the lease to end in the store", func() bool {
 		got = post(t, srv.URL, "k", "x")
-		return got.status != http.StatusConflict || got.header.Get(server.HeaderOutcome) != ""
+		return got.status != http.StatusConflict || got.header.Get(engine.HeaderOutcome) != ""
 	})
 	assert.Equal(t, http.StatusConflict, got.status, got.body)
-	assert.Equal(t, "unknown", got.header.Get(server.HeaderOutcome))
+	assert.Equal(t, "unknown", got.header.Get(engine.HeaderOutcome))
 	close(finish)
 	assert.Equal(t, http.StatusCreated, recv(t, first, "the first answer").status, "the first client is told what happened")
 	again := post(t, srv.URL, "k", "x")
-	assert.Equal(t, "unknown", again.header.Get(server.HeaderOutcome), "the record is still the refusal")
+	assert.Equal(t, "unknown", again.header.Get(engine.HeaderOutcome), "the record is still the refusal")
 	assert.Equal(t, "true", again.header.Get("Idempotent-Replayed"))
 	assert.Equal(t, int64(1), o.executions.Load())
 }

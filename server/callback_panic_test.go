@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/internal/testkit/faultstore"
 	"github.com/idemkit/idempotency/internal/testkit/teststores"
 	"github.com/idemkit/idempotency/server"
@@ -57,9 +58,9 @@ func TestCallbackPanicLeavesNothingClaimed(t *testing.T) {
 			name: "WithErrorWriter under RefuseAbandoned",
 			opts: func(panicOnce func()) []server.Option {
 				return []server.Option{
-					server.WithAbandoned(server.RefuseAbandoned),
+					server.WithAbandoned(engine.RefuseAbandoned),
 					server.WithErrorWriter(func(w http.ResponseWriter, r *http.Request, err error) {
-						if errors.Is(err, server.ErrOutcomeUnknown) {
+						if errors.Is(err, engine.ErrOutcomeUnknown) {
 							panicOnce()
 						}
 						server.WriteProblem(w, r, err)
@@ -157,6 +158,6 @@ func TestErrorWriterPanicStillEnds(t *testing.T) {
 	got := recv(t, postAsync(srv.URL, "k", "x"), "the answer")
 	assert.Equal(t, -1, got.status, "net/http ends the exchange: %s", got.body)
 	final := ev.last(t)
-	assert.Equal(t, server.EventUnavailable, final.Kind)
+	assert.Equal(t, engine.EventUnavailable, final.Kind)
 	assert.True(t, final.Acquired)
 }

@@ -8,16 +8,16 @@
 //	if err != nil { ... }
 //	mux.Handle("POST /orders", mw.Handler(http.HandlerFunc(createOrder)))
 //
-// [New] takes a [Store] and options; [Middleware.Handler] wraps a handler
-// (its shape is the one routers take for middleware); [LeaseFromContext]
+// [New] takes a [engine.Store] and options; [Middleware.Handler] wraps a handler
+// (its shape is the one routers take for middleware); [engine.LeaseFromContext]
 // gives the handler its key and fencing token. [WithScope] should name the
 // caller the application has authenticated: records are kept per scope.
 //
 // The middleware is the HTTP door of package engine, which runs the
 // protocol for every door (the function door in package once, the gRPC
-// interceptors in module idemgrpc): the Store interface and its records are
-// engine's, and the ones here are aliases of them, so that one store serves
-// every door.
+// interceptors in module idemgrpc): the Store interface, its records, the
+// lease and the events are engine's, named here as engine.Store,
+// engine.Lease, engine.Event, so that one store serves every door.
 //
 // # How it works
 //
@@ -139,10 +139,10 @@
 // after the Claim or Extend that last granted it was sent. If that moment,
 // less a tenth of the lease, passes without a successful renewal (the store
 // failed, was too slow, or said the lease was lost), the handler's context is
-// cancelled with a cause that wraps [ErrLeaseLost] ([ErrLeaseExpired] when the
+// cancelled with a cause that wraps [engine.ErrLeaseLost] ([engine.ErrLeaseExpired] when the
 // renewals failed), before another request can take the key over. A holder
 // whose lease was lost cannot complete or release the record: its fencing
-// token ([LeaseFromContext]) is refused by the store, and can be checked by
+// token ([engine.LeaseFromContext]) is refused by the store, and can be checked by
 // downstream systems too. A handler that ignores its context can still run
 // past its lease.
 //
@@ -160,12 +160,12 @@
 // until the store takes the release, and then runs, told of no abandoned
 // holder. If the store does not take it before the lease has ended, a retry
 // after that takes the key over as from an abandoned holder (under
-// [RefuseAbandoned], "outcome unknown").
+// [engine.RefuseAbandoned], "outcome unknown").
 //
 // A record in flight lives for its lease and the TTL after it ([WithTTL]),
 // so a retry that takes over the key of a holder that was lost (its process
 // died) is told of it, whatever the TTL and the lease: under
-// [RerunAbandoned] in [Lease.Abandoned], under [RefuseAbandoned] by the
+// [engine.RerunAbandoned] in [engine.Lease.Abandoned], under [engine.RefuseAbandoned] by the
 // "outcome unknown" answer. A holder that takes the key over and then gives
 // it back (a 5xx, a Claim answered too late) does not make the key forget
 // the lost holders: the next run is told of them too.

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync/atomic"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/server"
 	"github.com/idemkit/idempotency/store/memstore"
 )
@@ -175,7 +176,7 @@ func ExampleLeaseFromContext() {
 		return
 	}
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		lease, ok := server.LeaseFromContext(r.Context())
+		lease, ok := engine.LeaseFromContext(r.Context())
 		if !ok {
 			http.Error(w, "not protected", http.StatusInternalServerError)
 			return

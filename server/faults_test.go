@@ -22,6 +22,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/internal/testkit/faultstore"
 	"github.com/idemkit/idempotency/server"
 	"github.com/idemkit/idempotency/store/memstore"
@@ -124,8 +125,8 @@ func TestLeaseEndsWhenRenewalFails(t *testing.T) {
 	first := postAsync(srv.URL, "k", "x")
 
 	cause := recv(t, causes, "the handler to be cancelled")
-	assert.ErrorIs(t, cause, server.ErrLeaseExpired)
-	assert.ErrorIs(t, cause, server.ErrLeaseLost)
+	assert.ErrorIs(t, cause, engine.ErrLeaseExpired)
+	assert.ErrorIs(t, cause, engine.ErrLeaseLost)
 	assert.ErrorIs(t, cause, errFlaky, "the cause carries the last renewal's error")
 
 	// Retry until the lease has ended and the retry takes the key over.
@@ -209,7 +210,7 @@ func TestExtendHangs(t *testing.T) {
 	srv := fixtureWith(t, store, h, server.WithLease(lease), server.WithStoreTimeout(time.Minute))
 	began := time.Now()
 	got := postAsync(srv.URL, "k", "x")
-	assert.ErrorIs(t, recv(t, causes, "the handler to be cancelled"), server.ErrLeaseExpired)
+	assert.ErrorIs(t, recv(t, causes, "the handler to be cancelled"), engine.ErrLeaseExpired)
 	assert.Less(t, time.Since(began), lease+time.Second)
 	assert.Equal(t, http.StatusServiceUnavailable, recv(t, got, "the answer").status,
 		"a handler that gave up unanswered is not answered 200")

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/internal/testkit/faultstore"
 	"github.com/idemkit/idempotency/server"
 )
@@ -23,7 +24,7 @@ import (
 // gated is a Store whose Complete fails until the gate opens, as a store
 // that is down for a while would.
 type gated struct {
-	server.Store
+	engine.Store
 	open      chan struct{}
 	once      sync.Once
 	openAfter int32 // if positive, the gate opens after this many Completes
@@ -40,7 +41,7 @@ func newGated(t *testing.T) *gated {
 
 func (g *gated) unblock() { g.once.Do(func() { close(g.open) }) }
 
-func (g *gated) Complete(ctx context.Context, id server.ID, token server.Token, resp *server.Response, ttl time.Duration) error {
+func (g *gated) Complete(ctx context.Context, id engine.ID, token engine.Token, resp *engine.Response, ttl time.Duration) error {
 	if n := g.calls.Add(1); g.openAfter > 0 && n > g.openAfter {
 		g.unblock()
 	}
@@ -224,9 +225,9 @@ func TestShutdown(t *testing.T) {
 		}
 		store.unblock()
 		assert.NoError(t, recv(t, done, "Shutdown"))
-		got, err := store.Claim(context.Background(), server.ID{Key: "k"}, "", time.Minute, time.Hour)
+		got, err := store.Claim(context.Background(), engine.ID{Key: "k"}, "", time.Minute, time.Hour)
 		require.NoError(t, err)
-		assert.Equal(t, server.Completed, got.Status, "stored before Shutdown returned")
+		assert.Equal(t, engine.Completed, got.Status, "stored before Shutdown returned")
 	})
 	t.Run("gives up", func(t *testing.T) {
 		store := newGated(t)

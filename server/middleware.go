@@ -41,7 +41,7 @@ type Middleware struct {
 // checked: an invalid one is an error that names every invalid option. A nil
 // store, or a nil pointer in a Store interface (var s *memstore.Store), is
 // refused.
-func New(store Store, opts ...Option) (*Middleware, error) {
+func New(store engine.Store, opts ...Option) (*Middleware, error) {
 	cfg := defaultConfig()
 	for i, o := range opts {
 		if o == nil {
@@ -69,7 +69,7 @@ func New(store Store, opts ...Option) (*Middleware, error) {
 		// not "ETag".
 		m.replayable[http.CanonicalHeaderKey(name)] = struct{}{}
 	}
-	_, m.binder = store.(Binder)
+	_, m.binder = store.(engine.Binder)
 	return m, nil
 }
 
@@ -107,14 +107,14 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	if len(values) == 0 {
 		if m.cfg.optional {
 			next.ServeHTTP(w, r)
-			m.observe(r, Event{Kind: EventUnprotected, Start: start})
+			m.observe(r, engine.Event{Kind: engine.EventUnprotected, Start: start})
 			return
 		}
-		m.reject(w, r, start, ID{}, problem(ErrMissingKey, "This request requires the "+m.cfg.header+" header.", nil))
+		m.reject(w, r, start, engine.ID{}, problem(ErrMissingKey, "This request requires the "+m.cfg.header+" header.", nil))
 		return
 	}
 	if len(values) > 1 {
-		m.reject(w, r, start, ID{}, problem(ErrInvalidKey, "The "+m.cfg.header+" header appears more than once.", nil))
+		m.reject(w, r, start, engine.ID{}, problem(ErrInvalidKey, "The "+m.cfg.header+" header appears more than once.", nil))
 		return
 	}
 	key, err := keyfield.Parse(values[0])
@@ -123,12 +123,12 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		if errors.Is(err, keyfield.ErrTooLong) {
 			e.Code = wire.CodeKeyTooLong
 		}
-		m.reject(w, r, start, ID{}, e)
+		m.reject(w, r, start, engine.ID{}, e)
 		return
 	}
 	if m.cfg.keyFormat != nil {
 		if err := m.cfg.keyFormat(key); err != nil {
-			m.reject(w, r, start, ID{}, problem(ErrInvalidKey, "The "+m.cfg.header+" header is invalid: "+err.Error()+".", err))
+			m.reject(w, r, start, engine.ID{}, problem(ErrInvalidKey, "The "+m.cfg.header+" header is invalid: "+err.Error()+".", err))
 			return
 		}
 	}
@@ -142,16 +142,16 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	body, err := m.readBody(r, ex.inline[:0])
 	if err != nil {
-		m.reject(w, r, start, ID{Key: key}, m.bodyFailed(err))
+		m.reject(w, r, start, engine.ID{Key: key}, m.bodyFailed(err))
 		return
 	}
 	scope, err := m.cfg.scope(r)
 	if err != nil {
-		m.reject(w, r, start, ID{Key: key}, problem(ErrUnidentified, "The caller of this request could not be identified.", err))
+		m.reject(w, r, start, engine.ID{Key: key}, problem(ErrUnidentified, "The caller of this request could not be identified.", err))
 		return
 	}
 	if len(scope) > engine.MaxScopeLen {
-		m.reject(w, r, start, ID{Key: key}, problem(ErrUnidentified, "The caller of this request could not be identified.",
+		m.reject(w, r, start, engine.ID{Key: key}, problem(ErrUnidentified, "The caller of this request could not be identified.",
 			fmt.Errorf("server: the scope function returned %d bytes, more than %d", len(scope), engine.MaxScopeLen)))
 		return
 	}
@@ -178,11 +178,11 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		fp, err = m.cfg.fingerprint(r, body)
 	}
 	if err != nil {
-		m.reject(w, r, start, ID{Scope: scope, Key: key}, problem(ErrUnidentified, "This request could not be fingerprinted.", err))
+		m.reject(w, r, start, engine.ID{Scope: scope, Key: key}, problem(ErrUnidentified, "This request could not be fingerprinted.", err))
 		return
 	}
 	ex.body = body
-	ex.id = ID{Scope: scope, Key: key}
+	ex.id = engine.ID{Scope: scope, Key: key}
 	m.engine.Do(r.Context(), &ex.call, ex.id, fp, ex)
 }
 
@@ -191,13 +191,13 @@ func (m *Middleware) refuse(w http.ResponseWriter, r *http.Request, e *Error) {
 }
 
 // reject refuses a request before any claim, and says so to the observer.
-func (m *Middleware) reject(w http.ResponseWriter, r *http.Request, start time.Time, id ID, e *Error) {
+func (m *Middleware) reject(w http.ResponseWriter, r *http.Request, start time.Time, id engine.ID, e *Error) {
 	m.refuse(w, r, e)
-	m.observe(r, Event{Kind: EventRejected, Scope: id.Scope, Key: id.Key, Status: e.Status, Start: start, Err: e.cause})
+	m.observe(r, engine.Event{Kind: engine.EventRejected, Scope: id.Scope, Key: id.Key, Status: e.Status, Start: start, Err: e.cause})
 }
 
 // observe gives e to the observer, if there is one.
-func (m *Middleware) observe(r *http.Request, e Event) {
+func (m *Middleware) observe(r *http.Request, e engine.Event) {
 	m.engine.Observe(r.Context(), e)
 }
 

@@ -3,12 +3,13 @@ package server
 import (
 	"errors"
 	"fmt"
-	"github.com/idemkit/idempotency/engine"
 	"log/slog"
 	"net/http"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/idemkit/idempotency/engine"
 )
 
 // The headers of the protocol, as the middleware reads and writes them by
@@ -25,29 +26,13 @@ const (
 	HeaderBodyOmitted = "Idempotent-Body-Omitted"
 )
 
-// Defaults, and the shortest lease.
+// Defaults of the middleware's own limits.
 const (
-	// DefaultTTL is how long a record is kept ([WithTTL]).
-	DefaultTTL = engine.DefaultTTL
-	// DefaultLease is the lease a handler runs under ([WithLease]), when the
-	// TTL is not shorter.
-	DefaultLease = engine.DefaultLease
-	// MinLease is the shortest lease, and so the shortest TTL, accepted.
-	MinLease = engine.MinLease
 	// DefaultMaxBody is the largest request body accepted ([WithMaxBody]).
 	DefaultMaxBody = 1 << 20
 	// DefaultMaxStored is the largest response body stored ([WithMaxStored]).
 	DefaultMaxStored = 1 << 20
-	// DefaultStoreTimeout bounds every Store call ([WithStoreTimeout]).
-	DefaultStoreTimeout = engine.DefaultStoreTimeout
-	// DefaultRetryAfter is the Retry-After of a 409 or 503 ([WithRetryAfter]).
-	DefaultRetryAfter = engine.DefaultRetryAfter
 )
-
-// maxRecordDuration is the longest TTL or lease given to a Store: longer
-// ones are taken as it. A Store adds them to its clock, and a century is
-// as good as forever while leaving that sum far from overflowing.
-const maxRecordDuration = engine.MaxDuration
 
 // Option configures the middleware. Options are applied in order, a later
 // one overriding an earlier one of the same kind; [New] refuses an invalid
@@ -80,11 +65,11 @@ type config struct {
 	storeTimeout   time.Duration
 	retryAfter     time.Duration
 	echoKey        bool
-	observer       Observer
+	observer       engine.Observer
 	keyFormat      func(key string) error
 	leaseSet       bool // WithLease was given: the lease does not follow the TTL
 	scopeSet       bool // WithScope was given
-	abandoned      AbandonedPolicy
+	abandoned      engine.AbandonedPolicy
 	invalidOptions []error
 }
 
@@ -93,8 +78,8 @@ func defaultConfig() config {
 		methods:       []string{http.MethodPost, http.MethodPatch},
 		header:        HeaderKey,
 		replayHeader:  HeaderReplayed,
-		ttl:           DefaultTTL,
-		lease:         DefaultLease,
+		ttl:           engine.DefaultTTL,
+		lease:         engine.DefaultLease,
 		scope:         CredentialScope,
 		fingerprint:   Fingerprint,
 		maxBody:       DefaultMaxBody,
@@ -102,8 +87,8 @@ func defaultConfig() config {
 		storeStatus:   DefaultStoreStatus,
 		errorWriter:   WriteProblem,
 		replayHeaders: defaultReplayHeaders,
-		storeTimeout:  DefaultStoreTimeout,
-		retryAfter:    DefaultRetryAfter,
+		storeTimeout:  engine.DefaultStoreTimeout,
+		retryAfter:    engine.DefaultRetryAfter,
 		echoKey:       true,
 	}
 }
@@ -182,11 +167,11 @@ func WithKeyHeader(name string) Option {
 // [MinLease] is refused; one longer than 100 years is taken as 100 years.
 func WithTTL(d time.Duration) Option {
 	return func(c *config) {
-		if d < MinLease {
-			c.invalid("TTL %v is shorter than %v", d, MinLease)
+		if d < engine.MinLease {
+			c.invalid("TTL %v is shorter than %v", d, engine.MinLease)
 			return
 		}
-		c.ttl = min(d, maxRecordDuration)
+		c.ttl = min(d, engine.MaxDuration)
 	}
 }
 
@@ -206,11 +191,11 @@ func WithTTL(d time.Duration) Option {
 // well above the store's slowest answers.
 func WithLease(d time.Duration) Option {
 	return func(c *config) {
-		if d < MinLease {
-			c.invalid("lease %v is shorter than %v", d, MinLease)
+		if d < engine.MinLease {
+			c.invalid("lease %v is shorter than %v", d, engine.MinLease)
 			return
 		}
-		c.lease, c.leaseSet = min(d, maxRecordDuration), true
+		c.lease, c.leaseSet = min(d, engine.MaxDuration), true
 	}
 }
 
@@ -429,7 +414,7 @@ func WithEchoKey(on bool) Option {
 // with the event's kind: the request goes on as if the observer had
 // returned, so that a key is never left claimed and a lease event, which
 // runs on a timer's goroutine, never takes the process down.
-func WithObserver(fn Observer) Option {
+func WithObserver(fn engine.Observer) Option {
 	return func(c *config) {
 		if fn == nil {
 			c.invalid("WithObserver needs a function")

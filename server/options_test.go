@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/server"
 	"github.com/idemkit/idempotency/store/memstore"
 )
@@ -22,7 +23,7 @@ func TestNewValidates(t *testing.T) {
 		opts []server.Option
 	}{
 		{"ttl zero", []server.Option{server.WithTTL(0)}},
-		{"ttl under the shortest lease", []server.Option{server.WithTTL(server.MinLease - 1)}},
+		{"ttl under the shortest lease", []server.Option{server.WithTTL(engine.MinLease - 1)}},
 		{"lease", []server.Option{server.WithLease(time.Millisecond)}},
 		{"set-cookie", []server.Option{server.WithStoredHeaders("Content-Type", "set-cookie")}},
 		{"authorization", []server.Option{server.WithStoredHeaders("Authorization")}},
@@ -71,7 +72,7 @@ func TestMethodsLowerCase(t *testing.T) {
 // would panic on every request; New refuses it.
 func TestNewRefusesNilStore(t *testing.T) {
 	var typed *memstore.Store
-	for name, store := range map[string]server.Store{"nil": nil, "typed nil": typed} {
+	for name, store := range map[string]engine.Store{"nil": nil, "typed nil": typed} {
 		t.Run(name, func(t *testing.T) {
 			mw, err := server.New(store)
 			assert.Error(t, err)

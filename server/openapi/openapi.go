@@ -24,6 +24,7 @@ import (
 	"encoding/json"
 	"net/http"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/internal/keyfield"
 	"github.com/idemkit/idempotency/internal/wire"
 	"github.com/idemkit/idempotency/server"
@@ -203,7 +204,7 @@ func Document() map[string]any {
 			h["Retry-After"] = ref("headers", "RetryAfter")
 		}
 		if unknown {
-			h[server.HeaderOutcome] = ref("headers", "IdempotentOutcome")
+			h[engine.HeaderOutcome] = ref("headers", "IdempotentOutcome")
 		}
 		responses[responseName(status)] = object{
 			"description": http.StatusText(status) + ", answered by the idempotency layer:" + desc,

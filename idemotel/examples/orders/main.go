@@ -35,6 +35,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/idemotel"
 	"github.com/idemkit/idempotency/server"
 	"github.com/idemkit/idempotency/store/memstore"
@@ -100,7 +101,7 @@ func run(ctx context.Context, c config, out io.Writer) (summary, error) {
 
 // submit starts the API on store, submits the orders through a lossy transport and
 // prints what happened.
-func submit(ctx context.Context, c config, store server.Store, mp *sdkmetric.MeterProvider, out io.Writer) (summary, error) {
+func submit(ctx context.Context, c config, store engine.Store, mp *sdkmetric.MeterProvider, out io.Writer) (summary, error) {
 	serverObserver, err := idemotel.ServerObserver(idemotel.WithMeterProvider(mp))
 	if err != nil {
 		return summary{}, err

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/internal/testkit/faultnet"
 	"github.com/idemkit/idempotency/server"
 )
@@ -186,7 +187,7 @@ type runner struct {
 // once more, and must be answered with a replay of the response its caller
 // got. The report says what came of it; an error means the run could not
 // be made, not that it found a problem (see Report.Problems).
-func Run(ctx context.Context, store server.Store, link StoreLink, cfg Config) (*Report, error) {
+func Run(ctx context.Context, store engine.Store, link StoreLink, cfg Config) (*Report, error) {
 	cfg, err := cfg.withDefaults(link)
 	if err != nil {
 		return nil, err

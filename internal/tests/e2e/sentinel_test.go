@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/internal/testkit/clienttest"
 	"github.com/idemkit/idempotency/internal/testkit/servicetest"
 	"github.com/idemkit/idempotency/server"
@@ -209,7 +210,7 @@ func runSwitchover(t *testing.T, p *sentinelPair, ack time.Duration, before int)
 	res.failures = int(failures.Load())
 
 	for i := range answered {
-		n, err := p.replica.c.Exists(ctx, store.RecordKey(server.ID{Key: "key-fo-" + strconv.Itoa(i)})).Result()
+		n, err := p.replica.c.Exists(ctx, store.RecordKey(engine.ID{Key: "key-fo-" + strconv.Itoa(i)})).Result()
 		require.NoError(t, err)
 		if n == 0 {
 			res.lost++

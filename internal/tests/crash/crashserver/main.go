@@ -18,7 +18,7 @@
 //
 // With -abandoned refuse, a retry that takes over an order whose holder was
 // killed is not run again: it gets the final "outcome unknown" answer
-// (server.RefuseAbandoned).
+// (engine.RefuseAbandoned).
 //
 // -ttl is the middleware's TTL (server.WithTTL) and -lease its lease
 // (server.WithLease); with -lease 0 the lease is the middleware's default:
@@ -70,6 +70,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/server"
 	"github.com/idemkit/idempotency/store/memstore"
 	"github.com/idemkit/idempotency/store/pgstore"
@@ -93,11 +94,11 @@ func main() {
 	if *records == "" || *orders == "" {
 		log.Fatal("crashserver: -records and -orders are required")
 	}
-	policy := server.RerunAbandoned
+	policy := engine.RerunAbandoned
 	switch *abandoned {
 	case "rerun":
 	case "refuse":
-		policy = server.RefuseAbandoned
+		policy = engine.RefuseAbandoned
 	default:
 		log.Fatalf("crashserver: -abandoned %q: want rerun or refuse", *abandoned)
 	}
@@ -152,7 +153,7 @@ func run(addr, kind, records, orders, takeover string, step, after time.Duration
 	}
 	defer pool.Close()
 
-	var store server.Store
+	var store engine.Store
 	transactional := false
 	switch kind {
 	case "pg-tx", "pg-lease":
@@ -254,7 +255,7 @@ func (a *api) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := r.Context()
-	if lease, _ := server.LeaseFromContext(ctx); lease.Abandoned > 0 && a.takeover != "rerun" && a.downstream == nil {
+	if lease, _ := engine.LeaseFromContext(ctx); lease.Abandoned > 0 && a.takeover != "rerun" && a.downstream == nil {
 		if _, failed := a.failed.LoadOrStore(in.Ref, true); !failed && a.takeover == "fail-once" {
 			http.Error(w, "cannot tell yet whether the order was written", http.StatusServiceUnavailable)
 			return

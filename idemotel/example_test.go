@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/idemotel"
 	"github.com/idemkit/idempotency/server"
 	"github.com/idemkit/idempotency/store/memstore"
@@ -35,7 +36,7 @@ func Example() {
 		fmt.Println(err)
 		return
 	}
-	mw, err := server.New(store, server.WithObserver(serverObserver))
+	mw, err := server.New(store, server.WithConfig(engine.Config{Observer: serverObserver}))
 	if err != nil {
 		fmt.Println(err)
 		return

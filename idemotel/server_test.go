@@ -44,7 +44,9 @@ type api struct {
 	front   chan trace.SpanContext // the span in front of the middleware, per request
 }
 
-func newAPI(t *testing.T, tm *telemetry, otelOpts []idemotel.Option, opts ...server.Option) *api {
+// newAPI serves the test API through the middleware, with an observer that
+// feeds tm and the request's events, and lease as its lease.
+func newAPI(t *testing.T, tm *telemetry, otelOpts []idemotel.Option, lease time.Duration, opts ...server.Option) *api {
 	t.Helper()
 	mem, err := memstore.New()
 	require.NoError(t, err)
@@ -60,18 +62,14 @@ func newAPI(t *testing.T, tm *telemetry, otelOpts []idemotel.Option, opts ...ser
 	observe, err := idemotel.ServerObserver(tm.options(otelOpts...)...)
 	require.NoError(t, err)
 	mw, err := server.New(a.store, append([]server.Option{
-		server.WithObserver(func(ctx context.Context, e engine.Event) {
+		server.WithConfig(engine.Config{Observer: func(ctx context.Context, e engine.Event) {
 			observe(ctx, e)
 			switch e.Kind {
 			case engine.EventAcquired, engine.EventLeaseRenewed, engine.EventLeaseLost:
 			default:
 				a.events <- e
 			}
-		}),
-		server.WithStoreTimeout(300 * time.Millisecond),
-		// A response that could not be stored is tried again for up to
-		// a lease length after it is sent, before EventNotStored.
-		server.WithLease(time.Second),
+		}, StoreTimeout: 300 * time.Millisecond, Lease: lease}),
 	}, opts...)...)
 	require.NoError(t, err)
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -141,7 +139,7 @@ func (a *api) final(t *testing.T) engine.Event {
 // span with the steps it took as children, under the request's span.
 func TestServerOutcomes(t *testing.T) {
 	tm := newTelemetry(t)
-	a := newAPI(t, tm, nil, server.WithKeyOptional())
+	a := newAPI(t, tm, nil, time.Second, server.WithKeyOptional())
 	down := errors.New("down")
 	ctx := t.Context()
 
@@ -267,7 +265,7 @@ func TestServerOutcomes(t *testing.T) {
 // never on the metrics.
 func TestServerKeyAttribute(t *testing.T) {
 	tm := newTelemetry(t)
-	a := newAPI(t, tm, []idemotel.Option{idemotel.WithKeyAttribute(), idemotel.WithAttributes(attribute.String("api", "orders"))})
+	a := newAPI(t, tm, []idemotel.Option{idemotel.WithKeyAttribute(), idemotel.WithAttributes(attribute.String("api", "orders"))}, time.Second)
 	require.Equal(t, 201, a.post(t.Context(), "order-42", "x"))
 	a.final(t)
 	spans := tm.spansNamed("idempotency.request", idemotel.KeyAttribute.String("order-42"), attribute.String("api", "orders"))
@@ -286,7 +284,7 @@ func TestServerKeyAttribute(t *testing.T) {
 // events to the request's span.
 func TestServerLeaseEvents(t *testing.T) {
 	tm := newTelemetry(t)
-	a := newAPI(t, tm, nil, server.WithLease(90*time.Millisecond))
+	a := newAPI(t, tm, nil, 90*time.Millisecond)
 	got := make(chan int, 1)
 	go func() { got <- a.post(t.Context(), "k", "block") }()
 	<-a.entered

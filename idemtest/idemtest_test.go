@@ -275,7 +275,7 @@ func TestWaitingServerPasses(t *testing.T) {
 	store, err := memstore.New()
 	require.NoError(t, err)
 	t.Cleanup(func() { store.Close() })
-	mw, err := server.New(store, server.WithWait(5*time.Second))
+	mw, err := server.New(store, server.WithConfig(engine.Config{Wait: 5 * time.Second}))
 	require.NoError(t, err)
 	srv := start(t, newOverlap(200*time.Millisecond).around(mw.Handler, &orders{}))
 	tg := target(srv.URL)
@@ -313,7 +313,7 @@ func TestConcurrentSlowServerPasses(t *testing.T) {
 		detail string
 	}{
 		{"409", nil, "answered 409 while the first was in flight"},
-		{"waits", []server.Option{server.WithWait(5 * time.Second)}, "No 409, but the duplicates waited for the first"},
+		{"waits", []server.Option{server.WithConfig(engine.Config{Wait: 5 * time.Second})}, "No 409, but the duplicates waited for the first"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			mw, err := server.New(teststores.Memory(t), tc.opts...)

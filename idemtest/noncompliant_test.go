@@ -180,7 +180,7 @@ func TestNoncompliantServers(t *testing.T) {
 		{
 			name: "stores 5xx, as the draft allows",
 			handler: func(t *testing.T) http.Handler {
-				return protect(t, &orders{}, server.WithStoreStatus(func(int) bool { return true }))
+				return protect(t, &orders{}, server.WithKeep(func(int) bool { return true }))
 			},
 			exact:  true,
 			want:   map[string]idemtest.Status{idemtest.Check5xxNotCached: idemtest.StatusAdvisory},
@@ -189,7 +189,7 @@ func TestNoncompliantServers(t *testing.T) {
 		{
 			name: "stores 5xx, release-5xx required",
 			handler: func(t *testing.T) http.Handler {
-				return protect(t, &orders{}, server.WithStoreStatus(func(int) bool { return true }))
+				return protect(t, &orders{}, server.WithKeep(func(int) bool { return true }))
 			},
 			edit:     func(tg *idemtest.Target) { tg.Require5xxRelease = true },
 			mustFail: []string{idemtest.Check5xxNotCached},

@@ -49,7 +49,7 @@ func TestPreClaimCallbackPanics(t *testing.T) {
 				}
 			}
 			h := &orders{}
-			srv, _ := fixture(t, h, tt.opt(p), server.WithLogger(discardLogger()))
+			srv, _ := fixture(t, h, tt.opt(p), server.WithConfig(engine.Config{Logger: discardLogger()}))
 			first := recv(t, postAsync(srv.URL, "k", "x"), "the first answer")
 			assert.Equal(t, -1, first.status, "net/http ends the exchange: %s", first.body)
 			assert.Zero(t, h.executions.Load())
@@ -83,8 +83,7 @@ func TestRefuseAbandonedWithWait(t *testing.T) {
 				seen.Store(int64(l.Abandoned))
 				o.ServeHTTP(w, r)
 			})
-			srv := fixtureWith(t, mem, h, server.WithAbandoned(tc.policy), server.WithWait(10*time.Second),
-				server.WithLogger(discardLogger()))
+			srv := fixtureWith(t, mem, h, server.WithConfig(engine.Config{Abandoned: tc.policy, Wait: 10 * time.Second, Logger: discardLogger()}))
 			// A holder that dies: it claims the key for the request's
 			// fingerprint, and never completes it.
 			req, err := http.NewRequest(http.MethodPost, "/", strings.NewReader("x"))
@@ -117,7 +116,7 @@ func TestRefuseAbandonedWithWait(t *testing.T) {
 // letters, is one header with two values: refused, nothing claimed.
 func TestDoubledKeyHeaderAnyCase(t *testing.T) {
 	h := &orders{}
-	srv, _ := fixture(t, h, server.WithLogger(discardLogger()))
+	srv, _ := fixture(t, h, server.WithConfig(engine.Config{Logger: discardLogger()}))
 	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
 	require.NoError(t, err)
 	defer conn.Close()
@@ -143,7 +142,7 @@ func (brokenClaim) Claim(_ context.Context, _ engine.ID, fp string, _, _ time.Du
 // every retry of the key.
 func TestCompletedWithoutResponse(t *testing.T) {
 	h := &orders{}
-	srv := fixtureWith(t, brokenClaim{newMem(t)}, h, server.WithLogger(discardLogger()))
+	srv := fixtureWith(t, brokenClaim{newMem(t)}, h, server.WithConfig(engine.Config{Logger: discardLogger()}))
 	got := recv(t, postAsync(srv.URL, "k", "x"), "the answer")
 	assert.Equal(t, http.StatusServiceUnavailable, got.status, got.body)
 	assert.Zero(t, h.executions.Load())
@@ -164,8 +163,8 @@ func TestInvalidStatusNotStored(t *testing.T) {
 				}
 				w.WriteHeader(http.StatusCreated)
 			})
-			srv := fixtureWith(t, newMem(t), h, server.WithStoreStatus(func(int) bool { return true }),
-				server.WithLogger(discardLogger()))
+			srv := fixtureWith(t, newMem(t), h, server.WithKeep(func(int) bool { return true }),
+				server.WithConfig(engine.Config{Logger: discardLogger()}))
 			first := recv(t, postAsync(srv.URL, "k", "x"), "the first answer")
 			assert.Equal(t, -1, first.status, "as without the middleware, net/http ends the exchange: %d %s", first.status, first.body)
 			got := post(t, srv.URL, "k", "x")
@@ -182,7 +181,7 @@ func TestInvalidStatusNotStored(t *testing.T) {
 // retry would run the handler again.
 func TestMethodLetterCase(t *testing.T) {
 	h := &orders{}
-	srv, _ := fixture(t, h, server.WithLogger(discardLogger()))
+	srv, _ := fixture(t, h, server.WithConfig(engine.Config{Logger: discardLogger()}))
 	var got []reply
 	for range 2 {
 		req, err := http.NewRequest("post", srv.URL, strings.NewReader("x"))
@@ -223,7 +222,7 @@ func (*pastLease) Extend(context.Context, engine.ID, engine.Token, time.Duration
 func TestWaitWithNegativeRetryAfter(t *testing.T) {
 	store := &pastLease{}
 	const wait = 200 * time.Millisecond
-	srv := fixtureWith(t, store, &orders{}, server.WithWait(wait), server.WithLogger(discardLogger()))
+	srv := fixtureWith(t, store, &orders{}, server.WithConfig(engine.Config{Wait: wait, Logger: discardLogger()}))
 	got := post(t, srv.URL, "k", "x")
 	assert.Equal(t, http.StatusConflict, got.status)
 	// One Claim, then at most one per millisecond of the wait.
@@ -243,7 +242,7 @@ func TestTimeoutHandlerOutside(t *testing.T) {
 		<-finish // a handler that does not watch its context
 		o.ServeHTTP(w, r)
 	})
-	mw, err := server.New(newMem(t), server.WithLogger(discardLogger()))
+	mw, err := server.New(newMem(t), server.WithConfig(engine.Config{Logger: discardLogger()}))
 	require.NoError(t, err)
 	t.Cleanup(func() { shutdown(t, mw) })
 	srv := startServer(t, http.TimeoutHandler(mw.Handler(h), 500*time.Millisecond, "timed out"))
@@ -278,8 +277,7 @@ func TestRefuseAbandonedWhileFirstRuns(t *testing.T) {
 		<-finish // and goes on regardless
 		o.ServeHTTP(w, r)
 	})
-	srv := fixtureWith(t, store, h, server.WithLease(time.Second), server.WithAbandoned(engine.RefuseAbandoned),
-		server.WithLogger(discardLogger()))
+	srv := fixtureWith(t, store, h, server.WithConfig(engine.Config{Lease: time.Second, Abandoned: engine.RefuseAbandoned, Logger: discardLogger()}))
 	first := postAsync(srv.URL, "k", "x")
 	waitFor(t, "the first handler to be cancelled", cancelled.Load)
 	var got reply
@@ -302,7 +300,7 @@ func TestRefuseAbandonedWhileFirstRuns(t *testing.T) {
 // Flush sends nothing early, so the response is kept whole: its replay has
 // the body, rather than being marked as omitted.
 func TestFlushThroughWriterThatCannot(t *testing.T) {
-	mw, err := server.New(newMem(t), server.WithLogger(discardLogger()))
+	mw, err := server.New(newMem(t), server.WithConfig(engine.Config{Logger: discardLogger()}))
 	require.NoError(t, err)
 	t.Cleanup(func() { shutdown(t, mw) })
 	var flushErr atomic.Value

@@ -51,7 +51,7 @@ func TestClaimAnsweredAfterItsLease(t *testing.T) {
 	mem := newMem(t)
 	store := newLateAnswer(mem)
 	h := &orders{}
-	srv := fixtureWith(t, store, h, server.WithLease(200*time.Millisecond), server.WithStoreTimeout(5*time.Second))
+	srv := fixtureWith(t, store, h, server.WithConfig(engine.Config{Lease: 200 * time.Millisecond, StoreTimeout: 5 * time.Second}))
 
 	a := postAsync(srv.URL, "k", "x")
 	recv(t, store.applied, "A's claim to be applied")
@@ -83,8 +83,7 @@ func TestWaiterClaimAnsweredAfterItsLease(t *testing.T) {
 	require.Equal(t, engine.Acquired, c.Status)
 	store := newLateAnswer(mem)
 	h := &orders{}
-	srv := fixtureWith(t, store, h, server.WithLease(200*time.Millisecond), server.WithStoreTimeout(5*time.Second),
-		server.WithWait(time.Minute))
+	srv := fixtureWith(t, store, h, server.WithConfig(engine.Config{Lease: 200 * time.Millisecond, StoreTimeout: 5 * time.Second, Wait: time.Minute}))
 
 	waiter := postAsync(srv.URL, "k", "x")
 	// The holder gives the key back: the waiter's next Claim acquires it,

@@ -72,8 +72,7 @@ func TestStoreClosedWhileRunning(t *testing.T) {
 			store.flaky.Store(tc.flaky)
 			var logs syncBuffer
 			h := newBlocking()
-			mw, err := server.New(store, server.WithStoreTimeout(30*time.Millisecond), server.WithLease(time.Minute),
-				server.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+			mw, err := server.New(store, server.WithConfig(engine.Config{StoreTimeout: 30 * time.Millisecond, Lease: time.Minute, Logger: slog.New(slog.NewTextHandler(&logs, nil))}))
 			require.NoError(t, err)
 			srv := startServer(t, mw.Handler(h))
 			got := postAsync(srv.URL, "k", "x")

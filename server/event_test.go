@@ -77,7 +77,7 @@ func TestEvents(t *testing.T) {
 	})
 	// A short lease: a response that could not be stored is tried again
 	// for up to a lease length, and only then is the event told.
-	srv := fixtureWith(t, store, h, server.WithObserver(ev.observe), server.WithLease(time.Second),
+	srv := fixtureWith(t, store, h, server.WithConfig(engine.Config{Observer: ev.observe, Lease: time.Second}),
 		server.WithScope(func(*http.Request) (string, error) { return "acme", nil }))
 
 	check := func(kind engine.EventKind, key string, status int) engine.Event {
@@ -153,7 +153,7 @@ func TestLeaseEvents(t *testing.T) {
 		case <-r.Context().Done():
 		}
 	})
-	srv := fixtureWith(t, store, h, server.WithObserver(ev.observe), server.WithLease(time.Second))
+	srv := fixtureWith(t, store, h, server.WithConfig(engine.Config{Observer: ev.observe, Lease: time.Second}))
 	got := postAsync(srv.URL, "k", "x")
 	select {
 	case <-started:
@@ -201,8 +201,7 @@ func TestAcquiredEvents(t *testing.T) {
 	// Complete is retried within the store timeout, then, once the
 	// response is sent, for up to a lease length before it gives up: a
 	// short lease.
-	srv := fixtureWith(t, store, h, server.WithObserver(ev.observe), server.WithStoreTimeout(200*time.Millisecond),
-		server.WithLease(time.Second))
+	srv := fixtureWith(t, store, h, server.WithConfig(engine.Config{Observer: ev.observe, StoreTimeout: 200 * time.Millisecond, Lease: time.Second}))
 	down := errors.New("down")
 
 	tests := []struct {
@@ -294,7 +293,7 @@ func TestObserverPanicOnAcquired(t *testing.T) {
 	var logs syncBuffer
 	p := newPanicky(engine.EventAcquired)
 	h := &orders{}
-	srv, _ := fixture(t, h, server.WithObserver(p.observe), server.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	srv, _ := fixture(t, h, server.WithConfig(engine.Config{Observer: p.observe, Logger: slog.New(slog.NewTextHandler(&logs, nil))}))
 
 	first := post(t, srv.URL, "k1", "x")
 	require.Equal(t, http.StatusCreated, first.status)
@@ -329,8 +328,7 @@ func TestObserverPanicOnLeaseEvent(t *testing.T) {
 		}
 		w.WriteHeader(http.StatusCreated)
 	})
-	srv, _ := fixture(t, h, server.WithObserver(p.observe), server.WithLease(30*time.Millisecond),
-		server.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	srv, _ := fixture(t, h, server.WithConfig(engine.Config{Observer: p.observe, Lease: 30 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))}))
 	got := postAsync(srv.URL, "k", "x")
 	for n := 0; n < 2; {
 		if recv(t, p.seen, "an event") == engine.EventLeaseRenewed {
@@ -353,7 +351,7 @@ func TestObserverPanicOnFinalEvents(t *testing.T) {
 		engine.EventUnprotected, engine.EventClientGone, engine.EventLeaseRenewed, engine.EventLeaseLost, engine.EventAcquired}
 	p := newPanicky(all...)
 	h := &orders{}
-	srv, _ := fixture(t, h, server.WithObserver(p.observe), server.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	srv, _ := fixture(t, h, server.WithConfig(engine.Config{Observer: p.observe, Logger: slog.New(slog.NewTextHandler(&logs, nil))}))
 	for _, tc := range []struct {
 		name, key, body string
 		status          int

@@ -33,7 +33,7 @@ func (s *takenOver) Claim(ctx context.Context, id engine.ID, fp string, lease, t
 // A handler that took a key over from an abandoned holder looks for its own
 // effect before doing it again: the holder may have created the order and
 // died before its response was stored.
-func ExampleLease_Abandoned() {
+func Example_takeover() {
 	mem, err := memstore.New()
 	if err != nil {
 		fmt.Println(err)
@@ -95,14 +95,14 @@ func ExampleLease_Abandoned() {
 // With RefuseAbandoned, a retry that takes a key over from an abandoned
 // holder does not run: it gets a final "outcome unknown" problem, recorded
 // and replayed to every retry until an operator resolves the key.
-func ExampleWithAbandoned() {
+func ExampleWithConfig() {
 	mem, err := memstore.New()
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
 	defer mem.Close()
-	mw, err := server.New(&takenOver{Store: mem}, server.WithAbandoned(engine.RefuseAbandoned))
+	mw, err := server.New(&takenOver{Store: mem}, server.WithConfig(engine.Config{Abandoned: engine.RefuseAbandoned}))
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -163,7 +163,7 @@ func ExampleWithScope() {
 // A protected handler finds its lease in the request's context: the key and
 // scope it runs for, and the fencing token to pass to a downstream system
 // that should refuse writes from a holder whose lease was lost.
-func ExampleLeaseFromContext() {
+func Example_lease() {
 	store, err := memstore.New()
 	if err != nil {
 		fmt.Println(err)

@@ -91,7 +91,7 @@ func (ex *exchange) Refuse(kind error, retryAfter time.Duration, cause error) in
 	return e.Status
 }
 
-// Unprotected runs the handler without protection (WithFailOpen).
+// Unprotected runs the handler without protection (engine.Config.FailOpen).
 func (ex *exchange) Unprotected() {
 	ex.r.Body = ex.requestBody()
 	ex.next.ServeHTTP(ex.w, ex.r)
@@ -126,14 +126,14 @@ func (ex *exchange) Execute(ctx context.Context) engine.Outcome {
 		// The handler gave up without an answer because its context
 		// ended: the client went away, or the lease could not be kept.
 		return engine.Outcome{Reason: "the handler returned without an answer after its context ended", Cause: context.Cause(ctx)}
-	case !m.storeStatus(ex.r.Context(), status):
+	case !m.keeps(ex.r.Context(), status):
 		return engine.Outcome{Status: status, Reason: "status " + strconv.Itoa(status) + " is not stored", Sent: rec.streaming}
 	case rec.streaming:
 		how := "streamed"
 		if rec.hijacked {
 			how = "hijacked"
 		}
-		m.cfg.logger.LogAttrs(ex.r.Context(), slog.LevelInfo, "idempotent response passed through; storing it without its body",
+		m.engine.Logger().LogAttrs(ex.r.Context(), slog.LevelInfo, "idempotent response passed through; storing it without its body",
 			slog.String("key", ex.id.Key), slog.Int("status", status), slog.String("how", how))
 		return engine.Outcome{Response: ex.response(status, nil, true), Status: status, Sent: true}
 	default:

@@ -132,18 +132,18 @@ func TestTakeoverSeenWhateverTheTTL(t *testing.T) {
 					}
 					t.Run(name, func(t *testing.T) {
 						t.Parallel()
-						var opts []server.Option
+						var cfg engine.Config
 						if tc.optLease {
-							opts = append(opts, server.WithLease(tc.lease))
+							cfg.Lease = tc.lease
 						}
 						if tc.optTT {
-							opts = append(opts, server.WithTTL(tc.ttl))
+							cfg.TTL = tc.ttl
 						}
 						if refuse {
-							opts = append(opts, server.WithAbandoned(engine.RefuseAbandoned))
+							cfg.Abandoned = engine.RefuseAbandoned
 						}
 						h := &abandonedSeen{}
-						srv := fixtureWith(t, store, h, historyOptions(opts...)...)
+						srv := fixtureWith(t, store, h, historyOptions(server.WithConfig(cfg))...)
 						key := "lost-" + name
 						loseHolder(t, store, key, tc.lease, tc.ttl, tc.renewFor)
 
@@ -166,7 +166,7 @@ func TestTakeoverSeenWhateverTheTTL(t *testing.T) {
 // TestReleaseKeepsAbandoned: a takeover of a lost holder answers 5xx, which
 // releases the key; the retry that runs next is told of the lost holder all
 // the same, so a handler that looks for its own effect when a holder was
-// lost (ExampleLease_Abandoned) still looks, and does not repeat it.
+// lost (Example_takeover) still looks, and does not repeat it.
 func TestReleaseKeepsAbandoned(t *testing.T) {
 	for _, kind := range teststores.All() {
 		t.Run(kind.Name, func(t *testing.T) {
@@ -179,7 +179,7 @@ func TestReleaseKeepsAbandoned(t *testing.T) {
 				}
 				return http.StatusCreated
 			}}
-			srv := fixtureWith(t, store, h, historyOptions(server.WithLease(lease))...)
+			srv := fixtureWith(t, store, h, historyOptions(server.WithConfig(engine.Config{Lease: lease}))...)
 			loseHolder(t, store, "released", lease, time.Hour, 0)
 
 			got := awaitLeaseEnd(t, srv.URL, "released")

@@ -108,7 +108,7 @@ func TestLateCompleteHoldsNothing(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			store := newGated(t)
 			h := &orders{}
-			mw, err := server.New(store, server.WithStoreTimeout(50*time.Millisecond), server.WithLease(time.Minute))
+			mw, err := server.New(store, server.WithConfig(engine.Config{StoreTimeout: 50 * time.Millisecond, Lease: time.Minute}))
 			require.NoError(t, err)
 			t.Cleanup(func() { shutdown(t, mw) })
 			mux := http.NewServeMux()
@@ -156,7 +156,7 @@ func TestLateCompleteWhateverTheTTL(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 		io.WriteString(w, "order 1")
 	})
-	mw, err := server.New(store, server.WithTTL(400*time.Millisecond), server.WithStoreTimeout(50*time.Millisecond))
+	mw, err := server.New(store, server.WithConfig(engine.Config{TTL: 400 * time.Millisecond, StoreTimeout: 50 * time.Millisecond}))
 	require.NoError(t, err)
 	t.Cleanup(func() { shutdown(t, mw) })
 	srv := startServer(t, mw.Handler(h))
@@ -196,7 +196,7 @@ func TestHandlerWriteDeadlineNotSpent(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 		io.WriteString(w, strings.Repeat("o", 4096))
 	})
-	srv := fixtureWith(t, store, h, server.WithStoreTimeout(2*time.Second))
+	srv := fixtureWith(t, store, h, server.WithConfig(engine.Config{StoreTimeout: 2 * time.Second}))
 	got := post(t, srv.URL, "k", "x")
 	assert.Equal(t, http.StatusCreated, got.status)
 	assert.Len(t, got.body, 4096)
@@ -210,7 +210,7 @@ func TestShutdown(t *testing.T) {
 	t.Run("waits", func(t *testing.T) {
 		store := newGated(t)
 		h := &orders{}
-		mw, err := server.New(store, server.WithStoreTimeout(20*time.Millisecond))
+		mw, err := server.New(store, server.WithConfig(engine.Config{StoreTimeout: 20 * time.Millisecond}))
 		require.NoError(t, err)
 		srv := startServer(t, mw.Handler(h))
 		first := post(t, srv.URL, "k", "x")
@@ -232,8 +232,7 @@ func TestShutdown(t *testing.T) {
 	t.Run("gives up", func(t *testing.T) {
 		store := newGated(t)
 		var logs syncBuffer
-		mw, err := server.New(store, server.WithStoreTimeout(20*time.Millisecond),
-			server.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+		mw, err := server.New(store, server.WithConfig(engine.Config{StoreTimeout: 20 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))}))
 		require.NoError(t, err)
 		srv := startServer(t, mw.Handler(&orders{}))
 		require.Equal(t, http.StatusCreated, post(t, srv.URL, "k", "x").status)
@@ -250,7 +249,7 @@ func TestShutdown(t *testing.T) {
 		// Past the store timeout's tries, a few late ones fail too.
 		store.openAfter = 5
 		h := &orders{}
-		mw, err := server.New(store, server.WithStoreTimeout(20*time.Millisecond), server.WithLease(time.Minute))
+		mw, err := server.New(store, server.WithConfig(engine.Config{StoreTimeout: 20 * time.Millisecond, Lease: time.Minute}))
 		require.NoError(t, err)
 		shutdown(t, mw)
 		srv := startServer(t, mw.Handler(h))

@@ -24,6 +24,7 @@ import (
 type Middleware struct {
 	engine     *engine.Engine
 	binder     bool // the store is a Binder
+	observed   bool // an observer is set: requests are timed for it
 	cfg        config
 	replayable map[string]struct{} // cfg.replayHeaders
 	// fingerprintInPlace: cfg.fingerprint is Fingerprint, whose value
@@ -31,7 +32,7 @@ type Middleware struct {
 	fingerprintInPlace bool
 
 	// What is logged once per Middleware.
-	storeStatusPanicked atomic.Bool
+	keepPanicked        atomic.Bool
 	errorWriterPanicked atomic.Bool
 	noCredentials       atomic.Bool
 	bearerScope         atomic.Bool
@@ -50,19 +51,13 @@ func New(store engine.Store, opts ...Option) (*Middleware, error) {
 		}
 		o(&cfg)
 	}
-	if err := cfg.validate(); err != nil {
+	e, err := engine.New(store, cfg.engine)
+	if err != nil {
+		cfg.invalidOptions = append(cfg.invalidOptions, fmt.Errorf("server: %w", err))
+	}
+	if err := errors.Join(cfg.invalidOptions...); err != nil {
 		return nil, err
 	}
-	e, err := engine.New(store, engine.Config{
-		TTL: cfg.ttl, Lease: cfg.lease, StoreTimeout: cfg.storeTimeout, Wait: cfg.wait, RetryAfter: cfg.retryAfter,
-		Abandoned: cfg.abandoned, FailOpen: cfg.failOpen, Logger: cfg.logger, Observer: cfg.observer,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("server: %w", err)
-	}
-	// The engine's logger, rate-limited: the middleware's own records are
-	// limited with the engine's.
-	cfg.logger = e.Logger()
 	m := &Middleware{engine: e, cfg: cfg, replayable: make(map[string]struct{}, len(cfg.replayHeaders)), fingerprintInPlace: isFingerprint(cfg.fingerprint)}
 	for _, name := range cfg.replayHeaders {
 		// net/http keeps headers under their canonical names: "Etag",
@@ -70,6 +65,7 @@ func New(store engine.Store, opts ...Option) (*Middleware, error) {
 		m.replayable[http.CanonicalHeaderKey(name)] = struct{}{}
 	}
 	_, m.binder = store.(engine.Binder)
+	m.observed = cfg.engine.Observer != nil
 	return m, nil
 }
 
@@ -100,7 +96,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 	var start time.Time
-	if m.cfg.observer != nil {
+	if m.observed {
 		start = time.Now()
 	}
 	values := r.Header[m.cfg.header]
@@ -156,13 +152,13 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 	if scope == "" && !m.cfg.scopeSet && !m.noCredentials.Load() && !m.noCredentials.Swap(true) {
-		m.cfg.logger.LogAttrs(r.Context(), slog.LevelWarn,
+		m.engine.Logger().LogAttrs(r.Context(), slog.LevelWarn,
 			"idempotent request without credentials: every such caller shares one scope, and can be replayed another's response; set WithScope to the authenticated principal",
 			slog.Any("headers", credentialHeaders[:]), slog.String("method", r.Method), slog.String("path", r.URL.Path))
 	}
 	if scope != "" && !m.cfg.scopeSet && !m.bearerScope.Load() {
 		if name := bearerHeader(r.Header); name != "" && !m.bearerScope.Swap(true) {
-			m.cfg.logger.LogAttrs(r.Context(), slog.LevelWarn,
+			m.engine.Logger().LogAttrs(r.Context(), slog.LevelWarn,
 				"idempotent request scoped by a bearer token: a retry whose token was refreshed falls in another scope, and runs again; set WithScope to the authenticated principal",
 				slog.String("header", name), slog.String("method", r.Method), slog.String("path", r.URL.Path))
 		}
@@ -201,21 +197,21 @@ func (m *Middleware) observe(r *http.Request, e engine.Event) {
 	m.engine.Observe(r.Context(), e)
 }
 
-// storeStatus reports whether a response with status is stored, by the
-// function of WithStoreStatus. It is called while the key is held: a panic
-// in it would leave the key claimed until its lease ended, for a request that
-// ran, so it is recovered and logged once, and DefaultStoreStatus decides.
-func (m *Middleware) storeStatus(ctx context.Context, status int) (store bool) {
+// keeps reports whether a response with status is kept, by the function of
+// WithKeep. It is called while the key is held: a panic in it would leave
+// the key claimed until its lease ended, for a request that ran, so it is
+// recovered and logged once, and DefaultKeep decides.
+func (m *Middleware) keeps(ctx context.Context, status int) (keep bool) {
 	defer func() {
 		if v := recover(); v != nil {
-			if !m.storeStatusPanicked.Swap(true) {
-				m.cfg.logger.LogAttrs(ctx, slog.LevelError, "idempotency store status function panicked; DefaultStoreStatus decides instead, and its panics are not logged again",
+			if !m.keepPanicked.Swap(true) {
+				m.engine.Logger().LogAttrs(ctx, slog.LevelError, "idempotency keep function panicked; DefaultKeep decides instead, and its panics are not logged again",
 					slog.Int("status", status), slog.String("panic", fmt.Sprint(v)))
 			}
-			store = DefaultStoreStatus(status)
+			keep = DefaultKeep(status)
 		}
 	}()
-	return m.cfg.storeStatus(status)
+	return m.cfg.keep(status)
 }
 
 // refuseHeld writes the refusal e into rec while the key is held, so that it
@@ -226,7 +222,7 @@ func (m *Middleware) refuseHeld(rec *recorder, r *http.Request, e *Error) {
 	defer func() {
 		if v := recover(); v != nil {
 			if !m.errorWriterPanicked.Swap(true) {
-				m.cfg.logger.LogAttrs(r.Context(), slog.LevelError, "idempotency error writer panicked; WriteProblem answers instead, and its panics are not logged again",
+				m.engine.Logger().LogAttrs(r.Context(), slog.LevelError, "idempotency error writer panicked; WriteProblem answers instead, and its panics are not logged again",
 					slog.Int("status", e.Status), slog.String("panic", fmt.Sprint(v)))
 			}
 			rec.status, rec.body = 0, nil

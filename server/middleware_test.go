@@ -340,7 +340,7 @@ func (b *blocking) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 func TestInFlight(t *testing.T) {
 	h := newBlocking()
-	srv, _ := fixture(t, h, server.WithLease(time.Minute))
+	srv, _ := fixture(t, h, server.WithConfig(engine.Config{Lease: time.Minute}))
 	first := postAsync(srv.URL, "k", "x")
 	<-h.started
 	got := post(t, srv.URL, "k", "x")
@@ -361,7 +361,7 @@ func TestConcurrentIdentical(t *testing.T) {
 			h := newBlocking()
 			opts := []server.Option{}
 			if wait {
-				opts = append(opts, server.WithWait(30*time.Second))
+				opts = append(opts, server.WithConfig(engine.Config{Wait: 30 * time.Second}))
 			}
 			srv, _ := fixture(t, h, opts...)
 			const n = 200
@@ -475,7 +475,7 @@ func TestStoreStatusOption(t *testing.T) {
 		calls.Add(1)
 		w.WriteHeader(http.StatusBadGateway)
 	})
-	srv, _ := fixture(t, h, server.WithStoreStatus(func(int) bool { return true }))
+	srv, _ := fixture(t, h, server.WithKeep(func(int) bool { return true }))
 	post(t, srv.URL, "k", "x")
 	got := post(t, srv.URL, "k", "x")
 	assert.Equal(t, http.StatusBadGateway, got.status)
@@ -511,7 +511,7 @@ func TestStoreFailure(t *testing.T) {
 	})
 	t.Run("fail open", func(t *testing.T) {
 		h := &orders{}
-		srv := fixtureWith(t, failing{}, h, server.WithFailOpen())
+		srv := fixtureWith(t, failing{}, h, server.WithConfig(engine.Config{FailOpen: true}))
 		resp := post(t, srv.URL, "k", "body")
 		assert.Equal(t, http.StatusCreated, resp.status)
 		assert.Contains(t, resp.body, `"echo":"body"`, "the handler reads the body")
@@ -601,7 +601,7 @@ func TestLeaseRenewed(t *testing.T) {
 	// before the lease's end.
 	const lease = time.Second
 	h := newBlocking()
-	srv, _ := fixture(t, h, server.WithLease(lease))
+	srv, _ := fixture(t, h, server.WithConfig(engine.Config{Lease: lease}))
 	first := postAsync(srv.URL, "k", "x")
 	<-h.started
 	// A duplicate that ran would block in the handler: give up on it
@@ -641,7 +641,7 @@ func TestLeaseLostCancelsHandler(t *testing.T) {
 	// A lease long enough that a Claim slowed by a busy machine still
 	// leaves the handler time to start; the first renewal, after a third
 	// of it, finds the lease lost.
-	srv := fixtureWith(t, losing{store}, h, server.WithLease(600*time.Millisecond))
+	srv := fixtureWith(t, losing{store}, h, server.WithConfig(engine.Config{Lease: 600 * time.Millisecond}))
 	post(t, srv.URL, "k", "x")
 	assert.ErrorIs(t, recv(t, causes, "the handler's cancellation"), engine.ErrLeaseLost)
 }
@@ -740,7 +740,7 @@ func TestNotCommittedAnswers503(t *testing.T) {
 			h := &orders{}
 			var opts []server.Option
 			if failOpen {
-				opts = append(opts, server.WithFailOpen())
+				opts = append(opts, server.WithConfig(engine.Config{FailOpen: true}))
 			}
 			srv := fixtureWith(t, uncommitted{store}, h, opts...)
 			got := post(t, srv.URL, "k", "x")
@@ -799,7 +799,7 @@ func TestHijackingHandler(t *testing.T) {
 		defer mu.Unlock()
 		return logs.Write(p)
 	}), nil))
-	srv, _ := fixture(t, h, server.WithLogger(logger))
+	srv, _ := fixture(t, h, server.WithConfig(engine.Config{Logger: logger}))
 	first := post(t, srv.URL, "k", "x")
 	assert.Equal(t, http.StatusAccepted, first.status)
 	assert.Equal(t, "ok", first.body)

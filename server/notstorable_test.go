@@ -47,8 +47,7 @@ func TestResponseNeverStorable(t *testing.T) {
 		io.WriteString(w, body)
 	})
 	var logs syncBuffer
-	srv := fixtureWith(t, store, h, server.WithLease(50*time.Millisecond), server.WithStoreTimeout(time.Second),
-		server.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	srv := fixtureWith(t, store, h, server.WithConfig(engine.Config{Lease: 50 * time.Millisecond, StoreTimeout: time.Second, Logger: slog.New(slog.NewTextHandler(&logs, nil))}))
 	first := post(t, srv.URL, "k", "x")
 	assert.Equal(t, http.StatusCreated, first.status)
 	assert.Equal(t, body, first.body, "the client gets the whole response")

@@ -36,7 +36,7 @@ func TestLeaseLostNoAnswerBinderHeaders(t *testing.T) {
 		w.Header().Set("Location", "/orders/1")
 		<-r.Context().Done()
 	})
-	srv := fixtureWith(t, losingBinder{losing{store}}, h, server.WithLease(600*time.Millisecond))
+	srv := fixtureWith(t, losingBinder{losing{store}}, h, server.WithConfig(engine.Config{Lease: 600 * time.Millisecond}))
 	got := post(t, srv.URL, "k", "x")
 	assert.Equal(t, http.StatusServiceUnavailable, got.status)
 	assertProblem(t, got, "ErrStoreUnavailable")

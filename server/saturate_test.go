@@ -110,16 +110,16 @@ func TestDurationExtremes(t *testing.T) {
 		unavailable bool // every Claim times out
 		retryAfter  string
 	}{
-		{name: "lease and TTL at their minimum", opts: []server.Option{server.WithLease(10 * time.Millisecond), server.WithTTL(10 * time.Millisecond)}},
-		{name: "lease and TTL forever", opts: []server.Option{server.WithLease(forever), server.WithTTL(forever)}, retryAfter: "1"},
-		{name: "TTL forever", opts: []server.Option{server.WithTTL(forever)}, retryAfter: "1"},
-		{name: "wait of 1ns", opts: []server.Option{server.WithWait(time.Nanosecond)}, retryAfter: "1"},
-		{name: "wait forever", opts: []server.Option{server.WithWait(forever)}},
-		{name: "store timeout of 1ns", opts: []server.Option{server.WithStoreTimeout(time.Nanosecond)}, unavailable: true},
-		{name: "store timeout forever", opts: []server.Option{server.WithStoreTimeout(forever)}, retryAfter: "1"},
-		{name: "Retry-After of 1ns", opts: []server.Option{server.WithRetryAfter(time.Nanosecond)}, retryAfter: "1"},
-		{name: "Retry-After forever", opts: []server.Option{server.WithRetryAfter(forever), server.WithLease(forever), server.WithTTL(forever)},
-			// The lease is taken as 100 years (WithLease's doc), and a
+		{name: "lease and TTL at their minimum", opts: []server.Option{server.WithConfig(engine.Config{Lease: 10 * time.Millisecond, TTL: 10 * time.Millisecond})}},
+		{name: "lease and TTL forever", opts: []server.Option{server.WithConfig(engine.Config{Lease: forever, TTL: forever})}, retryAfter: "1"},
+		{name: "TTL forever", opts: []server.Option{server.WithConfig(engine.Config{TTL: forever})}, retryAfter: "1"},
+		{name: "wait of 1ns", opts: []server.Option{server.WithConfig(engine.Config{Wait: time.Nanosecond})}, retryAfter: "1"},
+		{name: "wait forever", opts: []server.Option{server.WithConfig(engine.Config{Wait: forever})}},
+		{name: "store timeout of 1ns", opts: []server.Option{server.WithConfig(engine.Config{StoreTimeout: time.Nanosecond})}, unavailable: true},
+		{name: "store timeout forever", opts: []server.Option{server.WithConfig(engine.Config{StoreTimeout: forever})}, retryAfter: "1"},
+		{name: "Retry-After of 1ns", opts: []server.Option{server.WithConfig(engine.Config{RetryAfter: time.Nanosecond})}, retryAfter: "1"},
+		{name: "Retry-After forever", opts: []server.Option{server.WithConfig(engine.Config{RetryAfter: forever, Lease: forever, TTL: forever})},
+			// The lease is taken as 100 years (engine.MaxDuration), and a
 			// 409's Retry-After is never longer than the lease has left.
 			retryAfter: strconv.FormatInt(int64(100*365*24*time.Hour/time.Second), 10)},
 	} {

@@ -79,7 +79,7 @@ func TestRefuseAbandoned(t *testing.T) {
 	mem := newMem(t)
 	store := &abandoning{Store: mem, abandoned: 1}
 	h := &orders{}
-	srv := fixtureWith(t, store, h, server.WithAbandoned(engine.RefuseAbandoned))
+	srv := fixtureWith(t, store, h, server.WithConfig(engine.Config{Abandoned: engine.RefuseAbandoned}))
 	for i, replayed := range []string{"", "true", "true"} {
 		got := post(t, srv.URL, "k", "x")
 		assert.Equal(t, http.StatusConflict, got.status, "answer %d", i)
@@ -112,7 +112,7 @@ func TestRefuseAbandonedStoreFails(t *testing.T) {
 	fs.Set(faultstore.Complete, faultstore.Fault{Err: errFlaky})
 	store := &abandoning{Store: fs, abandoned: 1}
 	h := &orders{}
-	srv := fixtureWith(t, store, h, server.WithAbandoned(engine.RefuseAbandoned), server.WithStoreTimeout(20*time.Millisecond))
+	srv := fixtureWith(t, store, h, server.WithConfig(engine.Config{Abandoned: engine.RefuseAbandoned, StoreTimeout: 20 * time.Millisecond}))
 	got := post(t, srv.URL, "k", "x")
 	assert.Equal(t, http.StatusServiceUnavailable, got.status)
 	assert.NotEmpty(t, got.header.Get("Retry-After"))
@@ -123,6 +123,6 @@ func TestRefuseAbandonedStoreFails(t *testing.T) {
 }
 
 func TestWithAbandonedInvalid(t *testing.T) {
-	_, err := server.New(newMem(t), server.WithAbandoned(engine.AbandonedPolicy(7)))
+	_, err := server.New(newMem(t), server.WithConfig(engine.Config{Abandoned: engine.AbandonedPolicy(7)}))
 	assert.ErrorContains(t, err, "WithAbandoned")
 }

@@ -211,7 +211,7 @@ func TestPolicies(t *testing.T) {
 	store, err := memstore.New()
 	require.NoError(t, err)
 	t.Cleanup(func() { store.Close() })
-	mw, err := server.New(store, server.WithStoreStatus(func(int) bool { return true }))
+	mw, err := server.New(store, server.WithKeep(func(int) bool { return true }))
 	require.NoError(t, err)
 	url := start(t, protect(mw.Handler, orders()))
 	args := append([]string{"-checks", "first-request,5xx-not-cached"}, every(url)...)

@@ -523,7 +523,7 @@ func TestCredentialsNeverPrinted(t *testing.T) {
 func TestLookupCustomErrorWriter(t *testing.T) {
 	f := newFixture(t)
 	mw, err := server.New(f.store,
-		server.WithAbandoned(engine.RefuseAbandoned),
+		server.WithConfig(engine.Config{Abandoned: engine.RefuseAbandoned}),
 		server.WithScope(func(*http.Request) (string, error) { return scope, nil }),
 		// The lost holder's, claimed below.
 		server.WithFingerprint(func(*http.Request, []byte) (string, error) { return "fingerprint", nil }),

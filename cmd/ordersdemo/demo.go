@@ -110,7 +110,7 @@ func Run(o Options, out io.Writer) ([]*Tally, error) {
 
 	api := newOrderAPI()
 	var events counters
-	mw, err := server.New(store, server.WithKeyOptional(), server.WithObserver(events.observe),
+	mw, err := server.New(store, server.WithKeyOptional(), server.WithConfig(engine.Config{Observer: events.observe}),
 		// The demo has one caller; a real API names the authenticated
 		// principal here, so that callers never share keys.
 		server.WithScope(func(*http.Request) (string, error) { return "demo", nil }))

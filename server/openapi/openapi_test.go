@@ -236,7 +236,7 @@ func headerValue(schema *openapi3.Schema, v string) any {
 func outcomeUnknown(t *testing.T, store engine.Store) answer {
 	t.Helper()
 	mw, err := server.New(store,
-		server.WithAbandoned(engine.RefuseAbandoned),
+		server.WithConfig(engine.Config{Abandoned: engine.RefuseAbandoned}),
 		server.WithScope(func(*http.Request) (string, error) { return "tenant", nil }),
 		server.WithFingerprint(func(*http.Request, []byte) (string, error) { return "fingerprint", nil }))
 	require.NoError(t, err)

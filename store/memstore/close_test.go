@@ -78,14 +78,11 @@ func TestCloseWhileRequestsRun(t *testing.T) {
 	defer s.Close()
 	events := make(chan engine.Event, 8)
 	mw, err := server.New(s,
-		server.WithLease(time.Hour),
-		server.WithStoreTimeout(time.Hour),
-		server.WithLogger(slog.New(slog.DiscardHandler)),
-		server.WithObserver(func(_ context.Context, e engine.Event) {
+		server.WithConfig(engine.Config{Lease: time.Hour, StoreTimeout: time.Hour, Logger: slog.New(slog.DiscardHandler), Observer: func(_ context.Context, e engine.Event) {
 			if e.Kind != engine.EventAcquired {
 				events <- e
 			}
-		}),
+		}}),
 	)
 	if err != nil {
 		t.Fatal(err)

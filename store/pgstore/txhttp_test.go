@@ -64,7 +64,7 @@ func TestTxDuplicateWithShortLease(t *testing.T) {
 	const lease = 2 * time.Second
 	require.Less(t, lease, pgstore.DefaultLockTimeout+pgstore.DefaultLockTimeout/9,
 		"the lease must make the Claim's timeout shorter than the lock timeout")
-	mw, err := server.New(s, server.WithLease(lease))
+	mw, err := server.New(s, server.WithConfig(engine.Config{Lease: lease}))
 	require.NoError(t, err)
 	var (
 		once     sync.Once

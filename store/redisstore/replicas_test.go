@@ -74,8 +74,9 @@ func pause(t *testing.T, p *redisProcess) (resume func()) {
 // ackedServer serves POST / through the middleware on a Store of master
 // WithReplicaAck(1, wait), under RefuseAbandoned, with a fixed scope and
 // fingerprint, so that the test can claim its keys as another process
-// would; the handler counts its runs.
-func ackedServer(t *testing.T, master *redisProcess, wait time.Duration, opts ...server.Option) (url string, acked, plain *redisstore.Store, runs *atomic.Int64) {
+// would; the handler counts its runs. Its lease is lease, the default
+// when 0.
+func ackedServer(t *testing.T, master *redisProcess, wait, lease time.Duration) (url string, acked, plain *redisstore.Store, runs *atomic.Int64) {
 	t.Helper()
 	mc := redis.NewClient(&redis.Options{Addr: master.Addr, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { mc.Close() })
@@ -85,12 +86,11 @@ func ackedServer(t *testing.T, master *redisProcess, wait time.Duration, opts ..
 	plain, err = redisstore.New(mc)
 	require.NoError(t, err)
 	runs = new(atomic.Int64)
-	mw, err := server.New(acked, append([]server.Option{
-		server.WithAbandoned(engine.RefuseAbandoned),
+	mw, err := server.New(acked,
+		server.WithConfig(engine.Config{Lease: lease, Abandoned: engine.RefuseAbandoned, Logger: slog.New(slog.DiscardHandler)}),
 		server.WithScope(func(*http.Request) (string, error) { return "acme", nil }),
 		server.WithFingerprint(func(*http.Request, []byte) (string, error) { return "order", nil }),
-		server.WithLogger(slog.New(slog.DiscardHandler)),
-	}, opts...)...)
+	)
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -126,7 +126,7 @@ func postOrder(t *testing.T, url, key string) (int, string) {
 func TestReplicaAckKeepsAbandoned(t *testing.T) {
 	t.Parallel()
 	master, replica := startReplicated(t)
-	url, _, plain, runs := ackedServer(t, master, 200*time.Millisecond)
+	url, _, plain, runs := ackedServer(t, master, 200*time.Millisecond, 0)
 	// The holder, lost: its process died after its claim.
 	c, err := plain.Claim(context.Background(), engine.ID{Scope: "acme", Key: "k"}, "order", 300*time.Millisecond, time.Hour)
 	require.NoError(t, err)
@@ -160,7 +160,7 @@ func TestReplicaAckWaitLongerThanClaim(t *testing.T) {
 	t.Parallel()
 	master, replica := startReplicated(t)
 	const lease = 2 * time.Second
-	url, _, plain, runs := ackedServer(t, master, 5*time.Second, server.WithLease(lease))
+	url, _, plain, runs := ackedServer(t, master, 5*time.Second, lease)
 
 	resume := pause(t, replica)
 	status, _ := postOrder(t, url, "k")

@@ -106,7 +106,7 @@ func submit(ctx context.Context, c config, store engine.Store, mp *sdkmetric.Met
 	if err != nil {
 		return summary{}, err
 	}
-	mw, err := server.New(store, server.WithObserver(serverObserver))
+	mw, err := server.New(store, server.WithConfig(engine.Config{Observer: serverObserver}))
 	if err != nil {
 		return summary{}, err
 	}

@@ -95,8 +95,12 @@ type Config struct {
 	ResumeAfter time.Duration
 	Settle      time.Duration
 
+	// Lease is the middleware's lease: engine.DefaultLease when 0.
+	Lease time.Duration
+
 	// ClientOptions come after the run's own (the HTTP client and the
-	// attempt timeout); ServerOptions after the store timeout.
+	// attempt timeout); ServerOptions after the engine's configuration
+	// (the store timeout, the lease and the run's logger).
 	ClientOptions []idempotency.Option
 	ServerOptions []server.Option
 
@@ -197,8 +201,7 @@ func Run(ctx context.Context, store engine.Store, link StoreLink, cfg Config) (*
 	log := &serverLog{}
 	logged := newLogCounter()
 	mw, err := server.New(store, append([]server.Option{
-		server.WithStoreTimeout(cfg.StoreTimeout),
-		server.WithLogger(slog.New(logged)),
+		server.WithConfig(engine.Config{StoreTimeout: cfg.StoreTimeout, Lease: cfg.Lease, Logger: slog.New(logged)}),
 	}, cfg.ServerOptions...)...)
 	if err != nil {
 		return nil, fmt.Errorf("faultrun: %w", err)

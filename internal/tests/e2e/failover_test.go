@@ -309,8 +309,7 @@ func runFailover(t *testing.T, cl *failoverCluster, tc failoverCase, before int)
 	})
 	// A lease longer than the failover, shorter than the default so that
 	// a record whose completion was lost is taken over within the test.
-	mw, err := server.New(store, server.WithLease(5*time.Second),
-		server.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	mw, err := server.New(store, server.WithConfig(engine.Config{Lease: 5 * time.Second, Logger: slog.New(slog.NewTextHandler(&logs, nil))}))
 	require.NoError(t, err)
 	srv := startServer(t, mw.Handler(svc))
 

@@ -40,7 +40,7 @@ func TestCompleteAfterOutage(t *testing.T) {
 				w.WriteHeader(http.StatusCreated)
 				io.WriteString(w, "order "+string(rune('0'+n)))
 			})
-			mw, err := server.New(s.store, server.WithStoreTimeout(300*time.Millisecond), server.WithLease(time.Second))
+			mw, err := server.New(s.store, server.WithConfig(engine.Config{StoreTimeout: 300 * time.Millisecond, Lease: time.Second}))
 			require.NoError(t, err)
 			srv := startServer(t, mw.Handler(h))
 			proxy := startProxy(t, srv.URL, faultnet.Config{Decide: func(n int64, _ *http.Request) faultnet.Fault {
@@ -113,8 +113,7 @@ func TestReleaseAfterOutage(t *testing.T) {
 				w.WriteHeader(http.StatusCreated)
 				io.WriteString(w, "order 2")
 			})
-			mw, err := server.New(s.store, server.WithStoreTimeout(300*time.Millisecond), server.WithLease(2*time.Second),
-				server.WithAbandoned(engine.RefuseAbandoned))
+			mw, err := server.New(s.store, server.WithConfig(engine.Config{StoreTimeout: 300 * time.Millisecond, Lease: 2 * time.Second, Abandoned: engine.RefuseAbandoned}))
 			require.NoError(t, err)
 			t.Cleanup(func() { // after the server's Close
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

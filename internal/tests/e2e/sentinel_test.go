@@ -130,8 +130,7 @@ func runSwitchover(t *testing.T, p *sentinelPair, ack time.Duration, before int)
 	svc := newFailoverOrders()
 	var logs failoverLog
 	logs.b = &strings.Builder{}
-	mw, err := server.New(store, server.WithLease(5*time.Second),
-		server.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	mw, err := server.New(store, server.WithConfig(engine.Config{Lease: 5 * time.Second, Logger: slog.New(slog.NewTextHandler(&logs, nil))}))
 	require.NoError(t, err)
 	srv := startServer(t, mw.Handler(svc))
 	counts := &failoverAnswers{}

@@ -26,7 +26,7 @@
 //
 // With -takeover find, a run that took an order over from a killed holder
 // (Lease.Abandoned > 0) looks for the order that holder may have written
-// and answers with it if it is there, as ExampleLease_Abandoned does;
+// and answers with it if it is there, as Example_takeover does;
 // with fail-once, the first such run of each order in the process answers
 // 503 without looking (it cannot tell yet: the key is released), and the
 // runs after it look. With rerun (the default) a takeover writes the order
@@ -124,11 +124,9 @@ func main() {
 		}
 		down = &downstream{client: c, url: *downURL, random: *keys == "random"}
 	}
-	opts := []server.Option{server.WithTTL(*ttl), server.WithAbandoned(policy)}
-	if *lease > 0 {
-		opts = append(opts, server.WithLease(*lease))
-	}
-	if err := run(*addr, *kind, *records, *orders, *takeover, *step, *after, opts, down); err != nil {
+	// A lease of 0 is the default one.
+	cfg := engine.Config{TTL: *ttl, Lease: *lease, Abandoned: policy}
+	if err := run(*addr, *kind, *records, *orders, *takeover, *step, *after, cfg, down); err != nil {
 		log.Fatal(err)
 	}
 }
@@ -140,7 +138,7 @@ func env(name, def string) string {
 	return def
 }
 
-func run(addr, kind, records, orders, takeover string, step, after time.Duration, opts []server.Option, down *downstream) error {
+func run(addr, kind, records, orders, takeover string, step, after time.Duration, engineCfg engine.Config, down *downstream) error {
 	ctx := context.Background()
 	cfg, err := pgxpool.ParseConfig(env("IDEMPOTENCY_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"))
 	if err != nil {
@@ -196,7 +194,8 @@ func run(addr, kind, records, orders, takeover string, step, after time.Duration
 		return fmt.Errorf("crashserver: unknown store %q", kind)
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	mw, err := server.New(store, append(opts, server.WithLogger(logger))...)
+	engineCfg.Logger = logger
+	mw, err := server.New(store, server.WithConfig(engineCfg))
 	if err != nil {
 		return err
 	}

@@ -307,7 +307,7 @@ func TestResponseOmitted(t *testing.T) {
 	}
 }
 
-// TestFailOpen: with WithFailOpen, a failing store lets the call run
+// TestFailOpen: with Config.FailOpen, a failing store lets the call run
 // unprotected.
 func TestFailOpen(t *testing.T) {
 	store := faultstore.New(teststores.Memory(t))

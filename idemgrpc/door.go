@@ -227,7 +227,7 @@ func outcomeUnknownError() error {
 	return refusal(codes.DataLoss, reasonOutcomeUnknown, "an earlier call with this idempotency key was lost while it ran: whether it took effect is unknown; do not retry, check", 0)
 }
 
-// Unprotected runs the handler without protection (WithFailOpen).
+// Unprotected runs the handler without protection (engine.Config.FailOpen).
 func (d *door) Unprotected() {
 	d.resp, d.err = d.handler(d.ctx, d.req)
 }

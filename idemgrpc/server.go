@@ -154,8 +154,8 @@ func (s *Server) UnaryServerInterceptor() grpc.UnaryServerInterceptor { return s
 // message to store and replay), so it refuses one that carries an
 // idempotency key, on a protected method, with Unimplemented and the reason
 // STREAMING_UNSUPPORTED, rather than let the caller believe it protected; it
-// does not run. WithStreamsUnprotected runs it instead. A streaming call
-// without a key goes through.
+// does not run; leave the method out of WithMethods to let it run. A
+// streaming call without a key goes through.
 func (s *Server) StreamServerInterceptor() grpc.StreamServerInterceptor { return s.interceptStream }
 
 // credentialScope is the default scope: a hash of the values of the

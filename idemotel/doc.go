@@ -4,7 +4,7 @@
 // passes their providers (or sets the global ones).
 //
 //	observe, err := idemotel.ServerObserver(idemotel.WithMeterProvider(mp), idemotel.WithTracerProvider(tp))
-//	mw, err := server.New(store, server.WithObserver(observe))
+//	mw, err := server.New(store, server.WithConfig(engine.Config{Observer: observe}))
 //
 //	observeClient, err := idemotel.ClientObserver(idemotel.WithMeterProvider(mp))
 //	client, err := idempotency.NewClient(idempotency.WithObserver(observeClient))

@@ -98,7 +98,7 @@ func WithAttributes(attrs ...attribute.KeyValue) Option {
 }
 
 // WithGRPCStatus makes ServerObserver read an event's Status as a gRPC
-// status code, for the gRPC door (idemgrpc's WithObserver), whose events
+// status code, for the gRPC door (the Observer of idemgrpc's WithConfig), whose events
 // carry the code they answered with: it is recorded as
 // rpc.response.status_code, by name ("OK", "ALREADY_EXISTS", ...), instead
 // of http.response.status_code, and error.type and the span's error status

@@ -55,7 +55,8 @@ type outcomeSet struct {
 
 type opSet struct{ op, errType string }
 
-// ServerObserver returns an observer for the middleware (server.WithObserver)
+// ServerObserver returns an observer for the middleware (the Observer of server.WithConfig, or of another
+// door's)
 // that records each event as metrics and spans; the package documentation
 // and the README list them. It fails on an invalid option, or if an instrument
 // cannot be made.
@@ -202,7 +203,7 @@ func steps(e engine.Event) stepsOf {
 	case engine.EventRejected:
 		return s
 	case engine.EventUnprotected:
-		// Without a key nothing was claimed; with WithFailOpen the Claim
+		// Without a key nothing was claimed; with Config.FailOpen the Claim
 		// failed with Err.
 		if e.Err == nil {
 			return s

@@ -81,7 +81,7 @@ const (
 // (the request under another key among them) are held for the window only;
 // the requests of the other checks, and the concurrent check's own
 // requests timed alone, are held for the window.
-// Behind a middleware that makes duplicates wait (server.WithWait), the
+// Behind a middleware that makes duplicates wait (engine.Config.Wait), the
 // handler runs for the whole window, and holds the duplicates as long:
 // there, newOverlap's window applies to every request.
 type overlap struct {
@@ -270,7 +270,7 @@ func TestHandlerInProcess(t *testing.T) {
 }
 
 func TestWaitingServerPasses(t *testing.T) {
-	// With WithWait, concurrent duplicates wait and get the replay
+	// With a Wait, concurrent duplicates wait and get the replay
 	// instead of 409: the first answer's delay shows that they waited.
 	store, err := memstore.New()
 	require.NoError(t, err)
@@ -303,7 +303,7 @@ func slowly(d time.Duration, h http.Handler) http.Handler {
 }
 
 // TestConcurrentSlowServerPasses: behind our middleware, an endpoint that
-// takes 250ms passes the concurrent check, by a 409 or, with WithWait, by
+// takes 250ms passes the concurrent check, by a 409 or, with a Wait, by
 // the duplicates' wait, without any help from the test (no overlap
 // wrapper).
 func TestConcurrentSlowServerPasses(t *testing.T) {

@@ -213,7 +213,7 @@ func TestAttackExtremeOptions(t *testing.T) {
 	})
 }
 
-// TestAttackWaitLongest: callers waiting with the largest WithWait get the
+// TestAttackWaitLongest: callers waiting with the largest Wait get the
 // holder's value once it returns.
 func TestAttackWaitLongest(t *testing.T) {
 	r := newRunner(t, teststores.Memory(t), once.WithConfig(engine.Config{Wait: math.MaxInt64}))

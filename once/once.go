@@ -313,7 +313,7 @@ func (d *door[T]) Execute(ctx context.Context) engine.Outcome {
 // after that context ended: the caller went away, or the lease was lost.
 // Such an error says nothing of the work, and stored it would be replayed to
 // the very retry that should run fn, so it releases the key whatever
-// WithStoreError says, unless fn marked it Permanent.
+// WithKeep says, unless fn marked it Permanent.
 func gaveUp(ctx context.Context, err error) bool {
 	return ctx.Err() != nil && (errors.Is(err, ctx.Err()) || errors.Is(err, context.Cause(ctx)))
 }

@@ -121,8 +121,3 @@ func TestRefuseAbandonedStoreFails(t *testing.T) {
 	assert.Zero(t, h.executions.Load())
 	assert.Equal(t, http.StatusConflict, post(t, srv.URL, "k", "x").status, "the key stays claimed")
 }
-
-func TestWithAbandonedInvalid(t *testing.T) {
-	_, err := server.New(newMem(t), server.WithConfig(engine.Config{Abandoned: engine.AbandonedPolicy(7)}))
-	assert.ErrorContains(t, err, "WithAbandoned")
-}

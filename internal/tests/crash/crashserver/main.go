@@ -20,8 +20,8 @@
 // killed is not run again: it gets the final "outcome unknown" answer
 // (engine.RefuseAbandoned).
 //
-// -ttl is the middleware's TTL (server.WithTTL) and -lease its lease
-// (server.WithLease); with -lease 0 the lease is the middleware's default:
+// -ttl is the middleware's TTL (engine.Config.TTL) and -lease its lease
+// (engine.Config.Lease); with -lease 0 the lease is the middleware's default:
 // a minute, or the TTL when that is shorter.
 //
 // With -takeover find, a run that took an order over from a killed holder
@@ -87,7 +87,7 @@ func main() {
 	takeover := flag.String("takeover", "rerun", "what a run that took an order over from a killed holder does: rerun, find (its order, first) or fail-once (answer 503 once, then find)")
 	step := flag.Duration("step", 5*time.Millisecond, "pause before each line")
 	after := flag.Duration("after", 10*time.Millisecond, "pause between the last write and the answer")
-	abandoned := flag.String("abandoned", "rerun", "what a retry after an abandoned lease gets: rerun or refuse (server.WithAbandoned)")
+	abandoned := flag.String("abandoned", "rerun", "what a retry after an abandoned lease gets: rerun or refuse (engine.Config.Abandoned)")
 	downURL := flag.String("downstream", "", "URL of the service that writes the orders; empty: write them here")
 	keys := flag.String("downstream-keys", "derived", "keys of the downstream calls: derived (from the incoming key) or random")
 	flag.Parse()

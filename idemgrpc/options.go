@@ -94,8 +94,8 @@ func WithMethods(fullMethods ...string) Option {
 // method, those refused before any claim included (EventRejected: a key
 // missing or malformed, a scope unusable, a streaming call with a key);
 // its Status is the gRPC code. For OpenTelemetry, give it
-// idemotel.ServerObserver(idemotel.WithGRPCStatus()), which reads Status as
-// a gRPC code (without that option it reads an HTTP status). For NewServer.
+// idemotel.GRPCServerObserver(), which reads Status as a gRPC code
+// (idemotel.ServerObserver reads an HTTP status). For NewServer.
 func WithConfig(cfg engine.Config) Option {
 	return serverOption("WithConfig", func(c *serverConfig) { c.eng = cfg })
 }

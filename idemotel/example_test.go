@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 
+	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
@@ -82,11 +83,11 @@ func Example() {
 			continue
 		}
 		for _, p := range sum.DataPoints {
-			outcome, ok := p.Attributes.Value(idemotel.OutcomeKey)
+			outcome, ok := p.Attributes.Value(attribute.Key("idempotency.outcome"))
 			if !ok {
 				continue
 			}
-			lines = append(lines, fmt.Sprintf("%s %s=%s: %d", m.Name, idemotel.OutcomeKey, outcome.AsString(), p.Value))
+			lines = append(lines, fmt.Sprintf("%s %s=%s: %d", m.Name, attribute.Key("idempotency.outcome"), outcome.AsString(), p.Value))
 		}
 	}
 	sort.Strings(lines)

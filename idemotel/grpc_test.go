@@ -14,13 +14,13 @@ import (
 	"github.com/idemkit/idempotency/idemotel"
 )
 
-// TestServerGRPCStatus: with WithGRPCStatus, an event's Status is read as a
+// TestServerGRPCStatus: GRPCServerObserver reads an event's Status as a
 // gRPC code: recorded by name as rpc.response.status_code, never as an HTTP
 // status; the server errors of the gRPC conventions set error.type and the
 // span's status; and a call without an answer gets no status, not OK.
 func TestServerGRPCStatus(t *testing.T) {
 	tm := newTelemetry(t)
-	observe, err := idemotel.ServerObserver(tm.options(idemotel.WithGRPCStatus())...)
+	observe, err := idemotel.GRPCServerObserver(tm.options()...)
 	require.NoError(t, err)
 	ctx := context.Background()
 	at := time.Now()
@@ -38,7 +38,7 @@ func TestServerGRPCStatus(t *testing.T) {
 	requests := tm.collect(t)["idempotency.server.requests"]
 	status := attribute.Key("rpc.response.status_code")
 	errType := attribute.Key("error.type")
-	outcome := idemotel.OutcomeKey
+	outcome := attribute.Key("idempotency.outcome")
 	assert.Equal(t, int64(1), sum(t, requests, outcome.String("executed"), status.String("OK")))
 	assert.Equal(t, int64(1), sum(t, requests, outcome.String("replayed"), status.String("ALREADY_EXISTS")))
 	assert.Equal(t, int64(1), sum(t, requests, outcome.String("in_flight"), status.String("ABORTED")))

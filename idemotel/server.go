@@ -55,16 +55,34 @@ type outcomeSet struct {
 
 type opSet struct{ op, errType string }
 
-// ServerObserver returns an observer for the middleware (the Observer of server.WithConfig, or of another
-// door's)
-// that records each event as metrics and spans; the package documentation
-// and the README list them. It fails on an invalid option, or if an instrument
-// cannot be made.
+// ServerObserver returns an observer for the HTTP middleware (the Observer
+// of the engine.Config given to server.WithConfig), or for the function
+// door (package once), that records each event as metrics and spans; the
+// package documentation and the README list them. An event's Status is an
+// HTTP status code, as those doors report it. It fails on an invalid
+// option, or if an instrument cannot be made.
 func ServerObserver(opts ...Option) (engine.Observer, error) {
+	return newServerObserver(opts, false)
+}
+
+// GRPCServerObserver is ServerObserver for the gRPC door (the Observer of
+// the engine.Config given to idemgrpc's WithConfig), whose events carry
+// the gRPC code they answered with: it is recorded as
+// rpc.response.status_code, by name ("OK", "ALREADY_EXISTS", ...), instead
+// of http.response.status_code, and error.type and the span's error status
+// follow the gRPC semantic conventions for a server (UNKNOWN,
+// DEADLINE_EXCEEDED, UNIMPLEMENTED, INTERNAL, UNAVAILABLE and DATA_LOSS are
+// errors).
+func GRPCServerObserver(opts ...Option) (engine.Observer, error) {
+	return newServerObserver(opts, true)
+}
+
+func newServerObserver(opts []Option, grpc bool) (engine.Observer, error) {
 	cfg, err := newConfig(opts)
 	if err != nil {
 		return nil, err
 	}
+	cfg.grpc = grpc
 	m := cfg.meter()
 	o := &serverObserver{cfg: cfg, tracer: cfg.tracer(), common: metric.WithAttributes(cfg.attrs...)}
 	var e error
@@ -124,7 +142,7 @@ func (o *serverObserver) observe(ctx context.Context, e engine.Event) {
 	s := steps(e)
 
 	attrs := func() []attribute.KeyValue {
-		a := append(o.attrs(3), OutcomeKey.String(e.Kind.String()))
+		a := append(o.attrs(3), outcomeKey.String(e.Kind.String()))
 		if o.cfg.grpc {
 			if answered(e) {
 				name := grpcCodeName(e.Status)
@@ -165,7 +183,7 @@ func (o *serverObserver) attrs(extra int) []attribute.KeyValue {
 
 func (o *serverObserver) recordStore(ctx context.Context, op string, d time.Duration, errType string) {
 	o.store.Record(ctx, d.Seconds(), o.ops.get(opSet{op, errType}, func() []attribute.KeyValue {
-		a := append(o.attrs(2), StoreOperationKey.String(op))
+		a := append(o.attrs(2), storeOperationKey.String(op))
 		if errType != "" {
 			a = append(a, errorKey.String(errType))
 		}
@@ -253,9 +271,6 @@ func (o *serverObserver) span(ctx context.Context, e engine.Event, s stepsOf, at
 		return
 	}
 	span.SetAttributes(attrs()...)
-	if o.cfg.withKey && e.Key != "" {
-		span.SetAttributes(KeyAttribute.String(e.Key))
-	}
 	at := e.Start
 	child := func(name string, d time.Duration, errType string) {
 		_, c := o.tracer.Start(ctx, name, trace.WithTimestamp(at), trace.WithSpanKind(trace.SpanKindInternal),

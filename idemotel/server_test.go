@@ -24,8 +24,8 @@ import (
 )
 
 var (
-	outcome = idemotel.OutcomeKey.String
-	op      = idemotel.StoreOperationKey.String
+	outcome = attribute.Key("idempotency.outcome").String
+	op      = attribute.Key("idempotency.store.operation").String
 )
 
 func status(code int) attribute.KeyValue  { return attribute.Int("http.response.status_code", code) }
@@ -244,8 +244,8 @@ func TestServerOutcomes(t *testing.T) {
 		if c.status != 0 {
 			assert.True(t, matches(attrs, []attribute.KeyValue{status(c.status)}), "%s: status %v", c.kind, s.Attributes())
 		}
-		_, hasKey := attrs.Value(idemotel.KeyAttribute)
-		assert.False(t, hasKey, "%s: the key without WithKeyAttribute", c.kind)
+		_, hasKey := attrs.Value(attribute.Key("idempotency.key"))
+		assert.False(t, hasKey, "%s: the key is never on a span", c.kind)
 		for _, child := range tm.spans.Ended() {
 			if child.Parent().SpanID() == s.SpanContext().SpanID() {
 				assert.False(t, child.StartTime().Before(s.StartTime()), "%s: %s starts before its parent", c.kind, child.Name())
@@ -261,15 +261,18 @@ func TestServerOutcomes(t *testing.T) {
 	}
 }
 
-// TestServerKeyAttribute: the key is on the spans only when asked for, and
-// never on the metrics.
-func TestServerKeyAttribute(t *testing.T) {
+// TestServerAttributes: WithAttributes goes on the spans and the metrics;
+// the key goes on neither.
+func TestServerAttributes(t *testing.T) {
 	tm := newTelemetry(t)
-	a := newAPI(t, tm, []idemotel.Option{idemotel.WithKeyAttribute(), idemotel.WithAttributes(attribute.String("api", "orders"))}, time.Second)
+	a := newAPI(t, tm, []idemotel.Option{idemotel.WithAttributes(attribute.String("api", "orders"))}, time.Second)
 	require.Equal(t, 201, a.post(t.Context(), "order-42", "x"))
 	a.final(t)
-	spans := tm.spansNamed("idempotency.request", idemotel.KeyAttribute.String("order-42"), attribute.String("api", "orders"))
+	spans := tm.spansNamed("idempotency.request", attribute.String("api", "orders"))
 	require.Len(t, spans, 1)
+	set := attribute.NewSet(spans[0].Attributes()...)
+	_, hasKey := set.Value(attribute.Key("idempotency.key"))
+	assert.False(t, hasKey, "the key is never on a span")
 	for name, m := range tm.collect(t) {
 		for _, set := range attributeSets(t, m) {
 			for _, kv := range set.ToSlice() {

@@ -24,7 +24,7 @@ func TestStoreSize(t *testing.T) {
 	mem, err := memstore.New()
 	require.NoError(t, err)
 	defer mem.Close()
-	reg, err := idemotel.RegisterStoreSize(idemotel.SizeOf(mem), tm.options(idemotel.WithAttributes(attribute.String("store", "memory")))...)
+	reg, err := idemotel.RegisterStoreSize(func(context.Context) (int64, int64, error) { return int64(mem.Len()), mem.Bytes(), nil }, tm.options(idemotel.WithAttributes(attribute.String("store", "memory")))...)
 	require.NoError(t, err)
 
 	m := tm.collect(t)

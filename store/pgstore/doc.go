@@ -84,10 +84,10 @@
 // schema (Schema returns the SQL; Migrate applies it under an advisory
 // lock), the sweep of expired records (Sweep, or WithSweeper's background
 // sweeper, stopped by Close), the queries that report how many records the
-// table holds and how many bytes they take (for metrics, such as an
-// idemotel.StoreSize), what errors mean, and, under "Operating it", what
-// to set on the server and in front of it (poolers, timeouts, read-only
-// servers, plans). In short: errors start with "pgstore:", an error
+// table holds and how many bytes they take (for metrics, such as the
+// function given to idemotel.RegisterStoreSize), what errors mean, and,
+// under "Operating it", what to set on the server and in front of it
+// (poolers, timeouts, read-only servers, plans). In short: errors start with "pgstore:", an error
 // wrapping engine.ErrLeaseLost means the token is not the record's current
 // one, one wrapping engine.ErrNotStorable that the response can never be
 // stored, and every other error is a store failure, which the middleware

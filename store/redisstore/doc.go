@@ -197,9 +197,10 @@
 //
 // What the middleware did with each request it tells its observer (the
 // Observer of engine.Config, given to a door with WithConfig). How many
-// records a Redis holds, and how many bytes they take, is a few commands, to run when the metrics are collected (from
-// an idemotel.StoreSize, for example), not by a poller of its own; and on
-// one instance, since the instances share the records. On a Redis, or a
+// records a Redis holds, and how many bytes they take, is a few commands,
+// to run when the metrics are collected (from the function given to
+// idemotel.RegisterStoreSize, for example), not by a poller of its own; and
+// on one instance, since the instances share the records. On a Redis, or a
 // database number, that holds only the Store's records:
 //
 //	DBSIZE

@@ -84,7 +84,9 @@ func run(ctx context.Context, c config, out io.Writer) (summary, error) {
 		return summary{}, err
 	}
 	defer store.Close()
-	reg, err := idemotel.RegisterStoreSize(idemotel.SizeOf(store), idemotel.WithMeterProvider(mp))
+	reg, err := idemotel.RegisterStoreSize(func(context.Context) (int64, int64, error) {
+		return int64(store.Len()), store.Bytes(), nil
+	}, idemotel.WithMeterProvider(mp))
 	if err != nil {
 		return summary{}, err
 	}

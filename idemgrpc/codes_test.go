@@ -12,6 +12,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -393,4 +394,47 @@ func TestObserverPanics(t *testing.T) {
 	if n := f.svc.eff.count("a"); n != 1 {
 		t.Errorf("executions = %d, want 1", n)
 	}
+}
+
+// TestKeep: WithKeep decides which error codes are kept: here NotFound is
+// released, so that the retry runs the handler again, and Unavailable,
+// released by default, is kept and replayed. A keep function that panics is
+// recovered, logged once, and the default decides.
+func TestKeep(t *testing.T) {
+	t.Run("chosen", func(t *testing.T) {
+		f := newFixture(t, fixtureOptions{store: teststores.Memory(t), serverOpts: []idemgrpc.Option{
+			idemgrpc.WithKeep(func(c codes.Code) bool { return c != codes.NotFound }),
+		}})
+		for i, req := range []*testgrpc.SimpleRequest{failing("nf", codes.NotFound, "gone"), failing("un", codes.Unavailable, "busy")} {
+			ctx := withKey(testContext(t), fmt.Sprintf("k-%d", i))
+			for range 2 {
+				if _, err := f.client().UnaryCall(ctx, req); status.Code(err) != codes.Code(req.GetResponseStatus().GetCode()) {
+					t.Fatalf("%v, want %v", err, codes.Code(req.GetResponseStatus().GetCode()))
+				}
+			}
+		}
+		if nf, un := f.svc.eff.count("nf"), f.svc.eff.count("un"); nf != 2 || un != 1 {
+			t.Errorf("executions = NotFound %d, Unavailable %d; want 2 (released), 1 (kept)", nf, un)
+		}
+	})
+	t.Run("panics", func(t *testing.T) {
+		var logs syncBuffer
+		f := newFixture(t, fixtureOptions{cfg: engine.Config{Logger: logTo(&logs)}, store: teststores.Memory(t), serverOpts: []idemgrpc.Option{
+			idemgrpc.WithKeep(func(codes.Code) bool { panic("keep") }),
+		}})
+		for i, req := range []*testgrpc.SimpleRequest{failing("nf", codes.NotFound, "gone"), failing("un", codes.Unavailable, "busy")} {
+			ctx := withKey(testContext(t), fmt.Sprintf("k-%d", i))
+			for range 2 {
+				if _, err := f.client().UnaryCall(ctx, req); status.Code(err) != codes.Code(req.GetResponseStatus().GetCode()) {
+					t.Fatalf("%v, want %v", err, codes.Code(req.GetResponseStatus().GetCode()))
+				}
+			}
+		}
+		if nf, un := f.svc.eff.count("nf"), f.svc.eff.count("un"); nf != 1 || un != 2 {
+			t.Errorf("executions = NotFound %d, Unavailable %d; want 1 (kept by default), 2 (released by default)", nf, un)
+		}
+		if n := strings.Count(logs.String(), "keep function panicked"); n != 1 {
+			t.Errorf("logged %d times, want once; log:\n%s", n, logs.String())
+		}
+	})
 }

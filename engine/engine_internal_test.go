@@ -26,11 +26,11 @@ func TestNewDefaults(t *testing.T) {
 		want Config
 	}{
 		{"zero", Config{},
-			Config{TTL: DefaultTTL, Lease: DefaultLease, StoreTimeout: DefaultStoreTimeout, RetryAfter: DefaultRetryAfter}},
+			Config{TTL: defaultTTL, Lease: defaultLease, StoreTimeout: defaultStoreTimeout, RetryAfter: defaultRetryAfter}},
 		{"a TTL shorter than the default lease is the lease", Config{TTL: 20 * time.Second},
-			Config{TTL: 20 * time.Second, Lease: 20 * time.Second, StoreTimeout: DefaultStoreTimeout, RetryAfter: DefaultRetryAfter}},
-		{"past MaxDuration is MaxDuration", Config{TTL: math.MaxInt64, Lease: math.MaxInt64},
-			Config{TTL: MaxDuration, Lease: MaxDuration, StoreTimeout: DefaultStoreTimeout, RetryAfter: DefaultRetryAfter}},
+			Config{TTL: 20 * time.Second, Lease: 20 * time.Second, StoreTimeout: defaultStoreTimeout, RetryAfter: defaultRetryAfter}},
+		{"past maxDuration is maxDuration", Config{TTL: math.MaxInt64, Lease: math.MaxInt64},
+			Config{TTL: maxDuration, Lease: maxDuration, StoreTimeout: defaultStoreTimeout, RetryAfter: defaultRetryAfter}},
 		{"kept as given",
 			Config{TTL: time.Hour, Lease: time.Second, StoreTimeout: time.Millisecond, Wait: time.Minute, RetryAfter: 3 * time.Second, Abandoned: RefuseAbandoned, FailOpen: true},
 			Config{TTL: time.Hour, Lease: time.Second, StoreTimeout: time.Millisecond, Wait: time.Minute, RetryAfter: 3 * time.Second, Abandoned: RefuseAbandoned, FailOpen: true}},

@@ -115,7 +115,7 @@ func (f funcStore) Extend(ctx context.Context, id engine.ID, token engine.Token,
 	return f().Extend(ctx, id, token, lease)
 }
 
-// TestNewAccepts: the bounds themselves, and durations past MaxDuration,
+// TestNewAccepts: the bounds themselves, and durations past a century,
 // are accepted; a Store of any kind that is not nil works.
 func TestNewAccepts(t *testing.T) {
 	store := &fakeStore{claims: []engine.Claim{fresh}}
@@ -124,7 +124,7 @@ func TestNewAccepts(t *testing.T) {
 		{TTL: engine.MinLease},
 		{TTL: engine.MinLease, Lease: engine.MinLease},
 		{TTL: time.Duration(1<<63 - 1), Lease: time.Duration(1<<63 - 1)},
-		{TTL: 2 * engine.MaxDuration},
+		{TTL: 200 * 365 * 24 * time.Hour},
 		{Abandoned: engine.RefuseAbandoned, Wait: time.Hour, RetryAfter: time.Nanosecond, StoreTimeout: time.Nanosecond, FailOpen: true},
 	} {
 		e, err := engine.New(store, cfg)

@@ -119,7 +119,7 @@ func TestDurationExtremes(t *testing.T) {
 		{name: "store timeout forever", opts: []server.Option{server.WithConfig(engine.Config{StoreTimeout: forever})}, retryAfter: "1"},
 		{name: "Retry-After of 1ns", opts: []server.Option{server.WithConfig(engine.Config{RetryAfter: time.Nanosecond})}, retryAfter: "1"},
 		{name: "Retry-After forever", opts: []server.Option{server.WithConfig(engine.Config{RetryAfter: forever, Lease: forever, TTL: forever})},
-			// The lease is taken as 100 years (engine.MaxDuration), and a
+			// The lease is taken as 100 years (the engine's largest duration), and a
 			// 409's Retry-After is never longer than the lease has left.
 			retryAfter: strconv.FormatInt(int64(100*365*24*time.Hour/time.Second), 10)},
 	} {

@@ -51,7 +51,7 @@ type config struct {
 // sender:
 //
 //   - TTL 0 is the sender's TTL (Sender.TTL), which outlasts its retries,
-//     not engine.DefaultTTL.
+//     not the engine's 24 h.
 //   - Wait 0 is the sender's wait (Sender.Wait), below its deadline. A
 //     negative Wait disables waiting: a duplicate that arrives while the
 //     original runs is answered 503 with Retry-After at once, and the

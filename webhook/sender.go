@@ -56,7 +56,7 @@ type Sender struct {
 	// TTL is how long a delivery's record is kept, when the receiver's
 	// engine.Config.TTL is 0: at least as long as the sender goes on
 	// retrying, so that a late retry is still known. 0 is
-	// engine.DefaultTTL.
+	// the engine's default, 24 h.
 	TTL time.Duration
 	// Wait is how long a duplicate that arrives while the original runs
 	// waits for its answer, when the receiver's engine.Config.Wait is 0:

@@ -208,7 +208,7 @@ func resolveFlags(fs *flag.FlagSet, c *command, ra *resolveArgs) {
 	fs.StringVar(&ra.body, "body", "", "the response body, as `text`")
 	fs.StringVar(&ra.bodyFile, "body-file", "", "read the response body from `file` (- for standard input)")
 	fs.Var(&ra.headers, "header", "a response header, 'Name: value' (repeatable); not "+engine.HeaderOutcome+", which marks the middleware's own \"outcome unknown\" answer")
-	fs.DurationVar(&c.ttl, "ttl", engine.DefaultTTL, "how long the record is kept, and replayed")
+	fs.DurationVar(&c.ttl, "ttl", 24*time.Hour, "how long the record is kept, and replayed")
 }
 
 // settleFlags are the flags of the commands that change a record.

@@ -95,7 +95,7 @@ type Config struct {
 	ResumeAfter time.Duration
 	Settle      time.Duration
 
-	// Lease is the middleware's lease: engine.DefaultLease when 0.
+	// Lease is the middleware's lease: the engine's default (1 min) when 0.
 	Lease time.Duration
 
 	// ClientOptions come after the run's own (the HTTP client and the

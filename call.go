@@ -21,9 +21,11 @@ type call struct {
 	ctx context.Context // the caller's
 
 	cfg          *config
+	d            dialect
 	method       string
 	url          *url.URL
 	key          string
+	wire         string    // the key as sent
 	keyValue     [1]string // the header's value, when the Client sets it
 	retryable    bool      // idempotent method or keyed
 	viaTransport bool
@@ -36,9 +38,15 @@ type call struct {
 	wait     time.Duration
 	stopped  error
 	kind     EventKind    // what followed the last attempt
-	answer   answerKind   // what the last response's problem document says
-	honour   KeyHonour    // what the returned response tells of the key
 	obs      *observation // for the observer, if there is one
+
+	// What the last response says of the key.
+	final        error // the server's final answer, if it is one
+	replayed     bool
+	acked        bool // an answer about the key
+	inFlight     bool // the dialect's in-flight answer: retried
+	inFlightWait time.Duration
+	honoured     bool // of the returned response
 
 	clone http.Request // the request of the first attempt
 	first attemptCtx   // the context of the first attempt
@@ -158,9 +166,9 @@ func (c *call) decide(resp *http.Response, err error) bool {
 		// Before the problem document is read: Took ends at the headers.
 		c.obs.record(c, resp, err)
 	}
-	c.answer = answerNone
-	if err == nil && resp != nil {
-		c.answer = readAnswer(resp, c.drainBound())
+	c.readAnswer(resp, err)
+	if c.obs != nil {
+		c.obs.replayed = c.replayed
 	}
 	transient, refused := c.transient(resp, err)
 	if c.ctx.Err() != nil {
@@ -170,7 +178,7 @@ func (c *call) decide(resp *http.Response, err error) bool {
 		if err == nil && !transient && refused == nil {
 			// An answer that needed no retry anyway.
 			c.kind = EventCompleted
-			c.stopped = finalAnswer(c.answer)
+			c.stopped = c.final
 		}
 		return false
 	}
@@ -184,7 +192,7 @@ func (c *call) decide(resp *http.Response, err error) bool {
 		c.kind = EventFailed
 		if err == nil {
 			c.kind = EventCompleted
-			c.stopped = finalAnswer(c.answer)
+			c.stopped = c.final
 			cfg.budget.succeeded(c.attempts, c.spent)
 		}
 		return false
@@ -205,14 +213,33 @@ func (c *call) decide(resp *http.Response, err error) bool {
 	return true
 }
 
+// readAnswer reads what the response of an attempt says of its key, as
+// the call's dialect does.
+func (c *call) readAnswer(resp *http.Response, err error) {
+	c.final, c.replayed, c.acked, c.inFlight, c.inFlightWait = nil, false, false, false, 0
+	if err != nil || resp == nil {
+		return
+	}
+	if c.d.answer != nil {
+		c.readVendor(resp)
+		return
+	}
+	c.final = finalAnswer(readAnswer(resp, c.drainBound()))
+	c.replayed = replayedDefault(resp.Header)
+	c.acked = c.final != nil
+}
+
 // transient reports whether the result of an attempt is one that another
-// attempt may change: never a final answer of the server; else what the
-// server's retry hint says, if it gives one; else what the policy says.
-// When the hint alone stops a result that the policy would retry, refused
-// says so.
+// attempt may change: never a final answer of the server; always the
+// dialect's in-flight answer; else what the server's retry hint says, if it
+// gives one; else what the policy says. When the hint alone stops a result
+// that the policy would retry, refused says so.
 func (c *call) transient(resp *http.Response, err error) (transient bool, refused error) {
-	if finalAnswer(c.answer) != nil {
+	if c.final != nil {
 		return false, nil
+	}
+	if c.inFlight {
+		return true, nil
 	}
 	// Only an error status: no hint makes a success retried.
 	if err == nil && resp != nil && resp.StatusCode >= 400 {
@@ -242,6 +269,11 @@ func (c *call) prepare(resp *http.Response, err error) (time.Duration, error) {
 	wait, ok := time.Duration(0), false
 	if resp != nil {
 		wait, ok = retryAfter(resp.Header, time.Now(), cfg.maxRetryAfter)
+	}
+	if !ok && c.inFlightWait > 0 && cfg.maxRetryAfter > 0 {
+		// The API's own wait for an answer in flight, within the limit on
+		// what a server can ask for.
+		wait, ok = min(c.inFlightWait, cfg.maxRetryAfter), true
 	}
 	if !ok {
 		wait = backoff(c.attempts-1, cfg.baseDelay, cfg.maxDelay, cfg.rand)

@@ -58,8 +58,8 @@ func ExampleClient_Do() {
 // response.
 func ExampleOutcomeOf() {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get(idempotency.HeaderKey) == "order-2026-0042" {
-			w.Header().Set(idempotency.HeaderReplayed, "true")
+		if r.Header.Get(hdrKey) == "order-2026-0042" {
+			w.Header().Set(hdrReplayed, "true")
 		}
 		w.WriteHeader(http.StatusCreated)
 	}))
@@ -86,7 +86,7 @@ func ExampleOutcomeOf() {
 // A Client behind an API client that takes an *http.Client.
 func ExampleClient_StandardClient() {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprint(w, len(r.Header.Get(idempotency.HeaderKey)))
+		fmt.Fprint(w, len(r.Header.Get(hdrKey)))
 	}))
 	defer srv.Close()
 
@@ -129,7 +129,7 @@ func ExampleWithObserver() {
 	c, err := idempotency.NewClient(
 		idempotency.WithHTTPClient(srv.Client()),
 		idempotency.WithObserver(func(_ context.Context, e idempotency.Event) {
-			fmt.Println(e.Attempt, e.Kind, e.Result, e.StatusCode, "budget", e.Budget)
+			fmt.Println(e.Attempt, e.Kind, e.StatusCode, "budget", e.Budget)
 		}),
 	)
 	if err != nil {
@@ -145,8 +145,8 @@ func ExampleWithObserver() {
 	o, _ := idempotency.OutcomeOf(resp)
 	fmt.Println("outcome:", o.Kind)
 	// Output:
-	// 1 retried response 503 budget 495
-	// 2 completed response 201 budget 500
+	// 1 retried 503 budget 495
+	// 2 completed 201 budget 500
 	// outcome: completed
 }
 
@@ -156,13 +156,13 @@ func ExampleNewClient_invalidOptions() {
 	_, err := idempotency.NewClient(
 		idempotency.WithMaxAttempts(0),
 		nil,
-		idempotency.WithBudget(nil),
+		idempotency.WithDialect(nil),
 		idempotency.WithMethods("post", ""),
 	)
 	fmt.Println(err)
 	// Output:
 	// idempotency: max attempts 0 is below 1
 	// idempotency: option 1 is nil
-	// idempotency: WithBudget needs a Budget (WithoutBudget turns the budget off)
+	// idempotency: WithDialect needs a function
 	// idempotency: WithMethods needs method names, not an empty one
 }

@@ -167,8 +167,6 @@ func retryAfter(h http.Header, now time.Time, limit time.Duration) (time.Duratio
 // answerKind is what the problem document of a response says about its key.
 type answerKind = hint.Answer
 
-const answerNone = hint.None
-
 // readAnswer reads the problem document of a 409 or a 422 response, within
 // bound, and leaves its body whole for the caller.
 func readAnswer(resp *http.Response, bound time.Duration) answerKind {

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -165,4 +166,49 @@ func ExampleNewClient_invalidOptions() {
 	// idempotency: option 1 is nil
 	// idempotency: WithDialect needs a function
 	// idempotency: WithMethods needs method names, not an empty one
+}
+
+// An API with a dialect of its own: the key in X-Request-Key, as the IETF
+// draft's quoted string, and a replay said with X-Replayed: yes. Requests
+// to other hosts keep this module's own dialect.
+func ExampleWithDialect() {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Println("key sent quoted:", strings.HasPrefix(r.Header.Get("X-Request-Key"), `"`))
+		w.Header().Set("X-Replayed", "yes")
+		w.WriteHeader(http.StatusOK)
+	}))
+	defer srv.Close()
+
+	client, err := idempotency.NewClient(
+		idempotency.WithHTTPClient(srv.Client()),
+		idempotency.WithDialect(func(req *http.Request) idempotency.Dialect {
+			if req.URL.Host != strings.TrimPrefix(srv.URL, "http://") {
+				return idempotency.Dialect{}
+			}
+			return idempotency.Dialect{
+				Header: "X-Request-Key",
+				Key:    func(key string) (string, error) { return strconv.Quote(key), nil },
+				Answer: func(resp *http.Response, _ []byte) (idempotency.EventKind, time.Duration, error) {
+					if resp.Header.Get("X-Replayed") == "yes" {
+						return idempotency.EventReplayed, 0, nil
+					}
+					return 0, 0, nil
+				},
+			}
+		}))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	resp, err := client.Post(context.Background(), srv.URL+"/orders", "application/json", strings.NewReader(`{}`))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	resp.Body.Close()
+	out, _ := idempotency.OutcomeOf(resp)
+	fmt.Println("replayed:", out.Replayed)
+	// Output:
+	// key sent quoted: true
+	// replayed: true
 }

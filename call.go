@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"net/url"
 	"time"
+
+	"github.com/idemkit/idempotency/internal/hint"
 )
 
 // Bounds of the drain of a response body that is discarded before a retry.
@@ -21,14 +23,20 @@ type call struct {
 	ctx context.Context // the caller's
 
 	cfg          *config
-	d            dialect
+	d            *dialect
 	method       string
 	url          *url.URL
 	key          string
-	wire         string    // the key as sent
 	keyValue     [1]string // the header's value, when the Client sets it
 	retryable    bool      // idempotent method or keyed
 	viaTransport bool
+
+	// What the last response says of the key.
+	final    answerKind // the server's final answer, if it is one
+	replayed bool
+	acked    bool // an answer about the key
+	inFlight bool // the dialect's in-flight answer: retried
+	honoured bool // of the returned response
 
 	body     replay
 	nextBody io.ReadCloser // the next attempt's, made by prepare
@@ -40,13 +48,7 @@ type call struct {
 	kind     EventKind    // what followed the last attempt
 	obs      *observation // for the observer, if there is one
 
-	// What the last response says of the key.
-	final        error // the server's final answer, if it is one
-	replayed     bool
-	acked        bool // an answer about the key
-	inFlight     bool // the dialect's in-flight answer: retried
-	inFlightWait time.Duration
-	honoured     bool // of the returned response
+	inFlightWait time.Duration // the dialect's wait after its in-flight answer
 
 	clone http.Request // the request of the first attempt
 	first attemptCtx   // the context of the first attempt
@@ -178,7 +180,7 @@ func (c *call) decide(resp *http.Response, err error) bool {
 		if err == nil && !transient && refused == nil {
 			// An answer that needed no retry anyway.
 			c.kind = EventCompleted
-			c.stopped = c.final
+			c.stopped = finalAnswer(c.final)
 		}
 		return false
 	}
@@ -192,7 +194,7 @@ func (c *call) decide(resp *http.Response, err error) bool {
 		c.kind = EventFailed
 		if err == nil {
 			c.kind = EventCompleted
-			c.stopped = c.final
+			c.stopped = finalAnswer(c.final)
 			cfg.budget.succeeded(c.attempts, c.spent)
 		}
 		return false
@@ -216,7 +218,7 @@ func (c *call) decide(resp *http.Response, err error) bool {
 // readAnswer reads what the response of an attempt says of its key, as
 // the call's dialect does.
 func (c *call) readAnswer(resp *http.Response, err error) {
-	c.final, c.replayed, c.acked, c.inFlight, c.inFlightWait = nil, false, false, false, 0
+	c.final, c.replayed, c.acked, c.inFlight, c.inFlightWait = hint.None, false, false, false, 0
 	if err != nil || resp == nil {
 		return
 	}
@@ -224,9 +226,12 @@ func (c *call) readAnswer(resp *http.Response, err error) {
 		c.readVendor(resp)
 		return
 	}
-	c.final = finalAnswer(readAnswer(resp, c.drainBound()))
+	c.final = readAnswer(resp, c.drainBound())
+	if finalAnswer(c.final) == nil {
+		c.final = hint.None
+	}
 	c.replayed = replayedDefault(resp.Header)
-	c.acked = c.final != nil
+	c.acked = c.final != hint.None
 }
 
 // transient reports whether the result of an attempt is one that another
@@ -235,7 +240,7 @@ func (c *call) readAnswer(resp *http.Response, err error) {
 // gives one; else what the policy says. When the hint alone stops a result
 // that the policy would retry, refused says so.
 func (c *call) transient(resp *http.Response, err error) (transient bool, refused error) {
-	if c.final != nil {
+	if c.final != hint.None {
 		return false, nil
 	}
 	if c.inFlight {

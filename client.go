@@ -153,7 +153,7 @@ func (cfg *config) do(req *http.Request, hc *http.Client, viaTransport bool) (*h
 		closeBody(req)
 		return nil, fmt.Errorf("idempotency: %w", err)
 	}
-	k, err := cfg.keyFor(req, method, &d)
+	k, err := cfg.keyFor(req, method, d)
 	if err != nil {
 		closeBody(req)
 		return nil, fmt.Errorf("idempotency: %w", err)
@@ -166,7 +166,6 @@ func (cfg *config) do(req *http.Request, hc *http.Client, viaTransport bool) (*h
 		method:       method,
 		url:          req.URL,
 		key:          k.key,
-		wire:         k.wire,
 		retryable:    k.key != "" || idempotent(method),
 		viaTransport: viaTransport,
 	}

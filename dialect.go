@@ -10,6 +10,7 @@ import (
 	"net/textproto"
 	"time"
 
+	"github.com/idemkit/idempotency/internal/hint"
 	"github.com/idemkit/idempotency/internal/keyfield"
 )
 
@@ -92,15 +93,16 @@ type dialect struct {
 	answer func(*http.Response, []byte) (EventKind, time.Duration, error)
 }
 
-// defaultDialect is the zero Dialect's.
-var defaultDialect = dialect{header: "Idempotency-Key"}
+// defaultDialect is the zero Dialect's. It is never modified: calls
+// share it.
+var defaultDialect = &dialect{header: "Idempotency-Key"}
 
-func (d Dialect) resolve() dialect {
+func (d Dialect) resolve() *dialect {
 	if d.Header == "" {
 		d.Header = defaultDialect.header
 	}
 	h := textproto.CanonicalMIMEHeaderKey(d.Header)
-	return dialect{header: h, oasis: h == oasisRequestID, key: d.Key, answer: d.Answer}
+	return &dialect{header: h, oasis: h == oasisRequestID, key: d.Key, answer: d.Answer}
 }
 
 // WithDialect makes the Client speak, to the destination of each request,
@@ -132,7 +134,7 @@ func WithDialect(choose func(req *http.Request) Dialect) Option {
 }
 
 // dialectFor returns the dialect of req.
-func (cfg *config) dialectFor(req *http.Request) (d dialect, err error) {
+func (cfg *config) dialectFor(req *http.Request) (d *dialect, err error) {
 	if cfg.choose == nil {
 		return defaultDialect, nil
 	}
@@ -144,7 +146,7 @@ func (cfg *config) dialectFor(req *http.Request) (d dialect, err error) {
 	}()
 	dd := cfg.choose(req)
 	if !validHeaderName(dd.Header) {
-		return dialect{}, fmt.Errorf("%w: dialect header %q is not a header name", ErrInvalidKey, dd.Header)
+		return nil, fmt.Errorf("%w: dialect header %q is not a header name", ErrInvalidKey, dd.Header)
 	}
 	return dd.resolve(), nil
 }
@@ -215,12 +217,9 @@ func (c *call) readVendor(resp *http.Response) {
 		c.acked, c.inFlight, c.inFlightWait = true, true, max(wait, 0)
 	}
 	if errors.Is(final, ErrKeyMismatch) {
-		c.final, c.acked = ErrKeyMismatch, true
+		c.final, c.acked, c.inFlight = hint.KeyMismatch, true, false
 	} else if errors.Is(final, ErrOutcomeUnknown) {
-		c.final, c.acked = ErrOutcomeUnknown, true
-	}
-	if c.final != nil {
-		c.inFlight = false
+		c.final, c.acked, c.inFlight = hint.OutcomeUnknown, true, false
 	}
 }
 

@@ -14,7 +14,7 @@ func (c *call) checkHonoured(resp *http.Response) {
 	if c.key == "" {
 		return
 	}
-	if c.acked || c.replayed || echoes(resp.Header[c.d.header], c.key, c.wire) {
+	if c.acked || c.replayed || echoes(resp.Header[c.d.header], c.key, c.keyValue[0]) {
 		c.honoured = true
 		return
 	}
@@ -35,7 +35,7 @@ func echoes(values []string, key, wire string) bool {
 	if len(values) != 1 {
 		return false
 	}
-	if values[0] == key || values[0] == wire {
+	if values[0] == key || wire != "" && values[0] == wire {
 		return true
 	}
 	got, err := keyfield.Parse(values[0])

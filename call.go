@@ -230,7 +230,7 @@ func (c *call) readAnswer(resp *http.Response, err error) {
 	if finalAnswer(c.final) == nil {
 		c.final = hint.None
 	}
-	c.replayed = replayedDefault(resp.Header)
+	c.replayed = replayedDefault(c.d, resp.Header)
 	c.acked = c.final != hint.None
 }
 

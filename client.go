@@ -181,7 +181,7 @@ func (cfg *config) do(req *http.Request, hc *http.Client, viaTransport bool) (*h
 		clone.Header = cloneWith(req.Header, d.header, c.keyValue[:])
 	}
 	if d.oasis && k.key != "" {
-		setFirstSent(clone, req.Header, k)
+		setFirstSent(clone, req, k)
 	}
 	if err := c.body.prepare(req, clone, cfg.maxBuffered); err != nil {
 		return nil, fmt.Errorf("idempotency: %w", err)
@@ -191,11 +191,10 @@ func (cfg *config) do(req *http.Request, hc *http.Client, viaTransport bool) (*h
 
 // requestKey is the key of a request, as keyFor finds or makes it.
 type requestKey struct {
-	key       string    // the operation's key; "" for none
-	wire      string    // as sent, in the dialect's form
-	set       bool      // the Client sets the header to wire
-	caller    bool      // the key is in the caller's header
-	firstSent time.Time // from ContextWithKey, if it gave one
+	key    string // the operation's key; "" for none
+	wire   string // as sent, in the dialect's form
+	set    bool   // the Client sets the header to wire
+	caller bool   // the key is in the caller's header
 }
 
 // keyFor returns the request's key and, if the Client must set it in the
@@ -228,7 +227,7 @@ func (cfg *config) keyFor(req *http.Request, method string, d *dialect) (request
 		if err := keyfield.Validate(v.key); err != nil {
 			return requestKey{}, fmt.Errorf("%w: %w", ErrInvalidKey, err)
 		}
-		k.key, k.firstSent = v.key, v.firstSent
+		k.key = v.key
 	} else if key, ok := cfg.derivedKeyFor(req, method); ok {
 		k.key = key
 	} else {
@@ -247,10 +246,10 @@ func (cfg *config) keyFor(req *http.Request, method string, d *dialect) (request
 // Repeatability-First-Sent of OASIS Repeatable Requests, fixed for all its
 // attempts: the caller's, if the caller's header has the key and one;
 // else the time that ContextWithKey carried, or now.
-func setFirstSent(clone *http.Request, h http.Header, k requestKey) {
+func setFirstSent(clone, req *http.Request, k requestKey) {
 	var v []string
 	if k.caller {
-		if value, n, respelled := callerKey(h, oasisFirstSent); n > 0 {
+		if value, n, respelled := callerKey(req.Header, oasisFirstSent); n > 0 {
 			if !respelled {
 				return
 			}
@@ -258,7 +257,12 @@ func setFirstSent(clone *http.Request, h http.Header, k requestKey) {
 		}
 	}
 	if v == nil {
-		t := k.firstSent
+		var t time.Time
+		if !k.caller {
+			if ck, ok := keyFromContext(req.Context()); ok {
+				t = ck.firstSent
+			}
+		}
 		if t.IsZero() {
 			t = time.Now()
 		}

@@ -18,11 +18,13 @@ import (
 // them, the form a key must have there, and what its responses say about a
 // key. The zero Dialect is this module's own, which package server speaks:
 // the key in Idempotency-Key, bare (not quoted), up to 255 printable ASCII
-// characters; a replay marked Idempotent-Replayed: true (or one of the
-// markers of other APIs: X-Idempotency-Status: replayed,
-// Request-Idempotency: true, X-Idempotency-Replayed: true); the final
-// answers and the in-flight 409 read from package server's problem
-// documents (ErrKeyMismatch, ErrOutcomeUnknown, DefaultPolicy).
+// characters; a replay marked Idempotent-Replayed: true (as Stripe marks
+// it); the final answers and the in-flight 409 read from package server's
+// problem documents (ErrKeyMismatch, ErrOutcomeUnknown, DefaultPolicy). A
+// Dialect with a key header of its own and no Answer reads, besides, the
+// replay markers of the APIs that use other headers:
+// X-Idempotency-Status: replayed, Request-Idempotency: true and
+// X-Idempotency-Replayed: true.
 //
 // A Client speaks the zero Dialect to every server unless WithDialect
 // chooses another for a request, such as those of package vendors, which
@@ -89,6 +91,7 @@ const maxWireKey = 1 << 10
 type dialect struct {
 	header string // canonical
 	oasis  bool
+	others bool // reads the replay markers of other APIs
 	key    func(string) (string, error)
 	answer func(*http.Response, []byte) (EventKind, time.Duration, error)
 }
@@ -102,7 +105,7 @@ func (d Dialect) resolve() *dialect {
 		d.Header = defaultDialect.header
 	}
 	h := textproto.CanonicalMIMEHeaderKey(d.Header)
-	return &dialect{header: h, oasis: h == oasisRequestID, key: d.Key, answer: d.Answer}
+	return &dialect{header: h, oasis: h == oasisRequestID, others: h != defaultDialect.header, key: d.Key, answer: d.Answer}
 }
 
 // WithDialect makes the Client speak, to the destination of each request,

@@ -58,13 +58,17 @@ const (
 )
 
 // replayedDefault reports whether h, a response's header, has a replay
-// marker of the zero Dialect. The names are canonical already: no need for
+// marker that d reads without an Answer of its own: Idempotent-Replayed,
+// and for a Dialect whose key header is not Idempotency-Key the markers of
+// the other APIs too. The names are canonical already: no need for
 // Header.Get to make them so.
-func replayedDefault(h http.Header) bool {
-	return isMarker(h[markerReplayed], markerValueTrue) ||
-		isMarker(h[markerStatus], markerValueReplayed) ||
+func replayedDefault(d *dialect, h http.Header) bool {
+	if isMarker(h[markerReplayed], markerValueTrue) {
+		return true
+	}
+	return d.others && (isMarker(h[markerStatus], markerValueReplayed) ||
 		isMarker(h[markerPPRO], markerValueTrue) ||
-		isMarker(h[markerXReplayed], markerValueTrue)
+		isMarker(h[markerXReplayed], markerValueTrue))
 }
 
 func isMarker(vs []string, want string) bool {

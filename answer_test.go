@@ -107,41 +107,41 @@ func (w *teeWriter) Write(p []byte) (int, error) {
 	return w.ResponseWriter.Write(p)
 }
 
-// TestInFlight: InFlight on responses that did not come through a Client.
-func TestInFlight(t *testing.T) {
-	assert.False(t, idempotency.InFlight(nil))
-	assert.True(t, idempotency.InFlight(&http.Response{StatusCode: 409, Header: http.Header{"Retry-After": {"1"}}}))
-	assert.False(t, idempotency.InFlight(&http.Response{StatusCode: 409, Header: http.Header{}}))
-	assert.False(t, idempotency.InFlight(&http.Response{StatusCode: 503, Header: http.Header{"Retry-After": {"1"}}}))
+// TestPolicyInFlight: DefaultPolicy on 409s that did not come through a
+// Client.
+func TestPolicyInFlight(t *testing.T) {
+	assert.True(t, idempotency.DefaultPolicy(&http.Response{StatusCode: 409, Header: http.Header{"Retry-After": {"1"}}}, nil))
+	assert.False(t, idempotency.DefaultPolicy(&http.Response{StatusCode: 409, Header: http.Header{}}, nil))
 }
 
-// TestHonour: what Outcome.Honour says of the key, and the warning about a
+// TestHonour: what Outcome.Honoured says of the key, and the warning about a
 // server that may not honour keys.
 func TestHonour(t *testing.T) {
 	echo := func(code int) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) {
-			w.Header().Set(idempotency.HeaderKey, r.Header.Get(idempotency.HeaderKey))
+			w.Header().Set(hdrKey, r.Header.Get(hdrKey))
 			w.WriteHeader(code)
 		}
 	}
 	quotedEcho := func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set(idempotency.HeaderKey, `"`+r.Header.Get(idempotency.HeaderKey)+`"`)
+		w.Header().Set(hdrKey, `"`+r.Header.Get(hdrKey)+`"`)
 		w.WriteHeader(http.StatusCreated)
 	}
 	tests := []struct {
 		name  string
 		steps []http.HandlerFunc
 		get   bool
-		want  idempotency.KeyHonour
+		want  bool // Honoured
+		warn  bool
 	}{
-		{"echoed", []http.HandlerFunc{echo(201)}, false, idempotency.Honoured},
-		{"echoed as a string", []http.HandlerFunc{quotedEcho}, false, idempotency.Honoured},
-		{"echoed after a retry", []http.HandlerFunc{lost, echo(201)}, false, idempotency.Honoured},
-		{"replayed", []http.HandlerFunc{lost, status(201, idempotency.HeaderReplayed, "true")}, false, idempotency.Honoured},
-		{"first attempt, no echo", []http.HandlerFunc{status(201)}, false, idempotency.HonourUnknown},
-		{"retried, no echo", []http.HandlerFunc{lost, status(201)}, false, idempotency.MayNotHonour},
-		{"another key echoed", []http.HandlerFunc{lost, status(201, idempotency.HeaderKey, "other")}, false, idempotency.MayNotHonour},
-		{"no key", []http.HandlerFunc{lost, status(200)}, true, idempotency.HonourUnknown},
+		{"echoed", []http.HandlerFunc{echo(201)}, false, true, false},
+		{"echoed as a string", []http.HandlerFunc{quotedEcho}, false, true, false},
+		{"echoed after a retry", []http.HandlerFunc{lost, echo(201)}, false, true, false},
+		{"replayed", []http.HandlerFunc{lost, status(201, hdrReplayed, "true")}, false, true, false},
+		{"first attempt, no echo", []http.HandlerFunc{status(201)}, false, false, false},
+		{"retried, no echo", []http.HandlerFunc{lost, status(201)}, false, false, true},
+		{"another key echoed", []http.HandlerFunc{lost, status(201, hdrKey, "other")}, false, false, true},
+		{"no key", []http.HandlerFunc{lost, status(200)}, true, false, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -157,9 +157,9 @@ func TestHonour(t *testing.T) {
 			resp, err := c.Do(req)
 			require.NoError(t, err)
 			resp.Body.Close()
-			assert.Equal(t, tt.want, outcome(t, resp).Honour, "Honour")
+			assert.Equal(t, tt.want, outcome(t, resp).Honoured, "Honoured")
 			warned := strings.Count(logged.String(), "may not honour")
-			if tt.want == idempotency.MayNotHonour {
+			if tt.warn {
 				assert.Equal(t, 1, warned, "warnings:\n%s", logged.String())
 			} else {
 				assert.Zero(t, warned, "warnings:\n%s", logged.String())
@@ -177,7 +177,7 @@ func TestHonour(t *testing.T) {
 			resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
 			require.NoError(t, err)
 			resp.Body.Close()
-			assert.Equal(t, idempotency.MayNotHonour, outcome(t, resp).Honour)
+			assert.False(t, outcome(t, resp).Honoured, "Honoured")
 		}
 		assert.Equal(t, 1, strings.Count(logged.String(), "may not honour"), "warnings:\n%s", logged.String())
 	})
@@ -204,12 +204,6 @@ func TestPolicyPanics(t *testing.T) {
 	assert.Contains(t, logged.String(), "policy bug")
 }
 
-func TestKeyHonourString(t *testing.T) {
-	assert.Equal(t, "honoured", idempotency.Honoured.String())
-	assert.Equal(t, "may_not_honour", idempotency.MayNotHonour.String())
-	assert.Equal(t, "unknown", idempotency.HonourUnknown.String())
-}
-
 // TestRetryObserverPanics: an observer that panics on a retry does not stop
 // the retry.
 func TestRetryObserverPanics(t *testing.T) {
@@ -228,15 +222,17 @@ func TestRetryObserverPanics(t *testing.T) {
 	assert.Contains(t, logged.String(), "hook bug")
 }
 
-// TestKeyFuncPanics: a key function that panics fails the call before any
-// attempt, and closes the request body.
-func TestKeyFuncPanics(t *testing.T) {
+// TestDialectKeyPanics: a dialect's key function that panics fails the call
+// before any attempt, and closes the request body.
+func TestDialectKeyPanics(t *testing.T) {
 	s := newScript(status(http.StatusCreated))
 	srv := newServer(t, s)
 	var logged bytes.Buffer
 	c := newClient(t, srv,
 		idempotency.WithLogger(slog.New(slog.NewTextHandler(&logged, nil))),
-		idempotency.WithKeyFunc(func() (string, error) { panic("key bug") }),
+		idempotency.WithDialect(func(*http.Request) idempotency.Dialect {
+			return idempotency.Dialect{Key: func(string) (string, error) { panic("key bug") }}
+		}),
 	)
 	body := &closeTracker{Reader: strings.NewReader("x")}
 	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL, body)
@@ -247,4 +243,30 @@ func TestKeyFuncPanics(t *testing.T) {
 	assert.True(t, body.closed.Load(), "request body closed")
 	assert.Zero(t, s.hits.Load(), "server hits")
 	assert.Contains(t, logged.String(), "recovered a panic")
+}
+
+// TestOtherAPIsReplayMarkers: a Dialect with a key header of its own and no
+// Answer reads the replay markers of the APIs that use other headers
+// (Integrated Finance, PPRO, fiskaly); the zero Dialect reads only its own.
+func TestOtherAPIsReplayMarkers(t *testing.T) {
+	for _, m := range [][2]string{
+		{"X-Idempotency-Status", "replayed"},
+		{"Request-Idempotency", "true"},
+		{"X-Idempotency-Replayed", `"true"`},
+		{"Idempotent-Replayed", "true"},
+	} {
+		srv := newServer(t, newScript(status(201, m[0], m[1])))
+		other := newClient(t, srv, idempotency.WithDialect(func(*http.Request) idempotency.Dialect {
+			return idempotency.Dialect{Header: "X-Idempotency-Key"}
+		}))
+		resp, err := other.Do(post(t, t.Context(), srv.URL, "x"))
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.True(t, outcome(t, resp).Replayed, "%s: %s, another API's dialect", m[0], m[1])
+
+		resp, err = newClient(t, srv).Do(post(t, t.Context(), srv.URL, "x"))
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, m[0] == "Idempotent-Replayed", outcome(t, resp).Replayed, "%s: %s, the zero Dialect", m[0], m[1])
+	}
 }

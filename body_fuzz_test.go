@@ -96,7 +96,7 @@ func FuzzBodyReplay(f *testing.F) {
 			idempotency.WithHTTPClient(&http.Client{Transport: rec}),
 			idempotency.WithMaxBufferedBody(limit),
 			idempotency.WithBackoff(0, 0),
-			idempotency.WithoutBudget(),
+			idempotency.WithBudget(nil),
 		)
 		if limit < 0 {
 			if err == nil {

@@ -201,7 +201,7 @@ func TestRedirect307ReplaysBody(t *testing.T) {
 	})
 	mux.HandleFunc("/b", func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
-		got <- r.Header.Get(idempotency.HeaderKey) + " " + string(body)
+		got <- r.Header.Get(hdrKey) + " " + string(body)
 		w.WriteHeader(http.StatusCreated)
 	})
 	srv := newServer(t, mux)

@@ -28,7 +28,8 @@ const (
 // every first attempt succeeds, the budget stays full.
 //
 // Every Client has its own Budget of capacity 500 unless WithBudget shares
-// one between clients or WithoutBudget turns it off. A Budget is safe for
+// one between clients or turns it off. The tokens left are in every Event
+// (Event.Budget). A Budget is safe for
 // concurrent use. The zero Budget has capacity 0 and so permits no retries;
 // use NewBudget.
 type Budget struct {
@@ -44,23 +45,13 @@ func NewBudget(capacity int) *Budget {
 	return b
 }
 
-// Available returns the number of tokens left.
-func (b *Budget) Available() int {
-	return int(b.tokens.Load())
-}
-
-// Capacity returns the largest number of tokens the budget holds.
-func (b *Budget) Capacity() int {
-	return int(b.capacity)
-}
-
 // left returns the number of tokens left, or -1 for a nil Budget, which
 // permits every retry.
 func (b *Budget) left() int {
 	if b == nil {
 		return -1
 	}
-	return b.Available()
+	return int(b.tokens.Load())
 }
 
 // take removes cost tokens if there are that many. A nil Budget permits

@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"net/url"
 	"time"
+
+	"github.com/idemkit/idempotency/internal/hint"
 )
 
 // Bounds of the drain of a response body that is discarded before a retry.
@@ -21,12 +23,20 @@ type call struct {
 	ctx context.Context // the caller's
 
 	cfg          *config
+	d            *dialect
 	method       string
 	url          *url.URL
 	key          string
 	keyValue     [1]string // the header's value, when the Client sets it
 	retryable    bool      // idempotent method or keyed
 	viaTransport bool
+
+	// What the last response says of the key.
+	final    answerKind // the server's final answer, if it is one
+	replayed bool
+	acked    bool // an answer about the key
+	inFlight bool // the dialect's in-flight answer: retried
+	honoured bool // of the returned response
 
 	body     replay
 	nextBody io.ReadCloser // the next attempt's, made by prepare
@@ -36,9 +46,9 @@ type call struct {
 	wait     time.Duration
 	stopped  error
 	kind     EventKind    // what followed the last attempt
-	answer   answerKind   // what the last response's problem document says
-	honour   KeyHonour    // what the returned response tells of the key
 	obs      *observation // for the observer, if there is one
+
+	inFlightWait time.Duration // the dialect's wait after its in-flight answer
 
 	clone http.Request // the request of the first attempt
 	first attemptCtx   // the context of the first attempt
@@ -158,9 +168,9 @@ func (c *call) decide(resp *http.Response, err error) bool {
 		// Before the problem document is read: Took ends at the headers.
 		c.obs.record(c, resp, err)
 	}
-	c.answer = answerNone
-	if err == nil && resp != nil {
-		c.answer = readAnswer(resp, c.drainBound())
+	c.readAnswer(resp, err)
+	if c.obs != nil {
+		c.obs.replayed = c.replayed
 	}
 	transient, refused := c.transient(resp, err)
 	if c.ctx.Err() != nil {
@@ -170,7 +180,7 @@ func (c *call) decide(resp *http.Response, err error) bool {
 		if err == nil && !transient && refused == nil {
 			// An answer that needed no retry anyway.
 			c.kind = EventCompleted
-			c.stopped = finalAnswer(c.answer)
+			c.stopped = finalAnswer(c.final)
 		}
 		return false
 	}
@@ -184,7 +194,7 @@ func (c *call) decide(resp *http.Response, err error) bool {
 		c.kind = EventFailed
 		if err == nil {
 			c.kind = EventCompleted
-			c.stopped = finalAnswer(c.answer)
+			c.stopped = finalAnswer(c.final)
 			cfg.budget.succeeded(c.attempts, c.spent)
 		}
 		return false
@@ -205,14 +215,36 @@ func (c *call) decide(resp *http.Response, err error) bool {
 	return true
 }
 
+// readAnswer reads what the response of an attempt says of its key, as
+// the call's dialect does.
+func (c *call) readAnswer(resp *http.Response, err error) {
+	c.final, c.replayed, c.acked, c.inFlight, c.inFlightWait = hint.None, false, false, false, 0
+	if err != nil || resp == nil {
+		return
+	}
+	if c.d.answer != nil {
+		c.readVendor(resp)
+		return
+	}
+	c.final = readAnswer(resp, c.drainBound())
+	if finalAnswer(c.final) == nil {
+		c.final = hint.None
+	}
+	c.replayed = replayedDefault(c.d, resp.Header)
+	c.acked = c.final != hint.None
+}
+
 // transient reports whether the result of an attempt is one that another
-// attempt may change: never a final answer of the server; else what the
-// server's retry hint says, if it gives one; else what the policy says.
-// When the hint alone stops a result that the policy would retry, refused
-// says so.
+// attempt may change: never a final answer of the server; always the
+// dialect's in-flight answer; else what the server's retry hint says, if it
+// gives one; else what the policy says. When the hint alone stops a result
+// that the policy would retry, refused says so.
 func (c *call) transient(resp *http.Response, err error) (transient bool, refused error) {
-	if finalAnswer(c.answer) != nil {
+	if c.final != hint.None {
 		return false, nil
+	}
+	if c.inFlight {
+		return true, nil
 	}
 	// Only an error status: no hint makes a success retried.
 	if err == nil && resp != nil && resp.StatusCode >= 400 {
@@ -242,6 +274,11 @@ func (c *call) prepare(resp *http.Response, err error) (time.Duration, error) {
 	wait, ok := time.Duration(0), false
 	if resp != nil {
 		wait, ok = retryAfter(resp.Header, time.Now(), cfg.maxRetryAfter)
+	}
+	if !ok && c.inFlightWait > 0 && cfg.maxRetryAfter > 0 {
+		// The API's own wait for an answer in flight, within the limit on
+		// what a server can ask for.
+		wait, ok = min(c.inFlightWait, cfg.maxRetryAfter), true
 	}
 	if !ok {
 		wait = backoff(c.attempts-1, cfg.baseDelay, cfg.maxDelay, cfg.rand)

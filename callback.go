@@ -8,37 +8,11 @@ import (
 	"runtime/debug"
 )
 
-// The functions a caller gives the Client (the key function, the Policy,
+// The functions a caller gives the Client (the Dialect's, the Policy,
 // the observer) may panic. Do recovers, so that a panic never leaves a
 // response body open, a connection or a goroutine behind, logs the first panic of
 // the Client, and goes on as if the function had returned nothing: a
 // Policy that panics says "do not retry".
-
-// callKeyFunc makes a key with the Client's key function. One that panics
-// fails the call before its first attempt, as one that returns an error
-// does.
-func (cfg *config) callKeyFunc(ctx context.Context) (key string, err error) {
-	defer func() {
-		if v := recover(); v != nil {
-			cfg.panicked(ctx, "key function", v)
-			key, err = "", fmt.Errorf("key function panicked: %v", v)
-		}
-	}()
-	return cfg.keyFunc()
-}
-
-// callDerivedFunc writes a derived key with the Client's function for
-// them. One that panics fails the call before its first attempt, as one
-// that returns an error does.
-func (cfg *config) callDerivedFunc(ctx context.Context, sum [32]byte) (key string, err error) {
-	defer func() {
-		if v := recover(); v != nil {
-			cfg.panicked(ctx, "derived key function", v)
-			key, err = "", fmt.Errorf("derived key function panicked: %v", v)
-		}
-	}()
-	return cfg.derivedFunc(sum)
-}
 
 // callPolicy asks the Client's Policy about the result of an attempt.
 func (c *call) callPolicy(resp *http.Response, err error) (retry bool) {

@@ -71,7 +71,7 @@ func (c *Client) config() *config {
 //
 // Do does not modify req. Like http.Client.Do, it closes req.Body, even on
 // errors. It returns an error before any attempt for a nil request
-// (ErrNilRequest), a URL that is not an absolute http or https URL with a
+// (an error), a URL that is not an absolute http or https URL with a
 // host (ErrInvalidURL), an invalid key (ErrInvalidKey) and a body that
 // cannot be read. A body without GetBody is read into memory (up to the
 // limit of WithMaxBufferedBody) before the first attempt; if req's context
@@ -104,10 +104,17 @@ func postError(err error) error {
 
 // StandardClient returns an *http.Client whose requests go through the
 // Client, for code that accepts an *http.Client, such as a generated API
-// client. Its Transport is the one Transport returns; it follows redirects
-// with the CheckRedirect and Jar of the http.Client given to WithHTTPClient,
-// if any. The Client's options, including that http.Client's Timeout (which
-// bounds each attempt), apply to each request the returned client sends.
+// client. It follows redirects with the CheckRedirect and Jar of the
+// http.Client given to WithHTTPClient, if any. The Client's options,
+// including that http.Client's Timeout (which bounds each attempt), apply
+// to each request the returned client sends.
+//
+// Its Transport sends each request as Do does, with a key and retries,
+// except that it does not follow redirects: as any RoundTripper, it
+// returns them to the http.Client that called it, for which the request
+// that follows a redirect is a new one, so it gets a new key unless the
+// first request carried one in its header. The Transport is safe for
+// concurrent use, and can be given to another http.Client.
 func (c *Client) StandardClient() *http.Client {
 	cfg := c.config()
 	hc := &http.Client{Transport: cfg.transport}
@@ -116,16 +123,6 @@ func (c *Client) StandardClient() *http.Client {
 		hc.Jar = cfg.httpClient.Jar
 	}
 	return hc
-}
-
-// Transport returns an http.RoundTripper that sends each request as Do does,
-// with a key and retries, except that it does not follow redirects: as any
-// RoundTripper, it returns them to the http.Client that called it. The
-// request with which that http.Client follows a redirect is a new request to
-// the RoundTripper, so it gets a new key unless the first request carried
-// one in its header. The RoundTripper is safe for concurrent use.
-func (c *Client) Transport() http.RoundTripper {
-	return c.config().transport
 }
 
 type roundTripper struct {
@@ -141,7 +138,7 @@ func (rt *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 // do is Do, with hc to send each attempt.
 func (cfg *config) do(req *http.Request, hc *http.Client, viaTransport bool) (*http.Response, error) {
 	if req == nil {
-		return nil, fmt.Errorf("idempotency: %w", ErrNilRequest)
+		return nil, errors.New("idempotency: nil request")
 	}
 	if err := checkURL(req.URL); err != nil {
 		closeBody(req)
@@ -151,7 +148,12 @@ func (cfg *config) do(req *http.Request, hc *http.Client, viaTransport bool) (*h
 	if method == "" {
 		method = http.MethodGet
 	}
-	key, wire, err := cfg.keyFor(req, method)
+	d, err := cfg.dialectFor(req)
+	if err != nil {
+		closeBody(req)
+		return nil, fmt.Errorf("idempotency: %w", err)
+	}
+	k, err := cfg.keyFor(req, method, d)
 	if err != nil {
 		closeBody(req)
 		return nil, fmt.Errorf("idempotency: %w", err)
@@ -160,10 +162,11 @@ func (cfg *config) do(req *http.Request, hc *http.Client, viaTransport bool) (*h
 	c := &call{
 		ctx:          req.Context(),
 		cfg:          cfg,
+		d:            d,
 		method:       method,
 		url:          req.URL,
-		key:          key,
-		retryable:    key != "" || idempotent(method),
+		key:          k.key,
+		retryable:    k.key != "" || idempotent(method),
 		viaTransport: viaTransport,
 	}
 	if cfg.observer != nil {
@@ -173,9 +176,12 @@ func (cfg *config) do(req *http.Request, hc *http.Client, viaTransport bool) (*h
 	// The attempts' request lives in the call: one allocation less.
 	c.clone = *req.WithContext(&c.first)
 	clone := &c.clone
-	if wire != "" {
-		c.keyValue[0] = wire
-		clone.Header = cloneWith(req.Header, cfg.header, c.keyValue[:])
+	if k.set {
+		c.keyValue[0] = k.wire
+		clone.Header = cloneWith(req.Header, d.header, c.keyValue[:])
+	}
+	if d.oasis && k.key != "" {
+		setFirstSent(clone, req, k)
 	}
 	if err := c.body.prepare(req, clone, cfg.maxBuffered); err != nil {
 		return nil, fmt.Errorf("idempotency: %w", err)
@@ -183,56 +189,96 @@ func (cfg *config) do(req *http.Request, hc *http.Client, viaTransport bool) (*h
 	return c.run(clone, hc)
 }
 
+// requestKey is the key of a request, as keyFor finds or makes it.
+type requestKey struct {
+	key    string // the operation's key; "" for none
+	wire   string // as sent, in the dialect's form
+	set    bool   // the Client sets the header to wire
+	caller bool   // the key is in the caller's header
+}
+
 // keyFor returns the request's key and, if the Client must set it in the
 // header, its value there. A key that the caller put in the header under a
 // spelling of its name other than the canonical one is set again, under the
 // canonical one, so that the request carries exactly one key.
-func (cfg *config) keyFor(req *http.Request, method string) (key, wire string, err error) {
-	value, n, respelled := callerKey(req.Header, cfg.header)
+func (cfg *config) keyFor(req *http.Request, method string, d *dialect) (requestKey, error) {
+	value, n, respelled := callerKey(req.Header, d.header)
 	if n > 1 {
 		// Two keys: which one the server would honour is anyone's guess.
-		return "", "", fmt.Errorf("%w: %d values in %s header fields", ErrInvalidKey, n, cfg.header)
+		return requestKey{}, fmt.Errorf("%w: %d values in %s header fields", ErrInvalidKey, n, d.header)
 	}
 	if n == 1 {
 		key, err := keyfield.Parse(value)
 		if err != nil {
-			return "", "", fmt.Errorf("%w: %w", ErrInvalidKey, err)
+			return requestKey{}, fmt.Errorf("%w: %w", ErrInvalidKey, err)
 		}
-		if respelled {
-			return key, value, nil
+		if d.key != nil {
+			if _, err := d.wireKey(req.Context(), cfg, value); err != nil {
+				return requestKey{}, err
+			}
 		}
-		return key, "", nil
+		return requestKey{key: key, wire: value, set: respelled, caller: true}, nil
 	}
 	if !cfg.keyedMethod(method) {
-		return "", "", nil
+		return requestKey{}, nil
 	}
-	key, ok := KeyFromContext(req.Context())
-	if !ok {
-		key, derived, err := cfg.derivedKeyFor(req, method)
-		if err != nil {
-			return "", "", err
+	var k requestKey
+	if v, ok := keyFromContext(req.Context()); ok {
+		if err := keyfield.Validate(v.key); err != nil {
+			return requestKey{}, fmt.Errorf("%w: %w", ErrInvalidKey, err)
 		}
-		if derived {
-			// Valid: a UUID, or checked.
-			return key, cfg.wireKey(key), nil
-		}
-	}
-	if !ok && cfg.keyFunc == nil {
+		k.key = v.key
+	} else if key, ok := cfg.derivedKeyFor(req, method); ok {
+		k.key = key
+	} else {
 		// A UUID: valid by construction.
-		if key, err = cfg.keys.newKey(cfg.keyV7); err != nil {
-			return "", "", fmt.Errorf("making a key: %w", err)
+		k.key = cfg.keys.newKey()
+	}
+	wire, err := d.wireKey(req.Context(), cfg, k.key)
+	if err != nil {
+		return requestKey{}, err
+	}
+	k.wire, k.set = wire, true
+	return k, nil
+}
+
+// setFirstSent gives clone, the request of the attempts, the header
+// Repeatability-First-Sent of OASIS Repeatable Requests, fixed for all its
+// attempts: the caller's, if the caller's header has the key and one;
+// else the time that ContextWithKey carried, or now.
+func setFirstSent(clone, req *http.Request, k requestKey) {
+	var v []string
+	if k.caller {
+		if value, n, respelled := callerKey(req.Header, oasisFirstSent); n > 0 {
+			if !respelled {
+				return
+			}
+			v = []string{value}
 		}
-		return key, cfg.wireKey(key), nil
 	}
-	if !ok {
-		if key, err = cfg.callKeyFunc(req.Context()); err != nil {
-			return "", "", fmt.Errorf("making a key: %w", err)
+	if v == nil {
+		var t time.Time
+		if !k.caller {
+			if ck, ok := keyFromContext(req.Context()); ok {
+				t = ck.firstSent
+			}
+		}
+		if t.IsZero() {
+			t = time.Now()
+		}
+		v = []string{t.UTC().Format(http.TimeFormat)}
+	}
+	if !k.set {
+		// Still the caller's header, which is never modified.
+		clone.Header = cloneWith(clone.Header, oasisFirstSent, v)
+		return
+	}
+	for name := range clone.Header {
+		if sameName(name, oasisFirstSent) {
+			delete(clone.Header, name)
 		}
 	}
-	if err := keyfield.Validate(key); err != nil {
-		return "", "", fmt.Errorf("%w: %w", ErrInvalidKey, err)
-	}
-	return key, cfg.wireKey(key), nil
+	clone.Header[oasisFirstSent] = v
 }
 
 // callerKey returns the first of the values that h holds under name, a
@@ -260,14 +306,6 @@ func callerKey(h http.Header, name string) (value string, n int, respelled bool)
 // letter case.
 func sameName(a, b string) bool {
 	return len(a) == len(b) && strings.EqualFold(a, b)
-}
-
-// wireKey returns key as the Client sends it in the header.
-func (cfg *config) wireKey(key string) string {
-	if cfg.quoted {
-		return keyfield.Quote(key)
-	}
-	return key
 }
 
 func (cfg *config) keyedMethod(method string) bool {
@@ -305,8 +343,10 @@ func closeBody(req *http.Request) {
 
 // Outcome describes how a response was obtained; see [OutcomeOf].
 type Outcome struct {
-	// Key is the idempotency key sent on every attempt, or "" if the
-	// request carried none.
+	// Key is the idempotency key sent on every attempt (before the form
+	// that the request's Dialect may give it), or "" if the request
+	// carried none: the key to give ContextWithKey for another try of the
+	// same operation.
 	Key string
 
 	// Attempts is the number of attempts made, from 1. (net/http's
@@ -315,9 +355,10 @@ type Outcome struct {
 	// counted.)
 	Attempts int
 
-	// Replayed reports whether the server said, with the header
-	// Idempotent-Replayed: true (see [WithReplayedHeader]), that this is the
-	// stored response of an earlier attempt rather than a new execution.
+	// Replayed reports whether the server said, with a replay marker of
+	// the request's Dialect (Idempotent-Replayed: true for the zero
+	// Dialect), that this is the stored response of an earlier attempt
+	// rather than a new execution.
 	Replayed bool
 
 	// Stopped is why no further attempt was made although this response's
@@ -334,14 +375,18 @@ type Outcome struct {
 	// would have been retried.
 	Kind EventKind
 
-	// Honour says whether the response shows that the server honours the
-	// key: Honoured when it echoes the key or is a replay, MayNotHonour
-	// when a retried request got neither.
-	Honour KeyHonour
+	// Honoured reports whether the response shows that the server honours
+	// the key: it echoes the key in the key header, is a replay, or is an
+	// answer about the key (an acknowledgement, an in-flight or a final
+	// answer of the request's Dialect). A keyed request that was retried
+	// and got a response that shows none of these may have reached a
+	// server that does not honour keys, and so may have run more than
+	// once: the Client logs it once, at level Warn, if it has a logger.
+	Honoured bool
 }
 
 // OutcomeOf returns the Outcome of a response returned by a Client's Do or
-// Post, or by an http.Client using its StandardClient or Transport. It
+// Post, or by an http.Client using its StandardClient or its Transport. It
 // reports false for any other response.
 func OutcomeOf(resp *http.Response) (Outcome, bool) {
 	if resp == nil || resp.Request == nil {
@@ -354,10 +399,10 @@ func OutcomeOf(resp *http.Response) (Outcome, bool) {
 	out := Outcome{
 		Key:      c.key,
 		Attempts: c.attempts,
-		Replayed: c.cfg.replayed(resp.Header),
+		Replayed: c.replayed,
 		Stopped:  c.stopped,
 		Kind:     c.kind,
-		Honour:   c.honour,
+		Honoured: c.honoured,
 	}
 	if out.Kind == EventCompleted && out.Replayed {
 		out.Kind = EventReplayed

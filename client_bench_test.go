@@ -143,7 +143,7 @@ func BenchmarkPostOverhead(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
 			req := newRequest(b)
-			req.Header.Set(idempotency.HeaderKey, idempotency.NewKey())
+			req.Header.Set(hdrKey, idempotency.NewKey())
 			resp, err := hc.Do(req)
 			check(b, resp, err)
 		}

@@ -78,12 +78,12 @@ func TestPostOverheadRatio(t *testing.T) {
 		{"bare", func() { finish(hc.Do(newRequest())) }},
 		{"bare+key", func() {
 			req := newRequest()
-			req.Header[idempotency.HeaderKey] = keyValue
+			req.Header[hdrKey] = keyValue
 			finish(hc.Do(req))
 		}},
 		{"bare+NewKey", func() {
 			req := newRequest()
-			req.Header.Set(idempotency.HeaderKey, idempotency.NewKey())
+			req.Header.Set(hdrKey, idempotency.NewKey())
 			finish(hc.Do(req))
 		}},
 		{"idempotency", func() { finish(ic.Do(newRequest())) }},

@@ -94,7 +94,7 @@ func TestPostRatio(t *testing.T) {
 		// server: a bare client that sends one.
 		{"bare+key", func() {
 			req := newRequest()
-			req.Header[idempotency.HeaderKey] = keyValue
+			req.Header[hdrKey] = keyValue
 			finish(hkc.Do(req))
 		}},
 		{"idempotency", func() { finish(ic.Do(newRequest())) }},

@@ -209,7 +209,7 @@ func TestInvalidInput(t *testing.T) {
 		header  []string
 		ctxKey  *string
 		want    error
-		keyFunc func() (string, error)
+		dialect idempotency.Dialect
 	}{
 		{name: "relative URL", url: "/orders", want: idempotency.ErrInvalidURL},
 		{name: "scheme", url: "ftp://example.com/x", want: idempotency.ErrInvalidURL},
@@ -221,13 +221,16 @@ func TestInvalidInput(t *testing.T) {
 		{name: "empty context key", ctxKey: ptr(""), want: idempotency.ErrInvalidKey},
 		{name: "context key of 256 bytes", ctxKey: ptr(long), want: idempotency.ErrInvalidKey},
 		{name: "newline in context key", ctxKey: ptr("a\nb"), want: idempotency.ErrInvalidKey},
-		{name: "key function", keyFunc: func() (string, error) { return " padded ", nil }, want: idempotency.ErrInvalidKey},
+		{name: "dialect's form", dialect: idempotency.Dialect{Key: func(string) (string, error) { return "a\nb", nil }}, want: idempotency.ErrInvalidKey},
+		{name: "dialect refuses", dialect: idempotency.Dialect{Key: func(string) (string, error) { return "", errors.New("too long") }}, want: idempotency.ErrInvalidKey},
+		{name: "dialect refuses the header's key", header: []string{"k"}, dialect: idempotency.Dialect{Key: func(string) (string, error) { return "", errors.New("too short") }}, want: idempotency.ErrInvalidKey},
+		{name: "dialect header", dialect: idempotency.Dialect{Header: "Bad Header"}, want: idempotency.ErrInvalidKey},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var opts []idempotency.Option
-			if tt.keyFunc != nil {
-				opts = append(opts, idempotency.WithKeyFunc(tt.keyFunc))
+			if tt.dialect.Header != "" || tt.dialect.Key != nil {
+				opts = append(opts, idempotency.WithDialect(func(*http.Request) idempotency.Dialect { return tt.dialect }))
 			}
 			c := newClient(t, srv, opts...)
 			ctx := t.Context()
@@ -242,7 +245,7 @@ func TestInvalidInput(t *testing.T) {
 				require.NoError(t, err)
 			}
 			if tt.header != nil {
-				req.Header[idempotency.HeaderKey] = tt.header
+				req.Header[hdrKey] = tt.header
 			}
 
 			resp, err := c.Do(req)
@@ -257,7 +260,7 @@ func TestInvalidInput(t *testing.T) {
 	t.Run("nil request", func(t *testing.T) {
 		resp, err := newClient(t, srv).Do(nil)
 		assert.Nil(t, resp)
-		assert.ErrorIs(t, err, idempotency.ErrNilRequest)
+		assert.EqualError(t, err, "idempotency: nil request")
 	})
 	t.Run("nil URL", func(t *testing.T) {
 		_, err := newClient(t, srv).Do(&http.Request{Method: http.MethodGet})
@@ -291,7 +294,7 @@ func TestRequestUnmodified(t *testing.T) {
 	assert.Equal(t, 2, outcome(t, resp).Attempts)
 
 	assert.Equal(t, wantHeader, req.Header, "header")
-	assert.NotContains(t, req.Header, idempotency.HeaderKey)
+	assert.NotContains(t, req.Header, hdrKey)
 	assert.Same(t, body, req.Body, "Body")
 	assert.Nil(t, req.GetBody, "GetBody")
 	assert.Same(t, urlPtr, req.URL, "URL pointer")
@@ -429,11 +432,11 @@ func TestNewClientValidates(t *testing.T) {
 		idempotency.WithBackoff(time.Second, time.Millisecond),
 		idempotency.WithAttemptTimeout(-time.Second),
 		idempotency.WithMaxBufferedBody(-1),
-		idempotency.WithKeyHeader(""),
+		idempotency.WithDialect(nil),
 		idempotency.WithRetryPolicy(nil),
 		idempotency.WithMethods(),
 		nil,
-		idempotency.WithBudget(nil),
+		idempotency.WithObserver(nil),
 		idempotency.WithLogger(nil),
 		idempotency.WithMethods("POST", ""),
 	)
@@ -451,7 +454,7 @@ func TestNewClientValidates(t *testing.T) {
 		idempotency.WithAttemptTimeout(0),
 		idempotency.WithMaxRetryAfter(0),
 		idempotency.WithMaxBufferedBody(0),
-		idempotency.WithoutBudget(),
+		idempotency.WithBudget(nil),
 	} {
 		_, err := idempotency.NewClient(ok)
 		assert.NoError(t, err)

@@ -2,15 +2,11 @@ package idempotency_test
 
 import (
 	"context"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
-
-	"github.com/google/uuid"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -67,10 +63,10 @@ func TestDerivedKeys(t *testing.T) {
 	seen[query] = "query"
 
 	// What another SDK is given is what the Client sends.
-	k, ok := idempotency.DerivedKey(run, "charge")
+	k, ok := (&idempotency.Client{}).DerivedKey(run, "charge")
 	require.True(t, ok)
 	assert.Equal(t, charge, k, "DerivedKey()")
-	_, ok = idempotency.DerivedKey(t.Context(), "charge")
+	_, ok = (&idempotency.Client{}).DerivedKey(t.Context(), "charge")
 	assert.False(t, ok, "DerivedKey() ok without an incoming key")
 
 	// Every key went on the wire as it is reported.
@@ -85,10 +81,10 @@ func TestDerivedKeyPrecedence(t *testing.T) {
 	srv := newServer(t, s)
 	c := newClient(t, srv)
 	ctx := idempotency.ContextWithStep(handling(t.Context(), "", "in"), "step")
-	derived, _ := idempotency.DerivedKey(ctx, "step")
+	derived, _ := (&idempotency.Client{}).DerivedKey(ctx, "step")
 
 	req := post(t, ctx, srv.URL, "x")
-	req.Header.Set(idempotency.HeaderKey, "from-header")
+	req.Header.Set(hdrKey, "from-header")
 	resp, err := c.Do(req)
 	require.NoError(t, err)
 	resp.Body.Close()
@@ -122,7 +118,7 @@ func TestDerivedKeySyntax(t *testing.T) {
 		{"tenant", "order-1", "POST https://api.example/charges?x=1"},
 	}
 	for _, tt := range tests {
-		k, ok := idempotency.DerivedKey(handling(t.Context(), tt.scope, tt.key), tt.step)
+		k, ok := (&idempotency.Client{}).DerivedKey(handling(t.Context(), tt.scope, tt.key), tt.step)
 		require.True(t, ok)
 		assert.NoError(t, keyfield.Validate(k), "key %q", k)
 		assert.LessOrEqual(t, len(k), 255)
@@ -135,13 +131,13 @@ func TestDerivedKeySyntax(t *testing.T) {
 		if len(tt.scope) > 3 {
 			assert.NotContains(t, k, tt.scope)
 		}
-		again, _ := idempotency.DerivedKey(handling(t.Context(), tt.scope, tt.key), tt.step)
+		again, _ := (&idempotency.Client{}).DerivedKey(handling(t.Context(), tt.scope, tt.key), tt.step)
 		assert.Equal(t, k, again, "deterministic")
 	}
 	// The scope's length is part of what is hashed: moving bytes from the
 	// scope to the step gives another key.
-	a, _ := idempotency.DerivedKey(handling(t.Context(), "ab", "k"), "c")
-	b, _ := idempotency.DerivedKey(handling(t.Context(), "a", "k"), "bc")
+	a, _ := (&idempotency.Client{}).DerivedKey(handling(t.Context(), "ab", "k"), "c")
+	b, _ := (&idempotency.Client{}).DerivedKey(handling(t.Context(), "a", "k"), "bc")
 	assert.NotEqual(t, a, b)
 }
 
@@ -155,7 +151,7 @@ func guess(t *testing.T, key, scope, step string) (string, bool) {
 	t.Helper()
 	for n := 48000; n < 48500; n++ {
 		candidate := fmt.Sprintf("order-%d", n)
-		if k, _ := idempotency.DerivedKey(handling(t.Context(), scope, candidate), step); k == key {
+		if k, _ := (&idempotency.Client{}).DerivedKey(handling(t.Context(), scope, candidate), step); k == key {
 			return candidate, true
 		}
 	}
@@ -197,13 +193,11 @@ func TestDerivedKeySecret(t *testing.T) {
 	other := newClient(t, srv, idempotency.WithDerivedKeySecret([]byte("another secret of 32 bytes......")))
 	assert.NotEqual(t, key, send(other, run))
 	// What another SDK is given is what the Client sends.
-	k, ok, err := c.DerivedKey(idempotency.ContextWithStep(run, "charge"), "charge")
-	require.NoError(t, err)
+	k, ok := c.DerivedKey(idempotency.ContextWithStep(run, "charge"), "charge")
 	require.True(t, ok)
 	assert.Equal(t, k, send(c, idempotency.ContextWithStep(run, "charge")))
-	_, ok, err = c.DerivedKey(t.Context(), "charge")
+	_, ok = c.DerivedKey(t.Context(), "charge")
 	assert.False(t, ok)
-	assert.NoError(t, err)
 
 	// The secret is copied: changing the caller's slice changes nothing.
 	mine := append([]byte(nil), secret...)
@@ -211,104 +205,40 @@ func TestDerivedKeySecret(t *testing.T) {
 	mine[0] ^= 0xff
 	assert.Equal(t, key, send(copied, run))
 
-	_, err = idempotency.NewClient(idempotency.WithDerivedKeySecret([]byte("short")), idempotency.WithDerivedKeySecret(nil))
+	_, err := idempotency.NewClient(idempotency.WithDerivedKeySecret([]byte("short")), idempotency.WithDerivedKeySecret(nil))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "WithDerivedKeySecret needs at least 16 bytes, got 5")
 	assert.Contains(t, err.Error(), "WithDerivedKeySecret needs at least 16 bytes, got 0")
 }
 
-// TestDerivedKeyFormat: a derived key is written in the Client's key
-// format: a version 7 UUID's shape under WithKeyVersion7, WithDerivedKeyFunc's
-// key when given; a Client whose keys come from WithKeyFunc alone refuses
-// to send a key of another format. In every format, the key is the same in
-// every run of the handler.
-func TestDerivedKeyFormat(t *testing.T) {
+// TestDerivedKeyForm: a derived key is sent in the form that the
+// request's Dialect gives it, the same in every run of the handler; the
+// Outcome's key is the derived key itself.
+func TestDerivedKeyForm(t *testing.T) {
 	s := newScript(status(http.StatusCreated))
 	srv := newServer(t, s)
 	run := idempotency.ContextWithStep(handling(t.Context(), "tenant-a", "order-17"), "charge")
 	rerun := idempotency.ContextWithStep(handling(context.Background(), "tenant-a", "order-17"), "charge")
-	send := func(c *idempotency.Client, ctx context.Context) string {
+	c := newClient(t, srv, idempotency.WithDialect(func(*http.Request) idempotency.Dialect {
+		return idempotency.Dialect{Key: func(k string) (string, error) { return "ord_" + strings.ReplaceAll(k, "-", ""), nil }}
+	}))
+	send := func(ctx context.Context) (sent, key string) {
 		t.Helper()
 		resp, err := c.Do(post(t, ctx, srv.URL, "x"))
 		require.NoError(t, err)
 		resp.Body.Close()
-		return outcome(t, resp).Key
+		seen := s.keysSeen()
+		return seen[len(seen)-1], outcome(t, resp).Key
 	}
-	prefixed := func(sum [32]byte) (string, error) { return "ord_" + hex.EncodeToString(sum[:16]), nil }
-
-	t.Run("version 7", func(t *testing.T) {
-		c := newClient(t, srv, idempotency.WithKeyVersion7())
-		key := send(c, run)
-		u, err := uuid.Parse(key)
-		require.NoError(t, err)
-		assert.Equal(t, uuid.Version(7), u.Version())
-		assert.Equal(t, uuid.RFC4122, u.Variant())
-		assert.Equal(t, key, send(c, rerun), "another run")
-		k, _, err := c.DerivedKey(run, "charge")
-		require.NoError(t, err)
-		assert.Equal(t, key, k)
-		// The same bits as the version 8 key, but for the version.
-		v8, _ := idempotency.DerivedKey(run, "charge")
-		assert.Equal(t, v8[:14]+v8[15:], key[:14]+key[15:])
-	})
-	t.Run("derived key function", func(t *testing.T) {
-		for _, tc := range []struct {
-			opts    []idempotency.Option
-			outside string // the key outside a handler
-		}{
-			{[]idempotency.Option{idempotency.WithDerivedKeyFunc(prefixed)}, `^[0-9a-f]{8}-[0-9a-f]{4}-4`},
-			// A key function for new keys, and its format for derived ones.
-			{[]idempotency.Option{idempotency.WithKeyFunc(func() (string, error) { return "ord_" + idempotency.NewKey(), nil }), idempotency.WithDerivedKeyFunc(prefixed)}, `^ord_`},
-		} {
-			c := newClient(t, srv, tc.opts...)
-			key := send(c, run)
-			assert.Regexp(t, `^ord_[0-9a-f]{32}$`, key)
-			assert.Equal(t, key, send(c, rerun), "another run")
-			k, ok, err := c.DerivedKey(run, "charge")
-			require.NoError(t, err)
-			require.True(t, ok)
-			assert.Equal(t, key, k)
-			assert.Regexp(t, tc.outside, send(c, t.Context()), "outside a handler")
-		}
-	})
-	t.Run("key function alone", func(t *testing.T) {
-		before := len(s.keysSeen())
-		c := newClient(t, srv, idempotency.WithKeyFunc(func() (string, error) { return "ord_" + idempotency.NewKey(), nil }))
-		_, err := c.Do(post(t, run, srv.URL, "x"))
-		assert.ErrorIs(t, err, idempotency.ErrDerivedKeyFormat)
-		assert.Len(t, s.keysSeen(), before, "a request was sent")
-		_, ok, err := c.DerivedKey(run, "charge")
-		assert.True(t, ok)
-		assert.ErrorIs(t, err, idempotency.ErrDerivedKeyFormat)
-		// Outside a handler, the key function makes the key.
-		assert.Regexp(t, `^ord_`, send(c, t.Context()))
-		// A key the caller gives is sent as it is.
-		assert.Equal(t, "mine", send(c, idempotency.ContextWithKey(run, "mine")))
-	})
-	t.Run("derived key function fails", func(t *testing.T) {
-		boom := errors.New("no format")
-		for name, tc := range map[string]struct {
-			fn   func([32]byte) (string, error)
-			want error
-		}{
-			"error":   {func([32]byte) (string, error) { return "", boom }, boom},
-			"invalid": {func([32]byte) (string, error) { return "a\tb", nil }, idempotency.ErrInvalidKey},
-			"panics":  {func([32]byte) (string, error) { panic("format bug") }, nil},
-		} {
-			before := len(s.keysSeen())
-			c := newClient(t, srv, idempotency.WithDerivedKeyFunc(tc.fn), idempotency.WithLogger(slog.New(slog.DiscardHandler)))
-			_, err := c.Do(post(t, run, srv.URL, "x"))
-			require.Error(t, err, name)
-			if tc.want != nil {
-				assert.ErrorIs(t, err, tc.want, name)
-			}
-			assert.Len(t, s.keysSeen(), before, "%s: a request was sent", name)
-		}
-	})
-	t.Run("invalid option", func(t *testing.T) {
-		_, err := idempotency.NewClient(idempotency.WithDerivedKeyFunc(nil))
-		assert.ErrorContains(t, err, "WithDerivedKeyFunc needs a function")
-	})
+	sent, key := send(run)
+	assert.Regexp(t, `^ord_[0-9a-f]{32}$`, sent)
+	derived, ok := c.DerivedKey(run, "charge")
+	require.True(t, ok)
+	assert.Equal(t, derived, key, "Outcome.Key")
+	again, _ := send(rerun)
+	assert.Equal(t, sent, again, "another run")
+	outside, _ := send(t.Context())
+	assert.Regexp(t, `^ord_[0-9a-f]{12}4`, outside, "outside a handler: a version 4 UUID in the dialect's form")
 }
 
 // TestDerivedKeyGolden pins the derivation as DerivedKey documents it, so
@@ -319,7 +249,6 @@ func TestDerivedKeyFormat(t *testing.T) {
 func TestDerivedKeyGolden(t *testing.T) {
 	s := newScript(status(http.StatusCreated))
 	srv := newServer(t, s)
-	hexSum := func(sum [32]byte) (string, error) { return hex.EncodeToString(sum[:]), nil }
 	for _, tc := range []struct {
 		scope, key, step string
 		secret           bool
@@ -348,38 +277,28 @@ func TestDerivedKeyGolden(t *testing.T) {
 		if tc.secret {
 			opts = append(opts, idempotency.WithDerivedKeySecret(secret))
 		} else {
-			k, ok := idempotency.DerivedKey(ctx, tc.step)
+			k, ok := (&idempotency.Client{}).DerivedKey(ctx, tc.step)
 			require.True(t, ok)
 			assert.Equal(t, tc.v8, k, "%s: DerivedKey", name)
 		}
-		for format, want := range map[string]string{"v8": tc.v8, "v7": tc.v7, "sum": tc.sum} {
-			o := opts
-			switch format {
-			case "v7":
-				o = append(o, idempotency.WithKeyVersion7())
-			case "sum":
-				o = append(o, idempotency.WithDerivedKeyFunc(hexSum))
-			}
-			c := newClient(t, srv, o...)
-			k, _, err := c.DerivedKey(ctx, tc.step)
-			require.NoError(t, err)
-			assert.Equal(t, want, k, "%s, %s: Client.DerivedKey", name, format)
-			resp, err := c.Do(post(t, idempotency.ContextWithStep(ctx, tc.step), srv.URL, "x"))
-			require.NoError(t, err)
-			resp.Body.Close()
-			assert.Equal(t, want, outcome(t, resp).Key, "%s, %s: sent", name, format)
-		}
+		c := newClient(t, srv, opts...)
+		k, _ := c.DerivedKey(ctx, tc.step)
+		assert.Equal(t, tc.v8, k, "%s: Client.DerivedKey", name)
+		resp, err := c.Do(post(t, idempotency.ContextWithStep(ctx, tc.step), srv.URL, "x"))
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Equal(t, tc.v8, outcome(t, resp).Key, "%s: sent", name)
 	}
 
 	// Without a step, the step is the method, a space and the URL.
 	ctx := handling(t.Context(), "tenant-7", "order-42")
-	k, _ := idempotency.DerivedKey(ctx, "POST https://api.example.com/charges?currency=eur")
+	k, _ := (&idempotency.Client{}).DerivedKey(ctx, "POST https://api.example.com/charges?currency=eur")
 	assert.Equal(t, "268b1417-0231-87dc-b17a-0b66bd4a3e04", k)
 	// The request is caught before the network, with its key.
 	sent := make(chan string, 1)
 	c, err := idempotency.NewClient(idempotency.WithMaxAttempts(1), idempotency.WithHTTPClient(&http.Client{
 		Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
-			sent <- r.Header.Get(idempotency.HeaderKey)
+			sent <- r.Header.Get(hdrKey)
 			return nil, errors.New("caught")
 		}),
 	}))

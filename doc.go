@@ -16,8 +16,36 @@
 // stored with an operation, so that a retry after a restart sends it again.
 // Inside a handler behind the middleware of package server, the Client
 // derives the key of each downstream call from the handler's own incoming
-// key ([ContextWithStep], [DerivedKey]). Package retryable makes an
+// key ([ContextWithStep], [Client.DerivedKey]). Package retryable makes an
 // existing go-retryablehttp client safe in the same way.
+//
+// # The APIs it calls
+//
+// One Client speaks to each destination in its own Dialect: the header of
+// the key, the key's form and limits, the replay marker, and how the API
+// refuses a key reused with another payload or says that a request with it
+// is still in progress. Package vendors has the rules of Stripe, Adyen,
+// PayPal, Checkout.com, Worldline, Azure (OASIS Repeatable Requests),
+// Telnyx and Resend, each from its published documentation:
+//
+//	client, err := idempotency.NewClient(idempotency.WithDialect(
+//		func(req *http.Request) idempotency.Dialect {
+//			switch req.URL.Hostname() {
+//			case "api.stripe.com":
+//				return vendors.Stripe()
+//			case "api-m.paypal.com":
+//				return vendors.PayPal()
+//			case "my-acs.communication.azure.com":
+//				return vendors.Azure()
+//			}
+//			return idempotency.Dialect{} // this module's own
+//		}))
+//
+// Outcome then tells the truth for each: Replayed from the API's marker,
+// Stopped = ErrKeyMismatch for its changed-payload refusal, and its
+// in-flight answer retried after the wait it asks for. For OASIS, the
+// Client sends Repeatability-First-Sent, fixed at the first attempt, and
+// ContextWithKey carries it with the key across restarts.
 //
 // # The problem
 //
@@ -33,13 +61,14 @@
 //
 // # What the Client does
 //
-// Client.Do (and Post, StandardClient and Transport, which go through it):
+// Client.Do (and Post and StandardClient, which go through it):
 //
 //   - adds a key to every request of a keyed method (POST and PATCH by
 //     default) that has none: the key from the request's context if
 //     ContextWithKey put one there, or one derived from the incoming key
 //     of the request being handled (see Keys carried downstream), or else
-//     a new random UUID (NewKey). A key
+//     a new random UUID (NewKey), in the header and the form of the
+//     request's Dialect. A key
 //     already in the header, under any letter case of its name, is kept
 //     and sent once, under the canonical name; a header with two keys is
 //     refused (ErrInvalidKey). The same key is sent on every attempt. The
@@ -49,7 +78,7 @@
 //     "try again"; [DefaultPolicy] lists them, and what is never retried
 //     (the caller's own cancellation or deadline, certificate errors,
 //     refused redirects, 422 and the other client errors). A 409 is
-//     retried only when it is the in-flight answer (InFlight), not when it
+//     retried only when it is the in-flight answer, not when it
 //     is a business conflict. The server's final answers, "outcome
 //     unknown" and "key reused for another request", are never retried
 //     (ErrOutcomeUnknown, ErrKeyMismatch in Outcome.Stopped). The retry
@@ -78,7 +107,7 @@
 //     tells from the response which key was sent, how many attempts were
 //     made, whether the response is a replay, why retrying stopped if it
 //     stopped early, and whether the server showed that it honours the key
-//     (Outcome.Honour): a retried request answered with neither the key
+//     (Outcome.Honoured): a retried request answered with neither the key
 //     echoed back nor a replay marker is reported, and logged once, as
 //     from a server that may not honour keys.
 //
@@ -110,15 +139,13 @@
 // Client.DerivedKey, with the Client's options) gives the same key to code
 // that calls a service through an SDK of its own. A derived key is an
 // HMAC-SHA256 keyed by the incoming key, written as a version 8 UUID; the
-// derivation is specified in DerivedKey's documentation, so that a service
-// in another language can reproduce it, and never changes between
+// derivation is specified in Client.DerivedKey's documentation, so that a
+// service in another language can reproduce it, and never changes between
 // releases. It reveals the incoming key only to whoever can guess it: a
 // downstream service that knows the scope and its own URL can try
 // candidates, so guessable incoming keys (order numbers) need a secret,
-// WithDerivedKeySecret. A derived key takes the Client's key format: a
-// version 7 UUID's shape under WithKeyVersion7, and WithDerivedKeyFunc's
-// format when given; a Client with WithKeyFunc alone refuses to derive one
-// (ErrDerivedKeyFormat) rather than send a key of another format.
+// WithDerivedKeySecret. A derived key is sent in the form that the
+// request's Dialect gives keys (Dialect.Key).
 //
 // # Limits
 //

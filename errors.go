@@ -11,9 +11,6 @@ import (
 // returned error wraps one of them, with the package's prefix, and says what
 // is wrong: "idempotency: invalid key: ...".
 var (
-	// ErrNilRequest is returned by Do when the request is nil.
-	ErrNilRequest = errors.New("nil request")
-
 	// ErrInvalidURL is returned for a request whose URL is missing, relative,
 	// not http or https, or has no host. It is also the error of an attempt
 	// redirected to such a URL, which is never retried.

@@ -2,7 +2,6 @@ package idempotency
 
 import (
 	"context"
-	"errors"
 	"net/http"
 	"time"
 )
@@ -13,7 +12,7 @@ import (
 // one of the final kinds for the last attempt of a call, which says how the
 // call ended. A call whose context ends while it waits to retry ends with an
 // EventCanceled of its own, for no attempt. A call refused before its first
-// attempt (ErrNilRequest, ErrInvalidURL, ErrInvalidKey, a body that cannot
+// attempt (a nil request, ErrInvalidURL, ErrInvalidKey, a body that cannot
 // be read) yields none.
 type Event struct {
 	// Kind says what followed the attempt.
@@ -39,17 +38,20 @@ type Event struct {
 	Took time.Duration
 	// Elapsed is the time from Start to this event.
 	Elapsed time.Duration
-	// Result says what the attempt got: a response or which kind of error.
-	Result Result
 	// StatusCode is the attempt's status, or 0 if it had no response.
 	StatusCode int
 	// Err is the attempt's error, or nil if it had a response; on an
-	// EventCanceled that ended a wait, the context's error. It is usually
+	// EventCanceled that ended a wait, the context's error. Which kind of
+	// error it is, errors.Is tells: ErrAttemptTimeout (or another error
+	// whose Timeout method reports true) for a timeout, context.Canceled or
+	// context.DeadlineExceeded for the caller's context, else an error of
+	// the transport. It is usually
 	// an *url.Error, whose text holds the request's URL, query included:
 	// log its Err rather than itself if the query may hold a secret.
 	Err error
-	// Replayed reports that the response carries Idempotent-Replayed: true
-	// (see [WithReplayedHeader]).
+	// Replayed reports that the response is marked as a replay, as the
+	// request's Dialect reads it (Idempotent-Replayed: true for the zero
+	// Dialect).
 	Replayed bool
 	// Wait is, on EventRetried, how long the Client waits before the next
 	// attempt.
@@ -62,7 +64,7 @@ type Event struct {
 	Stopped error
 	// Budget is the number of tokens left in the Client's retry budget
 	// once this attempt's retry took its cost or its success gave tokens
-	// back, or -1 if the Client has no budget (WithoutBudget).
+	// back, or -1 if the Client has no budget (WithBudget(nil)).
 	Budget int
 }
 
@@ -113,60 +115,10 @@ func (k EventKind) String() string {
 	return "unknown"
 }
 
-// Result says what one attempt got.
-type Result int
-
-// The results of an attempt.
-const (
-	// ResultResponse: a response's headers arrived; its status is in
-	// StatusCode.
-	ResultResponse Result = iota + 1
-	// ResultTimeout: no response within the attempt timeout
-	// (ErrAttemptTimeout), or another timeout of the transport.
-	ResultTimeout
-	// ResultTransportError: no response, because of another error of the
-	// transport: a refused or reset connection, a connection closed before
-	// the response, a TLS error, a refused redirect.
-	ResultTransportError
-	// ResultCanceled: the caller's context ended.
-	ResultCanceled
-)
-
-var resultNames = [...]string{
-	ResultResponse:       "response",
-	ResultTimeout:        "timeout",
-	ResultTransportError: "transport_error",
-	ResultCanceled:       "canceled",
-}
-
-// String returns the result's name, in snake case for use as a metric
-// attribute: "response", "timeout", "transport_error", "canceled".
-func (r Result) String() string {
-	if r > 0 && int(r) < len(resultNames) {
-		return resultNames[r]
-	}
-	return "unknown"
-}
-
 // An Observer receives the Client's events. It is called on the goroutine
 // that called Do, before the next attempt's wait or before Do returns, so it
 // must be quick, and safe for concurrent use. Its context is the request's.
 type Observer func(ctx context.Context, e Event)
-
-// resultOf classifies the result of an attempt of c.
-func (c *call) resultOf(resp *http.Response, err error) Result {
-	switch {
-	case err == nil:
-		return ResultResponse
-	case errors.Is(err, ErrAttemptTimeout):
-		return ResultTimeout
-	case c.ctx.Err() != nil:
-		return ResultCanceled
-	case isTimeout(err):
-		return ResultTimeout
-	}
-	return ResultTransportError
-}
 
 // observation is what a call keeps for its observer: its number and start,
 // and its last attempt's.
@@ -175,7 +127,6 @@ type observation struct {
 	start    time.Time
 	sent     time.Time
 	took     time.Duration
-	result   Result
 	status   int
 	replayed bool
 	err      error
@@ -185,11 +136,9 @@ type observation struct {
 // ended.
 func (o *observation) record(c *call, resp *http.Response, err error) {
 	o.took = time.Since(o.sent)
-	o.result = c.resultOf(resp, err)
 	o.status, o.replayed = 0, false
 	if resp != nil && err == nil {
 		o.status = resp.StatusCode
-		o.replayed = c.cfg.replayed(resp.Header)
 	}
 	o.err = err
 }
@@ -198,7 +147,7 @@ func (o *observation) record(c *call, resp *http.Response, err error) {
 // with err, while the call waited to retry.
 func (o *observation) noAttempt(err error) {
 	o.sent, o.took = time.Time{}, 0
-	o.result, o.status, o.replayed, o.err = ResultCanceled, 0, false, err
+	o.status, o.replayed, o.err = 0, false, err
 }
 
 // emit tells the observer of the attempt that just ended.
@@ -207,7 +156,7 @@ func (c *call) emit(kind EventKind) {
 	e := Event{
 		Kind: kind, Key: c.key, Method: c.method, Call: o.id, Attempt: c.attempts,
 		Start: o.start, Sent: o.sent, Took: o.took, Elapsed: time.Since(o.start),
-		Result: o.result, StatusCode: o.status, Err: o.err, Replayed: o.replayed,
+		StatusCode: o.status, Err: o.err, Replayed: o.replayed,
 		Budget: c.cfg.budget.left(),
 	}
 	switch kind {

@@ -2,6 +2,7 @@ package idempotency_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"sync"
@@ -57,7 +58,7 @@ func TestEvents(t *testing.T) {
 		steps  []http.HandlerFunc
 		opts   []idempotency.Option
 		want   []idempotency.EventKind
-		result []idempotency.Result
+		result []string
 		status []int
 		budget []int
 		// stopped is the final event's Stopped.
@@ -69,22 +70,22 @@ func TestEvents(t *testing.T) {
 			name:   "completed",
 			steps:  []http.HandlerFunc{status(http.StatusCreated)},
 			want:   []idempotency.EventKind{idempotency.EventCompleted},
-			result: []idempotency.Result{idempotency.ResultResponse},
+			result: []string{"response"},
 			status: []int{201}, budget: []int{500}, response: true,
 		},
 		{
 			name:   "retried then completed",
 			steps:  []http.HandlerFunc{lost, status(http.StatusServiceUnavailable), status(http.StatusCreated)},
 			want:   []idempotency.EventKind{idempotency.EventRetried, idempotency.EventRetried, idempotency.EventCompleted},
-			result: []idempotency.Result{idempotency.ResultTransportError, idempotency.ResultResponse, idempotency.ResultResponse},
+			result: []string{"transport_error", "response", "response"},
 			// Each retry costs 5 tokens; the success gives them back.
 			status: []int{0, 503, 201}, budget: []int{495, 490, 500}, response: true,
 		},
 		{
 			name:   "replayed",
-			steps:  []http.HandlerFunc{status(http.StatusCreated, idempotency.HeaderReplayed, "true")},
+			steps:  []http.HandlerFunc{status(http.StatusCreated, hdrReplayed, "true")},
 			want:   []idempotency.EventKind{idempotency.EventReplayed},
-			result: []idempotency.Result{idempotency.ResultResponse},
+			result: []string{"response"},
 			status: []int{201}, budget: []int{500}, response: true,
 		},
 		{
@@ -92,7 +93,7 @@ func TestEvents(t *testing.T) {
 			steps:  []http.HandlerFunc{status(http.StatusConflict, "Retry-After", "0")},
 			opts:   []idempotency.Option{idempotency.WithMaxAttempts(2)},
 			want:   []idempotency.EventKind{idempotency.EventRetried, idempotency.EventGaveUp},
-			result: []idempotency.Result{idempotency.ResultResponse, idempotency.ResultResponse},
+			result: []string{"response", "response"},
 			status: []int{409, 409}, budget: []int{495, 495}, stopped: idempotency.ErrAttemptsExhausted, response: true,
 		},
 		{
@@ -100,15 +101,15 @@ func TestEvents(t *testing.T) {
 			steps:  []http.HandlerFunc{status(http.StatusServiceUnavailable)},
 			opts:   []idempotency.Option{idempotency.WithBudget(idempotency.NewBudget(5))},
 			want:   []idempotency.EventKind{idempotency.EventRetried, idempotency.EventGaveUp},
-			result: []idempotency.Result{idempotency.ResultResponse, idempotency.ResultResponse},
+			result: []string{"response", "response"},
 			status: []int{503, 503}, budget: []int{0, 0}, stopped: idempotency.ErrBudgetExhausted, response: true,
 		},
 		{
 			name:   "gave up: not keyed",
 			steps:  []http.HandlerFunc{status(http.StatusServiceUnavailable)},
-			opts:   []idempotency.Option{idempotency.WithMethods(http.MethodPatch), idempotency.WithoutBudget()},
+			opts:   []idempotency.Option{idempotency.WithMethods(http.MethodPatch), idempotency.WithBudget(nil)},
 			want:   []idempotency.EventKind{idempotency.EventGaveUp},
-			result: []idempotency.Result{idempotency.ResultResponse},
+			result: []string{"response"},
 			status: []int{503}, budget: []int{-1}, stopped: idempotency.ErrNotIdempotent, response: true,
 		},
 		{
@@ -116,7 +117,7 @@ func TestEvents(t *testing.T) {
 			steps:  []http.HandlerFunc{stall, status(http.StatusCreated)},
 			opts:   []idempotency.Option{idempotency.WithAttemptTimeout(100 * time.Millisecond)},
 			want:   []idempotency.EventKind{idempotency.EventRetried, idempotency.EventCompleted},
-			result: []idempotency.Result{idempotency.ResultTimeout, idempotency.ResultResponse},
+			result: []string{"timeout", "response"},
 			// A retry after a timeout costs 10.
 			status: []int{0, 201}, budget: []int{490, 500}, response: true,
 		},
@@ -125,7 +126,7 @@ func TestEvents(t *testing.T) {
 			steps:  []http.HandlerFunc{lost},
 			opts:   []idempotency.Option{idempotency.WithRetryPolicy(noRetry)},
 			want:   []idempotency.EventKind{idempotency.EventFailed},
-			result: []idempotency.Result{idempotency.ResultTransportError},
+			result: []string{"transport_error"},
 			status: []int{0}, budget: []int{500},
 		},
 	}
@@ -147,7 +148,7 @@ func TestEvents(t *testing.T) {
 			last := got[len(got)-1]
 			for i, e := range got {
 				assert.Equal(t, i+1, e.Attempt, "event %d: Attempt", i)
-				assert.Equal(t, tt.result[i], e.Result, "event %d: Result %s, want %s", i, e.Result, tt.result[i])
+				assert.Equal(t, tt.result[i], resultOf(e), "event %d: result", i)
 				assert.Equal(t, tt.status[i], e.StatusCode, "event %d: StatusCode", i)
 				assert.Equal(t, tt.budget[i], e.Budget, "event %d: Budget", i)
 				assert.Equal(t, http.MethodPost, e.Method)
@@ -215,7 +216,7 @@ func TestEventsCanceled(t *testing.T) {
 		assert.True(t, e.Sent.IsZero(), "Sent of a wait")
 		assert.Zero(t, e.Took)
 		assert.Zero(t, e.StatusCode)
-		assert.Equal(t, idempotency.ResultCanceled, e.Result)
+		assert.Equal(t, "canceled", resultOf(e))
 		assert.ErrorIs(t, e.Err, context.Canceled)
 	})
 	t.Run("during an attempt", func(t *testing.T) {
@@ -238,7 +239,7 @@ func TestEventsCanceled(t *testing.T) {
 		require.ErrorIs(t, err, context.Canceled)
 		got := o.events()
 		require.Equal(t, []idempotency.EventKind{idempotency.EventCanceled}, kinds(got))
-		assert.Equal(t, idempotency.ResultCanceled, got[0].Result)
+		assert.Equal(t, "canceled", resultOf(got[0]))
 		assert.False(t, got[0].Sent.IsZero())
 	})
 }
@@ -261,10 +262,21 @@ func TestEventKindString(t *testing.T) {
 	} {
 		assert.Equal(t, want, k.String())
 	}
-	for r, want := range map[idempotency.Result]string{
-		idempotency.ResultResponse: "response", idempotency.ResultTimeout: "timeout",
-		idempotency.ResultTransportError: "transport_error", idempotency.ResultCanceled: "canceled", 0: "unknown",
-	} {
-		assert.Equal(t, want, r.String())
+}
+
+// resultOf says what the attempt of e got, from its error, as an observer
+// tells it: "response", "timeout", "canceled" or "transport_error".
+func resultOf(e idempotency.Event) string {
+	var timeout interface{ Timeout() bool }
+	switch {
+	case e.Err == nil:
+		return "response"
+	case errors.Is(e.Err, idempotency.ErrAttemptTimeout):
+		return "timeout"
+	case errors.Is(e.Err, context.Canceled), errors.Is(e.Err, context.DeadlineExceeded):
+		return "canceled"
+	case errors.As(e.Err, &timeout) && timeout.Timeout():
+		return "timeout"
 	}
+	return "transport_error"
 }

@@ -2,7 +2,6 @@ package idempotency_test
 
 import (
 	"context"
-	"encoding/hex"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -22,7 +21,7 @@ func ExampleContextWithStep() {
 	requests, charges := 0, map[string]bool{}
 	provider := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		requests++
-		charges[r.Header.Get(idempotency.HeaderKey)] = true
+		charges[r.Header.Get(hdrKey)] = true
 		w.WriteHeader(http.StatusCreated)
 	}))
 	defer provider.Close()
@@ -65,9 +64,10 @@ func ExampleContextWithStep() {
 // every process and every run of the handler, and in every version of this
 // package: changing how keys are derived would make a handler's retry after
 // an upgrade send new keys.
-func ExampleDerivedKey() {
+func ExampleClient_DerivedKey() {
 	ctx := incoming.NewContext(context.Background(), &incoming.Key{Scope: "tenant-7", Key: "order-42"})
-	key, ok := idempotency.DerivedKey(ctx, "charge")
+	var client idempotency.Client // the zero Client derives without a secret
+	key, ok := client.DerivedKey(ctx, "charge")
 	fmt.Println(key, ok)
 	// Output:
 	// 74222cf6-ee01-8d99-a7f9-b4f2ebb7aa29 true
@@ -75,22 +75,15 @@ func ExampleDerivedKey() {
 
 // A handler whose incoming keys are order numbers, which a downstream
 // service could guess from a derived key: the Client derives keys with a
-// secret, shared by every instance of the service, and writes them in the
-// format the downstream service takes.
-func ExampleClient_DerivedKey() {
+// secret, shared by every instance of the service.
+func ExampleWithDerivedKeySecret() {
 	secret := []byte("32 bytes of the service's secret") // from the service's secret store
-	client, err := idempotency.NewClient(
-		idempotency.WithDerivedKeySecret(secret),
-		idempotency.WithDerivedKeyFunc(func(sum [32]byte) (string, error) {
-			return "ord_" + hex.EncodeToString(sum[:16]), nil
-		}))
+	client, err := idempotency.NewClient(idempotency.WithDerivedKeySecret(secret))
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
 	ctx := incoming.NewContext(context.Background(), &incoming.Key{Scope: "tenant-7", Key: "order-42"})
-	key, ok, err := client.DerivedKey(ctx, "charge")
-	fmt.Println(key, ok, err)
-	// Output:
-	// ord_144f63994660f97f79ee7ab4e62b7443 true <nil>
+	key, ok := client.DerivedKey(ctx, "charge")
+	fmt.Println(key, ok)
 }

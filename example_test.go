@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -58,8 +59,8 @@ func ExampleClient_Do() {
 // response.
 func ExampleOutcomeOf() {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get(idempotency.HeaderKey) == "order-2026-0042" {
-			w.Header().Set(idempotency.HeaderReplayed, "true")
+		if r.Header.Get(hdrKey) == "order-2026-0042" {
+			w.Header().Set(hdrReplayed, "true")
 		}
 		w.WriteHeader(http.StatusCreated)
 	}))
@@ -86,7 +87,7 @@ func ExampleOutcomeOf() {
 // A Client behind an API client that takes an *http.Client.
 func ExampleClient_StandardClient() {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprint(w, len(r.Header.Get(idempotency.HeaderKey)))
+		fmt.Fprint(w, len(r.Header.Get(hdrKey)))
 	}))
 	defer srv.Close()
 
@@ -129,7 +130,7 @@ func ExampleWithObserver() {
 	c, err := idempotency.NewClient(
 		idempotency.WithHTTPClient(srv.Client()),
 		idempotency.WithObserver(func(_ context.Context, e idempotency.Event) {
-			fmt.Println(e.Attempt, e.Kind, e.Result, e.StatusCode, "budget", e.Budget)
+			fmt.Println(e.Attempt, e.Kind, e.StatusCode, "budget", e.Budget)
 		}),
 	)
 	if err != nil {
@@ -145,8 +146,8 @@ func ExampleWithObserver() {
 	o, _ := idempotency.OutcomeOf(resp)
 	fmt.Println("outcome:", o.Kind)
 	// Output:
-	// 1 retried response 503 budget 495
-	// 2 completed response 201 budget 500
+	// 1 retried 503 budget 495
+	// 2 completed 201 budget 500
 	// outcome: completed
 }
 
@@ -156,13 +157,58 @@ func ExampleNewClient_invalidOptions() {
 	_, err := idempotency.NewClient(
 		idempotency.WithMaxAttempts(0),
 		nil,
-		idempotency.WithBudget(nil),
+		idempotency.WithDialect(nil),
 		idempotency.WithMethods("post", ""),
 	)
 	fmt.Println(err)
 	// Output:
 	// idempotency: max attempts 0 is below 1
 	// idempotency: option 1 is nil
-	// idempotency: WithBudget needs a Budget (WithoutBudget turns the budget off)
+	// idempotency: WithDialect needs a function
 	// idempotency: WithMethods needs method names, not an empty one
+}
+
+// An API with a dialect of its own: the key in X-Request-Key, as the IETF
+// draft's quoted string, and a replay said with X-Replayed: yes. Requests
+// to other hosts keep this module's own dialect.
+func ExampleWithDialect() {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Println("key sent quoted:", strings.HasPrefix(r.Header.Get("X-Request-Key"), `"`))
+		w.Header().Set("X-Replayed", "yes")
+		w.WriteHeader(http.StatusOK)
+	}))
+	defer srv.Close()
+
+	client, err := idempotency.NewClient(
+		idempotency.WithHTTPClient(srv.Client()),
+		idempotency.WithDialect(func(req *http.Request) idempotency.Dialect {
+			if req.URL.Host != strings.TrimPrefix(srv.URL, "http://") {
+				return idempotency.Dialect{}
+			}
+			return idempotency.Dialect{
+				Header: "X-Request-Key",
+				Key:    func(key string) (string, error) { return strconv.Quote(key), nil },
+				Answer: func(resp *http.Response, _ []byte) (idempotency.EventKind, time.Duration, error) {
+					if resp.Header.Get("X-Replayed") == "yes" {
+						return idempotency.EventReplayed, 0, nil
+					}
+					return 0, 0, nil
+				},
+			}
+		}))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	resp, err := client.Post(context.Background(), srv.URL+"/orders", "application/json", strings.NewReader(`{}`))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	resp.Body.Close()
+	out, _ := idempotency.OutcomeOf(resp)
+	fmt.Println("replayed:", out.Replayed)
+	// Output:
+	// key sent quoted: true
+	// replayed: true
 }

@@ -5,3 +5,10 @@ package idempotency
 func WithRand(rnd func(n int64) int64) Option {
 	return func(c *config) { c.rand = rnd }
 }
+
+// Available returns the tokens left in b, for the tests of package
+// idempotency_test.
+func Available(b *Budget) int { return b.left() }
+
+// Capacity returns the capacity of b.
+func Capacity(b *Budget) int { return int(b.capacity) }

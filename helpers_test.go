@@ -88,7 +88,7 @@ type keyServer struct {
 
 func (s *keyServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
-	key := r.Header.Get(idempotency.HeaderKey)
+	key := r.Header.Get(hdrKey)
 
 	s.mu.Lock()
 	s.attempts++
@@ -115,7 +115,7 @@ func (s *keyServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if replayed {
-		w.Header().Set(idempotency.HeaderReplayed, "true")
+		w.Header().Set(hdrReplayed, "true")
 	}
 	w.WriteHeader(http.StatusCreated)
 	io.WriteString(w, stored)
@@ -146,7 +146,7 @@ func (s *script) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	io.Copy(io.Discard, r.Body)
 	n := int(s.hits.Add(1))
 	s.mu.Lock()
-	s.keys = append(s.keys, r.Header.Get(idempotency.HeaderKey))
+	s.keys = append(s.keys, r.Header.Get(hdrKey))
 	step := s.steps[min(n, len(s.steps))-1]
 	s.mu.Unlock()
 	step(w, r)
@@ -226,3 +226,9 @@ func onRetry(fn func()) idempotency.Option {
 		}
 	})
 }
+
+// The headers of this module's own dialect, the zero idempotency.Dialect.
+const (
+	hdrKey      = "Idempotency-Key"
+	hdrReplayed = "Idempotent-Replayed"
+)

@@ -8,54 +8,17 @@ import (
 	"github.com/idemkit/idempotency/internal/keyfield"
 )
 
-// KeyHonour says what a response tells of whether the server honours the
-// idempotency key; see [Outcome.Honour].
-type KeyHonour uint8
-
-// What a response tells of the key.
-const (
-	// HonourUnknown: nothing tells. The request had no key, or it was
-	// answered at the first attempt with neither an echo of the key nor a
-	// replay marker, which is all that a server that honours keys but
-	// does not echo them sends.
-	HonourUnknown KeyHonour = iota
-	// Honoured: the response carries the key back in the key header (as
-	// package server's middleware does by default), or is marked as a
-	// replay.
-	Honoured
-	// MayNotHonour: the request was retried, and the response carries
-	// neither the key back nor a replay marker. A server that ignores keys
-	// answers so; if this one does, an earlier attempt may have run the
-	// operation too. The response is returned as any other; the Client
-	// also logs it once at level Warn, if it has a logger.
-	MayNotHonour
-)
-
-var keyHonourNames = [...]string{
-	HonourUnknown: "unknown",
-	Honoured:      "honoured",
-	MayNotHonour:  "may_not_honour",
-}
-
-// String returns the name of h: "unknown", "honoured", "may_not_honour".
-func (h KeyHonour) String() string {
-	if int(h) < len(keyHonourNames) {
-		return keyHonourNames[h]
-	}
-	return "invalid"
-}
-
 // checkHonoured records what resp, the response that Do returns, tells of
 // the key.
 func (c *call) checkHonoured(resp *http.Response) {
 	if c.key == "" {
 		return
 	}
-	switch {
-	case echoes(resp.Header[c.cfg.header], c.key) || c.cfg.replayed(resp.Header):
-		c.honour = Honoured
-	case c.attempts > 1:
-		c.honour = MayNotHonour
+	if c.acked || c.replayed || echoes(resp.Header[c.d.header], c.key, c.keyValue[0]) {
+		c.honoured = true
+		return
+	}
+	if c.attempts > 1 {
 		if l := c.cfg.logger; l != nil && c.cfg.doubtLogged.CompareAndSwap(false, true) {
 			u := url.URL{Scheme: c.url.Scheme, Host: c.url.Host, Path: c.url.Path}
 			l.LogAttrs(c.ctx, slog.LevelWarn,
@@ -66,22 +29,72 @@ func (c *call) checkHonoured(resp *http.Response) {
 	}
 }
 
-// echoes reports whether the values of a response's key header hold key,
-// bare or as a Structured Field string.
-func echoes(values []string, key string) bool {
+// echoes reports whether the values of a response's key header hold the
+// key, bare, in the form it was sent in, or as a Structured Field string.
+func echoes(values []string, key, wire string) bool {
 	if len(values) != 1 {
 		return false
 	}
-	if values[0] == key {
+	if values[0] == key || wire != "" && values[0] == wire {
 		return true
 	}
 	got, err := keyfield.Parse(values[0])
 	return err == nil && got == key
 }
 
-// replayed reports whether h, a response's header, marks it as a replay.
-// The name is canonical already: no need for Header.Get to make it so.
-func (cfg *config) replayed(h http.Header) bool {
-	vs := h[cfg.replayHeader]
-	return len(vs) > 0 && vs[0] == "true"
+// Replay markers that the zero Dialect reads: this module's and Stripe's
+// (https://docs.stripe.com/api/idempotent_requests), and those of other
+// APIs: Integrated Finance's
+// (https://developer.integrated.finance/changelog/release-notes-for-idempotency-support),
+// PPRO's (https://developerhub.ppro.com/global-api/reference/api-requests-idempotency)
+// and fiskaly's (https://developer.fiskaly.com/blog/unified-api-idempotency-transparency).
+const (
+	markerReplayed      = "Idempotent-Replayed"    // true
+	markerStatus        = "X-Idempotency-Status"   // replayed
+	markerPPRO          = "Request-Idempotency"    // true
+	markerXReplayed     = "X-Idempotency-Replayed" // true
+	markerValueTrue     = "true"
+	markerValueReplayed = "replayed"
+)
+
+// replayedDefault reports whether h, a response's header, has a replay
+// marker that d reads without an Answer of its own: Idempotent-Replayed,
+// and for a Dialect whose key header is not Idempotency-Key the markers of
+// the other APIs too. The names are canonical already: no need for
+// Header.Get to make them so.
+func replayedDefault(d *dialect, h http.Header) bool {
+	if isMarker(h[markerReplayed], markerValueTrue) {
+		return true
+	}
+	return d.others && (isMarker(h[markerStatus], markerValueReplayed) ||
+		isMarker(h[markerPPRO], markerValueTrue) ||
+		isMarker(h[markerXReplayed], markerValueTrue))
+}
+
+func isMarker(vs []string, want string) bool {
+	if len(vs) == 0 {
+		return false
+	}
+	v := vs[0]
+	if len(v) >= 2 && v[0] == '"' && v[len(v)-1] == '"' {
+		// fiskaly quotes its value.
+		v = v[1 : len(v)-1]
+	}
+	return v == want || len(v) == len(want) && asciiEqualFold(v, want)
+}
+
+func asciiEqualFold(a, b string) bool {
+	for i := 0; i < len(a); i++ {
+		x, y := a[i], b[i]
+		if 'A' <= x && x <= 'Z' {
+			x += 'a' - 'A'
+		}
+		if 'A' <= y && y <= 'Z' {
+			y += 'a' - 'A'
+		}
+		if x != y {
+			return false
+		}
+	}
+	return true
 }

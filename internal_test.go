@@ -128,7 +128,7 @@ func TestBudgetConcurrent(t *testing.T) {
 	}
 	wg.Wait()
 	assert.Equal(t, 200, taken, "retries granted from 1000 tokens")
-	assert.Zero(t, b.Available())
+	assert.Zero(t, b.left())
 
 	for range 50 {
 		wg.Go(func() {
@@ -138,10 +138,10 @@ func TestBudgetConcurrent(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	assert.Equal(t, 1000, b.Available(), "refunds stop at the capacity")
+	assert.Equal(t, 1000, b.left(), "refunds stop at the capacity")
 
 	b.succeeded(3, 10)
-	assert.Equal(t, 1000, b.Available())
+	assert.Equal(t, 1000, b.left())
 	var none *Budget
 	assert.True(t, none.take(10), "a nil budget permits everything")
 }
@@ -150,10 +150,10 @@ func TestBudgetLargestCapacity(t *testing.T) {
 	b := NewBudget(math.MaxInt)
 	require.True(t, b.take(timeoutRetryCost))
 	b.refund(math.MaxInt64)
-	assert.Equal(t, math.MaxInt, b.Available(), "refund up to the capacity")
+	assert.Equal(t, math.MaxInt, b.left(), "refund up to the capacity")
 	require.True(t, b.take(retryCost))
 	b.succeeded(2, 3*timeoutRetryCost)
-	assert.Equal(t, math.MaxInt, b.Available())
+	assert.Equal(t, math.MaxInt, b.left())
 }
 
 func TestReadUpTo(t *testing.T) {

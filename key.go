@@ -4,20 +4,9 @@ import (
 	"context"
 	"crypto/rand"
 	"sync"
+	"time"
 
 	"github.com/google/uuid"
-)
-
-// Header names of the protocol. Both can be changed per Client (WithKeyHeader,
-// WithReplayedHeader) for servers that use other names.
-const (
-	// HeaderKey is the request header that carries the idempotency key.
-	HeaderKey = "Idempotency-Key"
-
-	// HeaderReplayed is the response header with which a server says that it
-	// did not run the request again but replayed the stored response of an
-	// earlier attempt with the same key. Its value is "true".
-	HeaderReplayed = "Idempotent-Replayed"
 )
 
 // NewKey returns a new idempotency key: a random (version 4) UUID in its
@@ -69,25 +58,24 @@ func (s *keySource) Read(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// newKey makes a version 4 key, or a version 7 one if v7.
-func (s *keySource) newKey(v7 bool) (string, error) {
-	if v7 {
-		u, err := uuid.NewV7FromReader(s)
-		if err != nil {
-			return "", err
-		}
-		return u.String(), nil
-	}
+// newKey makes a version 4 key.
+func (s *keySource) newKey() string {
 	// What uuid.NewRandomFromReader does, without its allocation: through
 	// an io.Reader, the UUID would escape to the heap.
 	var u uuid.UUID
 	s.Read(u[:])
 	u[6] = u[6]&0x0f | 0x40 // version 4
 	u[8] = u[8]&0x3f | 0x80 // variant 10, RFC 9562's
-	return u.String(), nil
+	return u.String()
 }
 
 type contextKey struct{}
+
+// contextKeyValue is what ContextWithKey puts in a context.
+type contextKeyValue struct {
+	key       string
+	firstSent time.Time
+}
 
 // ContextWithKey returns a copy of ctx that carries key as the idempotency key for
 // a request made with it. Use it when one logical operation spans several
@@ -95,16 +83,33 @@ type contextKey struct{}
 // store it with the operation, and send it on every try, so that the server
 // runs the operation at most once.
 //
+// firstSent, if given, is when the operation was first sent, for an API
+// that speaks OASIS Repeatable Requests (see Dialect.Header), which must
+// get the same Repeatability-First-Sent on every try: store time.Now()
+// with the key, before the first try, and give both to every try. Without
+// it, the Client takes the start of each call to Do. Only the first
+// firstSent is used.
+//
 // A key in the request header takes precedence over the context's key. The
 // context's key is used only for methods that get keys (POST and PATCH by
 // default; see [WithMethods]). Do checks the key and returns an error
 // wrapping ErrInvalidKey if it is not valid.
-func ContextWithKey(ctx context.Context, key string) context.Context {
-	return context.WithValue(ctx, contextKey{}, key)
+func ContextWithKey(ctx context.Context, key string, firstSent ...time.Time) context.Context {
+	v := contextKeyValue{key: key}
+	if len(firstSent) > 0 {
+		v.firstSent = firstSent[0]
+	}
+	return context.WithValue(ctx, contextKey{}, v)
 }
 
 // KeyFromContext returns the key stored in ctx by ContextWithKey, if any.
 func KeyFromContext(ctx context.Context) (string, bool) {
-	key, ok := ctx.Value(contextKey{}).(string)
-	return key, ok
+	v, ok := ctx.Value(contextKey{}).(contextKeyValue)
+	return v.key, ok
+}
+
+// keyFromContext returns what ContextWithKey stored in ctx, if anything.
+func keyFromContext(ctx context.Context) (contextKeyValue, bool) {
+	v, ok := ctx.Value(contextKey{}).(contextKeyValue)
+	return v, ok
 }

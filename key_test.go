@@ -1,13 +1,14 @@
 package idempotency_test
 
 import (
-	"errors"
 	"maps"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/assert"
@@ -73,7 +74,7 @@ func TestKeyPrecedence(t *testing.T) {
 			}
 			req := post(t, ctx, srv.URL, "x")
 			if tt.header != "" {
-				req.Header.Set(idempotency.HeaderKey, tt.header)
+				req.Header.Set(hdrKey, tt.header)
 			}
 
 			resp, err := c.Do(req)
@@ -110,38 +111,23 @@ func TestNewKey(t *testing.T) {
 	assert.Equal(t, uuid.Version(4), u.Version())
 }
 
-func TestKeyVersion7(t *testing.T) {
-	s := newScript(status(http.StatusCreated))
-	srv := newServer(t, s)
-	c := newClient(t, srv, idempotency.WithKeyVersion7())
-
-	resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
-	require.NoError(t, err)
-	resp.Body.Close()
-	u, err := uuid.Parse(outcome(t, resp).Key)
-	require.NoError(t, err)
-	assert.Equal(t, uuid.Version(7), u.Version())
-}
-
-func TestKeyFunc(t *testing.T) {
-	srv := newServer(t, newScript(status(http.StatusCreated)))
-
-	c := newClient(t, srv, idempotency.WithKeyFunc(func() (string, error) { return "fixed", nil }))
-	resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
-	require.NoError(t, err)
-	resp.Body.Close()
-	assert.Equal(t, "fixed", outcome(t, resp).Key)
-
-	boom := errors.New("no entropy")
-	c = newClient(t, srv, idempotency.WithKeyFunc(func() (string, error) { return "", boom }))
-	_, err = c.Do(post(t, t.Context(), srv.URL, "x"))
-	assert.ErrorIs(t, err, boom)
+// TestContextKeyFirstSent: ContextWithKey carries the time of the first
+// try; KeyFromContext still gives the key alone.
+func TestContextKeyFirstSent(t *testing.T) {
+	first := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
+	ctx := idempotency.ContextWithKey(t.Context(), "abc", first)
+	k, ok := idempotency.KeyFromContext(ctx)
+	assert.True(t, ok)
+	assert.Equal(t, "abc", k)
 }
 
 func TestQuotedKey(t *testing.T) {
 	s := newScript(status(http.StatusCreated))
 	srv := newServer(t, s)
-	c := newClient(t, srv, idempotency.WithQuotedKey())
+	// The IETF draft's form: a Structured Field string.
+	c := newClient(t, srv, idempotency.WithDialect(func(*http.Request) idempotency.Dialect {
+		return idempotency.Dialect{Key: func(k string) (string, error) { return strconv.Quote(k), nil }}
+	}))
 
 	resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
 	require.NoError(t, err)
@@ -160,7 +146,17 @@ func TestCustomHeaderNames(t *testing.T) {
 		w.Header().Set("X-Replayed", "true")
 		w.WriteHeader(http.StatusOK)
 	}))
-	c := newClient(t, srv, idempotency.WithKeyHeader("x-request-key"), idempotency.WithReplayedHeader("x-replayed"))
+	c := newClient(t, srv, idempotency.WithDialect(func(*http.Request) idempotency.Dialect {
+		return idempotency.Dialect{
+			Header: "x-request-key",
+			Answer: func(resp *http.Response, _ []byte) (idempotency.EventKind, time.Duration, error) {
+				if resp.Header.Get("X-Replayed") == "true" {
+					return idempotency.EventReplayed, 0, nil
+				}
+				return 0, 0, nil
+			},
+		}
+	}))
 
 	resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
 	require.NoError(t, err)
@@ -168,6 +164,7 @@ func TestCustomHeaderNames(t *testing.T) {
 	o := outcome(t, resp)
 	assert.Equal(t, o.Key, <-got)
 	assert.True(t, o.Replayed)
+	assert.True(t, o.Honoured)
 }
 
 func TestKeyedMethods(t *testing.T) {
@@ -298,14 +295,14 @@ func TestCallerKeyInAnyCase(t *testing.T) {
 		{"upper case", nil, http.MethodPost, http.Header{"IDEMPOTENCY-KEY": {"k-3"}}, "k-3"},
 		{"lower case, quoted", nil, http.MethodPost, http.Header{"idempotency-key": {`"k-4"`}}, "k-4"},
 		{"lower case on an unkeyed method", nil, http.MethodPut, http.Header{"idempotency-key": {"k-5"}}, "k-5"},
-		{"custom header name", idempotency.WithKeyHeader("X-Request-Key"), http.MethodPost, http.Header{"x-request-key": {"k-6"}}, "k-6"},
+		{"custom header name", idempotency.WithDialect(func(*http.Request) idempotency.Dialect { return idempotency.Dialect{Header: "X-Request-Key"} }), http.MethodPost, http.Header{"x-request-key": {"k-6"}}, "k-6"},
 		{"two values", nil, http.MethodPost, http.Header{"Idempotency-Key": {"k-7", "k-8"}}, ""},
 		{"two names", nil, http.MethodPost, http.Header{"Idempotency-Key": {"k-9"}, "idempotency-key": {"k-10"}}, ""},
 		{"two names, one key", nil, http.MethodPost, http.Header{"Idempotency-Key": {"k-11"}, "idempotency-key": {"k-11"}}, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			headerName := idempotency.HeaderKey
+			headerName := hdrKey
 			var opts []idempotency.Option
 			if tt.option != nil {
 				headerName = "X-Request-Key"

@@ -20,12 +20,7 @@ func TestKeySourceConcurrent(t *testing.T) {
 	for range goroutines {
 		wg.Go(func() {
 			for range perGoroutine {
-				k, err := s.newKey(false)
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				keys <- k
+				keys <- s.newKey()
 			}
 		})
 	}
@@ -40,15 +35,6 @@ func TestKeySourceConcurrent(t *testing.T) {
 		distinct[k] = true
 	}
 	assert.Len(t, distinct, goroutines*perGoroutine, "distinct keys")
-}
-
-func TestKeySourceVersion7(t *testing.T) {
-	var s keySource
-	k, err := s.newKey(true)
-	require.NoError(t, err)
-	u, err := uuid.Parse(k)
-	require.NoError(t, err)
-	assert.Equal(t, uuid.Version(7), u.Version())
 }
 
 func TestKeySourceRead(t *testing.T) {
@@ -80,9 +66,7 @@ func BenchmarkNewKey(b *testing.B) {
 		var s keySource
 		b.ReportAllocs()
 		for b.Loop() {
-			if _, err := s.newKey(false); err != nil {
-				b.Fatal(err)
-			}
+			_ = s.newKey()
 		}
 	})
 	b.Run("uuid.NewRandom", func(b *testing.B) {

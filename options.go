@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
-	"net/textproto"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -31,14 +30,9 @@ type Option func(*config)
 type config struct {
 	httpClient *http.Client
 
-	header       string // canonical form
-	replayHeader string // canonical form
-	quoted       bool
-	keyFunc      func() (string, error) // nil: keys from keys
-	keyV7        bool
-	secret       []byte                             // of derived keys; nil: none
-	derivedFunc  func(sum [32]byte) (string, error) // nil: derived keys are UUIDs
-	keyed        []string
+	choose func(*http.Request) Dialect // nil: the zero Dialect for all
+	secret []byte                      // of derived keys; nil: none
+	keyed  []string
 
 	policy         Policy
 	maxAttempts    int
@@ -47,7 +41,7 @@ type config struct {
 	maxRetryAfter  time.Duration
 	attemptTimeout time.Duration
 	budget         *Budget
-	noBudget       bool
+	budgetSet      bool
 	maxBuffered    int64
 
 	logger   *slog.Logger
@@ -73,8 +67,6 @@ func (c *config) refuse(format string, args ...any) {
 
 func newConfig(opts []Option) (*config, error) {
 	cfg := &config{
-		header:         HeaderKey,
-		replayHeader:   HeaderReplayed,
 		keyed:          []string{http.MethodPost, http.MethodPatch},
 		policy:         DefaultPolicy,
 		maxAttempts:    defaultMaxAttempts,
@@ -95,9 +87,7 @@ func newConfig(opts []Option) (*config, error) {
 	if err := errors.Join(cfg.invalid...); err != nil {
 		return nil, err
 	}
-	cfg.header = textproto.CanonicalMIMEHeaderKey(cfg.header)
-	cfg.replayHeader = textproto.CanonicalMIMEHeaderKey(cfg.replayHeader)
-	if cfg.budget == nil && !cfg.noBudget {
+	if !cfg.budgetSet {
 		cfg.budget = NewBudget(defaultBudgetCapacity)
 	}
 
@@ -150,69 +140,6 @@ func WithHTTPClient(hc *http.Client) Option {
 		}
 		c.httpClient = hc
 	}
-}
-
-// WithKeyHeader sets the name of the request header that carries the key
-// (HeaderKey by default).
-func WithKeyHeader(name string) Option {
-	return func(c *config) {
-		if name == "" {
-			c.refuse("WithKeyHeader needs a header name")
-			return
-		}
-		c.header = name
-	}
-}
-
-// WithReplayedHeader sets the name of the response header whose value
-// "true" means that the server replayed a stored response
-// (HeaderReplayed by default); see [Outcome.Replayed].
-func WithReplayedHeader(name string) Option {
-	return func(c *config) {
-		if name == "" {
-			c.refuse("WithReplayedHeader needs a header name")
-			return
-		}
-		c.replayHeader = name
-	}
-}
-
-// WithQuotedKey makes the Client send the keys it adds as Structured Field
-// strings (RFC 8941), "…" with quotes, which is the form the IETF
-// Idempotency-Key draft specifies. By default keys are sent bare, the form
-// most APIs expect. A key already in the request header is sent as it is.
-func WithQuotedKey() Option {
-	return func(c *config) { c.quoted = true }
-}
-
-// WithKeyFunc sets the function that makes a key for a keyed request that
-// has none. By default the key is a random (version 4) UUID. If fn fails, Do
-// returns its error before any attempt; if it returns an invalid key, Do
-// returns an error wrapping ErrInvalidKey. Inside a handler, where the key
-// is derived from the incoming key (see DerivedKey), fn cannot make it, as
-// it makes a new key on every call: give WithDerivedKeyFunc too, to write
-// derived keys in fn's format, or Do refuses such requests with
-// ErrDerivedKeyFormat rather than send a key of another format.
-func WithKeyFunc(fn func() (string, error)) Option {
-	return func(c *config) {
-		if fn == nil {
-			c.refuse("WithKeyFunc needs a function")
-			return
-		}
-		c.keyFunc = fn
-	}
-}
-
-// WithKeyVersion7 makes the Client's keys time-ordered (version 7) UUIDs,
-// whose first 48 bits are a millisecond timestamp and the rest random, so
-// that keys stored in a B-tree index are inserted near each other. It
-// replaces a key function given before it with [WithKeyFunc]. A key
-// derived inside a handler (see DerivedKey) has a version 7 UUID's shape,
-// for a downstream service that checks it, but its first 48 bits come from
-// the derivation, like the rest: they are not a time, since the key must
-// be the same in every run of the handler.
-func WithKeyVersion7() Option {
-	return func(c *config) { c.keyFunc, c.keyV7 = nil, true }
 }
 
 // WithMethods sets the methods whose requests get a key: POST and PATCH
@@ -310,22 +237,12 @@ func WithAttemptTimeout(d time.Duration) Option {
 }
 
 // WithBudget makes the Client draw its retries from b, which may be shared
-// with other clients so that they limit their retries together. A nil b is
-// an error: [WithoutBudget] turns the budget off.
+// with other clients so that they limit their retries together; a nil b
+// turns the budget off, so that retries are limited only by the number of
+// attempts and the request's context. Without it, every Client has a
+// Budget of its own (see [Budget]).
 func WithBudget(b *Budget) Option {
-	return func(c *config) {
-		if b == nil {
-			c.refuse("WithBudget needs a Budget (WithoutBudget turns the budget off)")
-			return
-		}
-		c.budget, c.noBudget = b, false
-	}
-}
-
-// WithoutBudget turns the retry budget off: retries are then limited only by
-// the number of attempts and the request's context.
-func WithoutBudget() Option {
-	return func(c *config) { c.budget, c.noBudget = nil, true }
+	return func(c *config) { c.budget, c.budgetSet = b, true }
 }
 
 // WithMaxBufferedBody sets how many bytes of a request body without GetBody

@@ -35,9 +35,12 @@ type Policy func(resp *http.Response, err error) bool
 // 503 Service Unavailable and 504 Gateway Timeout.
 //
 // It retries a 409 Conflict only when it is the answer that a request with
-// the same key is still being processed (see [InFlight]): a 409 whose
-// problem document has this module's in-flight type or code, or the
-// in-flight title of the IETF draft's examples, or a 409 with Retry-After.
+// the same key is still being processed: a 409 whose problem document
+// (which Do reads, up to 4 KiB, and leaves for the caller) has this
+// module's in-flight type or code, or the in-flight title of the IETF
+// draft's examples, or a 409 with Retry-After; never one that says
+// "outcome unknown". A Dialect's Answer marks the in-flight answers of
+// other APIs, which are retried whatever the Policy says.
 // Any other 409 is a business conflict ("email already registered"),
 // which another attempt would only repeat. To retry every 409, widen it:
 //
@@ -72,19 +75,19 @@ func DefaultPolicy(resp *http.Response, err error) bool {
 		http.StatusServiceUnavailable, http.StatusGatewayTimeout:
 		return true
 	case http.StatusConflict:
-		return InFlight(resp)
+		return inFlight(resp)
 	}
 	return false
 }
 
-// InFlight reports whether resp is a server's answer that a request with
+// inFlight reports whether resp is a server's answer that a request with
 // the same key is still being processed, so that a retry after a while is
 // safe and may get the response: a 409 Conflict with Retry-After, or whose
 // problem document (which Do reads, up to 4 KiB, before it asks the Policy,
 // and leaves for the caller to read) has the type or the code of this
 // module's in-flight answer, or the title of the IETF draft's in-flight
 // example. A 409 that says "outcome unknown" is final, never in flight.
-func InFlight(resp *http.Response) bool {
+func inFlight(resp *http.Response) bool {
 	if resp == nil || resp.StatusCode != http.StatusConflict {
 		return false
 	}
@@ -163,8 +166,6 @@ func retryAfter(h http.Header, now time.Time, limit time.Duration) (time.Duratio
 
 // answerKind is what the problem document of a response says about its key.
 type answerKind = hint.Answer
-
-const answerNone = hint.None
 
 // readAnswer reads the problem document of a 409 or a 422 response, within
 // bound, and leaves its body whole for the caller.

@@ -164,7 +164,7 @@ func TestTransport(t *testing.T) {
 	s := newScript(status(http.StatusBadGateway), status(http.StatusOK))
 	srv := newServer(t, s)
 	c := newClient(t, srv)
-	hc := &http.Client{Transport: c.Transport()}
+	hc := &http.Client{Transport: c.StandardClient().Transport}
 
 	req, err := http.NewRequestWithContext(t.Context(), http.MethodPatch, srv.URL, strings.NewReader("x"))
 	require.NoError(t, err)

@@ -28,7 +28,7 @@ func BenchmarkObserve(b *testing.B) {
 		ClaimTook: time.Millisecond, HandlerTook: 5 * time.Millisecond, StoreTook: time.Millisecond, Acquired: true}
 	completed := idempotency.Event{Kind: idempotency.EventCompleted, Key: "k", Method: "POST", Call: 1, Attempt: 1,
 		Start: start, Sent: start, Took: 5 * time.Millisecond, Elapsed: 5 * time.Millisecond,
-		Result: idempotency.ResultResponse, StatusCode: 201, Budget: 500}
+		StatusCode: 201, Budget: 500}
 	for _, s := range samplers {
 		tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(s.sampler))
 		opts := []idemotel.Option{idemotel.WithMeterProvider(mp), idemotel.WithTracerProvider(tp)}

@@ -179,12 +179,20 @@ func (o *clientObserver) attrs(extra int) []attribute.KeyValue {
 
 // attemptErrorType is error.type for an attempt: its status when it is an
 // error, as the HTTP semantic conventions say, or what it got instead of a
-// response.
+// response: "timeout", "canceled" or "transport_error".
 func attemptErrorType(e idempotency.Event) string {
-	if e.Result == idempotency.ResultResponse {
+	var timeout interface{ Timeout() bool }
+	switch {
+	case e.Err == nil:
 		return statusErrorType(e.StatusCode, true)
+	case errors.Is(e.Err, idempotency.ErrAttemptTimeout):
+		return "timeout"
+	case errors.Is(e.Err, context.Canceled), errors.Is(e.Err, context.DeadlineExceeded):
+		return "canceled"
+	case errors.As(e.Err, &timeout) && timeout.Timeout():
+		return "timeout"
 	}
-	return e.Result.String()
+	return "transport_error"
 }
 
 // span records the operation as a span, child of the one in ctx, begun at

@@ -41,7 +41,7 @@ func scripted(t *testing.T, statuses ...int) string {
 			return
 		case 299:
 			// A replay.
-			w.Header().Set(idempotency.HeaderReplayed, "true")
+			w.Header().Set("Idempotent-Replayed", "true")
 			code = http.StatusCreated
 		}
 		w.WriteHeader(code)

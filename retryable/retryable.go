@@ -10,7 +10,7 @@
 //     carried in the context with idempotency.ContextWithKey wins. Inside
 //     a handler behind the middleware of package server, the key is
 //     derived from the handler's incoming key, as the Client derives it
-//     (idempotency.ContextWithStep, idempotency.DerivedKey): a version 8
+//     (idempotency.ContextWithStep, idempotency.Client.DerivedKey): a version 8
 //     UUID, derived with the secret of [WithDerivedKeySecret] if given.
 //   - a request is retried only if it is safe to repeat: its method is
 //     idempotent (GET, HEAD, PUT, DELETE, OPTIONS, TRACE) or it has a key.
@@ -46,6 +46,10 @@ import (
 	"github.com/idemkit/idempotency/internal/derive"
 	"github.com/idemkit/idempotency/internal/hint"
 )
+
+// headerKey is the header of the key: the one of this module's own dialect
+// (idempotency.Dialect's zero value).
+const headerKey = "Idempotency-Key"
 
 // problemBound bounds the reading of a 409's or a 422's problem document,
 // as the Client bounds the drain of a body it discards.
@@ -151,18 +155,18 @@ func setKey(req *http.Request, secret []byte) {
 	if h == nil {
 		h = make(http.Header, 1)
 	}
-	h[idempotency.HeaderKey] = []string{key}
+	h[headerKey] = []string{key}
 	req.Header = h
 }
 
 // hasKey reports whether h holds a key, under any letter case of the
 // header's name.
 func hasKey(h http.Header) bool {
-	if len(h[idempotency.HeaderKey]) > 0 {
+	if len(h[headerKey]) > 0 {
 		return true
 	}
 	for name, vs := range h {
-		if len(vs) > 0 && textproto.CanonicalMIMEHeaderKey(name) == idempotency.HeaderKey {
+		if len(vs) > 0 && textproto.CanonicalMIMEHeaderKey(name) == headerKey {
 			return true
 		}
 	}

@@ -231,7 +231,7 @@ func Run(ctx context.Context, store engine.Store, link StoreLink, cfg Config) (*
 	// The audit checks the records, not the client: its retries must not
 	// depend on what the faults left of the run's retry budget, which on a
 	// slow machine is nothing.
-	auditClient, err := idempotency.NewClient(append(clientOpts, idempotency.WithoutBudget())...)
+	auditClient, err := idempotency.NewClient(append(clientOpts, idempotency.WithBudget(nil))...)
 	if err != nil {
 		return nil, fmt.Errorf("faultrun: %w", err)
 	}

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemkit/idempotency"
@@ -25,9 +26,10 @@ type StormConfig struct {
 	// 50). The storm ends once every one of its operations has been sent
 	// at least once.
 	Operations, After, Callers int
-	// Budget is the client's retry budget, so that the report can say how
-	// it drained and refilled; nil runs the client without one.
-	Budget *idempotency.Budget
+	// Budget is the capacity of the client's retry budget, so that the
+	// report can say how it drained and refilled; 0 runs the client
+	// without one.
+	Budget int
 	// ClientOptions come after the storm's own (the budget).
 	ClientOptions []idempotency.Option
 }
@@ -90,9 +92,17 @@ func Storm(ctx context.Context, cfg StormConfig) (*StormReport, error) {
 	defer srv.close()
 	tr := &http.Transport{MaxIdleConnsPerHost: cfg.Callers}
 	defer tr.CloseIdleConnections()
-	opts := []idempotency.Option{idempotency.WithHTTPClient(&http.Client{Transport: tr}), idempotency.WithoutBudget()}
-	if cfg.Budget != nil {
-		opts[1] = idempotency.WithBudget(cfg.Budget)
+	// What the budget holds, as the client's events tell.
+	var left atomic.Int64
+	left.Store(int64(cfg.Budget))
+	var budget *idempotency.Budget
+	if cfg.Budget > 0 {
+		budget = idempotency.NewBudget(cfg.Budget)
+	}
+	opts := []idempotency.Option{
+		idempotency.WithHTTPClient(&http.Client{Transport: tr}),
+		idempotency.WithBudget(budget),
+		idempotency.WithObserver(func(_ context.Context, e idempotency.Event) { left.Store(int64(e.Budget)) }),
 	}
 	client, err := idempotency.NewClient(append(opts, cfg.ClientOptions...)...)
 	if err != nil {
@@ -108,7 +118,7 @@ func Storm(ctx context.Context, cfg StormConfig) (*StormReport, error) {
 		lastStorm  time.Time
 		firstAfter time.Time
 	)
-	refilled := cfg.Budget == nil
+	refilled := cfg.Budget == 0
 	next := make(chan int)
 	var callers sync.WaitGroup
 	for range cfg.Callers {
@@ -133,7 +143,7 @@ func Storm(ctx context.Context, cfg StormConfig) (*StormReport, error) {
 					if firstAfter.IsZero() {
 						firstAfter = now
 					}
-					if !refilled && cfg.Budget.Available() == cfg.Budget.Capacity() {
+					if !refilled && left.Load() == int64(cfg.Budget) {
 						refilled = true
 						rep.Refilled, rep.RefillSuccesses = now.Sub(ended), successes
 					}
@@ -152,8 +162,8 @@ func Storm(ctx context.Context, cfg StormConfig) (*StormReport, error) {
 			mu.Lock()
 			store.Clear(faultstore.Claim)
 			ended = time.Now()
-			if cfg.Budget != nil {
-				rep.BudgetLeft = cfg.Budget.Available()
+			if cfg.Budget > 0 {
+				rep.BudgetLeft = int(left.Load())
 			}
 			mu.Unlock()
 		}
@@ -173,7 +183,7 @@ func Storm(ctx context.Context, cfg StormConfig) (*StormReport, error) {
 		rep.FirstSuccess = firstAfter.Sub(ended)
 	}
 	rep.Drained = max(lastStorm.Sub(ended), 0)
-	if cfg.Budget == nil {
+	if cfg.Budget == 0 {
 		rep.RefillSuccesses = 0
 	}
 	return rep, nil

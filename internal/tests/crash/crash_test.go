@@ -229,7 +229,7 @@ func (r *crashRun) run(t *testing.T) result {
 		idempotency.WithBackoff(10*time.Millisecond, 200*time.Millisecond),
 		idempotency.WithMaxAttempts(20),
 		idempotency.WithMaxRetryAfter(2*time.Second),
-		idempotency.WithoutBudget(),
+		idempotency.WithBudget(nil),
 	)
 	url := "http://" + r.addr + "/orders"
 	var (

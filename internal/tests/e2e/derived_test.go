@@ -27,7 +27,7 @@ func TestDerivedKeyThroughMiddleware(t *testing.T) {
 	)
 	downstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
-		seen = append(seen, r.Header.Get(idempotency.HeaderKey))
+		seen = append(seen, r.Header.Get("Idempotency-Key"))
 		mu.Unlock()
 		w.WriteHeader(http.StatusCreated)
 	}))
@@ -52,7 +52,7 @@ func TestDerivedKeyThroughMiddleware(t *testing.T) {
 	for i, key := range []string{`"order-42"`, "order-42"} {
 		req, err := http.NewRequest(http.MethodPost, api.URL, strings.NewReader("{}"))
 		require.NoError(t, err)
-		req.Header.Set(idempotency.HeaderKey, key)
+		req.Header.Set("Idempotency-Key", key)
 		resp, err := api.Client().Do(req)
 		require.NoError(t, err)
 		resp.Body.Close()

@@ -180,7 +180,7 @@ func TestLossyNetwork(t *testing.T) {
 				idempotency.WithAttemptTimeout(attemptTimeout),
 				idempotency.WithBackoff(time.Millisecond, 20*time.Millisecond),
 				idempotency.WithMaxAttempts(10),
-				idempotency.WithoutBudget(),
+				idempotency.WithBudget(nil),
 			)
 			var attempts atomic.Int64
 			ids := submitAll(t, func(ref string) (int, error) {

@@ -322,7 +322,7 @@ func runFailover(t *testing.T, cl *failoverCluster, tc failoverCase, before int)
 		idempotency.WithBackoff(10*time.Millisecond, 200*time.Millisecond),
 		idempotency.WithMaxAttempts(50),
 		idempotency.WithMaxRetryAfter(2*time.Second),
-		idempotency.WithoutBudget(),
+		idempotency.WithBudget(nil),
 	)
 	hc := client.StandardClient()
 	url := srv.URL + "/orders"

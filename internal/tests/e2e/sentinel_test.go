@@ -142,7 +142,7 @@ func runSwitchover(t *testing.T, p *sentinelPair, ack time.Duration, before int)
 		idempotency.WithBackoff(10*time.Millisecond, 200*time.Millisecond),
 		idempotency.WithMaxAttempts(50),
 		idempotency.WithMaxRetryAfter(2*time.Second),
-		idempotency.WithoutBudget(),
+		idempotency.WithBudget(nil),
 	)
 	hc := client.StandardClient()
 	url := srv.URL + "/orders"

@@ -117,7 +117,7 @@ func main() {
 			idempotency.WithBackoff(10*time.Millisecond, 200*time.Millisecond),
 			idempotency.WithMaxAttempts(20),
 			idempotency.WithMaxRetryAfter(2*time.Second),
-			idempotency.WithoutBudget(),
+			idempotency.WithBudget(nil),
 		)
 		if err != nil {
 			log.Fatal(err)

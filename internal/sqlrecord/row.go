@@ -29,15 +29,16 @@ type Row struct {
 // Columns lists the columns that Scan reads, in its order.
 const Columns = "token, completed, fingerprint, abandoned, created_at, lease_until, expires_at, status, headers, body, body_omitted"
 
-// Scan reads the columns of Columns.
-func (r *Row) Scan(s interface{ Scan(...any) error }) error {
+// Scan reads the columns of Columns, then into extra those that follow.
+func (r *Row) Scan(s interface{ Scan(...any) error }, extra ...any) error {
 	var (
 		headers, body []byte
 		status        sql.NullInt64
 	)
 	*r = Row{}
-	if err := s.Scan(&r.Token, &r.Completed, &r.Fingerprint, &r.Abandoned, &r.Created, &r.LeaseUntil,
-		&r.Expires, &status, &headers, &body, &r.BodyOmitted); err != nil {
+	dest := append([]any{&r.Token, &r.Completed, &r.Fingerprint, &r.Abandoned, &r.Created, &r.LeaseUntil,
+		&r.Expires, &status, &headers, &body, &r.BodyOmitted}, extra...)
+	if err := s.Scan(dest...); err != nil {
 		return err
 	}
 	r.Status, r.Headers, r.Body = status.Int64, headers, body

@@ -31,7 +31,7 @@ const usageText = `Usage:
 lookup prints the record of KEY; resolve records the request as done with the
 given response, replayed to every retry; forget deletes the record, so that
 the next request with KEY runs. The store is -store or $IDEMCTL_STORE: a
-postgres:// or redis:// URL. A key whose holder's lease is live is settled
+postgres://, redis://, mysql:// or sqlite:// URL. A key whose holder's lease is live is settled
 only with -force. Exit status: 0 done, 1 store failure, 2 usage error, 3 no
 record for KEY, 4 refused: the lease is live.
 `
@@ -112,7 +112,7 @@ func parseArgs(args []string, env environment) (*command, error) {
 		c.store.url = env.getenv(envStore)
 	}
 	if c.store.url == "" {
-		return nil, fmt.Errorf("%w: no store: set -store or %s to a postgres:// or redis:// URL", errUsage, envStore)
+		return nil, fmt.Errorf("%w: no store: set -store or %s to a postgres://, redis://, mysql:// or sqlite:// URL", errUsage, envStore)
 	}
 	if err := c.store.classify(); err != nil {
 		return nil, fmt.Errorf("%w: %v", errUsage, err)
@@ -191,8 +191,8 @@ func newFlagSet(name string, c *command, ra *resolveArgs, out io.Writer) *flag.F
 // commonFlags are the flags of every command: the store and the key's
 // scope.
 func commonFlags(fs *flag.FlagSet, c *command) {
-	fs.StringVar(&c.store.url, "store", "", "the store's `URL`: postgres://... or redis://... (default $"+envStore+")")
-	fs.StringVar(&c.store.table, "table", "", "PostgreSQL: the records' `table`, [schema.]name (default pgstore's)")
+	fs.StringVar(&c.store.url, "store", "", "the store's `URL`: postgres://..., redis://..., mysql://... or sqlite://PATH (default $"+envStore+")")
+	fs.StringVar(&c.store.table, "table", "", "PostgreSQL, MySQL: the records' `table`, [schema.]name (default the store's)")
 	fs.StringVar(&c.store.prefix, "prefix", "", "Redis: the records' key `prefix` (default redisstore's)")
 	fs.BoolVar(&c.store.cluster, "cluster", false, "Redis: the URL names a node of a Redis Cluster")
 	fs.StringVar(&c.id.Scope, "scope", "", "the key's `scope`: what the middleware's scope function returned for the caller, as logged in its events")

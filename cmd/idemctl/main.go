@@ -1,7 +1,8 @@
 // Command idemctl looks up and settles the idempotency records that the
-// middleware of package server keeps in PostgreSQL (pgstore) or Redis
-// (redisstore): the answer to "did this request happen?" when the middleware
-// could not tell, because a holder was lost after its effect may have
+// middleware of package server keeps in PostgreSQL (pgstore), Redis
+// (redisstore), MySQL (mysqlstore) or SQLite (sqlitestore): the answer to
+// "did this request happen?" when the middleware could not tell, because a
+// holder was lost after its effect may have
 // happened, or a retry was answered "outcome unknown".
 //
 // Usage:
@@ -30,7 +31,10 @@
 // a postgres:// or postgresql:// URL, with -table for a table other than
 // pgstore's default; or a redis://, rediss:// or unix:// URL, with -prefix
 // for a key prefix other than redisstore's default, and -cluster for a
-// Redis Cluster. Neither the URL nor its password is ever printed.
+// Redis Cluster; a mysql://user:password@host:port/database URL, with -table
+// for a table other than mysqlstore's default; or a sqlite:// URL followed by
+// the file's path (sqlite:///var/lib/app/idempotency.db). Neither the URL
+// nor its password is ever printed.
 //
 // KEY is the key as the client sent it, bare or in its quoted header form.
 // Records are kept per scope: -scope is the scope the middleware's scope

@@ -355,7 +355,7 @@ func TestUsage(t *testing.T) {
 		{[]string{"lookup", "bad\x01key"}, "", "outside printable ASCII"},
 		{[]string{"lookup", "-nope", "k"}, "", "flag provided but not defined: -nope"},
 		{[]string{"lookup", "-timeout", "0s", "k"}, "", "-timeout 0s is not positive"},
-		{[]string{"lookup", "-store", "mysql://root:pw@db/x", "k"}, "", `store scheme "mysql"`},
+		{[]string{"lookup", "-store", "mongodb://root:pw@db/x", "k"}, "", `store scheme "mongodb"`},
 		{[]string{"lookup", "-store", "db.internal:5432", "k"}, "", "the store is not a URL"},
 		{[]string{"lookup", "-prefix", "p:", "k"}, "", "-prefix and -cluster are for a Redis store"},
 		{[]string{"lookup", "-store", "redis://127.0.0.1:6379/0", "-table", "t", "k"}, "", "-table is for a PostgreSQL store"},

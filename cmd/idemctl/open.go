@@ -2,23 +2,30 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
 	"strings"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idempotency/engine"
+	"github.com/idemkit/idempotency/store/mysqlstore"
 	"github.com/idemkit/idempotency/store/pgstore"
 	"github.com/idemkit/idempotency/store/redisstore"
+	"github.com/idemkit/idempotency/store/sqlitestore"
 )
 
 // The kinds of store.
 const (
 	kindPostgres = "PostgreSQL"
 	kindRedis    = "Redis"
+	kindSQLite   = "SQLite"
+	kindMySQL    = "MySQL"
 )
 
 // storeConfig names a store: its URL, which may hold a password, and the
@@ -36,7 +43,7 @@ type storeConfig struct {
 func (c *storeConfig) classify() error {
 	scheme, _, ok := strings.Cut(c.url, "://")
 	if !ok {
-		return errors.New("the store is not a URL: want a postgres:// or redis:// URL")
+		return errors.New("the store is not a URL: want a postgres://, redis://, mysql:// or sqlite:// URL")
 	}
 	scheme = strings.ToLower(scheme)
 	switch scheme {
@@ -53,9 +60,19 @@ func (c *storeConfig) classify() error {
 		if c.cluster && scheme == "unix" {
 			return errors.New("-cluster needs a redis:// or rediss:// URL")
 		}
+	case "mysql":
+		c.kind = kindMySQL
+		if c.prefix != "" || c.cluster {
+			return errors.New("-prefix and -cluster are for a Redis store; this one is MySQL")
+		}
+	case "sqlite":
+		c.kind = kindSQLite
+		if c.prefix != "" || c.cluster || c.table != "" {
+			return errors.New("-table, -prefix and -cluster are not for an SQLite store, whose file has one table")
+		}
 	default:
 		// The scheme only: the rest may hold a password.
-		return fmt.Errorf("store scheme %q: want postgres, postgresql, redis, rediss or unix", scheme)
+		return fmt.Errorf("store scheme %q: want postgres, postgresql, redis, rediss, unix, mysql or sqlite", scheme)
 	}
 	return nil
 }
@@ -115,10 +132,67 @@ func (c *storeConfig) describe() string {
 
 // openStore connects to the store that c names, and checks that it answers.
 func openStore(ctx context.Context, c storeConfig) (engine.Store, func(), error) {
-	if c.kind == kindPostgres {
+	switch c.kind {
+	case kindPostgres:
 		return openPostgres(ctx, c)
+	case kindSQLite:
+		return openSQLite(ctx, c)
+	case kindMySQL:
+		return openMySQL(ctx, c)
 	}
 	return openRedis(ctx, c)
+}
+
+// openSQLite opens the file that a sqlite:// URL names (sqlite:///abs/path
+// or sqlite://relative/path), which must exist: an operator's typo must not
+// create an empty store.
+func openSQLite(ctx context.Context, c storeConfig) (engine.Store, func(), error) {
+	path := c.url[len("sqlite://"):]
+	if _, err := os.Stat(path); err != nil {
+		return nil, nil, fmt.Errorf("open the SQLite store: %w", err)
+	}
+	s, err := sqlitestore.Open(ctx, path)
+	if err != nil {
+		return nil, nil, err
+	}
+	return s, func() { s.Close() }, nil
+}
+
+// openMySQL connects to the server that a mysql://user:password@host:port/db
+// URL names.
+func openMySQL(ctx context.Context, c storeConfig) (engine.Store, func(), error) {
+	u, err := url.Parse(c.url)
+	if err != nil || u.Host == "" || strings.Trim(u.Path, "/") == "" {
+		return nil, nil, errors.New("the MySQL URL cannot be parsed: want mysql://user:password@host:port/database")
+	}
+	cfg := mysql.NewConfig()
+	cfg.User = u.User.Username()
+	cfg.Passwd, _ = u.User.Password()
+	cfg.Net, cfg.Addr, cfg.DBName = "tcp", u.Host, strings.Trim(u.Path, "/")
+	if u.Port() == "" {
+		cfg.Addr += ":3306"
+	}
+	connector, err := mysql.NewConnector(cfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("the MySQL URL cannot be used: %w", err)
+	}
+	db := sql.OpenDB(connector)
+	// One operator's command needs one connection.
+	db.SetMaxOpenConns(1)
+	if err := db.PingContext(ctx); err != nil {
+		db.Close()
+		return nil, nil, fmt.Errorf("connect to %s: %w", c.describe(), err)
+	}
+	var opts []mysqlstore.Option
+	if c.table != "" {
+		opts = append(opts, mysqlstore.WithTable(c.table))
+	}
+	s, err := mysqlstore.New(db, opts...)
+	if err != nil {
+		db.Close()
+		return nil, nil, err
+	}
+	return s, func() { s.Close(); db.Close() }, nil
 }
 
 func openPostgres(ctx context.Context, c storeConfig) (engine.Store, func(), error) {

@@ -12,9 +12,11 @@ import (
 	"bytes"
 	"context"
 	"net/http"
+	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -46,6 +48,20 @@ func TestRedis(t *testing.T) {
 	store := teststores.RedisOn(t, teststores.RedisClient(t), prefix)
 	requireInspector(t, store)
 	testRealStore(t, store, url, "-prefix", prefix)
+}
+
+func TestMySQL(t *testing.T) {
+	dsn, err := mysql.ParseDSN(servicetest.MySQLDSN(t))
+	require.NoError(t, err)
+	table := teststores.UniqueName(t, "idemctl_t_")
+	store := teststores.MySQLOn(t, teststores.MySQLDB(t, false), table)
+	url := "mysql://" + dsn.User + ":" + dsn.Passwd + "@" + dsn.Addr + "/" + dsn.DBName
+	testRealStore(t, store, url, "-table", table)
+}
+
+func TestSQLite(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "records.db")
+	testRealStore(t, teststores.SQLiteOn(t, path), "sqlite://"+path)
 }
 
 // testRealStore looks up a key whose first holder was abandoned and whose

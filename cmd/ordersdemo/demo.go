@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"flag"
 	"fmt"
@@ -10,11 +11,13 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	_ "github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
@@ -23,15 +26,18 @@ import (
 	"github.com/idemkit/idempotency/internal/testkit/faultnet"
 	"github.com/idemkit/idempotency/server"
 	"github.com/idemkit/idempotency/store/memstore"
+	"github.com/idemkit/idempotency/store/mysqlstore"
 	"github.com/idemkit/idempotency/store/pgstore"
 	"github.com/idemkit/idempotency/store/redisstore"
+	"github.com/idemkit/idempotency/store/sqlitestore"
 )
 
 // Options configure the demo; Flags sets them from the command line.
 type Options struct {
 	Orders, Workers    int
 	Store, PostgresURL string
-	RedisURL           string
+	RedisURL, MySQLDSN string
+	SQLiteFile         string
 	Drop, Reset, Delay float64
 	Hold, Timeout      time.Duration
 	Seed               uint64
@@ -42,9 +48,11 @@ type Options struct {
 func (o *Options) Flags(fs *flag.FlagSet) {
 	fs.IntVar(&o.Orders, "n", 300, "orders to submit in each run")
 	fs.IntVar(&o.Workers, "c", 16, "concurrent workers")
-	fs.StringVar(&o.Store, "store", "memory", "the API's store: memory, postgres or redis")
+	fs.StringVar(&o.Store, "store", "memory", "the API's store: memory, postgres, redis, mysql or sqlite")
 	fs.StringVar(&o.PostgresURL, "postgres-url", envOr("IDEMPOTENCY_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL URL, for -store postgres")
 	fs.StringVar(&o.RedisURL, "redis-url", envOr("IDEMPOTENCY_REDIS_URL", "redis://127.0.0.1:6379/0"), "Redis URL, for -store redis")
+	fs.StringVar(&o.MySQLDSN, "mysql-dsn", envOr("IDEMPOTENCY_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/test"), "MySQL data source name (go-sql-driver/mysql's form), for -store mysql")
+	fs.StringVar(&o.SQLiteFile, "sqlite-file", "", "SQLite file, for -store sqlite (default: a new file in a temporary directory, removed at the end)")
 	fs.Float64Var(&o.Drop, "drop", 0.2, "share of responses dropped after the API handled the request")
 	fs.Float64Var(&o.Reset, "reset", 0.05, "share of connections reset before the API saw the request")
 	fs.Float64Var(&o.Delay, "delay", 0.05, "share of responses held past the client's attempt timeout")
@@ -444,6 +452,39 @@ func openStore(ctx context.Context, o Options) (engine.Store, func(), error) {
 			return nil, nil, fmt.Errorf("redis: %w", err)
 		}
 		return s, func() { client.Close() }, nil
+	case "mysql":
+		db, err := sql.Open("mysql", o.MySQLDSN)
+		if err != nil {
+			return nil, nil, errors.New("cannot use -mysql-dsn: not a valid MySQL data source name")
+		}
+		s, err := mysqlstore.New(db, mysqlstore.WithTable("idempotency_orders_demo"))
+		if err == nil {
+			err = s.Migrate(ctx)
+		}
+		if err != nil {
+			db.Close()
+			return nil, nil, fmt.Errorf("MySQL: %w", err)
+		}
+		// Start each demo afresh: its keys are the same on every run.
+		db.ExecContext(ctx, "TRUNCATE idempotency_orders_demo")
+		return s, func() { s.Close(); db.Close() }, nil
+	case "sqlite":
+		path, cleanup := o.SQLiteFile, func() {}
+		if path == "" {
+			dir, err := os.MkdirTemp("", "ordersdemo")
+			if err != nil {
+				return nil, nil, err
+			}
+			path, cleanup = filepath.Join(dir, "idempotency.db"), func() { os.RemoveAll(dir) }
+		}
+		s, err := sqlitestore.Open(ctx, path)
+		if err != nil {
+			cleanup()
+			return nil, nil, err
+		}
+		// Start each demo afresh: its keys are the same on every run.
+		s.DB().ExecContext(ctx, "DELETE FROM idempotency_records")
+		return s, func() { s.Close(); cleanup() }, nil
 	}
-	return nil, nil, fmt.Errorf("unknown store %q: memory, postgres or redis", o.Store)
+	return nil, nil, fmt.Errorf("unknown store %q: memory, postgres, redis, mysql or sqlite", o.Store)
 }

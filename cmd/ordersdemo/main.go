@@ -3,7 +3,7 @@
 // this module's client and middleware, and shows what each did.
 //
 //	go run ./cmd/ordersdemo                       # in-memory store
-//	go run ./cmd/ordersdemo -store postgres       # or redis; see -h
+//	go run ./cmd/ordersdemo -store postgres       # or redis, mysql, sqlite; see -h
 //
 // It starts the API (package server's middleware around an order handler),
 // a lossy proxy in front of it that drops a share of the responses after the

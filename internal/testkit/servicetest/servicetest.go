@@ -1,4 +1,4 @@
-// Package servicetest finds the PostgreSQL and Redis servers that the store
+// Package servicetest finds the PostgreSQL, Redis and MySQL (MariaDB) servers that the store
 // tests talk to, and decides what a test does when one is missing: it skips,
 // with a message that says how to run it, unless IDEMPOTENCY_REQUIRE_SERVICES
 // is set (as CI sets it), in which case it fails.
@@ -10,12 +10,15 @@ import (
 	"os"
 	"testing"
 	"time"
+
+	"github.com/go-sql-driver/mysql"
 )
 
 // Environment variables read by this package.
 const (
 	EnvPostgresURL     = "IDEMPOTENCY_POSTGRES_URL"
 	EnvRedisURL        = "IDEMPOTENCY_REDIS_URL"
+	EnvMySQLDSN        = "IDEMPOTENCY_MYSQL_DSN"
 	EnvRequireServices = "IDEMPOTENCY_REQUIRE_SERVICES"
 )
 
@@ -23,6 +26,8 @@ const (
 const (
 	DefaultPostgresURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 	DefaultRedisURL    = "redis://127.0.0.1:6379/0"
+	// DefaultMySQLDSN is in github.com/go-sql-driver/mysql's form.
+	DefaultMySQLDSN = "root@tcp(127.0.0.1:3306)/test"
 )
 
 // PostgresURL returns the URL of the PostgreSQL server for tests, after
@@ -39,6 +44,29 @@ func RedisURL(t testing.TB) string {
 	return lookup(t, EnvRedisURL, DefaultRedisURL, "Redis")
 }
 
+// MySQLDSN returns the data source name of the MySQL or MariaDB server for
+// tests, after checking that something listens at its address.
+func MySQLDSN(t testing.TB) string {
+	t.Helper()
+	dsn := os.Getenv(EnvMySQLDSN)
+	if dsn == "" {
+		dsn = DefaultMySQLDSN
+	}
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		// The DSN may hold a password: never print it.
+		Unavailable(t, "MySQL", errBadURL(EnvMySQLDSN))
+		return ""
+	}
+	conn, err := net.DialTimeout("tcp", cfg.Addr, 2*time.Second)
+	if err != nil {
+		Unavailable(t, "MySQL", err)
+		return ""
+	}
+	conn.Close()
+	return dsn
+}
+
 // Required reports whether missing services fail tests instead of skipping
 // them.
 func Required() bool {
@@ -53,8 +81,8 @@ func Unavailable(t testing.TB, what string, err error) {
 	if Required() {
 		t.Fatalf("%s is required (%s is set) but unusable: %v", what, EnvRequireServices, err)
 	}
-	t.Skipf("%s unusable (%v); start it or point the tests at one with %s / %s, "+
-		"and set %s=1 to make this a failure", what, err, EnvPostgresURL, EnvRedisURL, EnvRequireServices)
+	t.Skipf("%s unusable (%v); start it or point the tests at one with %s / %s / %s, "+
+		"and set %s=1 to make this a failure", what, err, EnvPostgresURL, EnvRedisURL, EnvMySQLDSN, EnvRequireServices)
 }
 
 func lookup(t testing.TB, env, def, what string) string {
@@ -88,4 +116,4 @@ func lookup(t testing.TB, env, def, what string) string {
 
 type errBadURL string
 
-func (e errBadURL) Error() string { return "servicetest: " + string(e) + " is not a valid URL" }
+func (e errBadURL) Error() string { return "servicetest: " + string(e) + " is not valid" }

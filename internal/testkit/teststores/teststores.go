@@ -1,17 +1,21 @@
 // Package teststores gives tests a Store of each kind, each on state of its
 // own (a fresh memstore, a PostgreSQL table of its own, a Redis key prefix of
-// its own) that is removed when the test ends. The PostgreSQL and Redis
-// stores use the servers that internal/testkit/servicetest finds; without them the
-// test skips, or fails when services are required.
+// its own, an SQLite file of its own, a MySQL table of its own) that is
+// removed when the test ends. The PostgreSQL, Redis and MySQL stores use the
+// servers that internal/testkit/servicetest finds; without them the test
+// skips, or fails when services are required.
 package teststores
 
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
+	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
@@ -19,8 +23,10 @@ import (
 	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/internal/testkit/servicetest"
 	"github.com/idemkit/idempotency/store/memstore"
+	"github.com/idemkit/idempotency/store/mysqlstore"
 	"github.com/idemkit/idempotency/store/pgstore"
 	"github.com/idemkit/idempotency/store/redisstore"
+	"github.com/idemkit/idempotency/store/sqlitestore"
 )
 
 // Kind names a store and makes one for a test.
@@ -29,13 +35,92 @@ type Kind struct {
 	New  func(t testing.TB) engine.Store
 }
 
-// All returns every kind of store: memory, postgres, redis.
+// All returns every kind of store: memory, postgres, redis, sqlite, mysql.
 func All() []Kind {
 	return []Kind{
 		{"memory", func(t testing.TB) engine.Store { return Memory(t) }},
 		{"postgres", func(t testing.TB) engine.Store { return Postgres(t) }},
 		{"redis", func(t testing.TB) engine.Store { return Redis(t) }},
+		{"sqlite", func(t testing.TB) engine.Store { return SQLite(t) }},
+		{"mysql", func(t testing.TB) engine.Store { return MySQL(t) }},
 	}
+}
+
+// SQLite returns an sqlitestore on a file of its own, in a directory
+// removed when t ends, and closed before.
+func SQLite(t testing.TB, opts ...sqlitestore.Option) sqlitestore.Store {
+	t.Helper()
+	return SQLiteOn(t, filepath.Join(t.TempDir(), "records.db"), opts...)
+}
+
+// SQLiteOn returns an sqlitestore on the file at path, closed when t ends.
+// Two stores on one file share their records.
+func SQLiteOn(t testing.TB, path string, opts ...sqlitestore.Option) sqlitestore.Store {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := sqlitestore.Open(ctx, path, opts...)
+	if err != nil {
+		t.Fatalf("sqlitestore.Open: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// MySQLDB returns a database handle on the test MySQL (MariaDB) server,
+// closed when t ends; foundRows sets the driver's clientFoundRows, which
+// makes the server count the rows an UPDATE matched rather than changed.
+func MySQLDB(t testing.TB, foundRows bool) *sql.DB {
+	t.Helper()
+	cfg, err := mysql.ParseDSN(servicetest.MySQLDSN(t))
+	if err != nil {
+		t.Fatalf("%s is not a MySQL DSN", servicetest.EnvMySQLDSN)
+	}
+	cfg.ClientFoundRows = foundRows
+	connector, err := mysql.NewConnector(cfg)
+	if err != nil {
+		t.Fatalf("%s: %v", servicetest.EnvMySQLDSN, err)
+	}
+	db := sql.OpenDB(connector)
+	db.SetMaxOpenConns(64)
+	db.SetMaxIdleConns(64)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := db.PingContext(ctx); err != nil {
+		db.Close()
+		servicetest.Unavailable(t, "MySQL", err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// MySQL returns a mysqlstore on a table of its own, migrated, and dropped
+// when t ends.
+func MySQL(t testing.TB, opts ...mysqlstore.Option) mysqlstore.Store {
+	t.Helper()
+	return MySQLOn(t, MySQLDB(t, false), UniqueName(t, "idempotency_t_"), opts...)
+}
+
+// MySQLOn returns a mysqlstore on table in db, migrated; the table is
+// dropped when t ends. Two stores on one table share their records.
+func MySQLOn(t testing.TB, db *sql.DB, table string, opts ...mysqlstore.Option) mysqlstore.Store {
+	t.Helper()
+	s, err := mysqlstore.New(db, append([]mysqlstore.Option{mysqlstore.WithTable(table)}, opts...)...)
+	if err != nil {
+		t.Fatalf("mysqlstore.New: %v", err)
+	}
+	t.Cleanup(func() {
+		s.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		db.ExecContext(ctx, "DROP TABLE IF EXISTS `"+table+"`")
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatalf("Migrate: %v", err)
+	}
+	return s
 }
 
 // Memory returns a memstore closed when t ends.

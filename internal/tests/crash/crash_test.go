@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -81,6 +82,9 @@ func TestCrash(t *testing.T) {
 		// ttl is the middleware's TTL when it is shorter than the run:
 		// the records of orders answered longer ago may have expired.
 		ttl time.Duration
+		// seen: every run of an order after its first was told, by
+		// Lease.Abandoned, of the killed holder before it.
+		seen bool
 	}
 	ttlRun := func(kind string, ttl time.Duration) mode {
 		return mode{name: kind + ", refuse, TTL " + ttl.String() + " (the lease)", kind: kind,
@@ -94,12 +98,18 @@ func TestCrash(t *testing.T) {
 	modes := []mode{
 		{name: "pg-tx", kind: "pg-tx", once: true}, {name: "pg-lease", kind: "pg-lease"}, {name: "redis-lease", kind: "redis-lease"},
 		{name: "pg-lease, refuse", kind: "pg-lease", args: []string{"-abandoned", "refuse"}, refuse: true, once: true},
+		// The records in an SQLite file that the restarted process opens
+		// again; in MySQL.
+		{name: "sqlite-lease", kind: "sqlite-lease", seen: true},
+		{name: "sqlite-lease, refuse", kind: "sqlite-lease", args: []string{"-abandoned", "refuse"}, refuse: true, once: true},
+		{name: "mysql-lease", kind: "mysql-lease", seen: true},
 	}
 	if *long {
 		// The window between the handler's commit and its stored
 		// response decides how often a crash lands in it.
 		modes = append(modes, mode{name: "pg-lease, answering at once after the commit", kind: "pg-lease", args: []string{"-after", "0s"}},
-			mode{name: "redis-lease, refuse", kind: "redis-lease", args: []string{"-abandoned", "refuse"}, refuse: true, once: true})
+			mode{name: "redis-lease, refuse", kind: "redis-lease", args: []string{"-abandoned", "refuse"}, refuse: true, once: true},
+			mode{name: "mysql-lease, refuse", kind: "mysql-lease", args: []string{"-abandoned", "refuse"}, refuse: true, once: true})
 		// Each kill's orders wait out the 30 s lease before they are
 		// taken over, while the others go on.
 		modes = append(modes, ttlRun("pg-lease", 30*time.Second), ttlRun("redis-lease", 30*time.Second),
@@ -128,6 +138,10 @@ func TestCrash(t *testing.T) {
 			}
 			if !m.refuse {
 				assert.Zero(t, res.unknown, "\"outcome unknown\" answers without the refuse policy")
+			}
+			if m.seen {
+				assert.Zero(t, res.rerunsUnseen, "runs after an order's first not told of the killed holder (Lease.Abandoned 0)")
+				t.Logf("%s: %d reruns, each with Lease.Abandoned > 0", m.name, res.extraExecutions)
 			}
 			assert.LessOrEqual(t, res.extraExecutions, sum(res.killedInflight),
 				"more orders ran twice than were in flight at the kills")
@@ -160,7 +174,7 @@ func newCrashRun(t *testing.T, bin, kind string, sz size) *crashRun {
 	ctx := context.Background()
 	name := teststores.UniqueName(t, "crash_orders_")
 	orders, lines := pgx.Identifier{name}.Sanitize(), pgx.Identifier{name + "_lines"}.Sanitize()
-	_, err := pool.Exec(ctx, "CREATE TABLE "+orders+" (id bigserial PRIMARY KEY, ref text NOT NULL, lines int NOT NULL);"+
+	_, err := pool.Exec(ctx, "CREATE TABLE "+orders+" (id bigserial PRIMARY KEY, ref text NOT NULL, lines int NOT NULL, abandoned int NOT NULL);"+
 		"CREATE TABLE "+lines+" (order_id bigint NOT NULL, n int NOT NULL)")
 	require.NoError(t, err)
 	var records string
@@ -170,6 +184,13 @@ func newCrashRun(t *testing.T, bin, kind string, sz size) *crashRun {
 		// A store on the prefix, only so that its keys are deleted when
 		// the test ends.
 		teststores.RedisOn(t, teststores.RedisClient(t), records)
+	case "sqlite-lease":
+		records = filepath.Join(t.TempDir(), "records.db")
+	case "mysql-lease":
+		records = teststores.UniqueName(t, "idempotency_crash_")
+		// A store on the table, only so that it is dropped when the
+		// test ends.
+		teststores.MySQLOn(t, teststores.MySQLDB(t, false), records)
 	default:
 		records = teststores.UniqueName(t, "idempotency_crash_")
 	}
@@ -212,6 +233,7 @@ type result struct {
 	unknown          int // answered "outcome unknown" (the refuse policy)
 	unknownExecuted  int // of those, the orders the database holds
 	audited          int // orders sent again at the end, each a replay
+	rerunsUnseen     int // runs after an order's first whose Lease.Abandoned was 0
 }
 
 func (r *crashRun) run(t *testing.T) result {
@@ -404,18 +426,21 @@ func send(ctx context.Context, hc *http.Client, url string, i int) (body string,
 // count reads the orders from the database.
 func (r *crashRun) count(t *testing.T, res *result, answers map[int]string) {
 	ctx := context.Background()
-	rows, err := r.pool.Query(ctx, "SELECT o.id, o.ref, o.lines, (SELECT count(*) FROM "+r.lines+" l WHERE l.order_id = o.id) FROM "+r.orders+" o")
+	rows, err := r.pool.Query(ctx, "SELECT o.id, o.ref, o.lines, o.abandoned, (SELECT count(*) FROM "+r.lines+" l WHERE l.order_id = o.id) FROM "+r.orders+" o ORDER BY o.id")
 	require.NoError(t, err)
 	perRef := map[string]int{}
 	exists := map[string]bool{} // id/ref
 	for rows.Next() {
 		var (
-			id           int64
-			ref          string
-			lines, wrote int
+			id                      int64
+			ref                     string
+			lines, abandoned, wrote int
 		)
-		require.NoError(t, rows.Scan(&id, &ref, &lines, &wrote))
+		require.NoError(t, rows.Scan(&id, &ref, &lines, &abandoned, &wrote))
 		res.executions++
+		if perRef[ref] > 0 && abandoned == 0 {
+			res.rerunsUnseen++
+		}
 		perRef[ref]++
 		exists[fmt.Sprintf(`{"id":%d,"ref":%q}`, id, ref)] = true
 		if wrote != lines {
@@ -461,9 +486,14 @@ func outcomeUnknown(status int, body []byte) bool {
 func requireAbandonedReported(t *testing.T, kind string) {
 	t.Helper()
 	var store engine.Store
-	if kind == "redis-lease" {
+	switch kind {
+	case "redis-lease":
 		store = teststores.Redis(t)
-	} else {
+	case "sqlite-lease":
+		store = teststores.SQLite(t)
+	case "mysql-lease":
+		store = teststores.MySQL(t)
+	default:
 		store = teststores.Postgres(t)
 	}
 	ctx := context.Background()

@@ -2,11 +2,13 @@ package e2e_test
 
 import (
 	"context"
+	"database/sql"
 	"net"
 	"strconv"
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
@@ -17,6 +19,7 @@ import (
 	"github.com/idemkit/idempotency/internal/testkit/faultstore"
 	"github.com/idemkit/idempotency/internal/testkit/servicetest"
 	"github.com/idemkit/idempotency/internal/testkit/teststores"
+	"github.com/idemkit/idempotency/store/mysqlstore"
 	"github.com/idemkit/idempotency/store/pgstore"
 	"github.com/idemkit/idempotency/store/redisstore"
 )
@@ -28,8 +31,8 @@ type linkedStore struct {
 }
 
 // linkedStores returns a store of each kind with a link the test can cut or
-// slow: memstore through a faultstore, PostgreSQL and Redis through a TCP
-// proxy of the test's own in front of the shared servers.
+// slow: memstore and sqlitestore through a faultstore, PostgreSQL, Redis and
+// MySQL through a TCP proxy of the test's own in front of the shared servers.
 func linkedStores() []struct {
 	name string
 	new  func(t *testing.T) linkedStore
@@ -44,6 +47,12 @@ func linkedStores() []struct {
 		}},
 		{"postgres", linkedPostgres},
 		{"redis", linkedRedis},
+		// SQLite is in the process: no link to cut but the store's own.
+		{"sqlite", func(t *testing.T) linkedStore {
+			fs := faultstore.New(teststores.SQLite(t))
+			return linkedStore{fs, faultrun.FaultStoreLink(fs)}
+		}},
+		{"mysql", linkedMySQL},
 	}
 }
 
@@ -78,6 +87,31 @@ func linkedPostgres(t *testing.T) linkedStore {
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	s, err := pgstore.New(pool, pgstore.WithTable(table))
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	return linkedStore{s, proxy}
+}
+
+func linkedMySQL(t *testing.T) linkedStore {
+	t.Helper()
+	// The table is made, and dropped at the end, over a handle of its own,
+	// which no fault reaches.
+	table := teststores.UniqueName(t, "idempotency_fault_")
+	teststores.MySQLOn(t, teststores.MySQLDB(t, false), table)
+
+	cfg, err := mysql.ParseDSN(servicetest.MySQLDSN(t))
+	require.NoError(t, err)
+	host, port, err := net.SplitHostPort(cfg.Addr)
+	require.NoError(t, err)
+	proxy := startTCPProxy(t, host, port)
+	cfg.Addr = proxy.Addr()
+	connector, err := mysql.NewConnector(cfg)
+	require.NoError(t, err)
+	db := sql.OpenDB(connector)
+	db.SetMaxOpenConns(32)
+	db.SetMaxIdleConns(32)
+	t.Cleanup(func() { db.Close() })
+	s, err := mysqlstore.New(db, mysqlstore.WithTable(table))
 	require.NoError(t, err)
 	t.Cleanup(func() { s.Close() })
 	return linkedStore{s, proxy}

@@ -14,7 +14,10 @@
 // live in PostgreSQL or Redis in lease mode, and the order is written in a
 // transaction of the handler's own, committed before the pause -after; with
 // mem-lease the records live in the process's memory (memstore), and die
-// with it.
+// with it; with sqlite-lease they live in the SQLite file -records
+// (sqlitestore), which the restarted process opens again; with mysql-lease
+// in the MySQL (MariaDB) table -records (mysqlstore). In every lease mode the
+// order row records the Lease.Abandoned of the run that wrote it.
 //
 // With -abandoned refuse, a retry that takes over an order whose holder was
 // killed is not run again: it gets the final "outcome unknown" answer
@@ -50,6 +53,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -65,6 +69,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	_ "github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
@@ -73,14 +78,16 @@ import (
 	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/server"
 	"github.com/idemkit/idempotency/store/memstore"
+	"github.com/idemkit/idempotency/store/mysqlstore"
 	"github.com/idemkit/idempotency/store/pgstore"
 	"github.com/idemkit/idempotency/store/redisstore"
+	"github.com/idemkit/idempotency/store/sqlitestore"
 )
 
 func main() {
 	addr := flag.String("addr", "127.0.0.1:0", "address to listen on")
-	kind := flag.String("store", "pg-tx", "records in: pg-tx, pg-lease, redis-lease or mem-lease (the process's memory)")
-	records := flag.String("records", "", "table (PostgreSQL) or key prefix (Redis) of the records")
+	kind := flag.String("store", "pg-tx", "records in: pg-tx, pg-lease, redis-lease, sqlite-lease, mysql-lease or mem-lease (the process's memory)")
+	records := flag.String("records", "", "table (PostgreSQL, MySQL), key prefix (Redis) or file (SQLite) of the records")
 	orders := flag.String("orders", "", "table of the orders; its lines are in the table named with the suffix _lines")
 	lease := flag.Duration("lease", time.Second, "the middleware's lease; 0: its default (a minute, or the TTL when shorter)")
 	ttl := flag.Duration("ttl", time.Hour, "the middleware's TTL")
@@ -176,6 +183,30 @@ func run(addr, kind, records, orders, takeover string, step, after time.Duration
 		}
 		defer s.Close()
 		store = s
+	case "sqlite-lease":
+		s, err := sqlitestore.Open(ctx, records)
+		if err != nil {
+			return err
+		}
+		defer s.Close()
+		store = s
+	case "mysql-lease":
+		db, err := sql.Open("mysql", env("IDEMPOTENCY_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/test"))
+		if err != nil {
+			return errors.New("crashserver: IDEMPOTENCY_MYSQL_DSN is not a MySQL DSN")
+		}
+		db.SetMaxOpenConns(48)
+		db.SetMaxIdleConns(48)
+		defer db.Close()
+		s, err := mysqlstore.New(db, mysqlstore.WithTable(records))
+		if err != nil {
+			return err
+		}
+		defer s.Close()
+		if err := s.Migrate(ctx); err != nil {
+			return err
+		}
+		store = s
 	case "redis-lease":
 		opt, err := redis.ParseURL(env("IDEMPOTENCY_REDIS_URL", "redis://127.0.0.1:6379/0"))
 		if err != nil {
@@ -200,7 +231,7 @@ func run(addr, kind, records, orders, takeover string, step, after time.Duration
 		return err
 	}
 	api := &api{pool: pool, transactional: transactional, step: step, after: after, downstream: down, takeover: takeover,
-		insertOrder: "INSERT INTO " + pgx.Identifier{orders}.Sanitize() + " (ref, lines) VALUES ($1, $2) RETURNING id",
+		insertOrder: "INSERT INTO " + pgx.Identifier{orders}.Sanitize() + " (ref, lines, abandoned) VALUES ($1, $2, $3) RETURNING id",
 		insertLine:  "INSERT INTO " + pgx.Identifier{orders + "_lines"}.Sanitize() + " (order_id, n) VALUES ($1, $2)",
 		findOrder:   "SELECT id FROM " + pgx.Identifier{orders}.Sanitize() + " WHERE ref = $1 ORDER BY id LIMIT 1",
 	}
@@ -290,7 +321,8 @@ func (a *api) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		defer tx.Rollback(context.WithoutCancel(ctx))
 	}
 	var id int64
-	if err := tx.QueryRow(ctx, a.insertOrder, in.Ref, in.Lines).Scan(&id); err != nil {
+	lease, _ := engine.LeaseFromContext(ctx)
+	if err := tx.QueryRow(ctx, a.insertOrder, in.Ref, in.Lines, lease.Abandoned).Scan(&id); err != nil {
 		a.fail(w, in.Ref, "insert", err)
 		return
 	}

@@ -1,0 +1,5 @@
+// Package sqlrecord holds what the stores on database/sql (sqlitestore,
+// mysqlstore) share: the encoding of stored headers, the reading of a
+// record's row into a Claim or a Record, durations as the microseconds the
+// tables keep, and the bookkeeping of the transactions of transactional mode.
+package sqlrecord

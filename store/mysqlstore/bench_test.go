@@ -1,0 +1,100 @@
+package mysqlstore_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idempotency/engine"
+	"github.com/idemkit/idempotency/internal/sqlrecord"
+	"github.com/idemkit/idempotency/internal/testkit/teststores"
+)
+
+// BenchmarkStatements compares, on one server and in one run, the store's
+// first execution (Claim of a new key, then Complete) and replay (Claim of
+// a completed key) with the minimal statements that do the same on a table
+// of the same columns: an INSERT and an UPDATE, and a SELECT.
+//
+//	go test ./store/mysqlstore -run '^$' -bench BenchmarkStatements -benchtime 2000x -count 5
+func BenchmarkStatements(b *testing.B) {
+	ctx := context.Background()
+	db := teststores.MySQLDB(b, false)
+	s := teststores.MySQLOn(b, db, teststores.UniqueName(b, "mysqlstore_bench_"))
+	minimal := teststores.UniqueName(b, "mysqlstore_minimal_")
+	if _, err := db.Exec("CREATE TABLE `" + minimal + "` (scope VARBINARY(1024) NOT NULL, `key` VARBINARY(1024) NOT NULL, fingerprint BLOB NOT NULL," +
+		" token BIGINT, lease_until BIGINT, expires_at BIGINT, status INT, headers LONGBLOB, body LONGBLOB, PRIMARY KEY (scope, `key`)) ENGINE=InnoDB"); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { db.Exec("DROP TABLE `" + minimal + "`") })
+	resp := &engine.Response{Status: 201, Header: map[string][]string{"Content-Type": {"application/json"}}, Body: []byte(`{"id":42,"status":"created"}`)}
+	headers := sqlrecord.EncodeHeader(resp.Header)
+	run := 0
+	b.Run("first/store", func(b *testing.B) {
+		b.ReportAllocs()
+		run++
+		for i := range b.N {
+			id := engine.ID{Scope: "bench", Key: fmt.Sprint(run, "-", i)}
+			c, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
+			if err != nil || c.Status != engine.Acquired {
+				b.Fatal(c.Status, err)
+			}
+			if err := s.Complete(ctx, id, c.Token, resp, time.Hour); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("first/minimal", func(b *testing.B) {
+		b.ReportAllocs()
+		run++
+		for i := range b.N {
+			key := []byte(fmt.Sprint(run, "-", i))
+			now := time.Now().UnixMicro()
+			if _, err := db.ExecContext(ctx, "INSERT INTO `"+minimal+"` (scope, `key`, fingerprint, token, lease_until, expires_at) VALUES (?, ?, ?, ?, ?, ?)",
+				[]byte("bench"), key, []byte("fp"), i, now+60e6, now+3600e6); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := db.ExecContext(ctx, "UPDATE `"+minimal+"` SET status = ?, headers = ?, body = ?, expires_at = ? WHERE scope = ? AND `key` = ? AND token = ?",
+				resp.Status, headers, resp.Body, now+3600e6, []byte("bench"), key, i); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	replayID := engine.ID{Scope: "bench", Key: "replayed"}
+	c, err := s.Claim(ctx, replayID, "fp", time.Minute, time.Hour)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := s.Complete(ctx, replayID, c.Token, resp, time.Hour); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := db.Exec("INSERT INTO `"+minimal+"` (scope, `key`, fingerprint, status, headers, body) VALUES (?, ?, ?, ?, ?, ?)",
+		[]byte("bench"), []byte("replayed"), []byte("fp"), resp.Status, headers, resp.Body); err != nil {
+		b.Fatal(err)
+	}
+	b.Run("replay/store", func(b *testing.B) {
+		b.ReportAllocs()
+		for range b.N {
+			if c, err := s.Claim(ctx, replayID, "fp", time.Minute, time.Hour); err != nil || c.Status != engine.Completed {
+				b.Fatal(c.Status, err)
+			}
+		}
+	})
+	b.Run("replay/minimal", func(b *testing.B) {
+		b.ReportAllocs()
+		for range b.N {
+			var (
+				fp, h, body []byte
+				status      sql.NullInt64
+			)
+			if err := db.QueryRowContext(ctx, "SELECT fingerprint, status, headers, body FROM `"+minimal+"` WHERE scope = ? AND `key` = ?",
+				[]byte("bench"), []byte("replayed")).Scan(&fp, &status, &h, &body); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := sqlrecord.DecodeHeader(h); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}

@@ -1,0 +1,110 @@
+package sqlitestore_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idempotency/engine"
+	"github.com/idemkit/idempotency/internal/sqlrecord"
+	"github.com/idemkit/idempotency/store/sqlitestore"
+)
+
+// BenchmarkStatements compares, in one file and one run, the store's first
+// execution (Claim of a new key, then Complete) and replay (Claim of a
+// completed key) with the minimal statements that do the same on a table of
+// the same columns: an INSERT and an UPDATE, and a SELECT. With synchronous
+// NORMAL (the default) and FULL.
+//
+//	go test ./store/sqlitestore -run '^$' -bench BenchmarkStatements -benchtime 2000x -count 5
+func BenchmarkStatements(b *testing.B) {
+	ctx := context.Background()
+	resp := &engine.Response{Status: 201, Header: map[string][]string{"Content-Type": {"application/json"}}, Body: []byte(`{"id":42,"status":"created"}`)}
+	headers := sqlrecord.EncodeHeader(resp.Header)
+	for _, tc := range []struct {
+		name string
+		opts []sqlitestore.Option
+	}{{"normal", nil}, {"full", []sqlitestore.Option{sqlitestore.WithFullSync()}}} {
+		s, err := sqlitestore.Open(ctx, filepath.Join(b.TempDir(), "records.db"), tc.opts...)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer s.Close()
+		db := s.DB()
+		if _, err := db.Exec(`CREATE TABLE minimal (scope BLOB NOT NULL, key BLOB NOT NULL, fingerprint BLOB NOT NULL,
+			token INTEGER, lease_until INTEGER, expires_at INTEGER, status INTEGER, headers BLOB, body BLOB,
+			PRIMARY KEY (scope, key))`); err != nil {
+			b.Fatal(err)
+		}
+		run := 0
+		b.Run(tc.name+"/first/store", func(b *testing.B) {
+			b.ReportAllocs()
+			run++
+			for i := range b.N {
+				id := engine.ID{Scope: "bench", Key: fmt.Sprint(run, "-", i)}
+				c, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
+				if err != nil || c.Status != engine.Acquired {
+					b.Fatal(c.Status, err)
+				}
+				if err := s.Complete(ctx, id, c.Token, resp, time.Hour); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(tc.name+"/first/minimal", func(b *testing.B) {
+			b.ReportAllocs()
+			run++
+			for i := range b.N {
+				key := []byte(fmt.Sprint(run, "-", i))
+				now := time.Now().UnixMicro()
+				if _, err := db.ExecContext(ctx, "INSERT INTO minimal (scope, key, fingerprint, token, lease_until, expires_at) VALUES (?, ?, ?, ?, ?, ?)",
+					[]byte("bench"), key, []byte("fp"), i, now+60e6, now+3600e6); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := db.ExecContext(ctx, "UPDATE minimal SET status = ?, headers = ?, body = ?, expires_at = ? WHERE scope = ? AND key = ? AND token = ?",
+					resp.Status, headers, resp.Body, now+3600e6, []byte("bench"), key, i); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		replayID := engine.ID{Scope: "bench", Key: "replayed"}
+		c, err := s.Claim(ctx, replayID, "fp", time.Minute, time.Hour)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := s.Complete(ctx, replayID, c.Token, resp, time.Hour); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := db.Exec("INSERT INTO minimal (scope, key, fingerprint, status, headers, body) VALUES (?, ?, ?, ?, ?, ?)",
+			[]byte("bench"), []byte("replayed"), []byte("fp"), resp.Status, headers, resp.Body); err != nil {
+			b.Fatal(err)
+		}
+		b.Run(tc.name+"/replay/store", func(b *testing.B) {
+			b.ReportAllocs()
+			for range b.N {
+				if c, err := s.Claim(ctx, replayID, "fp", time.Minute, time.Hour); err != nil || c.Status != engine.Completed {
+					b.Fatal(c.Status, err)
+				}
+			}
+		})
+		b.Run(tc.name+"/replay/minimal", func(b *testing.B) {
+			b.ReportAllocs()
+			for range b.N {
+				var (
+					fp, h, body []byte
+					status      sql.NullInt64
+				)
+				if err := db.QueryRowContext(ctx, "SELECT fingerprint, status, headers, body FROM minimal WHERE scope = ? AND key = ?",
+					[]byte("bench"), []byte("replayed")).Scan(&fp, &status, &h, &body); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := sqlrecord.DecodeHeader(h); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,6 @@
+package sqlitestore
+
+import "context"
+
+// Sweep runs one sweep of s, for tests.
+func Sweep(ctx context.Context, s Store, batch int) int64 { return s.(*store).sweep(ctx, batch) }

@@ -1,0 +1,62 @@
+package sqlitestore
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/idemkit/idempotency/engine"
+	"github.com/idemkit/idempotency/internal/sqlrecord"
+)
+
+// Lookup implements engine.Inspector: one read, which takes no lock. In
+// transactional mode a request being served is invisible to it, since its
+// record commits with its response or not at all.
+func (s *store) Lookup(ctx context.Context, id engine.ID) (engine.Record, error) {
+	if err := s.begin(ctx, "lookup"); err != nil {
+		return engine.Record{}, err
+	}
+	r, found, err := read(ctx, s.db, id)
+	if err != nil {
+		return engine.Record{}, fmt.Errorf("sqlitestore: lookup: %w", err)
+	}
+	if !found || r.Expires <= s.now() {
+		return engine.Record{}, fmt.Errorf("sqlitestore: lookup: %w", engine.ErrNotFound)
+	}
+	rec, err := r.Record(id)
+	if err != nil {
+		return engine.Record{}, fmt.Errorf("sqlitestore: lookup: %w", err)
+	}
+	return rec, nil
+}
+
+// Resolve implements engine.Inspector, in one statement: with resp it
+// records the request as done with resp, and the holder of a lease in
+// flight is refused from then on; with resp nil it deletes the record.
+func (s *store) Resolve(ctx context.Context, id engine.ID, resp *engine.Response, ttl time.Duration) error {
+	if err := s.begin(ctx, "resolve"); err != nil {
+		return err
+	}
+	now := s.now()
+	var (
+		n   int64
+		err error
+	)
+	if resp == nil {
+		n, err = s.exec(ctx, forgetSQL, []byte(id.Scope), []byte(id.Key), now)
+	} else {
+		headers := sqlrecord.EncodeHeader(resp.Header)
+		if err := storable(resp, headers); err != nil {
+			return fmt.Errorf("sqlitestore: resolve: %w", err)
+		}
+		n, err = s.exec(ctx, resolveSQL, []byte(id.Scope), []byte(id.Key), now, now+sqlrecord.Micros(ttl),
+			resp.Status, headers, body(resp), resp.BodyOmitted)
+	}
+	switch {
+	case err != nil:
+		return fmt.Errorf("sqlitestore: resolve: %w", err)
+	case n == 0:
+		return fmt.Errorf("sqlitestore: resolve: %w", engine.ErrNotFound)
+	}
+	return nil
+}

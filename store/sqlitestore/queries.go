@@ -1,0 +1,113 @@
+package sqlitestore
+
+// table is the one table of the store's records, in the file that Open
+// opens; tokens come from its AUTOINCREMENT sequence (sqlite_sequence),
+// which never hands out a number twice, deleted rows included.
+const table = "idempotency_records"
+
+// schemaSQL creates the table and its index if they are missing. Every time
+// is in microseconds since the Unix epoch, by the machine's clock, which
+// every process sharing the file reads.
+const schemaSQL = `CREATE TABLE IF NOT EXISTS ` + table + ` (
+	token INTEGER PRIMARY KEY AUTOINCREMENT,
+	scope BLOB NOT NULL,
+	key BLOB NOT NULL,
+	fingerprint BLOB NOT NULL,
+	completed INTEGER NOT NULL DEFAULT 0,
+	abandoned INTEGER NOT NULL DEFAULT 0,
+	created_at INTEGER NOT NULL,
+	lease_until INTEGER NOT NULL,
+	expires_at INTEGER NOT NULL,
+	status INTEGER,
+	headers BLOB,
+	body BLOB,
+	body_omitted INTEGER NOT NULL DEFAULT 0,
+	UNIQUE (scope, key)
+);
+CREATE INDEX IF NOT EXISTS ` + table + `_expires_at ON ` + table + ` (expires_at)`
+
+// readSQL reads the record of a key, live or not: a Claim's first
+// statement, which writes nothing, so that a replay takes no lock.
+// Parameters: scope, key.
+const readSQL = `SELECT token, completed, fingerprint, abandoned, created_at, lease_until, expires_at,
+	status, headers, body, body_omitted
+FROM ` + table + ` WHERE scope = ?1 AND key = ?2`
+
+// claimSQL is the claim, in one statement: it inserts the record in flight
+// when there is none, and takes over, in place, one that expired, or whose
+// lease expired with the same fingerprint (the holder was lost: abandoned
+// counts it, saturating; an expired record starts afresh at 0). Either way
+// the row gets the new token that the INSERT drew from the sequence
+// (excluded.token). A record that is neither is left alone and the
+// statement returns no row. The SET expressions read the row as it was.
+//
+// Parameters: ?1 scope, ?2 key, ?3 fingerprint, ?4 now, ?5 lease's end,
+// ?6 expiry.
+const claimSQL = `INSERT INTO ` + table + ` (token, scope, key, fingerprint, completed, abandoned, created_at, lease_until, expires_at)
+VALUES (NULL, ?1, ?2, ?3, 0, 0, ?4, ?5, ?6)
+ON CONFLICT (scope, key) DO UPDATE SET
+	token = excluded.token,
+	fingerprint = excluded.fingerprint,
+	completed = 0,
+	abandoned = CASE WHEN expires_at <= ?4 THEN 0 ELSE min(abandoned, 2147483646) + 1 END,
+	created_at = CASE WHEN expires_at <= ?4 THEN ?4 ELSE created_at END,
+	lease_until = excluded.lease_until,
+	expires_at = excluded.expires_at,
+	status = NULL, headers = NULL, body = NULL, body_omitted = 0
+WHERE expires_at <= ?4 OR (completed = 0 AND lease_until <= ?4 AND fingerprint = excluded.fingerprint)
+RETURNING token, abandoned`
+
+// held is the record that Complete, Release and Extend may change: held by
+// the token, in flight, not expired. Parameters: ?1 token, ?2 scope, ?3 key,
+// ?4 now.
+const held = `token = ?1 AND scope = ?2 AND key = ?3 AND completed = 0 AND expires_at > ?4`
+
+// completeSQL stores the response. More parameters: ?5 expiry, ?6 status,
+// ?7 headers, ?8 body, ?9 body omitted.
+const completeSQL = `UPDATE ` + table + ` SET completed = 1, lease_until = ?4, expires_at = ?5,
+	status = ?6, headers = ?7, body = ?8, body_omitted = ?9
+WHERE ` + held
+
+// completeTxSQL is completeSQL in transactional mode, where the
+// transaction, not the record's expiry, keeps others off the record.
+const completeTxSQL = `UPDATE ` + table + ` SET completed = 1, lease_until = ?4, expires_at = ?5,
+	status = ?6, headers = ?7, body = ?8, body_omitted = ?9
+WHERE token = ?1 AND scope = ?2 AND key = ?3 AND completed = 0`
+
+// releaseSQL deletes a record that the holder's claim created.
+const releaseSQL = `DELETE FROM ` + table + ` WHERE ` + held + ` AND abandoned <= 0`
+
+// releaseBackSQL puts a record that the holder's claim took over from lost
+// holders back as the claim found it: its lease ended, one lost holder
+// fewer (the next takeover counts it again), and a new token from the
+// sequence, which no holder has. The SELECT finds the row only if the
+// holder still holds it, and the conflict on its own key makes the INSERT
+// the UPDATE.
+const releaseBackSQL = `INSERT INTO ` + table + ` (token, scope, key, fingerprint, created_at, lease_until, expires_at)
+SELECT NULL, scope, key, fingerprint, created_at, lease_until, expires_at FROM ` + table + `
+WHERE ` + held + ` AND abandoned > 0
+ON CONFLICT (scope, key) DO UPDATE SET
+	token = excluded.token,
+	lease_until = min(lease_until, ?4),
+	abandoned = abandoned - 1`
+
+// extendSQL moves the lease's end, and the record's expiry with it, so that
+// the record outlives the lease by as much as it did. More parameters:
+// ?5 the lease's new end.
+const extendSQL = `UPDATE ` + table + ` SET lease_until = ?5,
+	expires_at = max(expires_at, ?5 + (expires_at - lease_until))
+WHERE ` + held
+
+// sweepSQL deletes at most ?2 records expired at ?1.
+const sweepSQL = `DELETE FROM ` + table + ` WHERE token IN (
+	SELECT token FROM ` + table + ` WHERE expires_at <= ?1 LIMIT ?2)`
+
+// resolveSQL records a live record as done with the operator's response,
+// whatever its state and lease. Parameters: ?1 scope, ?2 key, ?3 now,
+// ?4 expiry, ?5 status, ?6 headers, ?7 body, ?8 body omitted.
+const resolveSQL = `UPDATE ` + table + ` SET completed = 1, lease_until = min(lease_until, ?3), expires_at = ?4,
+	status = ?5, headers = ?6, body = ?7, body_omitted = ?8
+WHERE scope = ?1 AND key = ?2 AND expires_at > ?3`
+
+// forgetSQL deletes a live record. Parameters: ?1 scope, ?2 key, ?3 now.
+const forgetSQL = `DELETE FROM ` + table + ` WHERE scope = ?1 AND key = ?2 AND expires_at > ?3`

@@ -25,10 +25,10 @@ const (
 
 // Defaults of the middleware's own limits.
 const (
-	// DefaultMaxBody is the largest request body accepted ([WithMaxBody]).
-	DefaultMaxBody = 1 << 20
-	// DefaultMaxStored is the largest response body stored ([WithMaxStored]).
-	DefaultMaxStored = 1 << 20
+	// defaultMaxBody is the largest request body accepted ([WithMaxBody]).
+	defaultMaxBody = 1 << 20
+	// defaultMaxStored is the largest response body stored ([WithMaxStored]).
+	defaultMaxStored = 1 << 20
 )
 
 // Option configures the middleware. Options are applied in order, a later
@@ -69,8 +69,8 @@ func defaultConfig() config {
 		replayHeader:  HeaderReplayed,
 		scope:         CredentialScope,
 		fingerprint:   Fingerprint,
-		maxBody:       DefaultMaxBody,
-		maxStored:     DefaultMaxStored,
+		maxBody:       defaultMaxBody,
+		maxStored:     defaultMaxStored,
 		keep:          DefaultKeep,
 		errorWriter:   WriteProblem,
 		replayHeaders: defaultReplayHeaders,
@@ -231,8 +231,7 @@ func WithFingerprint(fn func(r *http.Request, body []byte) (string, error)) Opti
 	}
 }
 
-// WithMaxBody sets the largest request body accepted, [DefaultMaxBody]
-// (1 MiB) by default. A larger one is refused with 413 and the handler does
+// WithMaxBody sets the largest request body accepted, 1 MiB by default. A larger one is refused with 413 and the handler does
 // not run. 0 accepts only requests without a body. The body is read whole
 // before the claim, into a buffer that grows as its bytes arrive, so a
 // large limit reserves nothing ahead of them.
@@ -247,7 +246,7 @@ func WithMaxBody(n int64) Option {
 }
 
 // WithMaxStored sets the largest response body stored for replay,
-// [DefaultMaxStored] (1 MiB) by default; 0 stores none. A larger response is
+// 1 MiB by default; 0 stores none. A larger response is
 // still sent, and still recorded as done so that the request never runs
 // twice, but its replay carries the status and headers only, marked with the
 // [HeaderBodyOmitted] header.

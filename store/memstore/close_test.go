@@ -55,7 +55,7 @@ func TestCloseEndsEveryCall(t *testing.T) {
 		{"Lookup", func() error { _, err := s.Lookup(ctx, done); return err }(), false},
 		{"Resolve", s.Resolve(ctx, done, nil, time.Hour), false},
 	} {
-		if !errors.Is(tc.err, memstore.ErrClosed) {
+		if !errors.Is(tc.err, engine.ErrStoreClosed) {
 			t.Errorf("%s after Close error = %v, want ErrClosed", tc.op, tc.err)
 		}
 		if got := errors.Is(tc.err, engine.ErrLeaseLost); got != tc.leaseLost {
@@ -141,7 +141,7 @@ func TestCloseWhileRequestsRun(t *testing.T) {
 	}
 	select {
 	case e := <-events:
-		if e.Kind != engine.EventNotStored || !errors.Is(e.Err, memstore.ErrClosed) {
+		if e.Kind != engine.EventNotStored || !errors.Is(e.Err, engine.ErrStoreClosed) {
 			t.Errorf("event of the request running at Close = %v, %v; want not stored, ErrClosed", e.Kind, e.Err)
 		}
 	case <-time.After(bound):

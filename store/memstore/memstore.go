@@ -56,9 +56,9 @@ import (
 // Default bounds. They suit a single API process: a million records, or
 // 256 MiB of keys, fingerprints and stored responses.
 const (
-	DefaultMaxRecords    = 1_000_000
-	DefaultMaxBytes      = 256 << 20
-	DefaultSweepInterval = time.Minute
+	defaultMaxRecords    = 1_000_000
+	defaultMaxBytes      = 256 << 20
+	defaultSweepInterval = time.Minute
 )
 
 const (
@@ -76,10 +76,6 @@ var (
 	// ErrFull is returned, wrapped, by Claim when a new record would take
 	// the store past its bound on records or on bytes.
 	ErrFull = errors.New("store full")
-	// ErrClosed is returned, wrapped, by every method after Close; by
-	// Complete, Release and Extend together with engine.ErrLeaseLost. It
-	// is engine.ErrStoreClosed, so that the middleware stops trying.
-	ErrClosed = engine.ErrStoreClosed
 )
 
 // Store is an in-memory engine.Store. Create one with New; it is safe for
@@ -159,7 +155,7 @@ func (c *config) refuse(format string, args ...any) {
 	c.invalid = append(c.invalid, fmt.Errorf("memstore: "+format, args...))
 }
 
-// WithMaxRecords bounds the number of records kept, DefaultMaxRecords by
+// WithMaxRecords bounds the number of records kept, 1,000,000 by
 // default. It must be at least 1.
 func WithMaxRecords(n int) Option {
 	return func(c *config) {
@@ -172,7 +168,7 @@ func WithMaxRecords(n int) Option {
 }
 
 // WithMaxBytes bounds the memory, in bytes, taken by keys, fingerprints and
-// stored responses, as the store counts them, DefaultMaxBytes by default. It
+// stored responses, as the store counts them, 256 MiB by default. It
 // must be at least 1. The process's resident memory grows by more than
 // that: the collector's headroom (GOGC) and the slack of buffers make it
 // about 2 to 3 times the bound when the store is full (measured in
@@ -189,7 +185,7 @@ func WithMaxBytes(n int64) Option {
 }
 
 // WithSweepInterval sets how often expired records are removed in the
-// background, DefaultSweepInterval by default. It must be at least a
+// background, once a minute by default. It must be at least a
 // millisecond.
 func WithSweepInterval(d time.Duration) Option {
 	return func(c *config) {
@@ -206,9 +202,9 @@ func WithSweepInterval(d time.Duration) Option {
 // names every invalid option, and no Store is made.
 func New(opts ...Option) (*Store, error) {
 	c := config{
-		maxRecords:    DefaultMaxRecords,
-		maxBytes:      DefaultMaxBytes,
-		sweepInterval: DefaultSweepInterval,
+		maxRecords:    defaultMaxRecords,
+		maxBytes:      defaultMaxBytes,
+		sweepInterval: defaultSweepInterval,
 	}
 	for i, o := range opts {
 		if o == nil {
@@ -239,7 +235,7 @@ func New(opts ...Option) (*Store, error) {
 // and waits for it to end. Close is idempotent and always returns nil.
 //
 // A request still running when Close is called is not waited for, and is
-// never held: each method called after Close fails at once with ErrClosed,
+// never held: each method called after Close fails at once with engine.ErrStoreClosed,
 // and a holder's Complete, Release or Extend fails with an error that wraps
 // engine.ErrLeaseLost too, since its lease went with the records. The
 // middleware of package server then treats the lease as lost: its next
@@ -288,7 +284,7 @@ func (s *Store) lock(ctx context.Context, op string, id engine.ID) (*shard, erro
 	sh.mu.Lock()
 	if s.closed.Load() {
 		sh.mu.Unlock()
-		return nil, fmt.Errorf("memstore: %s: %w", op, ErrClosed)
+		return nil, fmt.Errorf("memstore: %s: %w", op, engine.ErrStoreClosed)
 	}
 	return sh, nil
 }
@@ -444,7 +440,7 @@ func (s *Store) Extend(ctx context.Context, id engine.ID, token engine.Token, le
 // token holds, or fails with ErrLeaseLost.
 func (s *Store) withLease(ctx context.Context, op string, id engine.ID, token engine.Token, fn func(*shard, record)) error {
 	sh, err := s.lock(ctx, op, id)
-	if errors.Is(err, ErrClosed) {
+	if errors.Is(err, engine.ErrStoreClosed) {
 		// The lease went with the records: say so, so that a holder
 		// stops trying at once.
 		return fmt.Errorf("%w: %w", err, engine.ErrLeaseLost)

@@ -225,7 +225,7 @@ func TestClose(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatalf("second Close error = %v", err)
 	}
-	if _, err := s.Claim(context.Background(), engine.ID{Key: "k"}, "fp", time.Minute, time.Hour); !errors.Is(err, memstore.ErrClosed) {
+	if _, err := s.Claim(context.Background(), engine.ID{Key: "k"}, "fp", time.Minute, time.Hour); !errors.Is(err, engine.ErrStoreClosed) {
 		t.Errorf("Claim after Close error = %v, want ErrClosed", err)
 	}
 }

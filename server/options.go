@@ -232,9 +232,10 @@ func WithFingerprint(fn func(r *http.Request, body []byte) (string, error)) Opti
 }
 
 // WithMaxBody sets the largest request body accepted, 1 MiB by default.
-// A larger one is refused with 413 and the handler does not run. 0 accepts only requests without a body. The body is read whole
-// before the claim, into a buffer that grows as its bytes arrive, so a
-// large limit reserves nothing ahead of them.
+// A larger one is refused with 413 and the handler does not run. 0
+// accepts only requests without a body. The body is read whole before the
+// claim, into a buffer that grows as its bytes arrive, so a large limit
+// reserves nothing ahead of them.
 func WithMaxBody(n int64) Option {
 	return func(c *config) {
 		if n < 0 {

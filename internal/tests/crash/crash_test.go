@@ -174,7 +174,7 @@ func newCrashRun(t *testing.T, bin, kind string, sz size) *crashRun {
 	ctx := context.Background()
 	name := teststores.UniqueName(t, "crash_orders_")
 	orders, lines := pgx.Identifier{name}.Sanitize(), pgx.Identifier{name + "_lines"}.Sanitize()
-	_, err := pool.Exec(ctx, "CREATE TABLE "+orders+" (id bigserial PRIMARY KEY, ref text NOT NULL, lines int NOT NULL, abandoned int NOT NULL);"+
+	_, err := pool.Exec(ctx, "CREATE TABLE "+orders+" (id bigserial PRIMARY KEY, ref text NOT NULL, lines int NOT NULL, abandoned int NOT NULL DEFAULT 0);"+
 		"CREATE TABLE "+lines+" (order_id bigint NOT NULL, n int NOT NULL)")
 	require.NoError(t, err)
 	var records string

@@ -13,8 +13,8 @@
 // a header of 42 bytes (the version, the state: in flight, completed or
 // released, the fencing token, the nonce of the call that last changed the
 // state, the lease's slack, the fingerprint's length, how many holders
-// abandoned the record before, and when it was first claimed by the Redis
-// server's clock), the fingerprint, and, once completed, the response:
+// abandoned the record before, and when it was first claimed, by the clock
+// of the machine whose Store claimed it), the fingerprint, and, once completed, the response:
 // status, a body-omitted flag, headers in increasing order of name with the
 // order of their values kept, and the body, byte for byte. A record with an
 // unknown version, or one that is truncated or malformed, is never replayed:
@@ -53,8 +53,11 @@
 //
 // # Functions
 //
-// Claim, Complete, Release and Extend are each one Redis Function, called
-// with FCALL: one round trip. The four are in one library whose name holds a
+// Complete, Release and Extend are each one Redis Function, called with
+// FCALL: one round trip. Claim is one plain command, SET NX PX GET, when the
+// key has no record or a completed one (a first execution, a replay), and
+// its function, in a second round trip, when the record is in flight or
+// released. The functions are in one library whose name holds a
 // digest of its code ("idempotency_" and 12 hex digits), so that Stores of
 // different releases sharing a Redis each call their own. A function reads
 // and writes only the record's key, so it is atomic, and on a Cluster it runs
@@ -93,10 +96,10 @@
 // script can't run this command"), reported as a permission error that
 // points here, never as a corrupt record.
 //
-// Each function's common path is a command or two and a comparison of bytes
-// prepared by the Store: a claim of a new key is SET NX PX GET of an in-flight
-// record built by the Store, and the same command returns a completed record
-// to replay without writing; Complete, Release and Extend compare the
+// The common paths are a command or two and a comparison of bytes prepared
+// by the Store: a claim of a new key is SET NX PX GET of an in-flight record
+// built by the Store, sent by the Store itself, and the same command returns
+// a completed record to replay without writing; Complete, Release and Extend compare the
 // record's first ten bytes (version, state, token) with what the caller's
 // token makes. A Store remembers the fingerprint of each lease it granted
 // until it completes or releases it, so that Complete can send the completed

@@ -44,6 +44,11 @@ type Store struct {
 	ack replicaAck
 	// bulkLimit is the server's proto-max-bulk-len once read, 0 before.
 	bulkLimit atomic.Int64
+	// called is set once a function call succeeded: until then, a claim
+	// calls the claim function, so that a Redis where the functions cannot
+	// run (no FCALL, or the ACL refuses them or their loading) refuses the
+	// first claim rather than the completion that follows it.
+	called atomic.Bool
 }
 
 var _ engine.Store = (*Store)(nil)
@@ -90,14 +95,23 @@ func hearsContext(client redis.UniversalClient) bool {
 // again). Every operation on id touches this key and no other.
 func (s *Store) RecordKey(id engine.ID) string { return recordKey(s.prefix, id) }
 
-// Claim implements engine.Store in one round trip. A completed record comes
-// back whole and is decoded here; one that cannot be decoded fails the call
-// with ErrCorruptRecord and is never replayed.
+// Claim implements engine.Store. A claim that finds no record, or a
+// completed one, is one command, SET NX PX GET, which writes nothing when
+// the key has a record: a first execution's claim and a replay are one round
+// trip, and a replay writes nothing. A claim that finds a record in flight
+// or released takes a second round trip, the claim function, which judges
+// its lease by the record's expiry (see the package documentation, Leases).
+// Until a function call of the Store has succeeded, its claims call the
+// claim function, which does the same in one round trip, so that a Redis
+// that cannot run the functions refuses the first claim, not its
+// completion. A completed record comes back whole and is decoded here; one that cannot
+// be decoded fails the call with ErrCorruptRecord and is never replayed.
 //
 // The token of a new lease is proposed here, from this machine's clock in
-// microseconds, and written with the record; the function takes it when the
-// key has no record, and max(the record's token + 1, the proposal) when the
-// record is released or its lease expired.
+// microseconds, and written with the record, with the time of the claim;
+// the key takes it when it has no record, and the function max(the record's
+// token + 1, the proposal) when the record is released or its lease
+// expired.
 func (s *Store) Claim(ctx context.Context, id engine.ID, fingerprint string, lease, ttl time.Duration) (engine.Claim, error) {
 	if err := s.usable(ctx); err != nil {
 		return engine.Claim{}, fmt.Errorf("redisstore: claim: %w", err)
@@ -106,29 +120,38 @@ func (s *Store) Claim(ctx context.Context, id engine.ID, fingerprint string, lea
 	// at its lease's end may have done its work then, and the retry must
 	// see it.
 	px := millis(addDur(lease, ttl))
-	proposed := engine.Token(max(1, time.Now().UnixMicro()))
+	now := time.Now()
+	proposed := engine.Token(max(1, now.UnixMicro()))
 	rec, err := encodeRecord(record{
 		version:     recordVersion,
 		state:       stateInFlight,
 		token:       proposed,
 		nonce:       rand.Uint64(),
 		slack:       px - millis(lease),
+		created:     now.UnixMilli(),
 		fingerprint: fingerprint,
 	})
 	if err != nil {
 		return engine.Claim{}, fmt.Errorf("redisstore: claim: %w", err)
 	}
 	key := s.RecordKey(id)
-	var reply any
+	var (
+		c       engine.Claim
+		created int64
+	)
 	if s.ack.replicas > 0 {
-		reply, err = s.claimAcked(ctx, id, key, rec, px)
+		var reply any
+		if reply, err = s.claimAcked(ctx, id, key, rec, px); err == nil {
+			c, created, err = parseClaim(reply)
+		}
+	} else if !s.called.Load() {
+		var reply any
+		if reply, err = s.call(ctx, s.lib.claim, key, rec, px); err == nil {
+			c, created, err = parseClaim(reply)
+		}
 	} else {
-		reply, err = s.call(ctx, s.lib.claim, key, rec, px)
+		c, created, err = s.claim(ctx, key, rec, px)
 	}
-	if err != nil {
-		return engine.Claim{}, fmt.Errorf("redisstore: claim: %w", err)
-	}
-	c, created, err := parseClaim(reply)
 	if err != nil {
 		return engine.Claim{}, fmt.Errorf("redisstore: claim: %w", err)
 	}
@@ -136,6 +159,36 @@ func (s *Store) Claim(ctx context.Context, id engine.ID, fingerprint string, lea
 		s.fps.put(leaseKey{key, c.Token}, leaseFacts{fingerprint, uint32(c.Abandoned), created})
 	}
 	return c, nil
+}
+
+// claim writes rec, an in-flight record, at key if the key has no record,
+// with SET NX PX GET, which returns the record that the key has instead
+// and then writes nothing. A completed record is the answer; one in any
+// other state is left to the claim function, which may take it over.
+func (s *Store) claim(ctx context.Context, key string, rec []byte, px int64) (engine.Claim, int64, error) {
+	v, err := bounded(ctx, s.deaf, func() (any, error) {
+		return s.client.Do(ctx, "set", key, rec, "nx", "px", px, "get").Result()
+	})
+	switch {
+	case errors.Is(err, redis.Nil):
+		return engine.Claim{Status: engine.Acquired, Token: engine.Token(binary.BigEndian.Uint64(rec[2:10]))},
+			int64(binary.BigEndian.Uint64(rec[34:42])), nil
+	case err != nil:
+		if redis.HasErrorPrefix(err, "WRONGTYPE") {
+			return engine.Claim{}, 0, corrupt("%s", err.Error())
+		}
+		s.reloadSlots(err)
+		return engine.Claim{}, 0, contextual(ctx, explained(err))
+	}
+	if r, ok := v.(string); ok && len(r) >= 2 && r[1] == stateCompleted {
+		c, err := parseClaimReply(r)
+		return c, 0, err
+	}
+	reply, err := s.call(ctx, s.lib.claim, key, rec, px)
+	if err != nil {
+		return engine.Claim{}, 0, err
+	}
+	return parseClaim(reply)
 }
 
 // parseClaim reads the claim function's answer, and, for a lease, when the
@@ -392,6 +445,9 @@ func (s *Store) call(ctx context.Context, fn, key string, args ...any) (any, err
 	for attempt := 0; ; attempt++ {
 		reply, err := s.fcall(ctx, fn, key, args...)
 		if err == nil {
+			if !s.called.Load() {
+				s.called.Store(true)
+			}
 			return reply, nil
 		}
 		if attempt < loadAttempts && functionMissing(err) {

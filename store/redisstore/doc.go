@@ -278,11 +278,17 @@
 // size". A full Redis (OOM), a timeout or a network error is not one: another
 // try may pass.
 //
-// Every call ends when its context does (the middleware's store timeout),
-// whatever the client: with ContextTimeoutEnabled go-redis bounds its I/O by
-// the context; without it, go-redis waits for its own ReadTimeout (3 s by
-// default) and the Store returns at the deadline all the same, leaving the
-// call to end by the client's timeouts. How soon before the deadline a Redis
+// Every call ends by its context's deadline (the middleware's store
+// timeout), whatever the client: with ContextTimeoutEnabled go-redis bounds
+// its I/O by the deadline. A *redis.Client without it is used through a
+// clone of it (Client.WithTimeout) that shares its connection pool and has
+// it, so that its I/O ends at the earlier of the deadline and the client's
+// own timeouts, on the caller's goroutine; the clone runs none of the
+// client's hooks (go-redis does not copy them), so give an instrumented
+// client ContextTimeoutEnabled. A Cluster or Ring client without it would
+// wait for its own ReadTimeout (5 s by default): the Store runs each of its
+// calls on a goroutine of its own and returns at the deadline all the same,
+// leaving the call to end by the client's timeouts. How soon before the deadline a Redis
 // that is down fails a call is the client's configuration: go-redis's
 // defaults retry the dial (DialerRetries, 5) and the command (MaxRetries, 3)
 // with backoff, about two seconds for a refused connection. For a store that

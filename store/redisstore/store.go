@@ -23,10 +23,13 @@ const DefaultPrefix = "idempotency:"
 // Store is a engine.Store kept in Redis. Create one with New; it is safe for
 // concurrent use, and any number of Stores, in any number of processes, share
 // records when they share a Redis and a prefix. A Store owns nothing: the
-// client is the caller's to close. On a client with ContextTimeoutEnabled it
-// starts no goroutine. On one without, each call runs on a goroutine of its
-// own, so that the call's context bounds it; one that outlives its context
-// ends by the client's own timeouts, or when the client is closed. It keeps,
+// client is the caller's to close. It starts no goroutine, but on a Cluster
+// or Ring client without ContextTimeoutEnabled: there each call runs on a
+// goroutine of its own, so that the call's context bounds it, and one that
+// outlives its context ends by the client's own timeouts, or when the
+// client is closed. A *redis.Client without ContextTimeoutEnabled (a
+// standalone or Sentinel client) is used through a clone that shares its
+// connections, made by New (see New). It keeps,
 // in memory, the fingerprint of each lease it granted until it completes or
 // releases it, a few thousand at most (see the package documentation,
 // Functions). The zero Store has no client: its methods fail.
@@ -37,8 +40,9 @@ type Store struct {
 	fps    *fingerprints
 	logger *slog.Logger
 	strict bool
-	// deaf is set for a client without ContextTimeoutEnabled, which bounds
-	// its I/O by its own timeouts and not by the call's context.
+	// deaf is set for a Cluster or Ring client without
+	// ContextTimeoutEnabled, which bounds its I/O by its own timeouts and
+	// not by the call's context.
 	deaf bool
 	// ack is what WithReplicaAck asks for; replicas 0 asks for nothing.
 	ack replicaAck
@@ -59,10 +63,14 @@ var _ engine.Store = (*Store)(nil)
 // into a server (FUNCTION LOAD) the first time it finds the server without
 // it, and calls the functions (FCALL) afterwards.
 //
-// Give the client ContextTimeoutEnabled, so that go-redis ends its I/O when a
-// call's context ends (the Store returns then anyway, see Errors in the
-// package documentation), and run Redis with maxmemory-policy noeviction:
-// Open checks it. An invalid option is named in New's error.
+// Give the client ContextTimeoutEnabled, so that go-redis ends its I/O at a
+// call's deadline (the Store returns then anyway, see Errors in the package
+// documentation), and run Redis with maxmemory-policy noeviction: Open
+// checks it. A *redis.Client without it is used through a clone
+// (Client.WithTimeout) that shares its connection pool and has it: its I/O
+// ends at the earlier of the client's own timeouts and the call's deadline,
+// and it runs none of the client's hooks. An invalid option is named in
+// New's error.
 func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 	if client == nil {
 		return nil, errors.New("redisstore: nil client")
@@ -71,23 +79,37 @@ func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
+	client, deaf := hearing(client)
 	return &Store{
 		client: client, prefix: c.prefix, logger: c.logger, strict: c.strict, ack: c.ack,
-		lib: newLibrary(), fps: newFingerprints(), deaf: !hearsContext(client),
+		lib: newLibrary(), fps: newFingerprints(), deaf: deaf,
 	}, nil
 }
 
-// hearsContext reports whether client bounds its I/O by a call's context.
-func hearsContext(client redis.UniversalClient) bool {
+// hearing returns client, or, for a *redis.Client without
+// ContextTimeoutEnabled, a clone of it that shares its connections and has
+// it, with the client's own timeouts; and it reports whether the client it
+// returns still does not bound its I/O by a call's context.
+func hearing(client redis.UniversalClient) (redis.UniversalClient, bool) {
 	switch c := client.(type) {
 	case *redis.Client:
-		return c.Options().ContextTimeoutEnabled
+		o := c.Options()
+		if o.ContextTimeoutEnabled {
+			return c, false
+		}
+		// A negative timeout, none at all, skips the connection's
+		// deadline, the call's too: 0 is none but the call's.
+		clone := c.WithTimeout(max(o.ReadTimeout, 0))
+		co := clone.Options()
+		co.WriteTimeout = max(o.WriteTimeout, 0)
+		co.ContextTimeoutEnabled = true
+		return clone, false
 	case *redis.ClusterClient:
-		return c.Options().ContextTimeoutEnabled
+		return c, !c.Options().ContextTimeoutEnabled
 	case *redis.Ring:
-		return c.Options().ContextTimeoutEnabled
+		return c, !c.Options().ContextTimeoutEnabled
 	}
-	return false
+	return client, true
 }
 
 // RecordKey returns the Redis key that holds id's record, for an operator
@@ -488,10 +510,11 @@ func (s *Store) fcall(ctx context.Context, fn, key string, args ...any) (any, er
 	})
 }
 
-// bounded returns what f returns, or, when deaf (the client does not bound
-// its I/O by the context), ctx's error as soon as ctx is done: f then runs
-// on a goroutine of its own, which the client's own timeouts end, so that a
-// Redis that hangs costs no more than the context allows.
+// bounded returns what f returns, or, when deaf (a Cluster or Ring client
+// that does not bound its I/O by the context), ctx's error as soon as ctx is
+// done: f then runs on a goroutine of its own, which the client's own
+// timeouts end, so that a Redis that hangs costs no more than the context
+// allows.
 func bounded[T any](ctx context.Context, deaf bool, f func() (T, error)) (T, error) {
 	if !deaf || ctx.Done() == nil {
 		return f()

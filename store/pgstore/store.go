@@ -182,9 +182,10 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// Claim implements engine.Store. It is one statement, and one round trip,
-// in every case but the takeover of an expired record or lease, which takes
-// a second, conditional statement.
+// Claim implements engine.Store. A claim that finds a record, a replay
+// among them, is one statement that only reads, and one round trip; one
+// of a new key is that and an INSERT, two; the takeover of an expired
+// record or lease is that and a conditional UPDATE.
 //
 // In transactional mode Claim begins the transaction that the lease is, and
 // waits for a concurrent transaction that holds the same key for at most the
@@ -252,31 +253,44 @@ type querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// claim runs claimSQL, and takeoverSQL when the record it finds may be taken
-// over, until one of them gives an answer.
+// claim runs claimSQL, then insertSQL when the key has no record, or
+// takeoverSQL when the record it finds may be taken over, until one of them
+// gives an answer.
 func (s *Store) claim(ctx context.Context, db querier, id engine.ID, fingerprint string, lease, ttl time.Duration) (engine.Claim, backend, error) {
 	scope, key, fp := []byte(id.Scope), []byte(id.Key), []byte(fingerprint)
 	// The record outlives the lease by the TTL: a holder lost at its
 	// lease's end may have done its work then, and the retry must see it.
 	leaseUS, ttlUS := micros(lease), micros(addDur(lease, ttl))
 	for range maxClaimAttempts {
-		var r claimRow
 		q, mode := s.stmts(), s.hotMode()
 		var (
-			size int64
-			b    backend
+			r                          claimRow
+			size                       int64
+			b                          backend
+			leaseUntil, expiresAt, now time.Time
 		)
-		err := db.QueryRow(ctx, q.claim, mode, scope, key, fp, leaseUS, ttlUS).Scan(
-			&r.inserted, &r.token, &r.state, (*stringScanner)(&r.fingerprint),
-			&r.live, &r.remaining, &r.expired, &r.status, &r.headers, &r.body, &r.bodyOmitted, &size,
-			&b.pid, &b.start)
+		err := db.QueryRow(ctx, q.claim, mode, scope, key).Scan(
+			&r.token, &r.state, (*stringScanner)(&r.fingerprint), &leaseUntil, &expiresAt,
+			&r.status, &r.headers, &r.body, &r.bodyOmitted, &now, &size)
 		if errors.Is(err, pgx.ErrNoRows) {
-			continue // a concurrent claimer's record, not in this statement's snapshot
+			var token int64
+			err = db.QueryRow(ctx, q.insert, mode, scope, key, fp, leaseUS, ttlUS).Scan(&token, &size, &b.pid, &b.start)
+			if errors.Is(err, pgx.ErrNoRows) {
+				continue // a concurrent claimer's record, committed since the read
+			}
+			if err != nil {
+				return engine.Claim{}, backend{}, err
+			}
+			s.observeSize(size)
+			return engine.Claim{Status: engine.Acquired, Token: engine.Token(token)}, b, nil
 		}
 		if err != nil {
 			return engine.Claim{}, backend{}, err
 		}
 		s.observeSize(size)
+		r.live = leaseUntil.After(now)
+		r.remaining = leaseUntil.Sub(now).Microseconds()
+		r.expired = !expiresAt.After(now)
 		if !r.mayTakeOver(fingerprint) {
 			c, err := r.claim()
 			return c, b, err
@@ -285,7 +299,7 @@ func (s *Store) claim(ctx context.Context, db querier, id engine.ID, fingerprint
 			token     int64
 			abandoned int32
 		)
-		err = db.QueryRow(ctx, q.takeover, mode, scope, key, r.token, fp, leaseUS, ttlUS).Scan(&token, &abandoned)
+		err = db.QueryRow(ctx, q.takeover, mode, scope, key, r.token, fp, leaseUS, ttlUS).Scan(&token, &abandoned, &b.pid, &b.start)
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // changed since it was read: look again
 		}
@@ -297,9 +311,8 @@ func (s *Store) claim(ctx context.Context, db querier, id engine.ID, fingerprint
 	return engine.Claim{}, backend{}, errContended
 }
 
-// claimRow is a row of claimSQL.
+// claimRow is a record that Claim found.
 type claimRow struct {
-	inserted    bool
 	token       int64
 	state       string
 	fingerprint string
@@ -316,16 +329,11 @@ type claimRow struct {
 // new lease: it expired, or it is in flight, its lease ended and it is for
 // the same request.
 func (r *claimRow) mayTakeOver(fingerprint string) bool {
-	if r.inserted {
-		return false
-	}
 	return r.expired || (r.state == "in_flight" && !r.live && r.fingerprint == fingerprint)
 }
 
 func (r *claimRow) claim() (engine.Claim, error) {
 	switch {
-	case r.inserted:
-		return engine.Claim{Status: engine.Acquired, Token: engine.Token(r.token)}, nil
 	case r.state == "completed":
 		h, err := decodeHeader(r.headers)
 		if err != nil {

@@ -12,8 +12,11 @@ import (
 // time rather than the transaction's start. Durations are bound as
 // microseconds.
 type queries struct {
-	claim, insert, takeover, complete, completeTx, release, extend, sweep string
-	lookup, resolve, forget                                               string
+	// claim and insert do not read the table's size; claimSized and
+	// insertSized do, for a Claim that reads it (see Store.sizeDue).
+	claim, insert, claimSized, insertSized                 string
+	takeover, complete, completeTx, release, extend, sweep string
+	lookup, resolve, forget                                string
 }
 
 // newQueries writes the statements for the table n names, in the version
@@ -21,15 +24,28 @@ type queries struct {
 // planEpoch): the statements that run on every request end with a comment
 // that names the epoch, so that each epoch's are distinct statements, which
 // pgx prepares afresh and PostgreSQL plans for the table's size.
-func newQueries(n names, epoch int) queries {
-	r := strings.NewReplacer("{{table}}", n.table, "{{sequence}}", n.sequence)
+//
+// In transactional mode the statements that give a lease return the
+// backend's process ID and the start of the transaction they run in, which
+// identify the transaction of the lease (see txwatch.go); in lease mode
+// they return neither.
+func newQueries(n names, epoch int, transactional bool) queries {
+	backend := ""
+	if transactional {
+		backend = ", pg_backend_pid(), transaction_timestamp()"
+	}
+	r := strings.NewReplacer("{{table}}", n.table, "{{sequence}}", n.sequence, "{{backend}}", backend)
 	tag := "\n/* pgstore plan epoch " + strconv.Itoa(epoch) + " */"
 	hot := func(sql string) string { return r.Replace(sql) + tag }
+	unsized := strings.NewReplacer("{{size}}", "-1::bigint")
+	sized := strings.NewReplacer("{{size}}", "pg_relation_size(tableoid)")
 	return queries{
-		claim:    hot(claimSQL),
-		insert:   hot(insertSQL),
-		takeover: hot(takeoverSQL),
-		complete: hot(completeSQL),
+		claim:       hot(unsized.Replace(claimSQL)),
+		insert:      hot(unsized.Replace(insertSQL)),
+		claimSized:  hot(sized.Replace(claimSQL)),
+		insertSized: hot(sized.Replace(insertSQL)),
+		takeover:    hot(takeoverSQL),
+		complete:    hot(completeSQL),
 		// In transactional mode the transaction's row lock, not the
 		// record's time to live, keeps others off the record: a handler
 		// that runs longer than the record lives still completes it.
@@ -49,13 +65,13 @@ func newQueries(n names, epoch int) queries {
 // compared with the statement's time by the Store, which reads it here
 // too: the database's clock, as everywhere.
 //
-// Then comes the table's size in bytes, for planEpoch, read from the
-// relation of the row (tableoid) at the cost of one lseek.
+// Then comes, in the sized version, the table's size in bytes, for
+// planEpoch, read from the relation of the row (tableoid); -1 in the other.
 //
 // Parameters: $1 scope, $2 key.
 const claimSQL = `SELECT token, state, fingerprint, lease_until, expires_at,
 	coalesce(status, 0), headers, body, body_omitted,
-	statement_timestamp(), pg_relation_size(tableoid)
+	statement_timestamp(), {{size}}
 FROM {{table}}
 WHERE scope = $1 AND key = $2`
 
@@ -69,9 +85,8 @@ WHERE scope = $1 AND key = $2`
 // here, so a replay never draws one (nextval logs a WAL record, with a
 // commit flush, every 32 calls).
 //
-// Then come the table's size, as in claimSQL; and the backend's process ID
-// and the start of the transaction the statement runs in, which identify,
-// in transactional mode, the transaction of a lease (see txwatch.go).
+// Then come the table's size, as in claimSQL, and, in transactional mode,
+// the backend (see newQueries).
 //
 // Parameters: $1 scope, $2 key, $3 fingerprint, $4 lease (µs), $5 the
 // record's life (µs: the lease and then the time to live).
@@ -82,7 +97,7 @@ VALUES ($1, $2, $3, 'in_flight', nextval('{{sequence}}'),
 	statement_timestamp() + $5::bigint * interval '1 microsecond',
 	` + sweepAtFrom + inFlightSweep + sweepAtTo + `)
 ON CONFLICT (scope, key) DO NOTHING
-RETURNING token, pg_relation_size(tableoid), pg_backend_pid(), transaction_timestamp()`
+RETURNING token, {{size}}{{backend}}`
 
 // takeoverSQL gives a new lease on a record that Claim found expired, or in
 // flight with an expired lease and the same fingerprint. It changes the row
@@ -107,7 +122,7 @@ const takeoverSQL = `UPDATE {{table}} SET
 WHERE scope = $1 AND key = $2 AND token = $3
 	AND (expires_at <= statement_timestamp()
 		OR (state = 'in_flight' AND lease_until <= statement_timestamp() AND fingerprint = $4))
-RETURNING token, abandoned, pg_backend_pid(), transaction_timestamp()`
+RETURNING token, abandoned{{backend}}`
 
 // The record that Complete, Release and Extend may change: held by the token,
 // in flight, not expired.

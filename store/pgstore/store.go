@@ -46,6 +46,8 @@ type Store struct {
 	// one (see plans.go).
 	plans [maxPlanEpoch + 1]queries
 	epoch atomic.Int32
+	// sizedAt is when a Claim last read the table's size (UnixNano).
+	sizedAt atomic.Int64
 	// poolMode sends the statements of every request, coldMode the others
 	// and, once unprepared is set, all of them.
 	poolMode, coldMode pgx.QueryExecMode
@@ -114,7 +116,7 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 	}
 	s.beginSQL = beginSQL(c.lockTimeout, c.idleTimeout)
 	for e := range s.plans {
-		s.plans[e] = newQueries(n, e)
+		s.plans[e] = newQueries(n, e, c.transactional)
 	}
 	cc := pool.Config().ConnConfig
 	s.poolMode, s.coldMode = cc.DefaultQueryExecMode, unnamedMode(cc)
@@ -263,18 +265,27 @@ func (s *Store) claim(ctx context.Context, db querier, id engine.ID, fingerprint
 	leaseUS, ttlUS := micros(lease), micros(addDur(lease, ttl))
 	for range maxClaimAttempts {
 		q, mode := s.stmts(), s.hotMode()
+		claimSQL, insertSQL := q.claim, q.insert
+		if s.sizeDue() {
+			claimSQL, insertSQL = q.claimSized, q.insertSized
+		}
 		var (
 			r                          claimRow
 			size                       int64
 			b                          backend
 			leaseUntil, expiresAt, now time.Time
 		)
-		err := db.QueryRow(ctx, q.claim, mode, scope, key).Scan(
+		err := db.QueryRow(ctx, claimSQL, mode, scope, key).Scan(
 			&r.token, &r.state, (*stringScanner)(&r.fingerprint), &leaseUntil, &expiresAt,
 			&r.status, &r.headers, &r.body, &r.bodyOmitted, &now, &size)
 		if errors.Is(err, pgx.ErrNoRows) {
 			var token int64
-			err = db.QueryRow(ctx, q.insert, mode, scope, key, fp, leaseUS, ttlUS).Scan(&token, &size, &b.pid, &b.start)
+			row := db.QueryRow(ctx, insertSQL, mode, scope, key, fp, leaseUS, ttlUS)
+			if s.transactional {
+				err = row.Scan(&token, &size, &b.pid, &b.start)
+			} else {
+				err = row.Scan(&token, &size)
+			}
 			if errors.Is(err, pgx.ErrNoRows) {
 				continue // a concurrent claimer's record, committed since the read
 			}
@@ -299,7 +310,12 @@ func (s *Store) claim(ctx context.Context, db querier, id engine.ID, fingerprint
 			token     int64
 			abandoned int32
 		)
-		err = db.QueryRow(ctx, q.takeover, mode, scope, key, r.token, fp, leaseUS, ttlUS).Scan(&token, &abandoned, &b.pid, &b.start)
+		row := db.QueryRow(ctx, q.takeover, mode, scope, key, r.token, fp, leaseUS, ttlUS)
+		if s.transactional {
+			err = row.Scan(&token, &abandoned, &b.pid, &b.start)
+		} else {
+			err = row.Scan(&token, &abandoned)
+		}
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // changed since it was read: look again
 		}

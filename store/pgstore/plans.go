@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/bits"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -21,7 +22,7 @@ import (
 // would cost the backend more CPU than the statement itself.
 //
 // So the Store keeps prepared statements, and lets their plans follow the
-// table's size: every Claim reads the table's size, and the statements that
+// table's size: a Claim a second reads the table's size, and the statements that
 // run on every request are written once per plan epoch, a power of two of
 // the table's pages, so that when the table doubles the next statements are
 // new ones, which PostgreSQL plans for the table as it is. From maxPlanEpoch
@@ -47,8 +48,25 @@ func planEpoch(size int64) int {
 // stmts returns the statements for the table's last known size.
 func (s *Store) stmts() *queries { return &s.plans[s.epoch.Load()] }
 
-// observeSize moves the Store to the plan epoch of the table's size.
+// sizeInterval is how often a Claim reads the table's size: the size
+// costs the server a look at the table's files, and the epochs are
+// doublings of it, which take far longer than this to come.
+const sizeInterval = time.Second
+
+// sizeDue reports whether this Claim is to read the table's size: the first
+// one, and then one a sizeInterval, whichever Claim comes first.
+func (s *Store) sizeDue() bool {
+	now := time.Now().UnixNano()
+	last := s.sizedAt.Load()
+	return now-last >= int64(sizeInterval) && s.sizedAt.CompareAndSwap(last, now)
+}
+
+// observeSize moves the Store to the plan epoch of the table's size, when
+// size was read (it is -1 when not).
 func (s *Store) observeSize(size int64) {
+	if size < 0 {
+		return
+	}
 	if e := int32(planEpoch(size)); s.epoch.Load() != e {
 		s.epoch.Store(e)
 	}

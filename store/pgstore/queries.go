@@ -12,8 +12,11 @@ import (
 // time rather than the transaction's start. Durations are bound as
 // microseconds.
 type queries struct {
-	claim, takeover, complete, completeTx, release, extend, sweep string
-	lookup, resolve, forget                                       string
+	// claim and insert do not read the table's size; claimSized and
+	// insertSized do, for a Claim that reads it (see Store.sizeDue).
+	claim, insert, claimSized, insertSized                 string
+	takeover, complete, completeTx, release, extend, sweep string
+	lookup, resolve, forget                                string
 }
 
 // newQueries writes the statements for the table n names, in the version
@@ -21,14 +24,28 @@ type queries struct {
 // planEpoch): the statements that run on every request end with a comment
 // that names the epoch, so that each epoch's are distinct statements, which
 // pgx prepares afresh and PostgreSQL plans for the table's size.
-func newQueries(n names, epoch int) queries {
-	r := strings.NewReplacer("{{table}}", n.table, "{{sequence}}", n.sequence)
+//
+// In transactional mode the statements that give a lease return the
+// backend's process ID and the start of the transaction they run in, which
+// identify the transaction of the lease (see txwatch.go); in lease mode
+// they return neither.
+func newQueries(n names, epoch int, transactional bool) queries {
+	backend := ""
+	if transactional {
+		backend = ", pg_backend_pid(), transaction_timestamp()"
+	}
+	r := strings.NewReplacer("{{table}}", n.table, "{{sequence}}", n.sequence, "{{backend}}", backend)
 	tag := "\n/* pgstore plan epoch " + strconv.Itoa(epoch) + " */"
 	hot := func(sql string) string { return r.Replace(sql) + tag }
+	unsized := strings.NewReplacer("{{size}}", "-1::bigint")
+	sized := strings.NewReplacer("{{size}}", "pg_relation_size(tableoid)")
 	return queries{
-		claim:    hot(claimSQL),
-		takeover: hot(takeoverSQL),
-		complete: hot(completeSQL),
+		claim:       hot(unsized.Replace(claimSQL)),
+		insert:      hot(unsized.Replace(insertSQL)),
+		claimSized:  hot(sized.Replace(claimSQL)),
+		insertSized: hot(sized.Replace(insertSQL)),
+		takeover:    hot(takeoverSQL),
+		complete:    hot(completeSQL),
 		// In transactional mode the transaction's row lock, not the
 		// record's time to live, keeps others off the record: a handler
 		// that runs longer than the record lives still completes it.
@@ -42,52 +59,45 @@ func newQueries(n names, epoch int) queries {
 	}
 }
 
-// claimSQL inserts a new record in flight, or returns the existing one, in
-// one statement.
+// claimSQL reads the record of a key, and writes nothing: a replay, and an
+// answer that the key is in flight, are this one statement, which costs the
+// server about what a plain SELECT of the row does. The record's times are
+// compared with the statement's time by the Store, which reads it here
+// too: the database's clock, as everywhere.
 //
-// The INSERT only runs when the statement's snapshot holds no record for the
-// key: a replay then reads one row and writes nothing, not even the sequence
-// (nextval in a VALUES list would be evaluated before the conflict check and
-// log a WAL record, with a commit flush, every 32 calls). When a concurrent
-// claimer's row is not in the snapshot, ON CONFLICT DO NOTHING keeps the
-// claim atomic: the INSERT waits for that row's transaction and inserts
-// nothing if it commits, and the statement returns no row at all; Claim then
-// runs it again, with a snapshot that sees the row.
+// Then comes, in the sized version, the table's size in bytes, for
+// planEpoch, read from the relation of the row (tableoid); -1 in the other.
 //
-// Then come the table's size in bytes, for planEpoch, read from the
-// relation of the row (tableoid) at the cost of one lseek; and the backend's
-// process ID and the start of the transaction the statement runs in, which
-// identify, in transactional mode, the transaction of a lease (see
-// txwatch.go).
+// Parameters: $1 scope, $2 key.
+const claimSQL = `SELECT token, state, fingerprint, lease_until, expires_at,
+	coalesce(status, 0), headers, body, body_omitted,
+	statement_timestamp(), {{size}}
+FROM {{table}}
+WHERE scope = $1 AND key = $2`
+
+// insertSQL inserts a new record in flight, for a key that claimSQL found
+// without one. ON CONFLICT DO NOTHING keeps the claim atomic: when a
+// concurrent claimer's row is there, the INSERT waits for that row's
+// transaction and inserts nothing if it commits, and the statement returns
+// no row; Claim then reads the key again, and sees the row. The token that
+// such an INSERT drew from the sequence is lost, a gap of no consequence:
+// a conflict is rare, and a claim of a key that has a record does not come
+// here, so a replay never draws one (nextval logs a WAL record, with a
+// commit flush, every 32 calls).
+//
+// Then come the table's size, as in claimSQL, and, in transactional mode,
+// the backend (see newQueries).
 //
 // Parameters: $1 scope, $2 key, $3 fingerprint, $4 lease (µs), $5 the
 // record's life (µs: the lease and then the time to live).
-const claimSQL = `WITH cur AS (
-	SELECT token, state, fingerprint, lease_until, expires_at, status, headers, body, body_omitted, tableoid
-	FROM {{table}}
-	WHERE scope = $1 AND key = $2
-), ins AS (
-	INSERT INTO {{table}} (scope, key, fingerprint, state, token, lease_until, created_at, expires_at, sweep_at)
-	SELECT $1, $2, $3, 'in_flight', nextval('{{sequence}}'),
-		statement_timestamp() + $4::bigint * interval '1 microsecond',
-		statement_timestamp(),
-		statement_timestamp() + $5::bigint * interval '1 microsecond',
-		` + sweepAtFrom + inFlightSweep + sweepAtTo + `
-	WHERE NOT EXISTS (SELECT 1 FROM cur)
-	ON CONFLICT (scope, key) DO NOTHING
-	RETURNING token, tableoid
-)
-SELECT true, token, '', NULL::bytea, false, 0::bigint, false, 0, NULL::bytea, NULL::bytea, false,
-	pg_relation_size(tableoid), pg_backend_pid(), transaction_timestamp()
-FROM ins
-UNION ALL
-SELECT false, token, state, fingerprint,
-	lease_until > statement_timestamp(),
-	(extract(epoch FROM lease_until - statement_timestamp()) * 1000000)::bigint,
-	expires_at <= statement_timestamp(),
-	coalesce(status, 0), headers, body, body_omitted,
-	pg_relation_size(tableoid), pg_backend_pid(), transaction_timestamp()
-FROM cur`
+const insertSQL = `INSERT INTO {{table}} (scope, key, fingerprint, state, token, lease_until, created_at, expires_at, sweep_at)
+VALUES ($1, $2, $3, 'in_flight', nextval('{{sequence}}'),
+	statement_timestamp() + $4::bigint * interval '1 microsecond',
+	statement_timestamp(),
+	statement_timestamp() + $5::bigint * interval '1 microsecond',
+	` + sweepAtFrom + inFlightSweep + sweepAtTo + `)
+ON CONFLICT (scope, key) DO NOTHING
+RETURNING token, {{size}}{{backend}}`
 
 // takeoverSQL gives a new lease on a record that Claim found expired, or in
 // flight with an expired lease and the same fingerprint. It changes the row
@@ -112,7 +122,7 @@ const takeoverSQL = `UPDATE {{table}} SET
 WHERE scope = $1 AND key = $2 AND token = $3
 	AND (expires_at <= statement_timestamp()
 		OR (state = 'in_flight' AND lease_until <= statement_timestamp() AND fingerprint = $4))
-RETURNING token, abandoned`
+RETURNING token, abandoned{{backend}}`
 
 // The record that Complete, Release and Extend may change: held by the token,
 // in flight, not expired.

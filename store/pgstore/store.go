@@ -46,6 +46,8 @@ type Store struct {
 	// one (see plans.go).
 	plans [maxPlanEpoch + 1]queries
 	epoch atomic.Int32
+	// sizedAt is when a Claim last read the table's size (UnixNano).
+	sizedAt atomic.Int64
 	// poolMode sends the statements of every request, coldMode the others
 	// and, once unprepared is set, all of them.
 	poolMode, coldMode pgx.QueryExecMode
@@ -114,7 +116,7 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 	}
 	s.beginSQL = beginSQL(c.lockTimeout, c.idleTimeout)
 	for e := range s.plans {
-		s.plans[e] = newQueries(n, e)
+		s.plans[e] = newQueries(n, e, c.transactional)
 	}
 	cc := pool.Config().ConnConfig
 	s.poolMode, s.coldMode = cc.DefaultQueryExecMode, unnamedMode(cc)
@@ -182,9 +184,10 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// Claim implements engine.Store. It is one statement, and one round trip,
-// in every case but the takeover of an expired record or lease, which takes
-// a second, conditional statement.
+// Claim implements engine.Store. A claim that finds a record, a replay
+// among them, is one statement that only reads, and one round trip; one
+// of a new key is that and an INSERT, two; the takeover of an expired
+// record or lease is that and a conditional UPDATE.
 //
 // In transactional mode Claim begins the transaction that the lease is, and
 // waits for a concurrent transaction that holds the same key for at most the
@@ -252,31 +255,53 @@ type querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// claim runs claimSQL, and takeoverSQL when the record it finds may be taken
-// over, until one of them gives an answer.
+// claim runs claimSQL, then insertSQL when the key has no record, or
+// takeoverSQL when the record it finds may be taken over, until one of them
+// gives an answer.
 func (s *Store) claim(ctx context.Context, db querier, id engine.ID, fingerprint string, lease, ttl time.Duration) (engine.Claim, backend, error) {
 	scope, key, fp := []byte(id.Scope), []byte(id.Key), []byte(fingerprint)
 	// The record outlives the lease by the TTL: a holder lost at its
 	// lease's end may have done its work then, and the retry must see it.
 	leaseUS, ttlUS := micros(lease), micros(addDur(lease, ttl))
 	for range maxClaimAttempts {
-		var r claimRow
 		q, mode := s.stmts(), s.hotMode()
+		claimSQL, insertSQL := q.claim, q.insert
+		if s.sizeDue() {
+			claimSQL, insertSQL = q.claimSized, q.insertSized
+		}
 		var (
-			size int64
-			b    backend
+			r                          claimRow
+			size                       int64
+			b                          backend
+			leaseUntil, expiresAt, now time.Time
 		)
-		err := db.QueryRow(ctx, q.claim, mode, scope, key, fp, leaseUS, ttlUS).Scan(
-			&r.inserted, &r.token, &r.state, (*stringScanner)(&r.fingerprint),
-			&r.live, &r.remaining, &r.expired, &r.status, &r.headers, &r.body, &r.bodyOmitted, &size,
-			&b.pid, &b.start)
+		err := db.QueryRow(ctx, claimSQL, mode, scope, key).Scan(
+			&r.token, &r.state, (*stringScanner)(&r.fingerprint), &leaseUntil, &expiresAt,
+			&r.status, &r.headers, &r.body, &r.bodyOmitted, &now, &size)
 		if errors.Is(err, pgx.ErrNoRows) {
-			continue // a concurrent claimer's record, not in this statement's snapshot
+			var token int64
+			row := db.QueryRow(ctx, insertSQL, mode, scope, key, fp, leaseUS, ttlUS)
+			if s.transactional {
+				err = row.Scan(&token, &size, &b.pid, &b.start)
+			} else {
+				err = row.Scan(&token, &size)
+			}
+			if errors.Is(err, pgx.ErrNoRows) {
+				continue // a concurrent claimer's record, committed since the read
+			}
+			if err != nil {
+				return engine.Claim{}, backend{}, err
+			}
+			s.observeSize(size)
+			return engine.Claim{Status: engine.Acquired, Token: engine.Token(token)}, b, nil
 		}
 		if err != nil {
 			return engine.Claim{}, backend{}, err
 		}
 		s.observeSize(size)
+		r.live = leaseUntil.After(now)
+		r.remaining = leaseUntil.Sub(now).Microseconds()
+		r.expired = !expiresAt.After(now)
 		if !r.mayTakeOver(fingerprint) {
 			c, err := r.claim()
 			return c, b, err
@@ -285,7 +310,12 @@ func (s *Store) claim(ctx context.Context, db querier, id engine.ID, fingerprint
 			token     int64
 			abandoned int32
 		)
-		err = db.QueryRow(ctx, q.takeover, mode, scope, key, r.token, fp, leaseUS, ttlUS).Scan(&token, &abandoned)
+		row := db.QueryRow(ctx, q.takeover, mode, scope, key, r.token, fp, leaseUS, ttlUS)
+		if s.transactional {
+			err = row.Scan(&token, &abandoned, &b.pid, &b.start)
+		} else {
+			err = row.Scan(&token, &abandoned)
+		}
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // changed since it was read: look again
 		}
@@ -297,9 +327,8 @@ func (s *Store) claim(ctx context.Context, db querier, id engine.ID, fingerprint
 	return engine.Claim{}, backend{}, errContended
 }
 
-// claimRow is a row of claimSQL.
+// claimRow is a record that Claim found.
 type claimRow struct {
-	inserted    bool
 	token       int64
 	state       string
 	fingerprint string
@@ -316,16 +345,11 @@ type claimRow struct {
 // new lease: it expired, or it is in flight, its lease ended and it is for
 // the same request.
 func (r *claimRow) mayTakeOver(fingerprint string) bool {
-	if r.inserted {
-		return false
-	}
 	return r.expired || (r.state == "in_flight" && !r.live && r.fingerprint == fingerprint)
 }
 
 func (r *claimRow) claim() (engine.Claim, error) {
 	switch {
-	case r.inserted:
-		return engine.Claim{Status: engine.Acquired, Token: engine.Token(r.token)}, nil
 	case r.state == "completed":
 		h, err := decodeHeader(r.headers)
 		if err != nil {

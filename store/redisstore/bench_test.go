@@ -76,16 +76,20 @@ func benchResponse() *engine.Response {
 }
 
 // runParallel runs fn on about benchClients goroutines, each with a number
-// of its own, and reports round trips per op.
+// of its own, and reports round trips per op when counter is not nil.
 func runParallel(b *testing.B, counter *roundTrips, fn func(g int64, pb *testing.PB)) {
 	b.ReportAllocs()
 	b.SetParallelism((benchClients + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
 	var goroutines atomic.Int64
-	counter.n.Store(0)
+	if counter != nil {
+		counter.n.Store(0)
+	}
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) { fn(goroutines.Add(1), pb) })
 	b.StopTimer()
-	b.ReportMetric(float64(counter.n.Load())/float64(b.N), "round-trips/op")
+	if counter != nil {
+		b.ReportMetric(float64(counter.n.Load())/float64(b.N), "round-trips/op")
+	}
 }
 
 // BenchmarkClaimComplete is a first execution: a Claim that acquires a new
@@ -184,6 +188,50 @@ func BenchmarkReplicaAck(b *testing.B) {
 					}
 					if err := s.Complete(ctx, id, cl.Token, resp, time.Minute); err != nil {
 						b.Errorf("Complete error = %v", err)
+						return
+					}
+				}
+			})
+		})
+	}
+}
+
+// BenchmarkReplayClientOptions is BenchmarkReplay through a client with
+// ContextTimeoutEnabled and one without, each call with a deadline, as the
+// middleware makes them: what a client without it costs the Store.
+func BenchmarkReplayClientOptions(b *testing.B) {
+	for _, tc := range []struct {
+		name           string
+		contextTimeout bool
+	}{{"ContextTimeoutEnabled", true}, {"without", false}} {
+		b.Run(tc.name, func(b *testing.B) {
+			opt := sharedOptions(b)
+			opt.PoolSize = 2 * benchClients
+			opt.ContextTimeoutEnabled = tc.contextTimeout
+			c := redis.NewClient(opt)
+			b.Cleanup(func() { c.Close() })
+			s, err := redisstore.New(c, redisstore.WithPrefix(testPrefix(b, c)))
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx := context.Background()
+			id := server.ID{Scope: "bench", Key: "replayed"}
+			cl, err := s.Claim(ctx, id, "fp", time.Minute, time.Minute)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := s.Complete(ctx, id, cl.Token, benchResponse(), time.Minute); err != nil {
+				b.Fatal(err)
+			}
+			// No round trips counted: the Store's clone of a client
+			// without ContextTimeoutEnabled runs none of its hooks.
+			runParallel(b, nil, func(_ int64, pb *testing.PB) {
+				for pb.Next() {
+					ctx, cancel := context.WithTimeout(ctx, time.Second)
+					c, err := s.Claim(ctx, id, "fp", time.Minute, time.Minute)
+					cancel()
+					if err != nil || c.Status != server.Completed {
+						b.Errorf("Claim = %v, %v; want completed", c.Status, err)
 						return
 					}
 				}

@@ -13,8 +13,8 @@
 // a header of 42 bytes (the version, the state: in flight, completed or
 // released, the fencing token, the nonce of the call that last changed the
 // state, the lease's slack, the fingerprint's length, how many holders
-// abandoned the record before, and when it was first claimed by the Redis
-// server's clock), the fingerprint, and, once completed, the response:
+// abandoned the record before, and when it was first claimed, by the clock
+// of the machine whose Store claimed it), the fingerprint, and, once completed, the response:
 // status, a body-omitted flag, headers in increasing order of name with the
 // order of their values kept, and the body, byte for byte. A record with an
 // unknown version, or one that is truncated or malformed, is never replayed:
@@ -53,8 +53,11 @@
 //
 // # Functions
 //
-// Claim, Complete, Release and Extend are each one Redis Function, called
-// with FCALL: one round trip. The four are in one library whose name holds a
+// Complete, Release and Extend are each one Redis Function, called with
+// FCALL: one round trip. Claim is one plain command, SET NX PX GET, when the
+// key has no record or a completed one (a first execution, a replay), and
+// its function, in a second round trip, when the record is in flight or
+// released. The functions are in one library whose name holds a
 // digest of its code ("idempotency_" and 12 hex digits), so that Stores of
 // different releases sharing a Redis each call their own. A function reads
 // and writes only the record's key, so it is atomic, and on a Cluster it runs
@@ -93,10 +96,10 @@
 // script can't run this command"), reported as a permission error that
 // points here, never as a corrupt record.
 //
-// Each function's common path is a command or two and a comparison of bytes
-// prepared by the Store: a claim of a new key is SET NX PX GET of an in-flight
-// record built by the Store, and the same command returns a completed record
-// to replay without writing; Complete, Release and Extend compare the
+// The common paths are a command or two and a comparison of bytes prepared
+// by the Store: a claim of a new key is SET NX PX GET of an in-flight record
+// built by the Store, sent by the Store itself, and the same command returns
+// a completed record to replay without writing; Complete, Release and Extend compare the
 // record's first ten bytes (version, state, token) with what the caller's
 // token makes. A Store remembers the fingerprint of each lease it granted
 // until it completes or releases it, so that Complete can send the completed
@@ -276,11 +279,17 @@
 // size". A full Redis (OOM), a timeout or a network error is not one: another
 // try may pass.
 //
-// Every call ends when its context does (the middleware's store timeout),
-// whatever the client: with ContextTimeoutEnabled go-redis bounds its I/O by
-// the context; without it, go-redis waits for its own ReadTimeout (3 s by
-// default) and the Store returns at the deadline all the same, leaving the
-// call to end by the client's timeouts. How soon before the deadline a Redis
+// Every call ends by its context's deadline (the middleware's store
+// timeout), whatever the client: with ContextTimeoutEnabled go-redis bounds
+// its I/O by the deadline. A *redis.Client without it is used through a
+// clone of it (Client.WithTimeout) that shares its connection pool and has
+// it, so that its I/O ends at the earlier of the deadline and the client's
+// own timeouts, on the caller's goroutine; the clone runs none of the
+// client's hooks (go-redis does not copy them), so give an instrumented
+// client ContextTimeoutEnabled. A Cluster or Ring client without it would
+// wait for its own ReadTimeout (5 s by default): the Store runs each of its
+// calls on a goroutine of its own and returns at the deadline all the same,
+// leaving the call to end by the client's timeouts. How soon before the deadline a Redis
 // that is down fails a call is the client's configuration: go-redis's
 // defaults retry the dial (DialerRetries, 5) and the command (MaxRetries, 3)
 // with backoff, about two seconds for a refused connection. For a store that

@@ -7,28 +7,29 @@ import (
 )
 
 // The Store's operations are Redis Functions, one per operation, in one
-// library. Each reads and writes KEYS[1] only, the record's key, so it is
-// atomic and runs on whichever Cluster node owns that key. No lease is
+// library, but for the common path of a claim, which is a plain command (see
+// [Store.Claim]). Each reads and writes KEYS[1] only, the record's key, so it
+// is atomic and runs on whichever Cluster node owns that key. No lease is
 // judged by a clock: an in-flight record's lease is its expiry less its
 // slack (see record.go), judged by the server's own PTTL; the token of a new
-// lease is proposed by the caller (see [Store.Claim]). Only a lease kept in a
-// version 1 record, which holds the end of the lease as a time, is judged by
-// TIME. The claim reads TIME for one thing only: the time a record was first
-// claimed, kept for an operator (Store.Lookup).
+// lease, and the time of the claim, are proposed by the caller. Only a lease
+// kept in a version 1 record, which holds the end of the lease as a time,
+// is judged by TIME; and Lookup reads TIME to tell an operator how long a
+// record has left.
 //
 // Redis hashes every byte of every Lua string it makes (its Lua computes a
 // string's hash over all of it), and each command a function calls costs
 // about as much as a small command from a client: so the functions make few
-// strings, small ones, and call few commands. The fast path of each is a
-// command or two and a comparison of bytes built in Go: the claim of a new
-// key is TIME and SET NX PX GET of an in-flight record built in Go (the time
-// spliced in), and the replay is
-// that same command, which returns the completed record without writing;
-// Complete, Release and Extend compare the record's first ten bytes
-// (version, state, token) with what the holder's token makes, and Complete
-// writes the completed record as Go built it (see fingerprints.go).
-// Everything else (a claim sent twice, a takeover, a lost lease, a corrupt
-// record, a record of the previous layout) is the slow path.
+// strings, small ones, and call few commands. The claim of a new key is SET
+// NX PX GET of an in-flight record built in Go, sent by the Store itself,
+// and the replay is that same command, which returns the completed record
+// without writing; only a claim that finds a record in flight or released
+// calls the claim function. Complete, Release and Extend compare the
+// record's first ten bytes (version, state, token) with what the holder's
+// token makes, and Complete writes the completed record as Go built it (see
+// fingerprints.go). Everything else (a claim sent twice, a takeover, a lost
+// lease, a corrupt record, a record of the previous layout) is the slow
+// path.
 //
 // The replies, told apart by their type:
 const (
@@ -104,17 +105,18 @@ end
 
 local function now()
   local t = redis.call('TIME')
-  return t[1] * 1000 + math.floor(t[2] / 1000), t
+  return t[1] * 1000 + math.floor(t[2] / 1000)
 end
 
--- ARGV: the in-flight record to write, with the token this call proposes
--- and its nonce, abandoned 0 and no time; its expiry (ms).
+-- The claim's slow path: the Store sends SET NX PX GET first (see
+-- Store.Claim), and calls this when it found a record that is not
+-- completed. ARGV: the in-flight record to write, with the token this call
+-- proposes, its nonce and the time of the claim, and abandoned 0; its
+-- expiry (ms).
 local function claim(keys, args)
   local key, rec, px = keys[1], args[1], args[2]
-  local ms, t = now()
-  rec = string.sub(rec, 1, 34) .. struct.pack('>i8', ms) .. string.sub(rec, HDR + 1)
   local v = redis.pcall('SET', key, rec, 'NX', 'PX', px, 'GET')
-  if not v then return {1, (struct.unpack('>i8', rec, 3)), 0, ms} end
+  if not v then return {1, (struct.unpack('>i8', rec, 3)), 0, (struct.unpack('>i8', rec, 35))} end
   if type(v) == 'string' then
     local ver, st = string.byte(v, 1, 2)
     if st == 2 and ver >= 1 and ver <= 3 then return v end
@@ -122,7 +124,7 @@ local function claim(keys, args)
   local ver, st, h = header(v)
   if not ver then return {0, st} end
   local prev = (struct.unpack('>i8', v, 3))
-  local ab, created = 0, ms
+  local ab, created = 0, (struct.unpack('>i8', rec, 35))
   if st == 1 then
     if ver == 3 then ab, created = struct.unpack('>I4i8', v, 31) end
     local held, left = string.sub(v, h + 1), nil
@@ -133,6 +135,7 @@ local function claim(keys, args)
       end
       left = redis.call('PTTL', key) - struct.unpack('>i8', v, 19)
     else
+      local t = redis.call('TIME')
       left = math.ceil((struct.unpack('>i8', v, 11) - t[1] * 1000000 - t[2]) / 1000)
     end
     if left > 0 then return {2, held, left} end

@@ -85,8 +85,8 @@ func TestFunctionsReloaded(t *testing.T) {
 	if cl, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour); err != nil || cl.Status != engine.Completed {
 		t.Errorf("Claim after Complete = %v, %v; want completed", cl.Status, err)
 	}
-	if got := counter.take(); !slices.Equal(got, []string{"fcall"}) {
-		t.Errorf("Claim with the functions loaded sent %q, want one FCALL", got)
+	if got := counter.take(); !slices.Equal(got, []string{"set"}) {
+		t.Errorf("Claim of a completed record sent %q, want one SET", got)
 	}
 
 	// A restart without persistence forgets records and functions alike.

@@ -11,10 +11,10 @@ import (
 
 var _ engine.Inspector = (*Store)(nil)
 
-// Lookup implements engine.Inspector in one round trip. The times it reports
-// are the Redis server's: Created is its clock when the record was first
-// claimed, LeaseEnds and Expires its clock at the lookup plus what the
-// record's expiry has left. A record written by an earlier release (version
+// Lookup implements engine.Inspector in one round trip. Created is the
+// clock of the machine whose Store first claimed the record, at the claim;
+// LeaseEnds and Expires are the Redis server's clock at the lookup plus
+// what the record's expiry has left. A record written by an earlier release (version
 // 1 or 2) has no Created; its Abandoned is 0.
 func (s *Store) Lookup(ctx context.Context, id engine.ID) (engine.Record, error) {
 	if err := s.usable(ctx); err != nil {

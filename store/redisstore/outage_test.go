@@ -18,12 +18,17 @@ import (
 const outagePassword = "s3cret-outage-password"
 
 // outageStore starts a Redis of the test's own, with a password, and returns
-// a Store on it that has claimed one key.
-func outageStore(t *testing.T, contextTimeout bool) (*redisProcess, *redisstore.Store) {
+// a Store on it that has claimed one key, through a client with the
+// ContextTimeoutEnabled and the read and write timeouts given (0: go-redis's
+// default).
+func outageStore(t *testing.T, contextTimeout bool, timeout time.Duration) (*redisProcess, *redisstore.Store) {
 	t.Helper()
 	needRedisServer(t)
 	p := startRedis(t, "--requirepass", outagePassword)
-	c := redis.NewClient(&redis.Options{Addr: p.Addr, Password: outagePassword, ContextTimeoutEnabled: contextTimeout})
+	c := redis.NewClient(&redis.Options{
+		Addr: p.Addr, Password: outagePassword, ContextTimeoutEnabled: contextTimeout,
+		ReadTimeout: timeout, WriteTimeout: timeout,
+	})
 	t.Cleanup(func() { c.Close() })
 	s, err := redisstore.New(c)
 	if err != nil {
@@ -63,7 +68,7 @@ func checkOutageError(t *testing.T, op string, err error, took, deadline time.Du
 // give up after about two seconds.)
 func TestRedisDown(t *testing.T) {
 	t.Parallel()
-	p, s := outageStore(t, true)
+	p, s := outageStore(t, true, 0)
 	p.Kill()
 	const deadline = time.Second
 	for op, call := range map[string]func(context.Context) error{
@@ -90,14 +95,17 @@ func TestRedisDown(t *testing.T) {
 
 // A Redis that hangs (stopped, or cut off by a partition) fails a call by its
 // context's deadline, whether the client has ContextTimeoutEnabled or not
-// (then go-redis waits for its own ReadTimeout, 3 s by default, and the
-// Store does not).
+// (then go-redis would wait for its own ReadTimeout, 5 s by default, or for
+// ever with none, and the Store does not).
 func TestRedisHung(t *testing.T) {
 	t.Parallel()
-	for _, contextTimeout := range []bool{true, false} {
-		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v", contextTimeout), func(t *testing.T) {
+	for _, tc := range []struct {
+		contextTimeout bool
+		timeout        time.Duration
+	}{{true, 0}, {false, 0}, {false, -2}} {
+		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v,timeouts=%v", tc.contextTimeout, tc.timeout), func(t *testing.T) {
 			t.Parallel()
-			p, s := outageStore(t, contextTimeout)
+			p, s := outageStore(t, tc.contextTimeout, tc.timeout)
 			if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 				t.Fatal(err)
 			}

@@ -30,7 +30,7 @@ import (
 //	26      4     fingerprint length n
 //	30      4     version 3: abandoned holders before this one
 //	34      8     version 3: when the record was first claimed, ms since
-//	              the epoch, by the server's clock (TIME)
+//	              the epoch, by the claiming machine's clock
 //	h       n     fingerprint, h the header's size (42, or 30 before 3)
 //	h+n           response (completed only, every version):
 //	              2 status, 1 flags (bit 0: body omitted), 4 body length,

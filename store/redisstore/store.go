@@ -23,10 +23,13 @@ const DefaultPrefix = "idempotency:"
 // Store is a engine.Store kept in Redis. Create one with New; it is safe for
 // concurrent use, and any number of Stores, in any number of processes, share
 // records when they share a Redis and a prefix. A Store owns nothing: the
-// client is the caller's to close. On a client with ContextTimeoutEnabled it
-// starts no goroutine. On one without, each call runs on a goroutine of its
-// own, so that the call's context bounds it; one that outlives its context
-// ends by the client's own timeouts, or when the client is closed. It keeps,
+// client is the caller's to close. It starts no goroutine, but on a Cluster
+// or Ring client without ContextTimeoutEnabled: there each call runs on a
+// goroutine of its own, so that the call's context bounds it, and one that
+// outlives its context ends by the client's own timeouts, or when the
+// client is closed. A *redis.Client without ContextTimeoutEnabled (a
+// standalone or Sentinel client) is used through a clone that shares its
+// connections, made by New (see New). It keeps,
 // in memory, the fingerprint of each lease it granted until it completes or
 // releases it, a few thousand at most (see the package documentation,
 // Functions). The zero Store has no client: its methods fail.
@@ -37,13 +40,19 @@ type Store struct {
 	fps    *fingerprints
 	logger *slog.Logger
 	strict bool
-	// deaf is set for a client without ContextTimeoutEnabled, which bounds
-	// its I/O by its own timeouts and not by the call's context.
+	// deaf is set for a Cluster or Ring client without
+	// ContextTimeoutEnabled, which bounds its I/O by its own timeouts and
+	// not by the call's context.
 	deaf bool
 	// ack is what WithReplicaAck asks for; replicas 0 asks for nothing.
 	ack replicaAck
 	// bulkLimit is the server's proto-max-bulk-len once read, 0 before.
 	bulkLimit atomic.Int64
+	// called is set once a function call succeeded: until then, a claim
+	// calls the claim function, so that a Redis where the functions cannot
+	// run (no FCALL, or the ACL refuses them or their loading) refuses the
+	// first claim rather than the completion that follows it.
+	called atomic.Bool
 }
 
 var _ engine.Store = (*Store)(nil)
@@ -54,10 +63,14 @@ var _ engine.Store = (*Store)(nil)
 // into a server (FUNCTION LOAD) the first time it finds the server without
 // it, and calls the functions (FCALL) afterwards.
 //
-// Give the client ContextTimeoutEnabled, so that go-redis ends its I/O when a
-// call's context ends (the Store returns then anyway, see Errors in the
-// package documentation), and run Redis with maxmemory-policy noeviction:
-// Open checks it. An invalid option is named in New's error.
+// Give the client ContextTimeoutEnabled, so that go-redis ends its I/O at a
+// call's deadline (the Store returns then anyway, see Errors in the package
+// documentation), and run Redis with maxmemory-policy noeviction: Open
+// checks it. A *redis.Client without it is used through a clone
+// (Client.WithTimeout) that shares its connection pool and has it: its I/O
+// ends at the earlier of the client's own timeouts and the call's deadline,
+// and it runs none of the client's hooks. An invalid option is named in
+// New's error.
 func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 	if client == nil {
 		return nil, errors.New("redisstore: nil client")
@@ -66,23 +79,37 @@ func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
+	client, deaf := hearing(client)
 	return &Store{
 		client: client, prefix: c.prefix, logger: c.logger, strict: c.strict, ack: c.ack,
-		lib: newLibrary(), fps: newFingerprints(), deaf: !hearsContext(client),
+		lib: newLibrary(), fps: newFingerprints(), deaf: deaf,
 	}, nil
 }
 
-// hearsContext reports whether client bounds its I/O by a call's context.
-func hearsContext(client redis.UniversalClient) bool {
+// hearing returns client, or, for a *redis.Client without
+// ContextTimeoutEnabled, a clone of it that shares its connections and has
+// it, with the client's own timeouts; and it reports whether the client it
+// returns still does not bound its I/O by a call's context.
+func hearing(client redis.UniversalClient) (redis.UniversalClient, bool) {
 	switch c := client.(type) {
 	case *redis.Client:
-		return c.Options().ContextTimeoutEnabled
+		o := c.Options()
+		if o.ContextTimeoutEnabled {
+			return c, false
+		}
+		// A negative timeout, none at all, skips the connection's
+		// deadline, the call's too: 0 is none but the call's.
+		clone := c.WithTimeout(max(o.ReadTimeout, 0))
+		co := clone.Options()
+		co.WriteTimeout = max(o.WriteTimeout, 0)
+		co.ContextTimeoutEnabled = true
+		return clone, false
 	case *redis.ClusterClient:
-		return c.Options().ContextTimeoutEnabled
+		return c, !c.Options().ContextTimeoutEnabled
 	case *redis.Ring:
-		return c.Options().ContextTimeoutEnabled
+		return c, !c.Options().ContextTimeoutEnabled
 	}
-	return false
+	return client, true
 }
 
 // RecordKey returns the Redis key that holds id's record, for an operator
@@ -90,14 +117,23 @@ func hearsContext(client redis.UniversalClient) bool {
 // again). Every operation on id touches this key and no other.
 func (s *Store) RecordKey(id engine.ID) string { return recordKey(s.prefix, id) }
 
-// Claim implements engine.Store in one round trip. A completed record comes
-// back whole and is decoded here; one that cannot be decoded fails the call
-// with ErrCorruptRecord and is never replayed.
+// Claim implements engine.Store. A claim that finds no record, or a
+// completed one, is one command, SET NX PX GET, which writes nothing when
+// the key has a record: a first execution's claim and a replay are one round
+// trip, and a replay writes nothing. A claim that finds a record in flight
+// or released takes a second round trip, the claim function, which judges
+// its lease by the record's expiry (see the package documentation, Leases).
+// Until a function call of the Store has succeeded, its claims call the
+// claim function, which does the same in one round trip, so that a Redis
+// that cannot run the functions refuses the first claim, not its
+// completion. A completed record comes back whole and is decoded here; one that cannot
+// be decoded fails the call with ErrCorruptRecord and is never replayed.
 //
 // The token of a new lease is proposed here, from this machine's clock in
-// microseconds, and written with the record; the function takes it when the
-// key has no record, and max(the record's token + 1, the proposal) when the
-// record is released or its lease expired.
+// microseconds, and written with the record, with the time of the claim;
+// the key takes it when it has no record, and the function max(the record's
+// token + 1, the proposal) when the record is released or its lease
+// expired.
 func (s *Store) Claim(ctx context.Context, id engine.ID, fingerprint string, lease, ttl time.Duration) (engine.Claim, error) {
 	if err := s.usable(ctx); err != nil {
 		return engine.Claim{}, fmt.Errorf("redisstore: claim: %w", err)
@@ -106,29 +142,38 @@ func (s *Store) Claim(ctx context.Context, id engine.ID, fingerprint string, lea
 	// at its lease's end may have done its work then, and the retry must
 	// see it.
 	px := millis(addDur(lease, ttl))
-	proposed := engine.Token(max(1, time.Now().UnixMicro()))
+	now := time.Now()
+	proposed := engine.Token(max(1, now.UnixMicro()))
 	rec, err := encodeRecord(record{
 		version:     recordVersion,
 		state:       stateInFlight,
 		token:       proposed,
 		nonce:       rand.Uint64(),
 		slack:       px - millis(lease),
+		created:     now.UnixMilli(),
 		fingerprint: fingerprint,
 	})
 	if err != nil {
 		return engine.Claim{}, fmt.Errorf("redisstore: claim: %w", err)
 	}
 	key := s.RecordKey(id)
-	var reply any
+	var (
+		c       engine.Claim
+		created int64
+	)
 	if s.ack.replicas > 0 {
-		reply, err = s.claimAcked(ctx, id, key, rec, px)
+		var reply any
+		if reply, err = s.claimAcked(ctx, id, key, rec, px); err == nil {
+			c, created, err = parseClaim(reply)
+		}
+	} else if !s.called.Load() {
+		var reply any
+		if reply, err = s.call(ctx, s.lib.claim, key, rec, px); err == nil {
+			c, created, err = parseClaim(reply)
+		}
 	} else {
-		reply, err = s.call(ctx, s.lib.claim, key, rec, px)
+		c, created, err = s.claim(ctx, key, rec, px)
 	}
-	if err != nil {
-		return engine.Claim{}, fmt.Errorf("redisstore: claim: %w", err)
-	}
-	c, created, err := parseClaim(reply)
 	if err != nil {
 		return engine.Claim{}, fmt.Errorf("redisstore: claim: %w", err)
 	}
@@ -136,6 +181,36 @@ func (s *Store) Claim(ctx context.Context, id engine.ID, fingerprint string, lea
 		s.fps.put(leaseKey{key, c.Token}, leaseFacts{fingerprint, uint32(c.Abandoned), created})
 	}
 	return c, nil
+}
+
+// claim writes rec, an in-flight record, at key if the key has no record,
+// with SET NX PX GET, which returns the record that the key has instead
+// and then writes nothing. A completed record is the answer; one in any
+// other state is left to the claim function, which may take it over.
+func (s *Store) claim(ctx context.Context, key string, rec []byte, px int64) (engine.Claim, int64, error) {
+	v, err := bounded(ctx, s.deaf, func() (any, error) {
+		return s.client.Do(ctx, "set", key, rec, "nx", "px", px, "get").Result()
+	})
+	switch {
+	case errors.Is(err, redis.Nil):
+		return engine.Claim{Status: engine.Acquired, Token: engine.Token(binary.BigEndian.Uint64(rec[2:10]))},
+			int64(binary.BigEndian.Uint64(rec[34:42])), nil
+	case err != nil:
+		if redis.HasErrorPrefix(err, "WRONGTYPE") {
+			return engine.Claim{}, 0, corrupt("%s", err.Error())
+		}
+		s.reloadSlots(err)
+		return engine.Claim{}, 0, contextual(ctx, explained(err))
+	}
+	if r, ok := v.(string); ok && len(r) >= 2 && r[1] == stateCompleted {
+		c, err := parseClaimReply(r)
+		return c, 0, err
+	}
+	reply, err := s.call(ctx, s.lib.claim, key, rec, px)
+	if err != nil {
+		return engine.Claim{}, 0, err
+	}
+	return parseClaim(reply)
 }
 
 // parseClaim reads the claim function's answer, and, for a lease, when the
@@ -392,6 +467,9 @@ func (s *Store) call(ctx context.Context, fn, key string, args ...any) (any, err
 	for attempt := 0; ; attempt++ {
 		reply, err := s.fcall(ctx, fn, key, args...)
 		if err == nil {
+			if !s.called.Load() {
+				s.called.Store(true)
+			}
 			return reply, nil
 		}
 		if attempt < loadAttempts && functionMissing(err) {
@@ -432,10 +510,11 @@ func (s *Store) fcall(ctx context.Context, fn, key string, args ...any) (any, er
 	})
 }
 
-// bounded returns what f returns, or, when deaf (the client does not bound
-// its I/O by the context), ctx's error as soon as ctx is done: f then runs
-// on a goroutine of its own, which the client's own timeouts end, so that a
-// Redis that hangs costs no more than the context allows.
+// bounded returns what f returns, or, when deaf (a Cluster or Ring client
+// that does not bound its I/O by the context), ctx's error as soon as ctx is
+// done: f then runs on a goroutine of its own, which the client's own
+// timeouts end, so that a Redis that hangs costs no more than the context
+// allows.
 func bounded[T any](ctx context.Context, deaf bool, f func() (T, error)) (T, error) {
 	if !deaf || ctx.Done() == nil {
 		return f()

@@ -1,0 +1,5 @@
+package pgstore
+
+// ReadSizeNext makes s's next Claim read the table's size, whenever the last
+// one did.
+func ReadSizeNext(s *Store) { s.sizedAt.Store(0) }

@@ -1,0 +1,120 @@
+package redisstore_test
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"net/http"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/store/redisstore"
+)
+
+// callerConn is a connection that records the commands written on it from
+// a goroutine whose stack does not hold caller: those that a goroutine
+// other than the caller's sent. A Dialer in the client's options makes it,
+// so it sees what a clone of the client sends too, which a hook does not.
+type callerConn struct {
+	net.Conn
+	w *callerWrites
+}
+
+type callerWrites struct {
+	caller []byte
+	mu     sync.Mutex
+	sent   int
+	away   []string
+}
+
+func (c callerConn) Write(p []byte) (int, error) {
+	// A command is an array of bulk strings: *n CRLF $len CRLF name CRLF ...
+	if parts := bytes.SplitN(p, []byte("\r\n"), 4); len(parts) == 4 {
+		name := strings.ToLower(string(parts[2]))
+		if name == "fcall" || name == "set" {
+			buf := make([]byte, 64<<10)
+			buf = buf[:runtime.Stack(buf, false)]
+			c.w.mu.Lock()
+			c.w.sent++
+			if !bytes.Contains(buf, c.w.caller) {
+				c.w.away = append(c.w.away, name)
+			}
+			c.w.mu.Unlock()
+		}
+	}
+	return c.Conn.Write(p)
+}
+
+// A call with a deadline runs on its caller's goroutine, whatever the
+// client's timeouts: the Store starts no goroutine per call on a
+// *redis.Client, with ContextTimeoutEnabled or without.
+func TestNoGoroutinePerCall(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		opt  func(*redis.Options)
+	}{
+		{"ContextTimeoutEnabled", func(o *redis.Options) {}},
+		{"without ContextTimeoutEnabled", func(o *redis.Options) { o.ContextTimeoutEnabled = false }},
+		{"without it, no timeouts", func(o *redis.Options) {
+			o.ContextTimeoutEnabled, o.ReadTimeout, o.WriteTimeout = false, -2, -2
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			opt := sharedOptions(t)
+			tc.opt(opt)
+			w := &callerWrites{caller: []byte("TestNoGoroutinePerCall")}
+			opt.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
+				conn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+				if err != nil {
+					return nil, err
+				}
+				return callerConn{conn, w}, nil
+			}
+			c := redis.NewClient(opt)
+			t.Cleanup(func() { c.Close() })
+			s, err := redisstore.New(c, redisstore.WithPrefix(testPrefix(t, c)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			id := server.ID{Scope: "s", Key: "k"}
+			for range 2 { // the function's path, then the command's
+				cl, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
+				if err != nil || cl.Status != server.Acquired {
+					t.Fatalf("Claim = %v, %v; want acquired", cl.Status, err)
+				}
+				if err := s.Extend(ctx, id, cl.Token, time.Minute); err != nil {
+					t.Fatalf("Extend error = %v", err)
+				}
+				if err := s.Release(ctx, id, cl.Token); err != nil {
+					t.Fatalf("Release error = %v", err)
+				}
+				id.Key += "-next"
+			}
+			cl, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
+			if err != nil || cl.Status != server.Acquired {
+				t.Fatalf("Claim = %v, %v; want acquired", cl.Status, err)
+			}
+			if err := s.Complete(ctx, id, cl.Token, &server.Response{Status: http.StatusOK}, time.Hour); err != nil {
+				t.Fatalf("Complete error = %v", err)
+			}
+			if cl, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour); err != nil || cl.Status != server.Completed {
+				t.Fatalf("Claim = %v, %v; want completed", cl.Status, err)
+			}
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			if w.sent < 8 || len(w.away) > 0 {
+				t.Errorf("of %d commands, %q were sent from a goroutine other than the caller's, want none", w.sent, w.away)
+			}
+		})
+	}
+}

@@ -48,7 +48,7 @@ func TestEachCheckAlone(t *testing.T) {
 		// alone, the check used to take the equal answers for "cannot
 		// tell" and pass.
 		{"malformed-key", func(*testing.T, <-chan struct{}) http.Handler { return newCheckThenInsert(0) },
-			func(tg *idemtest.Target) { tg.KeysOptional = true }, idemtest.StatusFail},
+			func(tg *idemtest.Target) { tg.Policy.KeysOptional = true }, idemtest.StatusFail},
 		{"key-forms", func(*testing.T, <-chan struct{}) http.Handler { return newCheckThenInsert(0) }, nil, idemtest.StatusFail},
 		{"concurrent", func(*testing.T, <-chan struct{}) http.Handler { return newCheckThenInsert(200 * time.Millisecond) }, nil, idemtest.StatusFail},
 		{"dropped-response", func(t *testing.T, done <-chan struct{}) http.Handler { return stuckWhenDropped(t, done) },
@@ -75,9 +75,9 @@ func TestEachCheckAlone(t *testing.T) {
 			} {
 				srv := start(t, side.h)
 				tg := target(srv.URL)
-				tg.KeyForm = idemtest.KeyBoth
-				tg.MaxKeyLen = 255
-				tg.Require5xxRelease = true
+				tg.Policy.KeyForm = "both"
+				tg.Policy.MaxKeyLen = 255
+				tg.Policy.Release5xx = true
 				if tc.edit != nil {
 					tc.edit(&tg)
 				}
@@ -205,7 +205,7 @@ func utf8Keys(h http.Handler) http.Handler {
 func TestKeyAlphabet(t *testing.T) {
 	srv := start(t, utf8Keys(protect(t, &orders{})))
 	tg := target(srv.URL)
-	tg.KeyAlphabet = idemtest.AlphabetUTF8
+	tg.Policy.KeyAlphabet = "utf8"
 	report := check(t, tg)
 	for _, res := range report.Results {
 		want := idemtest.StatusPass
@@ -220,7 +220,7 @@ func TestKeyAlphabet(t *testing.T) {
 	assert.Contains(t, res.Sent, "a byte that is not UTF-8")
 	assert.Contains(t, report.Policy.String(), "UTF-8 keys")
 
-	tg.KeyAlphabet = ""
+	tg.Policy.KeyAlphabet = ""
 	tg.Checks = []string{"malformed-key"}
 	res = check(t, tg).Results[0]
 	assert.Equal(t, idemtest.StatusFail, res.Status)
@@ -258,7 +258,7 @@ func TestKeyLengths(t *testing.T) {
 	res, _ = report.Result("replay")
 	assert.Equal(t, idemtest.StatusPass, res.Status, res.Detail)
 
-	tg.MinKeyLen, tg.MaxKeyLen = 36, 36
+	tg.Policy.MinKeyLen, tg.Policy.MaxKeyLen = 36, 36
 	report = check(t, tg)
 	res, _ = report.Result("first-request")
 	assert.Equal(t, idemtest.StatusPass, res.Status, res.Detail)
@@ -293,7 +293,7 @@ func anyByteKeys(h http.Handler) http.Handler {
 func TestKeyAlphabetBytes(t *testing.T) {
 	srv := start(t, anyByteKeys(protect(t, &orders{})))
 	tg := target(srv.URL)
-	tg.KeyAlphabet = idemtest.AlphabetBytes
+	tg.Policy.KeyAlphabet = "bytes"
 	report := check(t, tg)
 	for _, res := range report.Results {
 		want := idemtest.StatusPass
@@ -311,8 +311,8 @@ func TestKeyAlphabetBytes(t *testing.T) {
 	assert.NotContains(t, res.Sent, "not UTF-8")
 	assert.Contains(t, report.Policy.String(), "keys of any bytes but control characters")
 
-	for _, alphabet := range []idemtest.KeyAlphabet{idemtest.AlphabetASCII, idemtest.AlphabetUTF8} {
-		tg.KeyAlphabet = alphabet
+	for _, alphabet := range []string{"ascii", "utf8"} {
+		tg.Policy.KeyAlphabet = alphabet
 		tg.Checks = []string{"malformed-key"}
 		res = check(t, tg).Results[0]
 		assert.Equal(t, idemtest.StatusFail, res.Status, "declared %s: %s", alphabet, res.Detail)

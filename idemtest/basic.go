@@ -76,7 +76,7 @@ func (r *runner) firstRequest() Result {
 			names = append(names, f.name)
 		}
 		res = fail(res.Sent, res.Got, res.Want, "Not every valid key was taken: "+strings.Join(failed, ", ")+
-			". If the target documents a key length or alphabet, declare it (Target.MinKeyLen, MaxKeyLen and KeyAlphabet; idemcheck -min-key-len, -max-key-len and -key-alphabet). "+
+			". If the target documents a key length or alphabet, declare it (Target.Policy.MinKeyLen, MaxKeyLen and KeyAlphabet; idemcheck -min-key-len, -max-key-len and -key-alphabet). "+
 			"The other checks send the keys that were taken: "+strings.Join(names, ", ")+".")
 	}
 	return res
@@ -255,8 +255,8 @@ func refused(a answer) bool {
 }
 
 func (r *runner) missingKey() Result {
-	if r.t.KeysOptional {
-		return notApplicable("Keys are optional for this target (Target.KeysOptional): it runs a request without a key, unprotected.")
+	if r.t.Policy.KeysOptional {
+		return notApplicable("Keys are optional for this target (Target.Policy.KeysOptional): it runs a request without a key, unprotected.")
 	}
 	q := r.keyless(0)
 	a := r.send(q)
@@ -271,7 +271,7 @@ func (r *runner) missingKey() Result {
 	case a.ok() && r.marked(a):
 		return fail(sent, got, want, "The request without a key got a stored answer (marked as a replay), as if no key were a key used before: requests without a key share one record.")
 	case a.ok():
-		return fail(sent, got, want, "The request ran without a key. If keys are optional for this target, say so (Target.KeysOptional, idemcheck -keys-optional).")
+		return fail(sent, got, want, "The request ran without a key. If keys are optional for this target, say so (Target.Policy.KeysOptional, idemcheck -keys-optional).")
 	case refused(a) && a.status != http.StatusUnauthorized && a.status != http.StatusForbidden:
 		r.keyEffect = true
 		return advise(sent, got, want, fmt.Sprintf("The request without a key was refused, but with %d, not the 400 that the draft recommends.", a.status))

@@ -49,14 +49,7 @@ func Check(ctx context.Context, target Target) (*Report, error) {
 	}
 	defer r.close()
 
-	report := &Report{Target: r.endpoint, Policy: Policy{
-		KeysOptional: t.KeysOptional,
-		KeyForm:      t.KeyForm,
-		MaxKeyLen:    t.MaxKeyLen,
-		MinKeyLen:    t.MinKeyLen,
-		KeyAlphabet:  t.KeyAlphabet,
-		Release5xx:   t.Require5xxRelease,
-	}}
+	report := &Report{Target: r.endpoint, Policy: t.Policy}
 	if t.Handler == nil {
 		if err := r.reach(); err != nil {
 			if ctxErr := ctx.Err(); ctxErr != nil {
@@ -247,7 +240,7 @@ func newRunner(ctx context.Context, t Target, base string) (*runner, error) {
 		display:  t.Method + " " + u.RequestURI(),
 		body:     [2][]byte{t.Body(0), t.Body(1)},
 		markers:  []string{t.ReplayedHeader},
-		forms:    keyForms(t),
+		forms:    keyForms(t.Policy),
 	}
 	for _, name := range commonReplayHeaders {
 		if name != t.ReplayedHeader {

@@ -18,7 +18,7 @@ const (
 )
 
 // policyRelease5xx is the policy that the 5xx-not-cached check judges: a
-// retry after a 5xx runs again. Target.Require5xxRelease makes it required.
+// retry after a 5xx runs again. Policy.Release5xx makes it required.
 const policyRelease5xx = "release-5xx"
 
 // CheckInfo describes one check.

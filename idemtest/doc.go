@@ -23,9 +23,9 @@
 //
 // The checks that need a valid key send keys of several lengths and forms:
 // 12, 36 (a UUID), 64 and 255 bytes, and a key as stripe-go makes them,
-// those within Target.MinKeyLen and Target.MaxKeyLen, with AlphabetUTF8 a
-// key with non-ASCII characters, and with AlphabetBytes that one and a key
-// with bytes that are not UTF-8.
+// those within Policy.MinKeyLen and Policy.MaxKeyLen, with the "utf8" key
+// alphabet a key with non-ASCII characters, and with "bytes" that one and a
+// key with bytes that are not UTF-8.
 //
 //   - first-request: a request with a fresh key of each form succeeds
 //     (2xx). The checks that need a success are skipped when none did, and
@@ -41,18 +41,18 @@
 //   - key-mismatch: the same key with a different body (Body(1)) does not
 //     run, and gets 422 (another 4xx is advisory).
 //   - missing-key: no key gets 400 (another 4xx is advisory), unless
-//     Target.KeysOptional. A stored answer marked as a replay is named as
+//     Policy.KeysOptional. A stored answer marked as a replay is named as
 //     such, not as a run; a 400 that requests with a valid key got too is
 //     inconclusive.
 //   - malformed-key: keys that break the draft's syntax but that HTTP
 //     parsers let through (empty, with a tab, with a character outside
-//     Target.KeyAlphabet unless it is AlphabetBytes, an unclosed quoted
+//     Policy.KeyAlphabet unless it is "bytes", an unclosed quoted
 //     string), each of a valid
-//     length, and with Target.MaxKeyLen a key one byte too long and with
-//     Target.MinKeyLen one a byte too short, each get 400. Where keys are
+//     length, and with Policy.MaxKeyLen a key one byte too long and with
+//     Policy.MinKeyLen one a byte too short, each get 400. Where keys are
 //     optional, a malformed key may instead be ignored, as RFC 8941 says of
 //     a field that does not parse, but not used as a key.
-//   - key-forms: with Target.KeyForm KeyBoth, a key sent bare and then
+//   - key-forms: with Policy.KeyForm "both", a key sent bare and then
 //     quoted (and another the other way round) is one key.
 //   - concurrent: Target.Concurrency identical requests, released together,
 //     have one effect: every success has the same status and body, the
@@ -71,15 +71,16 @@
 //   - 5xx-not-cached: with Target.FailHeader, a request made to fail with a
 //     5xx is retried with the same key without the trigger. A key left in
 //     flight is a failure; a replayed 5xx is advisory unless
-//     Target.Require5xxRelease (policy release-5xx), since the draft lets a
+//     Policy.Release5xx (policy release-5xx), since the draft lets a
 //     server store errors.
 //   - problem-json (advisory): the 400, 409 and 422 answers seen are RFC 9457
 //     problem+json documents with type, title and status.
 //
-// Report.Policy records the choices the target was judged by, and
-// Report.Notes what the kit noticed about the target as a whole, such as
-// every request running as if it had no key (a key header of another
-// name?).
+// Target.Policy declares what the target does where the draft leaves the
+// choice to the server, and Report.Policy records the choices it was
+// judged by; Report.Notes holds what the kit noticed about the target as a
+// whole, such as every request running as if it had no key (a key header
+// of another name?).
 //
 // # From a Go test
 //

@@ -51,10 +51,12 @@ func ExampleCheck() {
 		Body:             idemtest.BodyTemplate(`{"sku":"A1","note":"{{variant}}"}`),
 		SecondCredential: http.Header{"Authorization": {"Bearer bob"}},
 		FailHeader:       http.Header{"X-Test-Fail": {"1"}},
-		KeyForm:          idemtest.KeyBoth,
-		MaxKeyLen:        255,
-		// The middleware releases a key after a 5xx: require it.
-		Require5xxRelease: true,
+		Policy: idemtest.Policy{
+			KeyForm:   "both",
+			MaxKeyLen: 255,
+			// The middleware releases a key after a 5xx: require it.
+			Release5xx: true,
+		},
 	})
 	if err != nil {
 		fmt.Println(err)
@@ -142,10 +144,9 @@ func ExampleTarget_keyLengths() {
 		return
 	}
 	report, err := idemtest.Check(context.Background(), idemtest.Target{
-		Handler:   uuidsOnly(mw.Handler(orders)),
-		MinKeyLen: 36,
-		MaxKeyLen: 36,
-		Checks:    []string{"malformed-key"},
+		Handler: uuidsOnly(mw.Handler(orders)),
+		Policy:  idemtest.Policy{MinKeyLen: 36, MaxKeyLen: 36},
+		Checks:  []string{"malformed-key"},
 	})
 	if err != nil {
 		fmt.Println(err)

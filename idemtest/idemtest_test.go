@@ -236,9 +236,9 @@ func TestOurServerPasses(t *testing.T) {
 			require.NoError(t, err)
 			srv := start(t, newBurstOverlap().around(mw.Handler, h))
 			tg := target(srv.URL)
-			tg.KeyForm = idemtest.KeyBoth
-			tg.MaxKeyLen = 255
-			tg.Require5xxRelease = true
+			tg.Policy.KeyForm = "both"
+			tg.Policy.MaxKeyLen = 255
+			tg.Policy.Release5xx = true
 			report := check(t, tg)
 			assertAll(t, report, idemtest.StatusPass)
 			assert.NoError(t, report.Err())
@@ -254,7 +254,7 @@ func TestOurServerPasses(t *testing.T) {
 			// The overlap holds the first until a duplicate is answered:
 			// 409, as the middleware answers a key in flight.
 			assert.Contains(t, res.Detail, "answered 409 while the first was in flight")
-			assert.Equal(t, idemtest.Policy{KeyForm: idemtest.KeyBoth, MaxKeyLen: 255, KeyAlphabet: idemtest.AlphabetASCII, Release5xx: true}, report.Policy)
+			assert.Equal(t, idemtest.Policy{KeyForm: "both", MaxKeyLen: 255, KeyAlphabet: "ascii", Release5xx: true}, report.Policy)
 			assert.Empty(t, report.Notes)
 		})
 	}
@@ -263,7 +263,7 @@ func TestOurServerPasses(t *testing.T) {
 func TestHandlerInProcess(t *testing.T) {
 	tg := target("")
 	tg.Handler = protect(t, &orders{})
-	tg.KeyForm = idemtest.KeyBoth
+	tg.Policy.KeyForm = "both"
 	report := check(t, tg)
 	assertAll(t, report, idemtest.StatusPass)
 	assert.True(t, strings.HasPrefix(report.Target, "http://127.0.0.1:"), report.Target)
@@ -333,7 +333,7 @@ func TestConcurrentSlowServerPasses(t *testing.T) {
 func TestNotApplicable(t *testing.T) {
 	srv := start(t, protect(t, &orders{}, server.WithKeyOptional()))
 	tg := target(srv.URL)
-	tg.KeysOptional = true
+	tg.Policy.KeysOptional = true
 	tg.SecondCredential = nil
 	tg.FailHeader = nil
 	report := check(t, tg)
@@ -575,9 +575,11 @@ func TestTargetErrors(t *testing.T) {
 		"header value":  {func(tg *idemtest.Target) { tg.FailHeader = http.Header{"X-Fail": {"a\nb"}} }, "FailHeader: header X-Fail has an invalid value"},
 		"header name":   {func(tg *idemtest.Target) { tg.KeyHeader = "Key:" }, "not a valid header name"},
 		"unknown check": {func(tg *idemtest.Target) { tg.Checks = []string{"replay", "nope"} }, `no check is named "nope"; the checks are first-request, replay, `},
-		"key form":      {func(tg *idemtest.Target) { tg.KeyForm = "shouted" }, `Target.KeyForm "shouted" is not "bare", "quoted" or "both"`},
-		"key length":    {func(tg *idemtest.Target) { tg.MaxKeyLen = -1 }, "MaxKeyLen -1 is negative"},
-		"huge key":      {func(tg *idemtest.Target) { tg.MaxKeyLen = 1 << 20 }, "MaxKeyLen 1048576 is over 4096"},
+		"key form":      {func(tg *idemtest.Target) { tg.Policy.KeyForm = "shouted" }, `Target.Policy.KeyForm "shouted" is not "bare", "quoted" or "both"`},
+		"key alphabet":  {func(tg *idemtest.Target) { tg.Policy.KeyAlphabet = "latin1" }, `Target.Policy.KeyAlphabet "latin1" is not "ascii", "utf8" or "bytes"`},
+		"key lengths":   {func(tg *idemtest.Target) { tg.Policy.MinKeyLen, tg.Policy.MaxKeyLen = 40, 36 }, "Target.Policy.MinKeyLen 40 is over Target.Policy.MaxKeyLen 36"},
+		"key length":    {func(tg *idemtest.Target) { tg.Policy.MaxKeyLen = -1 }, "Target.Policy.MaxKeyLen -1 is negative"},
+		"huge key":      {func(tg *idemtest.Target) { tg.Policy.MaxKeyLen = 1 << 20 }, "Target.Policy.MaxKeyLen 1048576 is over 4096"},
 		"credentials":   {func(tg *idemtest.Target) { tg.URL = "http://u:secret@127.0.0.1:1" }, "credentials in it"},
 		"same caller":   {func(tg *idemtest.Target) { tg.SecondCredential = http.Header{"authorization": {"Bearer alice"}} }, "needs another caller"},
 		"same variants": {func(tg *idemtest.Target) { tg.Body = func(int) []byte { return []byte("x") } }, "same body for variants 0 and 1"},
@@ -713,7 +715,7 @@ func TestChecksDescribed(t *testing.T) {
 // HTTP server lets through to the application, as long as a valid key, so
 // that a refusal comes from the code that reads keys, not from the parser.
 func TestMalformedKeysReachTheHandler(t *testing.T) {
-	for _, form := range []idemtest.KeyForm{idemtest.KeyBare, idemtest.KeyQuoted} {
+	for _, form := range []string{"bare", "quoted"} {
 		t.Run(string(form), func(t *testing.T) {
 			var mu sync.Mutex
 			var seen []string
@@ -721,10 +723,10 @@ func TestMalformedKeysReachTheHandler(t *testing.T) {
 			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				value := r.Header.Get("Idempotency-Key")
 				key := value
-				if form == idemtest.KeyQuoted {
+				if form == "quoted" {
 					key = strings.TrimSuffix(strings.TrimPrefix(value, `"`), `"`)
 				}
-				if plainKey(key) && len(key) <= 40 && key != value == (form == idemtest.KeyQuoted) {
+				if plainKey(key) && len(key) <= 40 && key != value == (form == "quoted") {
 					o.ServeHTTP(w, r)
 					return
 				}
@@ -735,8 +737,8 @@ func TestMalformedKeysReachTheHandler(t *testing.T) {
 			})
 			srv := start(t, h)
 			tg := target(srv.URL)
-			tg.KeyForm = form
-			tg.MaxKeyLen = 40
+			tg.Policy.KeyForm = form
+			tg.Policy.MaxKeyLen = 40
 			tg.Checks = []string{"malformed-key"}
 			report := check(t, tg)
 			assert.Equal(t, idemtest.StatusPass, report.Results[0].Status, report.Results[0].Detail)
@@ -745,7 +747,7 @@ func TestMalformedKeysReachTheHandler(t *testing.T) {
 			require.Len(t, seen, 5, "every probe reached the handler")
 			assert.Equal(t, "", seen[0])
 			valid := 36
-			if form == idemtest.KeyQuoted {
+			if form == "quoted" {
 				valid = 38
 			}
 			for i, want := range []string{"\t", "é", `"`} {
@@ -785,7 +787,7 @@ func TestQuotedKeys(t *testing.T) {
 	})
 	srv := start(t, protect(t, seen))
 	tg := target(srv.URL)
-	tg.KeyForm = idemtest.KeyQuoted
+	tg.Policy.KeyForm = "quoted"
 	report := check(t, tg)
 	for _, res := range report.Results {
 		want := idemtest.StatusPass
@@ -800,7 +802,7 @@ func TestQuotedKeys(t *testing.T) {
 	for key := range keys {
 		assert.Regexp(t, `^"[0-9A-Za-z_-]+"$`, key)
 	}
-	assert.Equal(t, idemtest.KeyQuoted, report.Policy.KeyForm)
+	assert.Equal(t, "quoted", report.Policy.KeyForm)
 }
 
 // TestAnswersShownOneWay: bodies are shown between backquotes, with escapes,

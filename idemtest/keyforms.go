@@ -10,30 +10,6 @@ import (
 	"time"
 )
 
-// KeyAlphabet is the set of characters that a target documents for its
-// keys.
-type KeyAlphabet string
-
-// The key alphabets a Target can declare.
-const (
-	// AlphabetASCII is printable ASCII, the characters of the draft's
-	// Structured Field string: a non-ASCII character makes a key
-	// malformed.
-	AlphabetASCII KeyAlphabet = "ascii"
-	// AlphabetUTF8 is UTF-8 text without control characters, for a target
-	// that documents such keys: the kit then also sends a valid key with a
-	// non-ASCII character, and a byte that is not UTF-8 makes a key
-	// malformed instead.
-	AlphabetUTF8 KeyAlphabet = "utf8"
-	// AlphabetBytes is any byte but the control characters (0x00 to 0x1F
-	// and 0x7F): printable ASCII and every byte from 0x80 to 0xFF, UTF-8
-	// or not, for a target that documents its keys so, as an HTTP header
-	// value allows. The kit then also sends a valid key with non-ASCII
-	// characters and one with bytes that are not UTF-8; only a control
-	// character (the tab) makes a key malformed for what it contains.
-	AlphabetBytes KeyAlphabet = "bytes"
-)
-
 // keyForm is one shape of valid key that the kit sends: the checks that
 // need a valid key use every form the target's declared lengths and
 // alphabet allow, so that a target that takes only keys of one length or
@@ -51,15 +27,15 @@ const (
 	longKeyLen  = 255
 )
 
-// keyForms returns the forms of valid key for t: a short key, a UUID, a
+// keyForms returns the forms of valid key for the policy p: a short key, a UUID, a
 // 64-character hex key (a SHA-256 digest), a 255-byte key (the longest
 // that common APIs accept) and a key as stripe-go makes them, and a key
-// with a non-ASCII character for AlphabetUTF8 and AlphabetBytes, and one
-// with bytes that are not UTF-8 for AlphabetBytes; each kept only if its
+// with a non-ASCII character for the "utf8" and "bytes" alphabets, and one
+// with bytes that are not UTF-8 for "bytes"; each kept only if its
 // length is within the declared bounds. The UUID comes first: it is the
 // form that most clients send. When none fits the bounds, a key of the
 // shortest declared length is the one form.
-func keyForms(t Target) []keyForm {
+func keyForms(p Policy) []keyForm {
 	all := []keyForm{
 		{fmt.Sprintf("the %d-byte UUID key", uuidKeyLen), newKey},
 		{fmt.Sprintf("the %d-byte key", shortKeyLen), func() string { return randomHex(shortKeyLen) }},
@@ -67,43 +43,43 @@ func keyForms(t Target) []keyForm {
 		{fmt.Sprintf("the %d-byte key", longKeyLen), func() string { return randomHex(longKeyLen) }},
 		{"the stripe-go style key", stripeKey},
 	}
-	if t.KeyAlphabet == AlphabetUTF8 || t.KeyAlphabet == AlphabetBytes {
+	if p.KeyAlphabet == alphabetUTF8 || p.KeyAlphabet == alphabetBytes {
 		all = append(all, keyForm{"the key with non-ASCII characters", func() string { return "clé-" + newKey() + "-ünï" }})
 	}
-	if t.KeyAlphabet == AlphabetBytes {
+	if p.KeyAlphabet == alphabetBytes {
 		// Latin-1, as a client that writes ISO 8859-1 sends it.
 		all = append(all, keyForm{"the key with bytes that are not UTF-8", func() string { return "cl\xe9-" + newKey() + "-\xfcn\xef" }})
 	}
 	var forms []keyForm
 	for _, f := range all {
-		if n := len(f.make()); t.allowsLen(n) {
+		if n := len(f.make()); p.allowsLen(n) {
 			forms = append(forms, f)
 		}
 	}
 	if len(forms) == 0 {
-		n := max(t.MinKeyLen, 1)
+		n := max(p.MinKeyLen, 1)
 		forms = append(forms, keyForm{fmt.Sprintf("the %d-byte key", n), func() string { return randomHex(n) }})
 	}
 	return forms
 }
 
-// allowsLen reports whether a key of n bytes is within the target's
-// declared bounds.
-func (t Target) allowsLen(n int) bool {
-	return n >= t.MinKeyLen && (t.MaxKeyLen == 0 || n <= t.MaxKeyLen)
+// allowsLen reports whether a key of n bytes is within the declared
+// bounds.
+func (p Policy) allowsLen(n int) bool {
+	return n >= p.MinKeyLen && (p.MaxKeyLen == 0 || n <= p.MaxKeyLen)
 }
 
 // probeLen is the length of the malformed keys: a valid length, the UUID's
 // where the bounds allow it, so that a target refuses them for what they
 // contain rather than for their length; at least 3, so that a character
 // can stand inside the key.
-func (t Target) probeLen() int {
+func (p Policy) probeLen() int {
 	n := uuidKeyLen
-	if n < t.MinKeyLen {
-		n = t.MinKeyLen
+	if n < p.MinKeyLen {
+		n = p.MinKeyLen
 	}
-	if t.MaxKeyLen > 0 && n > t.MaxKeyLen {
-		n = t.MaxKeyLen
+	if p.MaxKeyLen > 0 && n > p.MaxKeyLen {
+		n = p.MaxKeyLen
 	}
 	return max(n, 3)
 }
@@ -160,22 +136,22 @@ func (r *runner) keyed(variant int) request {
 
 // describeKeyLimits says what the target declared of its keys, for a hint
 // in a report.
-func describeKeyLimits(t Target) string {
+func describeKeyLimits(p Policy) string {
 	var parts []string
 	switch {
-	case t.MinKeyLen > 0 && t.MinKeyLen == t.MaxKeyLen:
-		parts = append(parts, fmt.Sprintf("keys of exactly %d bytes", t.MinKeyLen))
-	case t.MinKeyLen > 0 && t.MaxKeyLen > 0:
-		parts = append(parts, fmt.Sprintf("keys of %d to %d bytes", t.MinKeyLen, t.MaxKeyLen))
-	case t.MinKeyLen > 0:
-		parts = append(parts, fmt.Sprintf("keys of at least %d bytes", t.MinKeyLen))
-	case t.MaxKeyLen > 0:
-		parts = append(parts, fmt.Sprintf("keys of at most %d bytes", t.MaxKeyLen))
+	case p.MinKeyLen > 0 && p.MinKeyLen == p.MaxKeyLen:
+		parts = append(parts, fmt.Sprintf("keys of exactly %d bytes", p.MinKeyLen))
+	case p.MinKeyLen > 0 && p.MaxKeyLen > 0:
+		parts = append(parts, fmt.Sprintf("keys of %d to %d bytes", p.MinKeyLen, p.MaxKeyLen))
+	case p.MinKeyLen > 0:
+		parts = append(parts, fmt.Sprintf("keys of at least %d bytes", p.MinKeyLen))
+	case p.MaxKeyLen > 0:
+		parts = append(parts, fmt.Sprintf("keys of at most %d bytes", p.MaxKeyLen))
 	}
-	switch t.KeyAlphabet {
-	case AlphabetUTF8:
+	switch p.KeyAlphabet {
+	case alphabetUTF8:
 		parts = append(parts, "UTF-8 keys")
-	case AlphabetBytes:
+	case alphabetBytes:
 		parts = append(parts, "keys of any bytes but control characters")
 	}
 	return strings.Join(parts, ", ")

@@ -18,25 +18,25 @@ type probe struct {
 // HTTP parser lets through to the application, each of a valid length in
 // the target's key form, so that a target that takes keys of one length
 // only judges them by what they contain: empty, with a tab, with a
-// character outside the declared alphabet (none for AlphabetBytes, where
+// character outside the declared alphabet (none for the "bytes" alphabet, where
 // only control characters are outside, and the tab stands for them), and a
 // broken quoted string. With
-// Target.MaxKeyLen, a key one byte too long joins them, and with
-// Target.MinKeyLen, one a byte too short.
+// Policy.MaxKeyLen, a key one byte too long joins them, and with
+// Policy.MinKeyLen, one a byte too short.
 func (r *runner) malformedProbes() []probe {
-	quoted := r.t.KeyForm == KeyQuoted
+	quoted := r.t.Policy.KeyForm == keyQuoted
 	form := func(inner string) string {
 		if quoted {
 			return `"` + inner + `"`
 		}
 		return inner
 	}
-	n := r.t.probeLen()
+	n := r.t.Policy.probeLen()
 	k := randomHex(n)
 	at := min(8, n-2) // where the bad character goes: inside the key
 	tab := k[:at] + "\t" + k[at+1:]
 	outside, outsideNote, outsideName := k[:at]+"é"+k[at+2:], " (é, in UTF-8)", "the key with a non-ASCII character"
-	if r.t.KeyAlphabet == AlphabetUTF8 {
+	if r.t.Policy.KeyAlphabet == alphabetUTF8 {
 		outside, outsideNote, outsideName = k[:at]+"\xff"+k[at+1:], " (a byte that is not UTF-8)", "the key with a byte that is not UTF-8"
 	}
 	if len(outside) != n { // a 3-byte key has no room for é's two bytes
@@ -54,7 +54,7 @@ func (r *runner) malformedProbes() []probe {
 		r.probe("", "(empty)", "the empty key"),
 		r.probe(form(tab), " (a tab)", "the key with a tab"),
 	}
-	if r.t.KeyAlphabet != AlphabetBytes {
+	if r.t.Policy.KeyAlphabet != alphabetBytes {
 		probes = append(probes, r.probe(form(outside), outsideNote, outsideName))
 	}
 	probes = append(probes, r.probe(unclosed, unclosedText, "the broken quoted string"))
@@ -62,13 +62,13 @@ func (r *runner) malformedProbes() []probe {
 	if quoted {
 		how = ", between quotes"
 	}
-	if m := r.t.MaxKeyLen; m > 0 {
+	if m := r.t.Policy.MaxKeyLen; m > 0 {
 		long := randomHex(m + 1)
 		p := r.probe(form(long), "", fmt.Sprintf("the %d-byte key", m+1))
 		p.q.keyText = quote([]byte(long[:min(len(long), uuidKeyLen)])) + fmt.Sprintf("... (%d bytes, one over the limit of %d%s)", m+1, m, how)
 		probes = append(probes, p)
 	}
-	if m := r.t.MinKeyLen; m > 1 {
+	if m := r.t.Policy.MinKeyLen; m > 1 {
 		short := randomHex(m - 1)
 		p := r.probe(form(short), fmt.Sprintf(" (%d bytes, one under the shortest of %d%s)", m-1, m, how), fmt.Sprintf("the %d-byte key", m-1))
 		probes = append(probes, p)
@@ -89,7 +89,7 @@ func (r *runner) probe(value, note, name string) probe {
 
 func (r *runner) malformedKey() Result {
 	want := "400 Bad Request for each"
-	if r.t.KeysOptional {
+	if r.t.Policy.KeysOptional {
 		want += ", or, keys being optional, a request that runs as if it had no key (a second one with the same key runs again)"
 	}
 	var sent, got []string
@@ -105,7 +105,7 @@ func (r *runner) malformedKey() Result {
 		case a.status == http.StatusBadRequest && a.err == nil:
 		case a.ok() && r.marked(a):
 			bad.add("Answered with a stored answer (marked as a replay), as if it were a key used before, not refused", p.name)
-		case a.ok() && r.t.KeysOptional:
+		case a.ok() && r.t.Policy.KeysOptional:
 			// Ignored as a field that does not parse, or used as a key?
 			b := r.send(p.q)
 			r.saw(checkMalformedKey, p.q, b)
@@ -206,8 +206,8 @@ func (r *runner) withForm(variant int, key string, quoted bool) request {
 }
 
 func (r *runner) keyForms() Result {
-	if r.t.KeyForm != KeyBoth {
-		return notApplicable("The target is not declared to take keys both bare and quoted (Target.KeyForm KeyBoth, idemcheck -key-form both).")
+	if r.t.Policy.KeyForm != keyBoth {
+		return notApplicable("The target is not declared to take keys both bare and quoted (Target.Policy.KeyForm \"both\", idemcheck -key-form both).")
 	}
 	const want = "the second form of each key gets the first form's answer, replayed"
 	formName := map[bool]string{false: "bare", true: "quoted"}

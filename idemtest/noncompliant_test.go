@@ -151,7 +151,7 @@ func TestNoncompliantServers(t *testing.T) {
 			handler: func(t *testing.T) http.Handler {
 				return protect(t, &orders{}, server.WithKeyHeader("X-Idempotency-Key"), server.WithKeyOptional())
 			},
-			edit: func(tg *idemtest.Target) { tg.KeysOptional = true },
+			edit: func(tg *idemtest.Target) { tg.Policy.KeysOptional = true },
 			// Keys being optional, the malformed ones may be ignored.
 			mustFail: []string{"replay", "key-mismatch", "concurrent",
 				"dropped-response", "cross-tenant"},
@@ -191,7 +191,7 @@ func TestNoncompliantServers(t *testing.T) {
 			handler: func(t *testing.T) http.Handler {
 				return protect(t, &orders{}, server.WithKeep(func(int) bool { return true }))
 			},
-			edit:     func(tg *idemtest.Target) { tg.Require5xxRelease = true },
+			edit:     func(tg *idemtest.Target) { tg.Policy.Release5xx = true },
 			mustFail: []string{"5xx-not-cached"},
 			exact:    true,
 			detail:   map[string]string{"5xx-not-cached": "Policy release-5xx, required"},
@@ -209,7 +209,7 @@ func TestNoncompliantServers(t *testing.T) {
 			handler: func(t *testing.T) http.Handler {
 				return emptyKeyIsNone(protect(t, &orders{}, server.WithKeyOptional()))
 			},
-			edit:  func(tg *idemtest.Target) { tg.KeysOptional = true },
+			edit:  func(tg *idemtest.Target) { tg.Policy.KeysOptional = true },
 			exact: true,
 			want: map[string]idemtest.Status{
 				"malformed-key": idemtest.StatusPass,
@@ -275,7 +275,7 @@ func TestNoncompliantServers(t *testing.T) {
 			handler: func(t *testing.T) http.Handler {
 				return protect(t, &orders{})
 			},
-			edit:  func(tg *idemtest.Target) { tg.MaxKeyLen = 300 },
+			edit:  func(tg *idemtest.Target) { tg.Policy.MaxKeyLen = 300 },
 			exact: true,
 			want:  map[string]idemtest.Status{"malformed-key": idemtest.StatusPass},
 		},
@@ -284,7 +284,7 @@ func TestNoncompliantServers(t *testing.T) {
 			handler: func(t *testing.T) http.Handler {
 				return protect(t, &orders{})
 			},
-			edit:     func(tg *idemtest.Target) { tg.MaxKeyLen = 100 },
+			edit:     func(tg *idemtest.Target) { tg.Policy.MaxKeyLen = 100 },
 			mustFail: []string{"malformed-key"},
 			exact:    true,
 			detail:   map[string]string{"malformed-key": "Ran, not refused: the 101-byte key."},
@@ -293,7 +293,7 @@ func TestNoncompliantServers(t *testing.T) {
 			name:    "quoted and bare keys are two keys",
 			handler: func(*testing.T) http.Handler { return newCheckThenInsert(0) },
 			edit: func(tg *idemtest.Target) {
-				tg.KeyForm = idemtest.KeyBoth
+				tg.Policy.KeyForm = "both"
 				tg.Checks = []string{"first-request", "replay", "key-forms"}
 			},
 			mustFail: []string{"key-forms"},

@@ -53,7 +53,7 @@ type Report struct {
 	// Target is the URL of the endpoint checked.
 	Target string `json:"target"`
 	// Policy is what the target was judged by where the draft leaves the
-	// choice to the server.
+	// choice to the server: Target.Policy with its defaults filled in.
 	Policy Policy `json:"policy"`
 	// Results holds one Result per check run.
 	Results []Result `json:"results"`
@@ -63,28 +63,6 @@ type Report struct {
 	Notes []string `json:"notes,omitempty"`
 }
 
-// Policy is what Check judged a target by where the draft leaves the choice
-// to the server: the Target's declarations, as Check applied them.
-type Policy struct {
-	// KeysOptional: requests without a key may run (Target.KeysOptional).
-	KeysOptional bool `json:"keys_optional"`
-	// KeyForm is how the keys were written (Target.KeyForm).
-	KeyForm KeyForm `json:"key_form"`
-	// MaxKeyLen is the key length limit that was probed, 0 for none
-	// (Target.MaxKeyLen).
-	MaxKeyLen int `json:"max_key_len"`
-	// MinKeyLen is the shortest key length declared, 0 for none
-	// (Target.MinKeyLen).
-	MinKeyLen int `json:"min_key_len,omitempty"`
-	// KeyAlphabet is the alphabet the keys were judged by
-	// (Target.KeyAlphabet).
-	KeyAlphabet KeyAlphabet `json:"key_alphabet,omitempty"`
-	// Release5xx is true when a retry after a 5xx had to run again, and
-	// false when a stored 5xx was only advisory
-	// (Target.Require5xxRelease).
-	Release5xx bool `json:"release_5xx_required"`
-}
-
 // String describes the policy in a line, such as "keys required, sent bare;
 // no key length limit probed; release after 5xx advisory".
 func (p Policy) String() string {
@@ -92,11 +70,11 @@ func (p Policy) String() string {
 	if p.KeysOptional {
 		keys = "keys optional"
 	}
-	form := map[KeyForm]string{KeyBare: "sent bare", KeyQuoted: "sent quoted", KeyBoth: "sent bare and quoted"}[p.KeyForm]
+	form := map[string]string{keyBare: "sent bare", keyQuoted: "sent quoted", keyBoth: "sent bare and quoted"}[p.KeyForm]
 	if form == "" {
-		form = "sent " + string(p.KeyForm)
+		form = "sent " + p.KeyForm
 	}
-	limit := describeKeyLimits(Target{MinKeyLen: p.MinKeyLen, MaxKeyLen: p.MaxKeyLen, KeyAlphabet: p.KeyAlphabet})
+	limit := describeKeyLimits(p)
 	if p.MaxKeyLen == 0 && p.MinKeyLen == 0 {
 		if limit == "" {
 			limit = "no key length limit probed"

@@ -34,7 +34,7 @@ const (
 	defaultBody = `{"idemtest_variant":` + placeholder + `}`
 )
 
-// maxKeyProbe bounds Target.MaxKeyLen, well under the header size that HTTP
+// maxKeyProbe bounds Policy.MaxKeyLen, well under the header size that HTTP
 // servers accept (8 KiB and more), so that the over-long key is refused, if
 // it is, for its length rather than for the size of the header.
 const maxKeyProbe = 4096
@@ -93,51 +93,18 @@ type Target struct {
 	// the same request.
 	FailHeader http.Header
 
-	// KeysOptional says that the target runs requests that come without a
-	// key, unprotected, so that the missing-key check does not apply. A
-	// malformed key may then also be ignored, as RFC 8941 says of a field
-	// that does not parse: the malformed-key check accepts a request that
-	// runs as if it had no key, but not one whose malformed key is used as
-	// a key.
-	KeysOptional bool
-
 	// KeyHeader is the request header that carries the key,
 	// Idempotency-Key by default.
 	KeyHeader string
 
-	// KeyForm is how keys are written in the key header: KeyBare by
-	// default, KeyQuoted, or KeyBoth for a target that accepts both forms.
-	KeyForm KeyForm
-
-	// MaxKeyLen, when set, is the longest key the target accepts, in
-	// bytes: the malformed-key check then also sends a key one byte longer
-	// and expects it refused. The draft sets no limit, so zero, the
-	// default, sends no over-long key.
-	//
-	// The checks that need a valid key send keys of several lengths and
-	// forms (12, 36, 64 and 255 bytes, and a key as stripe-go makes
-	// them), those within MinKeyLen and MaxKeyLen: a target that takes
-	// keys of one length only must declare it, as MinKeyLen and MaxKeyLen
-	// both 36 declare a UUID's.
-	MaxKeyLen int
-
-	// MinKeyLen, when set, is the shortest key the target accepts, in
-	// bytes: the malformed-key check then also sends a key one byte
-	// shorter and expects it refused.
-	MinKeyLen int
-
-	// KeyAlphabet is the set of characters the target documents for its
-	// keys: AlphabetASCII (printable ASCII, the draft's) by default,
-	// AlphabetUTF8 (UTF-8 text) or AlphabetBytes (any byte but control
-	// characters).
-	KeyAlphabet KeyAlphabet
-
-	// Require5xxRelease makes the release-5xx policy a requirement: after
-	// a 5xx, a retry with the same key runs again, as it does behind this
-	// module's server. The draft also lets a server store the error and
-	// answer the retry with it, as Stripe does, so by default the
-	// 5xx-not-cached check reports a stored 5xx as advisory.
-	Require5xxRelease bool
+	// Policy declares what the target does where the draft leaves the
+	// choice to the server: whether keys are optional, how they are
+	// written, which lengths and characters they may have, and whether a
+	// retry after a 5xx runs again. The zero Policy is the draft's reading:
+	// keys required, sent bare, of printable ASCII, no length limit probed,
+	// a stored 5xx advisory. Report.Policy is this Policy with its
+	// defaults filled in.
+	Policy Policy
 
 	// ReplayedHeader is the response header that marks a replay,
 	// Idempotent-Replayed by default. The kit also recognises the common
@@ -176,22 +143,90 @@ type Target struct {
 	Checks []string
 }
 
-// KeyForm is how the kit writes a key in the key header.
-type KeyForm string
+// Policy is what a target does where the draft leaves the choice to the
+// server. Target.Policy declares it; Report.Policy records it as Check
+// applied it, with its defaults filled in. Its JSON form is part of
+// idemcheck's -json output.
+type Policy struct {
+	// KeysOptional says that the target runs requests that come without a
+	// key, unprotected, so that the missing-key check does not apply. A
+	// malformed key may then also be ignored, as RFC 8941 says of a field
+	// that does not parse: the malformed-key check accepts a request that
+	// runs as if it had no key, but not one whose malformed key is used as
+	// a key.
+	KeysOptional bool `json:"keys_optional"`
 
-// The forms of a key on the wire.
+	// KeyForm is how keys are written in the key header:
+	//
+	//   - "bare", the default: the key as it is, the form most APIs take,
+	//     Idempotency-Key: 8e03978e-40d5-43e8-bc93-6894a57f9324.
+	//   - "quoted": the key as a Structured Field string (RFC 8941), the
+	//     form the IETF draft defines,
+	//     Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324".
+	//   - "both", for a target that accepts both forms: keys are sent
+	//     bare, and the key-forms check sends each of two keys in both
+	//     forms, expecting the two forms of a key to be one key.
+	//
+	// Check refuses any other value.
+	KeyForm string `json:"key_form"`
+
+	// MaxKeyLen, when set, is the longest key the target accepts, in
+	// bytes: the malformed-key check then also sends a key one byte longer
+	// and expects it refused. The draft sets no limit, so zero, the
+	// default, sends no over-long key. It is at most 4096, well under the
+	// header size that HTTP servers accept, so that an over-long key is
+	// refused for its length rather than for the size of the header.
+	//
+	// The checks that need a valid key send keys of several lengths and
+	// forms (12, 36, 64 and 255 bytes, and a key as stripe-go makes
+	// them), those within MinKeyLen and MaxKeyLen: a target that takes
+	// keys of one length only must declare it, as MinKeyLen and MaxKeyLen
+	// both 36 declare a UUID's.
+	MaxKeyLen int `json:"max_key_len"`
+
+	// MinKeyLen, when set, is the shortest key the target accepts, in
+	// bytes: the malformed-key check then also sends a key one byte
+	// shorter and expects it refused.
+	MinKeyLen int `json:"min_key_len,omitempty"`
+
+	// KeyAlphabet is the set of characters the target documents for its
+	// keys:
+	//
+	//   - "ascii", the default: printable ASCII, the characters of the
+	//     draft's Structured Field string; a non-ASCII character makes a
+	//     key malformed.
+	//   - "utf8": UTF-8 text without control characters. The kit also
+	//     sends a valid key with a non-ASCII character, and a byte that is
+	//     not UTF-8 makes a key malformed instead.
+	//   - "bytes": any byte but the control characters (0x00 to 0x1F and
+	//     0x7F), UTF-8 or not, as an HTTP header value allows. The kit
+	//     also sends a valid key with non-ASCII characters and one with
+	//     bytes that are not UTF-8; only a control character (the tab)
+	//     makes a key malformed for what it contains.
+	//
+	// Check refuses any other value.
+	KeyAlphabet string `json:"key_alphabet,omitempty"`
+
+	// Release5xx makes the release-5xx policy a requirement: after a 5xx,
+	// a retry with the same key runs again, as it does behind this
+	// module's server. The draft also lets a server store the error and
+	// answer the retry with it, as Stripe does, so by default the
+	// 5xx-not-cached check reports a stored 5xx as advisory.
+	Release5xx bool `json:"release_5xx_required"`
+}
+
+// The values of Policy.KeyForm.
 const (
-	// KeyBare sends the key as it is, the form most APIs take:
-	// Idempotency-Key: 8e03978e-40d5-43e8-bc93-6894a57f9324.
-	KeyBare KeyForm = "bare"
-	// KeyQuoted sends the key as a Structured Field string (RFC 8941),
-	// the form the IETF draft defines:
-	// Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324".
-	KeyQuoted KeyForm = "quoted"
-	// KeyBoth is for a target that accepts both forms: keys are sent bare,
-	// and the key-forms check sends each of two keys in both forms,
-	// expecting the two forms of a key to be one key.
-	KeyBoth KeyForm = "both"
+	keyBare   = "bare"
+	keyQuoted = "quoted"
+	keyBoth   = "both"
+)
+
+// The values of Policy.KeyAlphabet.
+const (
+	alphabetASCII = "ascii"
+	alphabetUTF8  = "utf8"
+	alphabetBytes = "bytes"
 )
 
 // BodyTemplate returns a Body function that makes each variant from tmpl by
@@ -254,33 +289,33 @@ func (t Target) withDefaults() (Target, error) {
 	if t.ReplayedHeader == "" {
 		t.ReplayedHeader = headerReplayed
 	}
-	switch t.KeyForm {
+	switch t.Policy.KeyForm {
 	case "":
-		t.KeyForm = KeyBare
-	case KeyBare, KeyQuoted, KeyBoth:
+		t.Policy.KeyForm = keyBare
+	case keyBare, keyQuoted, keyBoth:
 	default:
-		bad("Target.KeyForm %q is not %q, %q or %q", t.KeyForm, KeyBare, KeyQuoted, KeyBoth)
+		bad("Target.Policy.KeyForm %q is not %q, %q or %q", t.Policy.KeyForm, keyBare, keyQuoted, keyBoth)
 	}
 	for _, n := range []struct {
 		name string
 		v    int
-	}{{"MaxKeyLen", t.MaxKeyLen}, {"MinKeyLen", t.MinKeyLen}} {
+	}{{"MaxKeyLen", t.Policy.MaxKeyLen}, {"MinKeyLen", t.Policy.MinKeyLen}} {
 		if n.v < 0 {
-			bad("Target.%s %d is negative", n.name, n.v)
+			bad("Target.Policy.%s %d is negative", n.name, n.v)
 		}
 		if n.v > maxKeyProbe {
-			bad("Target.%s %d is over %d: a longer key would be refused for the size of the header, not for its length", n.name, n.v, maxKeyProbe)
+			bad("Target.Policy.%s %d is over %d: a longer key would be refused for the size of the header, not for its length", n.name, n.v, maxKeyProbe)
 		}
 	}
-	if t.MaxKeyLen > 0 && t.MinKeyLen > t.MaxKeyLen {
-		bad("Target.MinKeyLen %d is over Target.MaxKeyLen %d", t.MinKeyLen, t.MaxKeyLen)
+	if t.Policy.MaxKeyLen > 0 && t.Policy.MinKeyLen > t.Policy.MaxKeyLen {
+		bad("Target.Policy.MinKeyLen %d is over Target.Policy.MaxKeyLen %d", t.Policy.MinKeyLen, t.Policy.MaxKeyLen)
 	}
-	switch t.KeyAlphabet {
+	switch t.Policy.KeyAlphabet {
 	case "":
-		t.KeyAlphabet = AlphabetASCII
-	case AlphabetASCII, AlphabetUTF8, AlphabetBytes:
+		t.Policy.KeyAlphabet = alphabetASCII
+	case alphabetASCII, alphabetUTF8, alphabetBytes:
 	default:
-		bad("Target.KeyAlphabet %q is not %q, %q or %q", t.KeyAlphabet, AlphabetASCII, AlphabetUTF8, AlphabetBytes)
+		bad("Target.Policy.KeyAlphabet %q is not %q, %q or %q", t.Policy.KeyAlphabet, alphabetASCII, alphabetUTF8, alphabetBytes)
 	}
 	for _, name := range []string{t.KeyHeader, t.ReplayedHeader} {
 		if !validToken(name) {

@@ -58,9 +58,9 @@ func (r *runner) fiveXXNotCached() Result {
 	q := r.keyed(0)
 	failing := overlay(q, r.t.FailHeader, "with the fail trigger (its "+headerNames(r.t.FailHeader)+")")
 	sent := r.describe(failing) + "\nthen " + r.describe(q)
-	policy := "Policy " + policyRelease5xx + ", advisory: the draft lets a server answer a retry with the stored error, as Stripe does; Target.Require5xxRelease (idemcheck -require-5xx-release) makes it required."
-	if r.t.Require5xxRelease {
-		policy = "Policy " + policyRelease5xx + ", required (Target.Require5xxRelease, idemcheck -require-5xx-release)."
+	policy := "Policy " + policyRelease5xx + ", advisory: the draft lets a server answer a retry with the stored error, as Stripe does; Target.Policy.Release5xx (idemcheck -require-5xx-release) makes it required."
+	if r.t.Policy.Release5xx {
+		policy = "Policy " + policyRelease5xx + ", required (Target.Policy.Release5xx, idemcheck -require-5xx-release)."
 	}
 	const want = "a 5xx, then a success that ran the request (not marked as a replay); at the least, not a key left in flight"
 	a := r.send(failing)
@@ -73,7 +73,7 @@ func (r *runner) fiveXXNotCached() Result {
 	switch {
 	case b.err == nil && b.status >= 500 && b.status <= 599 && (b.same(a) || r.marked(b)):
 		res := advise(sent, got, want, "The 5xx was stored and replayed: a retry with this key gets the error, never a success. "+policy)
-		if r.t.Require5xxRelease {
+		if r.t.Policy.Release5xx {
 			res.Status = StatusFail
 		}
 		return res

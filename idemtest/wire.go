@@ -38,10 +38,10 @@ type request struct {
 }
 
 // written returns key as the target's key form writes it: quoted for
-// KeyQuoted, bare otherwise (KeyBoth sends keys bare but in the key-forms
+// "quoted", bare otherwise ("both" sends keys bare but in the key-forms
 // check).
 func (r *runner) written(key string) string {
-	if r.t.KeyForm == KeyQuoted {
+	if r.t.Policy.KeyForm == keyQuoted {
 		return `"` + key + `"`
 	}
 	return key

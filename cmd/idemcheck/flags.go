@@ -54,10 +54,10 @@ func parseArgs(args []string, stdout io.Writer) (options, error) {
 		keyHeader    = fs.String("key-header", "Idempotency-Key", "the request header that carries the key")
 		replayHeader = fs.String("replay-header", "Idempotent-Replayed", "the response header that marks a replay")
 		keysOptional = fs.Bool("keys-optional", false, "the endpoint runs requests without a key (the missing-key check does not apply, and a malformed key may be ignored)")
-		keyForm      = fs.String("key-form", string(idemtest.KeyBare), "the key `form`: bare, quoted (an RFC 8941 string, as the draft defines keys), or both (keys sent bare, and the key-forms check)")
+		keyForm      = fs.String("key-form", "bare", "the key `form`: bare, quoted (an RFC 8941 string, as the draft defines keys), or both (keys sent bare, and the key-forms check)")
 		maxKeyLen    = fs.Int("max-key-len", 0, "the longest key the endpoint accepts, in `bytes`: a key one byte longer must be refused (default: no limit probed, the draft sets none)")
 		minKeyLen    = fs.Int("min-key-len", 0, "the shortest key the endpoint accepts, in `bytes`: a key one byte shorter must be refused, and the valid keys sent (12, 36, 64 and 255 bytes, a stripe-go style key) are those within -min-key-len and -max-key-len; both 36 for an endpoint that takes only UUIDs")
-		keyAlphabet  = fs.String("key-alphabet", string(idemtest.AlphabetASCII), "the characters the endpoint documents for keys: ascii (printable ASCII, the draft's), utf8 (UTF-8 text: a non-ASCII key is then valid, and a byte that is not UTF-8 malformed) or bytes (any byte but control characters: keys with non-ASCII characters and with bytes that are not UTF-8 are then valid)")
+		keyAlphabet  = fs.String("key-alphabet", "ascii", "the characters the endpoint documents for keys: ascii (printable ASCII, the draft's), utf8 (UTF-8 text: a non-ASCII key is then valid, and a byte that is not UTF-8 malformed) or bytes (any byte but control characters: keys with non-ASCII characters and with bytes that are not UTF-8 are then valid)")
 		release5xx   = fs.Bool("require-5xx-release", false, "require policy release-5xx: a retry after a 5xx runs again (default: a stored 5xx is advisory, as the draft allows it)")
 		timeout      = fs.Duration("timeout", 10*time.Second, "the longest each request may take")
 		patience     = fs.Duration("patience", 10*time.Second, "how long to keep retrying while the endpoint answers 409 (in flight)")
@@ -88,23 +88,25 @@ func parseArgs(args []string, stdout io.Writer) (options, error) {
 	}
 
 	t := idemtest.Target{
-		URL:               *rawURL,
-		Method:            *method,
-		Header:            header.h,
-		SecondCredential:  second.h,
-		FailHeader:        failHeader.h,
-		KeysOptional:      *keysOptional,
-		KeyForm:           idemtest.KeyForm(*keyForm),
-		MaxKeyLen:         *maxKeyLen,
-		MinKeyLen:         *minKeyLen,
-		KeyAlphabet:       idemtest.KeyAlphabet(*keyAlphabet),
-		Require5xxRelease: *release5xx,
-		KeyHeader:         *keyHeader,
-		ReplayedHeader:    *replayHeader,
-		Concurrency:       *concurrency,
-		Timeout:           *timeout,
-		Patience:          *patience,
-		DropAfter:         *dropAfter,
+		URL:              *rawURL,
+		Method:           *method,
+		Header:           header.h,
+		SecondCredential: second.h,
+		FailHeader:       failHeader.h,
+		Policy: idemtest.Policy{
+			KeysOptional: *keysOptional,
+			KeyForm:      *keyForm,
+			MaxKeyLen:    *maxKeyLen,
+			MinKeyLen:    *minKeyLen,
+			KeyAlphabet:  *keyAlphabet,
+			Release5xx:   *release5xx,
+		},
+		KeyHeader:      *keyHeader,
+		ReplayedHeader: *replayHeader,
+		Concurrency:    *concurrency,
+		Timeout:        *timeout,
+		Patience:       *patience,
+		DropAfter:      *dropAfter,
 	}
 	if t.Header == nil {
 		t.Header = http.Header{}

@@ -176,7 +176,7 @@ func TestTableNotes(t *testing.T) {
 	assert.NotContains(t, table, "...", "notes are not cut")
 	// The whole of the missing-key check's detail, its second sentence
 	// going on on a line of its own, indented under the note column.
-	assert.Regexp(t, `(?m)^missing-key +FAIL +The request ran without a key\. If keys are optional for this target, say\n {26}so \(Target\.KeysOptional, idemcheck -keys-optional\)\.$`, table)
+	assert.Regexp(t, `(?m)^missing-key +FAIL +The request ran without a key\. If keys are optional for this target, say\n {26}so \(Target\.Policy\.KeysOptional, idemcheck -keys-optional\)\.$`, table)
 }
 
 func TestUnreachable(t *testing.T) {
@@ -338,12 +338,7 @@ func TestParseArgs(t *testing.T) {
 	assert.Equal(t, 4, tg.Concurrency)
 	assert.Equal(t, "X-Key", tg.KeyHeader)
 	assert.Equal(t, "X-Replay", tg.ReplayedHeader)
-	assert.True(t, tg.KeysOptional)
-	assert.Equal(t, idemtest.KeyQuoted, tg.KeyForm)
-	assert.Equal(t, 64, tg.MaxKeyLen)
-	assert.Equal(t, 8, tg.MinKeyLen)
-	assert.Equal(t, idemtest.AlphabetBytes, tg.KeyAlphabet)
-	assert.True(t, tg.Require5xxRelease)
+	assert.Equal(t, idemtest.Policy{KeysOptional: true, KeyForm: "quoted", MaxKeyLen: 64, MinKeyLen: 8, KeyAlphabet: "bytes", Release5xx: true}, tg.Policy)
 	assert.Equal(t, 3*time.Second, tg.Timeout)
 	assert.Equal(t, 2*time.Second, tg.Patience)
 	assert.Equal(t, 50*time.Millisecond, tg.DropAfter)

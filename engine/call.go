@@ -33,6 +33,9 @@ type Call struct {
 	timing     timing       // for the observer, if there is one
 	renewal    renewal      // keeps the lease alive
 	handlerCtx leaseContext // the work's context
+	// renewalHandedOff: a write after the answer took the renewal over,
+	// and stops it when it is done.
+	renewalHandedOff bool
 }
 
 // Lease returns the lease the call holds, or held: its Token is zero until
@@ -56,6 +59,8 @@ func (e *Engine) Do(ctx context.Context, c *Call, id ID, fingerprint string, d D
 	c.handle()
 }
 
+// handle claims the key, and decides what the call gets for the store's
+// answer: a replay, a refusal, or the work run under the lease.
 func (c *Call) handle() {
 	e, d := c.e, c.door
 	cl, err := c.claim()
@@ -118,73 +123,8 @@ func (c *Call) handle() {
 	}
 }
 
-// claim asks the store for the lease, within the store timeout. Its context
-// ignores the caller's cancellation, so that the answer is known: a claim
-// abandoned half-way could leave the key in flight until its lease ended.
-func (c *Call) claim() (Claim, error) {
-	e := c.e
-	var ctx *detached
-	if c.claimCtx.values == nil {
-		// The first claim's context lives in the Call: one allocation
-		// fewer on every call. It is never reused.
-		ctx = &c.claimCtx
-		ctx.init(c.ctx, e.claimTimeout())
-	} else {
-		ctx = c.storeContext(e.claimTimeout())
-	}
-	defer ctx.stop()
-	c.claimed = time.Now()
-	return e.store.Claim(ctx, c.lease.ID, c.fingerprint, e.cfg.Lease, e.cfg.TTL)
-}
-
-// claimTimeout bounds a Claim: by the store timeout, and by the lease less
-// its margin, since a lease granted by an answer that comes later is too
-// short to run the work under.
-func (e *Engine) claimTimeout() time.Duration {
-	return min(e.cfg.StoreTimeout, e.cfg.Lease-leaseMargin(e.cfg.Lease))
-}
-
-// await claims again until the call in flight finishes or the wait ends.
-func (c *Call) await(cl Claim) (Claim, error) {
-	deadline := time.Now().Add(c.e.cfg.Wait)
-	step := 10 * time.Millisecond
-	var timer *time.Timer
-	for cl.Status == InFlight && sameRequest(cl, c.fingerprint) {
-		left := time.Until(deadline)
-		if left <= 0 {
-			break
-		}
-		// A millisecond at least: a store whose clock is behind can
-		// report a lease with negative time left, and a timer of no
-		// length would ask it again at once, for the whole wait.
-		d := min(step, addDur(max(cl.RetryAfter, 0), time.Millisecond), left)
-		if timer == nil {
-			timer = time.NewTimer(d)
-			defer timer.Stop()
-		} else {
-			timer.Reset(d)
-		}
-		select {
-		case <-c.ctx.Done():
-			return cl, c.ctx.Err()
-		case <-timer.C:
-		}
-		step = min(2*step, 250*time.Millisecond)
-		var err error
-		cl, err = c.claim()
-		if err != nil {
-			return cl, err
-		}
-	}
-	return cl, nil
-}
-
-// sameRequest reports whether an in-flight claim is for the request with
-// fingerprint fp, as far as the store can tell.
-func sameRequest(c Claim, fp string) bool {
-	return c.Fingerprint == "" || c.Fingerprint == fp
-}
-
+// storeFailed answers a call whose claim the store failed: the work runs
+// unprotected with FailOpen, and is refused otherwise.
 func (c *Call) storeFailed(err error) {
 	e := c.e
 	if e.cfg.FailOpen {
@@ -216,13 +156,13 @@ func (c *Call) unavailable(err error) {
 // the HTTP middleware's 503.
 const unavailableStatus = 503
 
+// mismatch refuses a call whose key was used for another request.
 func (c *Call) mismatch() {
 	status := c.door.Refuse(ErrKeyMismatch, 0, nil)
 	c.emit(EventMismatch, status, nil)
 }
 
-// run runs the work under the lease, then stores its result (or releases
-// the key) before the caller is answered.
+// run runs the work under the lease, then settles what it did.
 func (c *Call) run() {
 	e := c.e
 	cctx, cancel := context.WithCancelCause(c.ctx)
@@ -246,9 +186,8 @@ func (c *Call) run() {
 		c.unavailable(errClaimTooLate)
 		return
 	}
-	renewing := true
 	defer func() {
-		if renewing {
+		if !c.renewalHandedOff {
 			c.renewal.stop()
 		}
 	}()
@@ -259,25 +198,26 @@ func (c *Call) run() {
 			// The work panicked: give the key back, and let the panic
 			// go on.
 			c.timing.handled(e)
-			if c.release("handler panicked", true) {
-				renewing = false
-			}
+			c.release("handler panicked", true)
 			c.emit(EventReleased, 0, nil)
 		}
 	}()
 	o := c.door.Execute(ctx)
 	done = true
 	c.timing.handled(e)
+	c.settle(o)
+}
 
+// settle decides what the work's outcome comes to: its result stored, then
+// answered, or the key released, so that a retry runs the work again.
+func (c *Call) settle(o Outcome) {
 	switch {
 	case o.Response == nil && o.Cause != nil:
 		// The work gave up without an answer because its context
 		// ended: the caller went away, or the lease could not be kept.
 		// An empty result stored now would be replayed for the whole
 		// TTL.
-		if c.release(o.Reason+": "+o.Cause.Error(), true) {
-			renewing = false
-		}
+		c.release(o.Reason+": "+o.Cause.Error(), true)
 		if c.ctx.Err() == nil {
 			c.unavailable(o.Cause)
 			return
@@ -286,9 +226,7 @@ func (c *Call) run() {
 	case o.Response == nil:
 		// Whatever its size, and even if part of it has gone out: a
 		// status that says "retry" must let the retry run.
-		if c.release(o.Reason, true) {
-			renewing = false
-		}
+		c.release(o.Reason, true)
 		if !o.Sent {
 			c.door.Send(false)
 		}
@@ -297,7 +235,7 @@ func (c *Call) run() {
 		// Already sent, in part or in whole; record that it ran.
 		err := c.complete(o.Response)
 		if storeLater(err) {
-			renewing = !c.storeAfterSend(o.Response, o.Status, err, true)
+			c.storeAfterSend(o.Response, o.Status, err, true)
 			return
 		}
 		c.completed(o.Status, err)
@@ -314,25 +252,12 @@ func (c *Call) run() {
 			// happened once, and the caller is told what it was now;
 			// then the result is stored as soon as the store answers,
 			// so that a retry gets it replayed.
-			renewing = !c.storeAfterSend(o.Response, o.Status, err, false)
+			c.storeAfterSend(o.Response, o.Status, err, false)
 			return
 		}
 		c.door.Send(false)
 		c.completed(o.Status, err)
 	}
-}
-
-// storeLater reports whether a Complete that failed with err should be tried
-// again after the result is answered: the store failed, rather than refused.
-func storeLater(err error) bool {
-	return err != nil && !final(err)
-}
-
-// final reports whether a store write that failed with err cannot succeed
-// if tried again.
-func final(err error) bool {
-	return errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrNotCommitted) ||
-		errors.Is(err, ErrNotStorable) || errors.Is(err, ErrStoreClosed)
 }
 
 // completed reports the outcome of a result answered after Complete.
@@ -342,114 +267,6 @@ func (c *Call) completed(status int, err error) {
 		return
 	}
 	c.emit(EventExecuted, status, nil)
-}
-
-// storeContext is for store calls that must finish even when the caller has
-// gone. Each call has a context of its own: a Store may leave a goroutine
-// watching the last one for a while after it returned (a context derived
-// from it, whose cancellation propagates asynchronously).
-func (c *Call) storeContext(timeout time.Duration) *detached {
-	ctx := new(detached)
-	ctx.init(c.ctx, timeout)
-	return ctx
-}
-
-// retryStore stores resp with Complete, or, if resp is nil, gives the key
-// back with Release, trying until the call succeeds, fails for good, or the
-// store timeout ends. ErrLeaseLost and ErrNotCommitted are final: trying
-// again cannot change them.
-func (c *Call) retryStore(resp *Response) error {
-	e := c.e
-	var ctx *detached
-	if c.storeCtx.values == nil {
-		// The call's one write after the work: its context lives in the
-		// Call, like the first Claim's, and is never reused.
-		ctx = &c.storeCtx
-		ctx.init(c.ctx, e.cfg.StoreTimeout)
-	} else {
-		ctx = c.storeContext(e.cfg.StoreTimeout)
-	}
-	defer ctx.stop()
-	var timer *time.Timer
-	for wait := 5 * time.Millisecond; ; wait = min(2*wait, 250*time.Millisecond) {
-		var err error
-		if resp != nil {
-			err = e.store.Complete(ctx, c.lease.ID, c.lease.Token, resp, e.cfg.TTL)
-		} else {
-			err = e.store.Release(ctx, c.lease.ID, c.lease.Token)
-		}
-		if err == nil || final(err) {
-			return err
-		}
-		left := time.Until(ctx.deadline)
-		if left <= wait {
-			return err
-		}
-		if timer == nil {
-			timer = time.NewTimer(wait)
-			defer timer.Stop()
-		} else {
-			timer.Reset(wait)
-		}
-		<-timer.C
-	}
-}
-
-// complete stores the result, retrying within the store timeout while the
-// lease is kept alive. An error is logged here; the caller looks only for
-// ErrNotCommitted.
-func (c *Call) complete(resp *Response) error {
-	e := c.e
-	err := c.completeOrOmit(resp, c.retryStore)
-	c.timing.stored(e)
-	log := func(level slog.Level, msg string) {
-		e.cfg.Logger.LogAttrs(c.ctx, level, msg,
-			slog.String("key", c.lease.Key), slog.String("scope", c.lease.Scope), slog.Any("error", err))
-	}
-	switch {
-	case err == nil:
-	case errors.Is(err, ErrNotCommitted):
-		log(slog.LevelError, "idempotent request not committed; the caller is told to retry")
-	case errors.Is(err, ErrStoreClosed):
-		log(slog.LevelWarn, "idempotent response not stored: the store was closed")
-	case errors.Is(err, ErrNotStorable):
-		log(slog.LevelError, "idempotent response refused by the store even without its body; answering with it, and the key stays in flight until its lease ends")
-	case errors.Is(err, ErrLeaseLost):
-		// Either a try whose answer was lost stored it, or the lease
-		// was lost to a retry.
-		log(slog.LevelWarn, "idempotent response not stored by this holder: stored by an earlier try whose answer was lost, or the lease was lost")
-	default:
-		// The result goes to the caller anyway, the key stays claimed,
-		// and completeLater goes on trying.
-		log(slog.LevelError, "idempotent response not stored within the store timeout; answering with it, and storing it when the store answers")
-	}
-	return err
-}
-
-// release gives the key back, retrying within the store timeout. The work
-// did nothing that must be kept, and the caller is told to retry, so the
-// retry must run it again: if the store is down, the release goes on in the
-// background (releaseLater), and release reports whether it handed it
-// off; with renewing, the lease's renewal, which then keeps the key from a
-// takeover until the release is written, goes with it. A release never
-// written would leave the key in flight until its lease ended, and then
-// the retry would be told of an abandoned holder (under RefuseAbandoned,
-// answered "outcome unknown") for a call that the door knew did nothing.
-func (c *Call) release(why string, renewing bool) (handedOff bool) {
-	e := c.e
-	err := c.retryStore(nil)
-	c.timing.stored(e)
-	if err == nil {
-		return false
-	}
-	if storeLater(err) && c.releaseAfterFailure(renewing) {
-		e.cfg.Logger.LogAttrs(c.ctx, slog.LevelWarn, "idempotency claim not released within the store timeout; retries are refused as in flight while it is tried again in the background",
-			slog.String("key", c.lease.Key), slog.String("scope", c.lease.Scope), slog.String("reason", why), slog.Any("error", err))
-		return true
-	}
-	e.cfg.Logger.LogAttrs(c.ctx, slog.LevelWarn, "idempotency claim not released; retries are refused as in flight until its lease expires",
-		slog.String("key", c.lease.Key), slog.String("scope", c.lease.Scope), slog.String("reason", why), slog.Any("error", err))
-	return false
 }
 
 // outcomeUnknown records the door's "outcome unknown" answer under the

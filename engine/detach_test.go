@@ -75,3 +75,57 @@ func TestDetachedExpireNow(t *testing.T) {
 		d.stop()
 	}
 }
+
+// TestDetachedLazy: a detached context makes its Done channel and timer
+// only when a Store asks for Done, and stop releases the timer.
+func TestDetachedLazy(t *testing.T) {
+	var d detached
+	d.init(context.Background(), time.Hour)
+	if d.Err() != nil {
+		t.Fatalf("Err = %v an hour before the deadline", d.Err())
+	}
+	if d.done != nil || d.timer != nil {
+		t.Fatal("a channel or a timer made before Done was asked for")
+	}
+	done := d.Done()
+	if d.timer == nil {
+		t.Fatal("no timer behind Done")
+	}
+	if d.Done() != done {
+		t.Error("Done returns another channel the second time")
+	}
+	d.stop()
+	if d.timer.Stop() {
+		t.Error("the timer still runs after stop")
+	}
+	select {
+	case <-done:
+		t.Error("Done closed by stop; only the deadline or expireNow close it")
+	default:
+	}
+}
+
+// TestDetachedExpireAfterExpireNow: the timer that fires after expireNow
+// closed Done does nothing.
+func TestDetachedExpireAfterExpireNow(t *testing.T) {
+	var d detached
+	d.init(context.Background(), time.Hour)
+	d.Done()
+	d.expireNow()
+	d.expire() // as the timer would, had it fired before being stopped
+	if err := d.Err(); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Err = %v, want DeadlineExceeded", err)
+	}
+	d.stop()
+}
+
+// TestDetachedDeadline: the deadline is the timeout from init.
+func TestDetachedDeadline(t *testing.T) {
+	var d detached
+	before := time.Now()
+	d.init(context.Background(), time.Minute)
+	dl, ok := d.Deadline()
+	if !ok || dl.Before(before.Add(time.Minute)) || dl.After(time.Now().Add(time.Minute)) {
+		t.Errorf("Deadline = %v, %v; want a minute from init", dl, ok)
+	}
+}

@@ -12,6 +12,5 @@
 // gets: a replay, a refusal, or one execution.
 //
 // The [Store] interface, its records and its errors are defined here, so
-// that a store (memstore, pgstore, redisstore) serves every door; package
-// server keeps aliases of them.
+// that a store (memstore, pgstore, redisstore) serves every door.
 package engine

@@ -12,18 +12,18 @@ import (
 
 // Defaults, and the shortest lease.
 const (
-	// DefaultTTL is how long a record is kept.
-	DefaultTTL = 24 * time.Hour
-	// DefaultLease is the lease the work runs under, when the TTL is not
+	// defaultTTL is how long a record is kept.
+	defaultTTL = 24 * time.Hour
+	// defaultLease is the lease the work runs under, when the TTL is not
 	// shorter.
-	DefaultLease = time.Minute
+	defaultLease = time.Minute
 	// MinLease is the shortest lease, and so the shortest TTL, accepted.
 	MinLease = 10 * time.Millisecond
-	// DefaultStoreTimeout bounds every Store call.
-	DefaultStoreTimeout = 5 * time.Second
-	// DefaultRetryAfter is how long a refused caller is told to wait before
+	// defaultStoreTimeout bounds every Store call.
+	defaultStoreTimeout = 5 * time.Second
+	// defaultRetryAfter is how long a refused caller is told to wait before
 	// it retries.
-	DefaultRetryAfter = time.Second
+	defaultRetryAfter = time.Second
 )
 
 // MaxScopeLen is the longest ID.Scope a door hands the engine: every store
@@ -32,10 +32,10 @@ const (
 // store fail on it every time.
 const MaxScopeLen = 1024
 
-// MaxDuration is the longest TTL or lease given to a Store: longer ones are
+// maxDuration is the longest TTL or lease given to a Store: longer ones are
 // taken as it. A Store adds them to its clock, and a century is as good as
 // forever while leaving that sum far from overflowing.
-const MaxDuration = 100 * 365 * 24 * time.Hour
+const maxDuration = 100 * 365 * 24 * time.Hour
 
 // Config is how an Engine runs its calls. Its zero value is the defaults.
 type Config struct {
@@ -43,24 +43,24 @@ type Config struct {
 	// have run: after its result was stored, or, while it is in flight,
 	// after its lease's end (renewals move it), so that a retry within the
 	// TTL after a lost holder's lease is told of that holder, whatever the
-	// lease. DefaultTTL when 0; at least MinLease, and taken as
-	// MaxDuration when longer.
+	// lease. 24 hours when 0; at least MinLease, and taken as 100
+	// years when longer.
 	TTL time.Duration
 	// Lease is the lease the work holds while it runs, renewed every third
-	// of its length until its result is stored: DefaultLease when 0, or the
+	// of its length until its result is stored: 1 minute when 0, or the
 	// TTL when that is shorter. At least MinLease and no longer than the
 	// TTL. When the lease's end, less a tenth of it, passes without a
 	// successful renewal, the work's context is cancelled with a cause that
 	// wraps ErrLeaseLost; the work never starts with less than that tenth
 	// left.
 	Lease time.Duration
-	// StoreTimeout bounds every Store call: DefaultStoreTimeout when 0.
+	// StoreTimeout bounds every Store call: 5 seconds when 0.
 	StoreTimeout time.Duration
 	// Wait is how long a call whose key is in flight waits for the holder
 	// to finish before it is refused with ErrInFlight: 0 does not wait.
 	Wait time.Duration
 	// RetryAfter is how long a refused caller is told to wait before it
-	// retries (ErrInFlight, ErrStoreUnavailable): DefaultRetryAfter when
+	// retries (ErrInFlight, ErrStoreUnavailable): 1 second when
 	// 0.
 	RetryAfter time.Duration
 	// Abandoned is what a call gets when it takes over a key whose earlier
@@ -101,24 +101,24 @@ func New(store Store, cfg Config) (*Engine, error) {
 	}
 	switch {
 	case cfg.TTL == 0:
-		cfg.TTL = DefaultTTL
+		cfg.TTL = defaultTTL
 	case cfg.TTL < MinLease:
 		invalid("TTL %v is shorter than %v", cfg.TTL, MinLease)
 	}
-	cfg.TTL = min(cfg.TTL, MaxDuration)
+	cfg.TTL = min(cfg.TTL, maxDuration)
 	switch {
 	case cfg.Lease == 0:
-		cfg.Lease = min(DefaultLease, cfg.TTL)
+		cfg.Lease = min(defaultLease, cfg.TTL)
 	case cfg.Lease < MinLease:
 		invalid("lease %v is shorter than %v", cfg.Lease, MinLease)
 	}
-	cfg.Lease = min(cfg.Lease, MaxDuration)
+	cfg.Lease = min(cfg.Lease, maxDuration)
 	if cfg.Lease > cfg.TTL {
 		invalid("lease %v is longer than TTL %v", cfg.Lease, cfg.TTL)
 	}
 	switch {
 	case cfg.StoreTimeout == 0:
-		cfg.StoreTimeout = DefaultStoreTimeout
+		cfg.StoreTimeout = defaultStoreTimeout
 	case cfg.StoreTimeout < 0:
 		invalid("store timeout %v is negative", cfg.StoreTimeout)
 	}
@@ -127,7 +127,7 @@ func New(store Store, cfg Config) (*Engine, error) {
 	}
 	switch {
 	case cfg.RetryAfter == 0:
-		cfg.RetryAfter = DefaultRetryAfter
+		cfg.RetryAfter = defaultRetryAfter
 	case cfg.RetryAfter < 0:
 		invalid("Retry-After %v is negative", cfg.RetryAfter)
 	}
@@ -158,12 +158,6 @@ func isNil(store Store) bool {
 	}
 	return false
 }
-
-// Store returns the engine's store.
-func (e *Engine) Store() Store { return e.store }
-
-// Config returns the engine's configuration, with the defaults filled in.
-func (e *Engine) Config() Config { return e.cfg }
 
 // Logger returns the engine's rate-limited logger, for a door's own records.
 func (e *Engine) Logger() *slog.Logger { return e.cfg.Logger }

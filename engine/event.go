@@ -6,7 +6,7 @@ import (
 )
 
 // An Event is what the engine did with one call, or with the lease of one,
-// for an Observer (Config.Observer, or a door's WithObserver): the raw
+// for an Observer (Config.Observer): the raw
 // material of metrics, traces and logs. Every protected request yields exactly one event of a
 // final kind; a request that acquires its key yields an EventAcquired before
 // it, and lease renewals yield their own.
@@ -77,7 +77,7 @@ const (
 	// until its lease ends.
 	EventNotStored
 	// EventUnprotected: the handler ran without protection: no key while
-	// keys are optional, or the store failed with WithFailOpen.
+	// keys are optional, or the store failed with Config.FailOpen.
 	EventUnprotected
 	// EventClientGone: the client went away before the handler ran;
 	// nothing ran and nothing is left claimed.

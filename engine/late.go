@@ -114,8 +114,8 @@ func (e *Engine) Shutdown(ctx context.Context) error {
 // within the store timeout: the effect happened once, and the caller is
 // told what it was now. Unless the bounds are reached, the store write goes
 // on a goroutine that the Engine owns, which also owns the lease's renewal
-// from then on; storeAfterSend reports whether it took them.
-func (c *Call) storeAfterSend(resp *Response, status int, firstErr error, sent bool) (handedOff bool) {
+// from then on (Call.renewalHandedOff).
+func (c *Call) storeAfterSend(resp *Response, status int, firstErr error, sent bool) {
 	e := c.e
 	size := resp.Size()
 	base, ok := e.late.reserve(size)
@@ -127,18 +127,18 @@ func (c *Call) storeAfterSend(resp *Response, status int, firstErr error, sent b
 		}
 		c.emit(EventNotStored, status, firstErr)
 		c.completeLater(base, resp)
-		return false
+		return
 	}
 	if !sent {
 		c.door.Send(false)
 	}
 	c.emit(EventNotStored, status, firstErr)
+	c.renewalHandedOff = true
 	go func() {
 		defer e.late.done(size)
 		defer c.renewal.stop()
 		c.completeLater(base, resp)
 	}()
-	return true
 }
 
 // lateContext is the context of a late write: the request's values, the
@@ -201,6 +201,9 @@ func (c *Call) releaseAfterFailure(renewing bool) bool {
 	if !ok {
 		return false
 	}
+	if renewing {
+		c.renewalHandedOff = true
+	}
 	go func() {
 		defer e.late.done(0)
 		if renewing {
@@ -252,54 +255,21 @@ func (c *Call) lateStoreContext(base context.Context) (context.Context, context.
 // one lease length at most, or until base is done (Shutdown gave up), and
 // returns how many times it called it and its last error.
 func (c *Call) retryLater(base context.Context, write func() error) (tries int, err error) {
-	e := c.e
-	deadline := addSat(time.Now(), e.cfg.Lease)
-	var timer *time.Timer
+	lease := c.e.cfg.Lease
 	// Often enough to get in before a retry once the store is back: the
 	// lease may have ended meanwhile, and a retry could take the key over.
-	maxWait := min(250*time.Millisecond, e.cfg.Lease/10)
-	for wait := min(50*time.Millisecond, maxWait); time.Now().Add(wait).Before(deadline); wait = min(2*wait, maxWait) {
-		if timer == nil {
-			timer = time.NewTimer(wait)
-			defer timer.Stop()
-		} else {
-			timer.Reset(wait)
-		}
-		select {
-		case <-timer.C:
-		case <-base.Done():
-		}
-		if base.Err() != nil {
-			return tries, base.Err()
-		}
+	longest := min(250*time.Millisecond, lease/10)
+	b := newBackoff(min(50*time.Millisecond, longest), longest, addSat(time.Now(), lease), false)
+	defer b.stop()
+	for b.wait(base.Done()) && base.Err() == nil {
 		err = write()
 		tries++
 		if !storeLater(err) {
-			break
+			return tries, err
 		}
+	}
+	if base.Err() != nil {
+		return tries, base.Err()
 	}
 	return tries, err
-}
-
-// completeOrOmit stores resp with complete and, if the store will never take
-// it (ErrNotStorable), records the request as done without its body, then,
-// if even that is refused, without its headers: a request that ran must not
-// run again because its answer is too large for the store.
-func (c *Call) completeOrOmit(resp *Response, complete func(*Response) error) error {
-	err := complete(resp)
-	if !errors.Is(err, ErrNotStorable) {
-		return err
-	}
-	c.e.cfg.Logger.LogAttrs(c.ctx, slog.LevelWarn, "idempotent response cannot be stored; recording the request as done without its body",
-		slog.String("key", c.lease.Key), slog.String("scope", c.lease.Scope), slog.Int("status", resp.Status), slog.Any("error", err))
-	if !resp.BodyOmitted || len(resp.Body) > 0 {
-		resp = &Response{Status: resp.Status, Header: resp.Header, BodyOmitted: true}
-		if err = complete(resp); !errors.Is(err, ErrNotStorable) {
-			return err
-		}
-	}
-	if len(resp.Header) == 0 {
-		return err
-	}
-	return complete(&Response{Status: resp.Status, BodyOmitted: true})
 }

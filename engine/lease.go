@@ -20,8 +20,8 @@ import (
 // its store): they may have done the work before they were lost. Such a
 // handler must look for its own effect first (an order with this key, a
 // payment whose downstream idempotency key it derives from Key) and answer
-// with it rather than do it again; WithAbandoned can refuse such requests
-// instead.
+// with it rather than do it again; Config.Abandoned can refuse such
+// requests instead.
 type Lease struct {
 	ID
 	Token Token

@@ -59,7 +59,7 @@ func (h *rateLimited) Enabled(ctx context.Context, level slog.Level) (on bool) {
 func (h *rateLimited) Handle(ctx context.Context, r slog.Record) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
-			err = fmt.Errorf("server: log handler panicked: %v", v)
+			err = fmt.Errorf("engine: log handler panicked: %v", v)
 		}
 	}()
 	suppressed, ok := h.state.admit(r.Message)

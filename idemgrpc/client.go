@@ -50,7 +50,7 @@ func WithReport(r *Report) grpc.CallOption { return reportOption{r: r} }
 // Replayed reports whether md, the header metadata of an answer (captured
 // with grpc.Header), says that the answer was replayed.
 func Replayed(md metadata.MD) bool {
-	for _, v := range md.Get(MetadataReplayed) {
+	for _, v := range md.Get(metadataReplayed) {
 		if v == "true" {
 			return true
 		}
@@ -58,148 +58,27 @@ func Replayed(md metadata.MD) bool {
 	return false
 }
 
-// ClientOption configures UnaryClientInterceptor.
-type ClientOption func(*clientConfig)
-
 type clientConfig struct {
-	protect        func(fullMethod string) bool
-	maxAttempts    int
-	baseDelay      time.Duration
-	maxDelay       time.Duration
-	maxRetryInfo   time.Duration
-	attemptTimeout time.Duration
-	retryCodes     map[codes.Code]bool
-	newKey         func() (string, error)
-	onCall         func(ctx context.Context, fullMethod string, r Report, err error)
-	codec          deterministic
-	errs           []error
+	protect       func(fullMethod string) bool
+	maxAttempts   int
+	baseDelay     time.Duration
+	maxDelay      time.Duration
+	maxRetryAfter time.Duration
+	retryCodes    map[codes.Code]bool
+	codec         deterministic
+	errs          []error
 }
 
 func (c *clientConfig) refuse(format string, args ...any) {
 	c.errs = append(c.errs, fmt.Errorf("idemgrpc: "+format, args...))
 }
 
-// WithMethods protects only the named methods, in the full form gRPC gives
-// interceptors ("/package.Service/Method"). By default every unary method
-// is protected. It replaces WithMethodFilter.
-func WithMethods(fullMethods ...string) ClientOption {
-	set := make(map[string]bool, len(fullMethods))
-	for _, m := range fullMethods {
-		set[m] = true
-	}
-	return func(c *clientConfig) { c.protect = func(m string) bool { return set[m] } }
-}
-
-// WithMethodFilter protects the methods for which fn returns true. It
-// replaces WithMethods.
-func WithMethodFilter(fn func(fullMethod string) bool) ClientOption {
-	return func(c *clientConfig) {
-		if fn == nil {
-			c.refuse("nil method filter")
-			return
-		}
-		c.protect = fn
-	}
-}
-
-// WithMaxAttempts sets the largest number of attempts per call, including
-// the first: 4 by default. 1 turns the interceptor's retries off (gRPC's
-// own retryPolicy, if the service config has one, still carries the key);
-// below 1 is an error.
-func WithMaxAttempts(n int) ClientOption {
-	return func(c *clientConfig) {
-		if n < 1 {
-			c.refuse("max attempts %d is below 1", n)
-			return
-		}
-		c.maxAttempts = n
-	}
-}
-
-// WithBackoff sets the exponential backoff with full jitter: before retry n
-// (from 0) the interceptor waits a random duration between 0 and
-// min(limit, base·2ⁿ), 100ms and 5s by default. A base of 0 means no wait. A
-// negative base, or a limit below the base, is an error.
-func WithBackoff(base, limit time.Duration) ClientOption {
-	return func(c *clientConfig) {
-		if base < 0 || limit < base {
-			c.refuse("backoff from %v to %v is not a range from 0 or more", base, limit)
-			return
-		}
-		c.baseDelay, c.maxDelay = base, limit
-	}
-}
-
-// WithMaxRetryInfo sets the longest wait that a server's RetryInfo detail
-// (sent with Aborted, the key in flight, and Unavailable, its store failing)
-// can ask for: 30s by default; a longer one is cut to d. A d of 0 ignores
-// RetryInfo and uses the backoff; a negative d is an error.
-func WithMaxRetryInfo(d time.Duration) ClientOption {
-	return func(c *clientConfig) {
-		if d < 0 {
-			c.refuse("max RetryInfo delay %v is negative", d)
-			return
-		}
-		c.maxRetryInfo = d
-	}
-}
-
-// WithAttemptTimeout bounds each attempt: 0 (none) by default. An attempt
-// that runs out of time ends with DeadlineExceeded and is retried while the
-// call's own context lasts. A negative d is an error.
-func WithAttemptTimeout(d time.Duration) ClientOption {
-	return func(c *clientConfig) {
-		if d < 0 {
-			c.refuse("attempt timeout %v is negative", d)
-			return
-		}
-		c.attemptTimeout = d
-	}
-}
-
-// WithRetryCodes sets the codes on which the interceptor retries, replacing
-// the default Unavailable, DeadlineExceeded and Aborted. A code the server
-// stores and replays (InvalidArgument, NotFound, ...) gets the same answer
-// on every retry. OK is an error.
-func WithRetryCodes(cs ...codes.Code) ClientOption {
-	return func(c *clientConfig) {
-		m := make(map[codes.Code]bool, len(cs))
-		for _, code := range cs {
-			if code == codes.OK {
-				c.refuse("OK is not a code to retry")
-				return
-			}
-			m[code] = true
-		}
-		c.retryCodes = m
-	}
-}
-
-// WithKeyFunc sets the function that makes a call's key: a random UUID
-// (idempotency.NewKey) by default. A key already in the call's outgoing
-// metadata, or set with idempotency.ContextWithKey, is used instead.
-func WithKeyFunc(fn func() (string, error)) ClientOption {
-	return func(c *clientConfig) {
-		if fn == nil {
-			c.refuse("nil key function")
-			return
-		}
-		c.newKey = fn
-	}
-}
-
-// WithCallObserver sets a function called once per protected call, when it
-// returns, with its Report and error. A panic in fn is recovered.
-func WithCallObserver(fn func(ctx context.Context, fullMethod string, r Report, err error)) ClientOption {
-	return func(c *clientConfig) { c.onCall = fn }
-}
-
 // UnaryClientInterceptor returns a client interceptor that makes every call
 // of a protected method safe to retry: it gives the call an idempotency key
 // (a new UUID, unless the caller put one in the outgoing metadata under
 // idempotency-key or with idempotency.ContextWithKey), sends it with every
-// attempt, and retries the codes of WithRetryCodes with backoff, honouring
-// the server's RetryInfo. Every attempt of a call carries the same key, so
+// attempt, and retries Unavailable, DeadlineExceeded and Aborted with
+// backoff, honouring the server's RetryInfo. Every attempt of a call carries the same key, so
 // a server protected by [Server] runs the call at most once. gRPC's own
 // retries (a retryPolicy in the service config) happen below the
 // interceptor, with the metadata it set, so they carry the key too.
@@ -212,15 +91,14 @@ func WithCallObserver(fn func(ctx context.Context, fullMethod string, r Report, 
 // grpc.WithDefaultCallOptions is replaced.
 //
 // It returns an error naming every invalid option.
-func UnaryClientInterceptor(opts ...ClientOption) (grpc.UnaryClientInterceptor, error) {
+func UnaryClientInterceptor(opts ...Option) (grpc.UnaryClientInterceptor, error) {
 	c := &clientConfig{
-		protect:      func(string) bool { return true },
-		maxAttempts:  4,
-		baseDelay:    100 * time.Millisecond,
-		maxDelay:     5 * time.Second,
-		maxRetryInfo: 30 * time.Second,
-		newKey:       func() (string, error) { return idempotency.NewKey(), nil },
-		codec:        newDeterministic(),
+		protect:       func(string) bool { return true },
+		maxAttempts:   4,
+		baseDelay:     100 * time.Millisecond,
+		maxDelay:      5 * time.Second,
+		maxRetryAfter: 30 * time.Second,
+		codec:         newDeterministic(),
 	}
 	// Unavailable: the connection failed, or the server's store did.
 	// DeadlineExceeded: an attempt ran out of time. Aborted: the key is in
@@ -228,12 +106,13 @@ func UnaryClientInterceptor(opts ...ClientOption) (grpc.UnaryClientInterceptor, 
 	// run again). None of the answers a server stores is among them, nor
 	// DataLoss, its "outcome unknown", which must not be retried.
 	c.retryCodes = map[codes.Code]bool{codes.Unavailable: true, codes.DeadlineExceeded: true, codes.Aborted: true}
-	for _, o := range opts {
-		if o == nil {
-			c.refuse("nil option")
+	o := &options{cli: c}
+	for i, opt := range opts {
+		if opt == nil {
+			c.refuse("option %d is nil", i)
 			continue
 		}
-		o(c)
+		opt(o)
 	}
 	if len(c.errs) > 0 {
 		return nil, errors.Join(c.errs...)
@@ -259,22 +138,11 @@ func (c *clientConfig) intercept(ctx context.Context, method string, req, reply 
 	if report != nil {
 		*report = rep
 	}
-	if c.onCall != nil {
-		c.observe(ctx, method, rep, err)
-	}
 	return err
 }
 
-func (c *clientConfig) observe(ctx context.Context, method string, rep Report, err error) {
-	defer func() { _ = recover() }() // the observer's panic must not fail the call
-	c.onCall(ctx, method, rep, err)
-}
-
 func (c *clientConfig) call(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts []grpc.CallOption, rep *Report) error {
-	key, err := c.key(ctx)
-	if err != nil {
-		return err
-	}
+	key := c.key(ctx)
 	rep.Key = key
 	if key != "" && !hasKey(ctx) {
 		ctx = metadata.AppendToOutgoingContext(ctx, MetadataKey, key)
@@ -292,7 +160,7 @@ func (c *clientConfig) call(ctx context.Context, method string, req, reply any, 
 	for attempt := 0; ; attempt++ {
 		header = nil
 		rep.Attempts = attempt + 1
-		err = c.attempt(ctx, method, req, reply, cc, invoker, opts)
+		err := invoker(ctx, method, req, reply, cc, opts...)
 		rep.Replayed = Replayed(header)
 		if err == nil || attempt+1 >= c.maxAttempts || ctx.Err() != nil {
 			return err
@@ -302,8 +170,8 @@ func (c *clientConfig) call(ctx context.Context, method string, req, reply any, 
 			return err
 		}
 		wait := c.backoff(attempt)
-		if d, ok := retryDelay(st); ok && c.maxRetryInfo > 0 {
-			wait = min(d, c.maxRetryInfo)
+		if d, ok := retryDelay(st); ok && c.maxRetryAfter > 0 {
+			wait = min(d, c.maxRetryAfter)
 		}
 		if wait > 0 {
 			t := time.NewTimer(wait)
@@ -315,15 +183,6 @@ func (c *clientConfig) call(ctx context.Context, method string, req, reply any, 
 			}
 		}
 	}
-}
-
-func (c *clientConfig) attempt(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts []grpc.CallOption) error {
-	if c.attemptTimeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, c.attemptTimeout)
-		defer cancel()
-	}
-	return invoker(ctx, method, req, reply, cc, opts...)
 }
 
 // backoff returns the wait before retry n (from 0): full jitter up to
@@ -346,23 +205,16 @@ func (c *clientConfig) backoff(n int) time.Duration {
 
 // key returns the call's key: the one in the outgoing metadata, the one of
 // idempotency.ContextWithKey, or a new one.
-func (c *clientConfig) key(ctx context.Context) (string, error) {
+func (c *clientConfig) key(ctx context.Context) string {
 	if md, ok := metadata.FromOutgoingContext(ctx); ok {
 		if v := md.Get(MetadataKey); len(v) > 0 {
-			return v[len(v)-1], nil
+			return v[len(v)-1]
 		}
 	}
 	if k, ok := idempotency.KeyFromContext(ctx); ok && k != "" {
-		return k, nil
+		return k
 	}
-	k, err := c.newKey()
-	if err != nil {
-		return "", fmt.Errorf("idemgrpc: key: %w", err)
-	}
-	if k == "" {
-		return "", errors.New("idemgrpc: key: the key function returned an empty key")
-	}
-	return k, nil
+	return idempotency.NewKey()
 }
 
 // choosesCodec reports whether opts choose the call's codec or

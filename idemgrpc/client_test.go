@@ -9,10 +9,13 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/status"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/idemgrpc"
+	"github.com/idemkit/idempotency/internal/testkit/faultstore"
 	"github.com/idemkit/idempotency/internal/testkit/teststores"
 )
 
@@ -48,12 +51,8 @@ func TestRetryLoop(t *testing.T) {
 func TestRetryLoopGivesUp(t *testing.T) {
 	svc := &service{eff: newEffects(), failFirst: 10}
 	var observed idemgrpc.Report
-	f := newFixture(t, fixtureOptions{svc: svc, client: clientInterceptor(t, idemgrpc.WithBackoff(0, 0), idemgrpc.WithMaxAttempts(3),
-		idemgrpc.WithCallObserver(func(_ context.Context, method string, r idemgrpc.Report, err error) {
-			observed = r
-			panic("an observer's panic is recovered")
-		}))})
-	_, err := f.client().UnaryCall(testContext(t), request("a"))
+	f := newFixture(t, fixtureOptions{svc: svc, client: clientInterceptor(t, idemgrpc.WithBackoff(0, 0), idemgrpc.WithMaxAttempts(3))})
+	_, err := f.client().UnaryCall(testContext(t), request("a"), idemgrpc.WithReport(&observed))
 	if status.Code(err) != codes.Unavailable {
 		t.Fatalf("%v, want Unavailable", err)
 	}
@@ -95,10 +94,10 @@ func TestCallerKey(t *testing.T) {
 	}
 }
 
-// TestClientMethods: an unprotected method gets no key.
+// TestClientMethods: a method left out of WithMethods gets no key.
 func TestClientMethods(t *testing.T) {
 	svc := &service{eff: newEffects()}
-	f := newFixture(t, fixtureOptions{svc: svc, client: clientInterceptor(t, idemgrpc.WithMethodFilter(func(m string) bool { return !strings.HasSuffix(m, "/UnaryCall") }))})
+	f := newFixture(t, fixtureOptions{svc: svc, client: clientInterceptor(t, idemgrpc.WithMethods(testgrpc.TestService_EmptyCall_FullMethodName))})
 	var rep idemgrpc.Report
 	if _, err := f.client().UnaryCall(testContext(t), request("a"), idemgrpc.WithReport(&rep)); err != nil {
 		t.Fatal(err)
@@ -108,13 +107,24 @@ func TestClientMethods(t *testing.T) {
 	}
 }
 
-// TestAttemptTimeout: an attempt that runs out of time is retried with the
-// same key; the server released the key when the handler gave up.
+// TestAttemptTimeout: an attempt that runs out of time, bounded by an
+// interceptor chained after the client's (which runs once per attempt), is
+// retried with the same key; the server released the key when the handler
+// gave up.
 func TestAttemptTimeout(t *testing.T) {
 	svc := &service{eff: newEffects(), hangFirst: true}
-	f := newFixture(t, fixtureOptions{store: teststores.Memory(t), svc: svc,
-		serverOpts: []idemgrpc.ServerOption{idemgrpc.WithRetryAfter(10 * time.Millisecond)},
-		client:     clientInterceptor(t, idemgrpc.WithAttemptTimeout(100*time.Millisecond), idemgrpc.WithBackoff(time.Millisecond, 10*time.Millisecond), idemgrpc.WithMaxAttempts(100))})
+	ci := clientInterceptor(t, idemgrpc.WithBackoff(time.Millisecond, 10*time.Millisecond), idemgrpc.WithMaxAttempts(100))
+	perAttempt := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		ctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		defer cancel()
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	chained := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		return ci(ctx, method, req, reply, cc, func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, opts ...grpc.CallOption) error {
+			return perAttempt(ctx, method, req, reply, cc, invoker, opts...)
+		}, opts...)
+	}
+	f := newFixture(t, fixtureOptions{cfg: engine.Config{RetryAfter: 10 * time.Millisecond}, store: teststores.Memory(t), svc: svc, client: chained})
 	var rep idemgrpc.Report
 	if _, err := f.client().UnaryCall(testContext(t), request("a"), idemgrpc.WithReport(&rep)); err != nil {
 		t.Fatal(err)
@@ -127,34 +137,89 @@ func TestAttemptTimeout(t *testing.T) {
 
 func TestClientOptionsInvalid(t *testing.T) {
 	_, err := idemgrpc.UnaryClientInterceptor(idemgrpc.WithMaxAttempts(0), idemgrpc.WithBackoff(time.Second, time.Millisecond),
-		idemgrpc.WithRetryCodes(codes.OK), idemgrpc.WithAttemptTimeout(-1), nil)
+		idemgrpc.WithMaxRetryAfter(-1), nil, idemgrpc.WithKeyOptional(), idemgrpc.WithConfig(engine.Config{}))
 	if err == nil {
 		t.Fatal("no error for invalid options")
 	}
-	for _, want := range []string{"max attempts", "backoff", "OK", "attempt timeout", "nil option"} {
+	for _, want := range []string{"max attempts", "backoff", "max Retry-After -1ns", "option 3 is nil",
+		"WithKeyOptional is an option of NewServer", "WithConfig is an option of NewServer"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not name %q", err, want)
 		}
-	}
-}
-
-func TestKeyFuncError(t *testing.T) {
-	boom := errors.New("no entropy")
-	f := newFixture(t, fixtureOptions{client: clientInterceptor(t, idemgrpc.WithKeyFunc(func() (string, error) { return "", boom }))})
-	if _, err := f.client().UnaryCall(testContext(t), request("a")); !errors.Is(err, boom) {
-		t.Fatalf("%v, want %v", err, boom)
 	}
 }
 
 func TestServerOptionsInvalid(t *testing.T) {
-	_, err := idemgrpc.NewServer(teststores.Memory(t), idemgrpc.WithReleaseCodes(codes.OK), idemgrpc.WithTTL(time.Nanosecond), nil,
-		idemgrpc.WithLogger(nil), idemgrpc.WithObserver(nil), idemgrpc.WithKeyFormat(nil))
+	_, err := idemgrpc.NewServer(teststores.Memory(t), idemgrpc.WithKeep(nil), nil, idemgrpc.WithKeyFormat(nil),
+		idemgrpc.WithConfig(engine.Config{TTL: -1}), idemgrpc.WithMaxAttempts(2))
 	if err == nil {
 		t.Fatal("no error for invalid options")
 	}
-	for _, want := range []string{"OK", "TTL", "nil option", "nil logger", "nil observer", "nil key format"} {
+	for _, want := range []string{"WithKeep needs", "option 1 is nil", "WithKeyFormat needs", "TTL -1ns",
+		"WithMaxAttempts is an option of UnaryClientInterceptor"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not name %q", err, want)
 		}
+	}
+}
+
+// TestConfigAsTheEngine: WithConfig is validated by engine.New, the same
+// way in every door: a zero field is the engine's default, and an invalid
+// configuration is refused with the engine's own message, after the
+// package prefix.
+func TestConfigAsTheEngine(t *testing.T) {
+	store := teststores.Memory(t)
+	for _, tc := range []struct {
+		name string
+		cfg  engine.Config
+	}{
+		{"zero: the defaults", engine.Config{}},
+		{"negative TTL", engine.Config{TTL: -time.Second}},
+		{"TTL under the shortest lease", engine.Config{TTL: engine.MinLease - 1}},
+		{"negative lease", engine.Config{Lease: -1}},
+		{"lease over the TTL", engine.Config{TTL: time.Second, Lease: 2 * time.Second}},
+		{"negative store timeout", engine.Config{StoreTimeout: -1}},
+		{"negative wait", engine.Config{Wait: -1}},
+		{"negative Retry-After", engine.Config{RetryAfter: -1}},
+		{"unknown abandoned policy", engine.Config{Abandoned: 7}},
+		{"every field invalid", engine.Config{TTL: -1, StoreTimeout: -1, Wait: -1, RetryAfter: -1, Abandoned: -1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, want := engine.New(store, tc.cfg)
+			s, err := idemgrpc.NewServer(store, idemgrpc.WithConfig(tc.cfg))
+			if want == nil {
+				if err != nil || s == nil {
+					t.Fatalf("NewServer() = %v, %v; want a Server", s, err)
+				}
+				return
+			}
+			if s != nil || err == nil {
+				t.Fatalf("NewServer() = %v, %v; want an error", s, err)
+			}
+			if got := err.Error(); got != "idemgrpc: "+want.Error() {
+				t.Errorf("error %q, want %q", got, "idemgrpc: "+want.Error())
+			}
+		})
+	}
+}
+
+// TestMaxRetryAfter: a server's RetryInfo longer than WithMaxRetryAfter is
+// cut to it: with the store failing and a Retry-After of an hour, three
+// attempts end well within the test's time.
+func TestMaxRetryAfter(t *testing.T) {
+	store := faultstore.New(teststores.Memory(t))
+	store.Set(faultstore.Claim, faultstore.Fault{Err: errors.New("store down")})
+	f := newFixture(t, fixtureOptions{cfg: engine.Config{RetryAfter: time.Hour}, store: store,
+		client: clientInterceptor(t, idemgrpc.WithMaxAttempts(3), idemgrpc.WithMaxRetryAfter(time.Millisecond))})
+	var rep idemgrpc.Report
+	_, err := f.client().UnaryCall(testContext(t), request("a"), idemgrpc.WithReport(&rep))
+	if status.Code(err) != codes.Unavailable || idemgrpc.Reason(err) != "STORE_UNAVAILABLE" {
+		t.Fatalf("%v, want Unavailable, STORE_UNAVAILABLE", err)
+	}
+	if rep.Attempts != 3 {
+		t.Errorf("attempts = %d, want 3", rep.Attempts)
+	}
+	if n := f.svc.eff.count("a"); n != 0 {
+		t.Errorf("executions = %d, want 0", n)
 	}
 }

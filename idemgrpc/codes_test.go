@@ -12,6 +12,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -46,14 +47,14 @@ func wantRefusal(t *testing.T, err error, code codes.Code, reason string, retry 
 func TestKeyMissing(t *testing.T) {
 	f := newFixture(t, fixtureOptions{store: teststores.Memory(t)})
 	_, err := f.client().UnaryCall(testContext(t), request("a"))
-	wantRefusal(t, err, codes.InvalidArgument, idemgrpc.ReasonKeyMissing, false)
+	wantRefusal(t, err, codes.InvalidArgument, "KEY_MISSING", false)
 	if n := f.svc.eff.count("a"); n != 0 {
 		t.Errorf("executions = %d, want 0", n)
 	}
 }
 
 func TestKeyOptional(t *testing.T) {
-	f := newFixture(t, fixtureOptions{store: teststores.Memory(t), serverOpts: []idemgrpc.ServerOption{idemgrpc.WithKeyOptional()}})
+	f := newFixture(t, fixtureOptions{store: teststores.Memory(t), serverOpts: []idemgrpc.Option{idemgrpc.WithKeyOptional()}})
 	for range 2 {
 		if _, err := f.client().UnaryCall(testContext(t), request("a")); err != nil {
 			t.Fatal(err)
@@ -65,14 +66,14 @@ func TestKeyOptional(t *testing.T) {
 }
 
 func TestUnprotectedMethod(t *testing.T) {
-	f := newFixture(t, fixtureOptions{store: teststores.Memory(t), serverOpts: []idemgrpc.ServerOption{idemgrpc.WithProtectedMethods("/grpc.testing.TestService/EmptyCall")}})
+	f := newFixture(t, fixtureOptions{store: teststores.Memory(t), serverOpts: []idemgrpc.Option{idemgrpc.WithMethods("/grpc.testing.TestService/EmptyCall")}})
 	if _, err := f.client().UnaryCall(testContext(t), request("a")); err != nil {
 		t.Fatalf("an unprotected method without a key: %v", err)
 	}
 }
 
 func TestKeyInvalid(t *testing.T) {
-	f := newFixture(t, fixtureOptions{store: teststores.Memory(t), serverOpts: []idemgrpc.ServerOption{
+	f := newFixture(t, fixtureOptions{store: teststores.Memory(t), serverOpts: []idemgrpc.Option{
 		idemgrpc.WithKeyFormat(func(k string) error {
 			if strings.HasPrefix(k, "bad") {
 				return errors.New("not a good key")
@@ -87,7 +88,7 @@ func TestKeyInvalid(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := f.client().UnaryCall(ctx, request("a"))
-			wantRefusal(t, err, codes.InvalidArgument, idemgrpc.ReasonKeyInvalid, false)
+			wantRefusal(t, err, codes.InvalidArgument, "KEY_INVALID", false)
 		})
 	}
 	if n := f.svc.eff.count("a"); n != 0 {
@@ -102,7 +103,7 @@ func TestKeyMismatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := f.client().UnaryCall(ctx, request("b"))
-	wantRefusal(t, err, codes.FailedPrecondition, idemgrpc.ReasonKeyMismatch, false)
+	wantRefusal(t, err, codes.FailedPrecondition, "KEY_MISMATCH", false)
 	if n := f.svc.eff.count("b"); n != 0 {
 		t.Errorf("executions = %d, want 0", n)
 	}
@@ -124,11 +125,11 @@ func TestScope(t *testing.T) {
 // run.
 func TestScopeTooLong(t *testing.T) {
 	long := strings.Repeat("s", engine.MaxScopeLen+1)
-	f := newFixture(t, fixtureOptions{store: teststores.Memory(t), serverOpts: []idemgrpc.ServerOption{
+	f := newFixture(t, fixtureOptions{store: teststores.Memory(t), serverOpts: []idemgrpc.Option{
 		idemgrpc.WithScope(func(context.Context, string) (string, error) { return long, nil }),
 	}})
 	_, err := f.client().UnaryCall(withKey(testContext(t), "k"), request("a"))
-	wantRefusal(t, err, codes.InvalidArgument, idemgrpc.ReasonUnidentified, false)
+	wantRefusal(t, err, codes.InvalidArgument, "REQUEST_UNIDENTIFIED", false)
 	if n := f.svc.eff.count("a"); n != 0 {
 		t.Errorf("executions = %d, want 0", n)
 	}
@@ -136,7 +137,7 @@ func TestScopeTooLong(t *testing.T) {
 
 func TestInFlight(t *testing.T) {
 	svc := &service{eff: newEffects(), block: make(chan struct{}), started: make(chan struct{}, 1)}
-	f := newFixture(t, fixtureOptions{store: teststores.Memory(t), svc: svc, serverOpts: []idemgrpc.ServerOption{idemgrpc.WithRetryAfter(2 * time.Second)}})
+	f := newFixture(t, fixtureOptions{cfg: engine.Config{RetryAfter: 2 * time.Second}, store: teststores.Memory(t), svc: svc})
 	ctx := withKey(testContext(t), "k")
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -148,8 +149,8 @@ func TestInFlight(t *testing.T) {
 	<-svc.started
 	var trailer metadata.MD
 	_, err := f.client().UnaryCall(ctx, request("a"), grpc.Trailer(&trailer))
-	wantRefusal(t, err, codes.Aborted, idemgrpc.ReasonInFlight, true)
-	if got := trailer.Get(idemgrpc.MetadataRetryAfter); len(got) != 1 || got[0] != "2" {
+	wantRefusal(t, err, codes.Aborted, "IN_FLIGHT", true)
+	if got := trailer.Get("retry-after"); len(got) != 1 || got[0] != "2" {
 		t.Errorf("retry-after trailer = %q, want [2]", got)
 	}
 	close(svc.block)
@@ -167,7 +168,7 @@ func TestStoreUnavailable(t *testing.T) {
 	store.Set(faultstore.Claim, faultstore.Fault{Err: errors.New("store down")})
 	f := newFixture(t, fixtureOptions{store: store})
 	_, err := f.client().UnaryCall(withKey(testContext(t), "k"), request("a"))
-	wantRefusal(t, err, codes.Unavailable, idemgrpc.ReasonStoreUnavailable, true)
+	wantRefusal(t, err, codes.Unavailable, "STORE_UNAVAILABLE", true)
 	if n := f.svc.eff.count("a"); n != 0 {
 		t.Errorf("executions = %d, want 0", n)
 	}
@@ -192,16 +193,15 @@ func (s *abandoning) Claim(ctx context.Context, id engine.ID, fp string, lease, 
 // TestOutcomeUnknown: under RefuseAbandoned, a takeover is answered
 // DataLoss, stored and replayed, and the client does not retry it.
 func TestOutcomeUnknown(t *testing.T) {
-	f := newFixture(t, fixtureOptions{
-		store:      &abandoning{Store: teststores.Memory(t)},
-		serverOpts: []idemgrpc.ServerOption{idemgrpc.WithAbandoned(engine.RefuseAbandoned)},
-		client:     clientInterceptor(t, idemgrpc.WithBackoff(0, 0)),
+	f := newFixture(t, fixtureOptions{cfg: engine.Config{Abandoned: engine.RefuseAbandoned},
+		store:  &abandoning{Store: teststores.Memory(t)},
+		client: clientInterceptor(t, idemgrpc.WithBackoff(0, 0)),
 	})
 	ctx := withKey(testContext(t), "k")
 	for i, wantReplay := range []bool{false, true} {
 		var rep idemgrpc.Report
 		_, err := f.client().UnaryCall(ctx, request("a"), idemgrpc.WithReport(&rep))
-		wantRefusal(t, err, codes.DataLoss, idemgrpc.ReasonOutcomeUnknown, false)
+		wantRefusal(t, err, codes.DataLoss, "OUTCOME_UNKNOWN", false)
 		if rep.Attempts != 1 || rep.Replayed != wantReplay {
 			t.Errorf("call %d: attempts = %d, replayed = %v; want 1, %v", i, rep.Attempts, rep.Replayed, wantReplay)
 		}
@@ -295,7 +295,7 @@ func TestResponseOmitted(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := f.client().UnaryCall(ctx, request("a"))
-	wantRefusal(t, err, codes.DataLoss, idemgrpc.ReasonResponseOmitted, false)
+	wantRefusal(t, err, codes.DataLoss, "RESPONSE_OMITTED", false)
 	// A stored error keeps its code.
 	ctx = withKey(testContext(t), "k2")
 	for range 2 {
@@ -308,12 +308,12 @@ func TestResponseOmitted(t *testing.T) {
 	}
 }
 
-// TestFailOpen: with WithFailOpen, a failing store lets the call run
+// TestFailOpen: with Config.FailOpen, a failing store lets the call run
 // unprotected.
 func TestFailOpen(t *testing.T) {
 	store := faultstore.New(teststores.Memory(t))
 	store.Set(faultstore.Claim, faultstore.Fault{Err: errors.New("store down")})
-	f := newFixture(t, fixtureOptions{store: store, serverOpts: []idemgrpc.ServerOption{idemgrpc.WithFailOpen()}})
+	f := newFixture(t, fixtureOptions{cfg: engine.Config{FailOpen: true}, store: store})
 	if _, err := f.client().UnaryCall(withKey(testContext(t), "k"), request("a")); err != nil {
 		t.Fatal(err)
 	}
@@ -327,9 +327,8 @@ func TestFailOpen(t *testing.T) {
 // answer replayed.
 func TestConcurrentAttempts(t *testing.T) {
 	svc := &service{eff: newEffects(), block: make(chan struct{}), started: make(chan struct{}, 1)}
-	f := newFixture(t, fixtureOptions{store: teststores.Memory(t), svc: svc,
-		serverOpts: []idemgrpc.ServerOption{idemgrpc.WithRetryAfter(10 * time.Millisecond)},
-		client:     clientInterceptor(t, idemgrpc.WithMaxAttempts(1000), idemgrpc.WithBackoff(time.Millisecond, 5*time.Millisecond))})
+	f := newFixture(t, fixtureOptions{cfg: engine.Config{RetryAfter: 10 * time.Millisecond}, store: teststores.Memory(t), svc: svc,
+		client: clientInterceptor(t, idemgrpc.WithMaxAttempts(1000), idemgrpc.WithBackoff(time.Millisecond, 5*time.Millisecond))})
 	ctx := withKey(testContext(t), "k")
 	const n = 8
 	var wg sync.WaitGroup
@@ -386,9 +385,7 @@ func TestHandlerPanic(t *testing.T) {
 // answer and leaves no key claimed: the call runs once and its retry is
 // replayed.
 func TestObserverPanics(t *testing.T) {
-	f := newFixture(t, fixtureOptions{store: teststores.Memory(t), serverOpts: []idemgrpc.ServerOption{
-		idemgrpc.WithObserver(func(context.Context, engine.Event) { panic("observer") }),
-	}})
+	f := newFixture(t, fixtureOptions{cfg: engine.Config{Observer: func(context.Context, engine.Event) { panic("observer") }}, store: teststores.Memory(t), serverOpts: []idemgrpc.Option{}})
 	for range 2 {
 		if _, err := f.client().UnaryCall(withKey(testContext(t), "k"), request("a")); err != nil {
 			t.Fatal(err)
@@ -397,4 +394,47 @@ func TestObserverPanics(t *testing.T) {
 	if n := f.svc.eff.count("a"); n != 1 {
 		t.Errorf("executions = %d, want 1", n)
 	}
+}
+
+// TestKeep: WithKeep decides which error codes are kept: here NotFound is
+// released, so that the retry runs the handler again, and Unavailable,
+// released by default, is kept and replayed. A keep function that panics is
+// recovered, logged once, and the default decides.
+func TestKeep(t *testing.T) {
+	t.Run("chosen", func(t *testing.T) {
+		f := newFixture(t, fixtureOptions{store: teststores.Memory(t), serverOpts: []idemgrpc.Option{
+			idemgrpc.WithKeep(func(c codes.Code) bool { return c != codes.NotFound }),
+		}})
+		for i, req := range []*testgrpc.SimpleRequest{failing("nf", codes.NotFound, "gone"), failing("un", codes.Unavailable, "busy")} {
+			ctx := withKey(testContext(t), fmt.Sprintf("k-%d", i))
+			for range 2 {
+				if _, err := f.client().UnaryCall(ctx, req); status.Code(err) != codes.Code(req.GetResponseStatus().GetCode()) {
+					t.Fatalf("%v, want %v", err, codes.Code(req.GetResponseStatus().GetCode()))
+				}
+			}
+		}
+		if nf, un := f.svc.eff.count("nf"), f.svc.eff.count("un"); nf != 2 || un != 1 {
+			t.Errorf("executions = NotFound %d, Unavailable %d; want 2 (released), 1 (kept)", nf, un)
+		}
+	})
+	t.Run("panics", func(t *testing.T) {
+		var logs syncBuffer
+		f := newFixture(t, fixtureOptions{cfg: engine.Config{Logger: logTo(&logs)}, store: teststores.Memory(t), serverOpts: []idemgrpc.Option{
+			idemgrpc.WithKeep(func(codes.Code) bool { panic("keep") }),
+		}})
+		for i, req := range []*testgrpc.SimpleRequest{failing("nf", codes.NotFound, "gone"), failing("un", codes.Unavailable, "busy")} {
+			ctx := withKey(testContext(t), fmt.Sprintf("k-%d", i))
+			for range 2 {
+				if _, err := f.client().UnaryCall(ctx, req); status.Code(err) != codes.Code(req.GetResponseStatus().GetCode()) {
+					t.Fatalf("%v, want %v", err, codes.Code(req.GetResponseStatus().GetCode()))
+				}
+			}
+		}
+		if nf, un := f.svc.eff.count("nf"), f.svc.eff.count("un"); nf != 1 || un != 2 {
+			t.Errorf("executions = NotFound %d, Unavailable %d; want 1 (kept by default), 2 (released by default)", nf, un)
+		}
+		if n := strings.Count(logs.String(), "keep function panicked"); n != 1 {
+			t.Errorf("logged %d times, want once; log:\n%s", n, logs.String())
+		}
+	})
 }

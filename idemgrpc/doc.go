@@ -41,7 +41,7 @@
 // # The scope
 //
 // By default the scope is a hash of the authorization metadata
-// (CredentialScope), so that two callers' keys never meet. A bearer token
+// ("cred:" and 32 hex digits), so that two callers' keys never meet. A bearer token
 // (OAuth, JWT) is refreshed as it nears its expiry, so the retry of a call
 // whose answer was lost may carry another token than the call: under the
 // default scope it is another caller's, and runs again. Set WithScope to
@@ -55,8 +55,9 @@
 // message to store and replay. A streaming call that carries a key, on a
 // protected method, is refused (Unimplemented, STREAMING_UNSUPPORTED) by
 // the stream interceptor of ServerOptions and does not run, so that no
-// client believes it protected; WithStreamsUnprotected runs it unprotected
-// instead, and logs the first. Streaming calls without a key go through.
+// client believes it protected; a streaming method left out of WithMethods
+// is not protected, and its keyed calls run. Streaming calls without a key
+// go through.
 //
 // The handler's answer is stored as it was given: a response message
 // (proto.Marshal) with the header and trailer metadata it set, or an error
@@ -65,17 +66,18 @@
 // gRPC delivers it alike the first time and on a replay), unless its code
 // means "retry": Unavailable, Internal, Unknown, ResourceExhausted,
 // Aborted, DeadlineExceeded and Canceled release the key, so that the retry
-// runs the handler again (WithReleaseCodes changes the list). A replay
+// runs the handler again (WithKeep changes which codes are kept). A replay
 // carries the header idempotent-replayed: true (see Replayed and
-// WithReport). The response type of a replay is found in
+// WithReport); the answers Aborted and Unavailable carry the retry-after
+// trailer, in whole seconds, beside their RetryInfo detail. The response type of a replay is found in
 // protoregistry.GlobalFiles, where generated code registers every service;
 // WithResponseType names it for the others.
 //
 // # Codes
 //
 // The answers the server interceptor makes itself carry a
-// google.rpc.ErrorInfo detail with ErrorDomain and a Reason (read it with
-// [Reason]):
+// google.rpc.ErrorInfo detail with the domain
+// "idempotency.idemkit.github.com" and a Reason (read it with [Reason]):
 //
 //	condition                          code                reason                retry
 //	---------------------------------  ------------------  --------------------  ------------------------------
@@ -105,10 +107,10 @@
 // policies retry) no client retries DataLoss, and it stands out in
 // monitoring.
 //
-// Every call of a protected method is told to the observer (WithObserver),
+// Every call of a protected method is told to the observer (WithConfig),
 // those refused before any claim included: EventRejected, with the code as
-// its Status; a call run without protection (WithKeyOptional without a key,
-// WithStreamsUnprotected) is EventUnprotected.
+// its Status; a call run without protection (WithKeyOptional without a
+// key, or the store failing under Config.FailOpen) is EventUnprotected.
 //
 // A handler's panic releases the key and goes on, to a recovery
 // interceptor placed outside this one, or to gRPC. When the store is slow
@@ -118,12 +120,16 @@
 // cannot store in the background (too many answers already waiting, or
 // after Shutdown) the answer waits for the store, at most one lease.
 //
-// The client interceptor retries Unavailable, DeadlineExceeded and Aborted
-// by default (WithRetryCodes), with exponential backoff and full jitter
-// (WithBackoff), up to WithMaxAttempts attempts, each bounded by
-// WithAttemptTimeout, waiting as long as a RetryInfo detail asks (up to
-// WithMaxRetryInfo). Every attempt of a call carries the same key; gRPC's
-// own retries (a service config retryPolicy) run below the interceptor and
-// carry it too. A key the caller put in the outgoing metadata, or with
-// idempotency.ContextWithKey, is kept.
+// The client interceptor retries Unavailable, DeadlineExceeded and Aborted,
+// with exponential backoff and full jitter (WithBackoff), up to
+// WithMaxAttempts attempts, waiting as long as a RetryInfo detail asks (up
+// to WithMaxRetryAfter). Every attempt of a call carries the same key;
+// gRPC's own retries (a service config retryPolicy, which can retry other
+// codes) run below the interceptor and carry it too, as does an
+// interceptor chained after it, which runs once per attempt (to bound each
+// attempt with a timeout of its own, say). A key the caller put in the
+// outgoing metadata, or with idempotency.ContextWithKey, is kept; an
+// interceptor chained before it can put one there. To watch every call's
+// Report, an interceptor chained before it can add WithReport to the
+// call's options.
 package idemgrpc

@@ -110,7 +110,7 @@ func (d *door) Execute(ctx context.Context) engine.Outcome {
 	if err != nil {
 		st := status.Convert(err)
 		code := st.Code()
-		if d.s.cfg.releaseCode[code] {
+		if !d.s.keeps(ctx, code) {
 			o := engine.Outcome{Status: int(code), Reason: "the handler returned " + code.String()}
 			if ctx.Err() != nil {
 				o.Cause = context.Cause(ctx)
@@ -145,7 +145,7 @@ func (d *door) Send(bool) {
 // Replay answers with a stored answer.
 func (d *door) Replay(r *engine.Response) int {
 	hdr, trl := splitStored(r.Header)
-	hdr.Set(MetadataReplayed, "true")
+	hdr.Set(metadataReplayed, "true")
 	_ = grpc.SetHeader(d.ctx, hdr)
 	if len(trl) > 0 {
 		_ = grpc.SetTrailer(d.ctx, trl)
@@ -169,7 +169,7 @@ func (d *door) Replay(r *engine.Response) int {
 		return int(code)
 	}
 	if r.BodyOmitted {
-		d.resp, d.err = nil, refusal(codes.DataLoss, ReasonResponseOmitted, "the call ran, but its answer was too large to keep and cannot be replayed", 0)
+		d.resp, d.err = nil, refusal(codes.DataLoss, reasonResponseOmitted, "the call ran, but its answer was too large to keep and cannot be replayed", 0)
 		return int(codes.DataLoss)
 	}
 	t, err := d.s.responseType(d.method)
@@ -193,19 +193,19 @@ func (d *door) Refuse(kind error, retryAfter time.Duration, _ error) int {
 	switch {
 	case errors.Is(kind, engine.ErrInFlight):
 		code = codes.Aborted
-		d.err = refusal(code, ReasonInFlight, "a call with this idempotency key is in flight; retry later", retryAfter)
+		d.err = refusal(code, reasonInFlight, "a call with this idempotency key is in flight; retry later", retryAfter)
 	case errors.Is(kind, engine.ErrKeyMismatch):
 		code = codes.FailedPrecondition
-		d.err = refusal(code, ReasonKeyMismatch, "idempotency key reused for a different request", 0)
+		d.err = refusal(code, reasonKeyMismatch, "idempotency key reused for a different request", 0)
 	case errors.Is(kind, engine.ErrStoreUnavailable):
 		code = codes.Unavailable
-		d.err = refusal(code, ReasonStoreUnavailable, "idempotency store unavailable; the call did not run", retryAfter)
+		d.err = refusal(code, reasonStoreUnavailable, "idempotency store unavailable; the call did not run", retryAfter)
 	default:
 		d.err = status.Errorf(code, "idemgrpc: %v", kind)
 	}
 	if retryAfter > 0 && code != codes.FailedPrecondition {
 		secs := int64((retryAfter + time.Second - 1) / time.Second)
-		_ = grpc.SetTrailer(d.ctx, metadata.Pairs(MetadataRetryAfter, strconv.FormatInt(secs, 10)))
+		_ = grpc.SetTrailer(d.ctx, metadata.Pairs(metadataRetryAfter, strconv.FormatInt(secs, 10)))
 	}
 	return int(code)
 }
@@ -224,10 +224,10 @@ func (d *door) OutcomeUnknown() *engine.Response {
 }
 
 func outcomeUnknownError() error {
-	return refusal(codes.DataLoss, ReasonOutcomeUnknown, "an earlier call with this idempotency key was lost while it ran: whether it took effect is unknown; do not retry, check", 0)
+	return refusal(codes.DataLoss, reasonOutcomeUnknown, "an earlier call with this idempotency key was lost while it ran: whether it took effect is unknown; do not retry, check", 0)
 }
 
-// Unprotected runs the handler without protection (WithFailOpen).
+// Unprotected runs the handler without protection (engine.Config.FailOpen).
 func (d *door) Unprotected() {
 	d.resp, d.err = d.handler(d.ctx, d.req)
 }

@@ -38,8 +38,8 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-func logTo(b *syncBuffer) idemgrpc.ServerOption {
-	return idemgrpc.WithLogger(slog.New(slog.NewTextHandler(b, nil)))
+func logTo(b *syncBuffer) *slog.Logger {
+	return slog.New(slog.NewTextHandler(b, nil))
 }
 
 // events collects what an observer is told.
@@ -102,7 +102,7 @@ func TestBearerScope(t *testing.T) {
 	const warning = "scoped by a bearer token"
 	t.Run("default scope", func(t *testing.T) {
 		var logs syncBuffer
-		f := newFixture(t, fixtureOptions{store: teststores.Memory(t), serverOpts: []idemgrpc.ServerOption{logTo(&logs)}})
+		f := newFixture(t, fixtureOptions{cfg: engine.Config{Logger: logTo(&logs)}, store: teststores.Memory(t)})
 		ctx := withKey(testContext(t), "order-1")
 		_, err := f.client().UnaryCall(withBearer(ctx, "token-before-refresh"), request("o1"))
 		if err != nil {
@@ -134,7 +134,8 @@ func TestBearerScope(t *testing.T) {
 		var logs syncBuffer
 		f := newFixture(t, fixtureOptions{
 			store:      teststores.Memory(t),
-			serverOpts: []idemgrpc.ServerOption{logTo(&logs), idemgrpc.WithScope(principalScope)},
+			cfg:        engine.Config{Logger: logTo(&logs)},
+			serverOpts: []idemgrpc.Option{idemgrpc.WithScope(principalScope)},
 			outer:      authenticateTokens(map[string]string{"Bearer token-before-refresh": "alice", "Bearer token-after-refresh": "alice"}),
 		})
 		ctx := withKey(testContext(t), "order-1")
@@ -164,8 +165,7 @@ func TestBearerScope(t *testing.T) {
 // under WithKeyOptional is EventUnprotected.
 func TestRejectionsObserved(t *testing.T) {
 	var seen events
-	f := newFixture(t, fixtureOptions{store: teststores.Memory(t), serverOpts: []idemgrpc.ServerOption{
-		idemgrpc.WithObserver(seen.observe),
+	f := newFixture(t, fixtureOptions{cfg: engine.Config{Observer: seen.observe}, store: teststores.Memory(t), serverOpts: []idemgrpc.Option{
 		idemgrpc.WithKeyFormat(func(key string) error {
 			if strings.HasPrefix(key, "bad") {
 				return errors.New("not one of ours")
@@ -193,12 +193,12 @@ func TestRejectionsObserved(t *testing.T) {
 		reason string
 		want   engine.ID // what the event names
 	}{
-		{"no key", ctx, idemgrpc.ReasonKeyMissing, engine.ID{}},
-		{"two keys", withKey(withKey(ctx, "k1"), "k2"), idemgrpc.ReasonKeyInvalid, engine.ID{}},
-		{"too long", withKey(ctx, strings.Repeat("k", 256)), idemgrpc.ReasonKeyInvalid, engine.ID{}},
-		{"key format", withKey(ctx, "bad-1"), idemgrpc.ReasonKeyInvalid, engine.ID{}},
-		{"scope fails", withKey(testContext(t), "k"), idemgrpc.ReasonUnidentified, engine.ID{Key: "k"}},
-		{"scope too long", withKey(tenant(testContext(t), "long"), "k"), idemgrpc.ReasonUnidentified, engine.ID{Key: "k"}},
+		{"no key", ctx, "KEY_MISSING", engine.ID{}},
+		{"two keys", withKey(withKey(ctx, "k1"), "k2"), "KEY_INVALID", engine.ID{}},
+		{"too long", withKey(ctx, strings.Repeat("k", 256)), "KEY_INVALID", engine.ID{}},
+		{"key format", withKey(ctx, "bad-1"), "KEY_INVALID", engine.ID{}},
+		{"scope fails", withKey(testContext(t), "k"), "REQUEST_UNIDENTIFIED", engine.ID{Key: "k"}},
+		{"scope too long", withKey(tenant(testContext(t), "long"), "k"), "REQUEST_UNIDENTIFIED", engine.ID{Key: "k"}},
 	} {
 		_, err := f.client().UnaryCall(tc.ctx, request("r"))
 		if status.Code(err) != codes.InvalidArgument || idemgrpc.Reason(err) != tc.reason {
@@ -219,8 +219,8 @@ func TestRejectionsObserved(t *testing.T) {
 	}
 
 	var optional events
-	f = newFixture(t, fixtureOptions{store: teststores.Memory(t), serverOpts: []idemgrpc.ServerOption{
-		idemgrpc.WithObserver(optional.observe), idemgrpc.WithKeyOptional(),
+	f = newFixture(t, fixtureOptions{cfg: engine.Config{Observer: optional.observe}, store: teststores.Memory(t), serverOpts: []idemgrpc.Option{
+		idemgrpc.WithKeyOptional(),
 	}})
 	if _, err := f.client().UnaryCall(testContext(t), request("r")); err != nil {
 		t.Fatal(err)
@@ -249,15 +249,15 @@ func stream(ctx context.Context, c testgrpc.TestServiceClient, id string) error 
 
 // TestStreamingRefused: a streaming call that carries a key cannot be
 // protected, so it is refused (Unimplemented, STREAMING_UNSUPPORTED) and
-// does not run, and the observer is told; without a key, on a method not
-// protected, or under WithStreamsUnprotected (logged once), it runs.
+// does not run, and the observer is told; without a key, or on a method
+// left out of WithMethods, it runs.
 func TestStreamingRefused(t *testing.T) {
 	t.Run("refused", func(t *testing.T) {
 		var seen events
-		f := newFixture(t, fixtureOptions{store: teststores.Memory(t), serverOpts: []idemgrpc.ServerOption{idemgrpc.WithObserver(seen.observe)}})
+		f := newFixture(t, fixtureOptions{cfg: engine.Config{Observer: seen.observe}, store: teststores.Memory(t)})
 		err := stream(withKey(testContext(t), "s-1"), f.client(), "s1")
-		if status.Code(err) != codes.Unimplemented || idemgrpc.Reason(err) != idemgrpc.ReasonStreaming {
-			t.Errorf("keyed stream: err = %v, want Unimplemented %s", err, idemgrpc.ReasonStreaming)
+		if status.Code(err) != codes.Unimplemented || idemgrpc.Reason(err) != "STREAMING_UNSUPPORTED" {
+			t.Errorf("keyed stream: err = %v, want Unimplemented %s", err, "STREAMING_UNSUPPORTED")
 		}
 		if n := f.svc.eff.count("stream:s1"); n != 0 {
 			t.Errorf("keyed stream ran %d times, want 0", n)
@@ -273,32 +273,14 @@ func TestStreamingRefused(t *testing.T) {
 		}
 	})
 	t.Run("not protected", func(t *testing.T) {
-		f := newFixture(t, fixtureOptions{store: teststores.Memory(t), serverOpts: []idemgrpc.ServerOption{
-			idemgrpc.WithProtectedMethods(testgrpc.TestService_UnaryCall_FullMethodName),
+		f := newFixture(t, fixtureOptions{store: teststores.Memory(t), serverOpts: []idemgrpc.Option{
+			idemgrpc.WithMethods(testgrpc.TestService_UnaryCall_FullMethodName),
 		}})
 		if err := stream(withKey(testContext(t), "s-1"), f.client(), "s1"); err != nil {
 			t.Errorf("keyed stream of a method not protected: %v", err)
 		}
-	})
-	t.Run("WithStreamsUnprotected", func(t *testing.T) {
-		var logs syncBuffer
-		var seen events
-		f := newFixture(t, fixtureOptions{store: teststores.Memory(t), serverOpts: []idemgrpc.ServerOption{
-			logTo(&logs), idemgrpc.WithObserver(seen.observe), idemgrpc.WithStreamsUnprotected(),
-		}})
-		for range 2 {
-			if err := stream(withKey(testContext(t), "s-1"), f.client(), "s1"); err != nil {
-				t.Errorf("keyed stream under WithStreamsUnprotected: %v", err)
-			}
-		}
-		if n := f.svc.eff.count("stream:s1"); n != 2 {
-			t.Errorf("runs = %d, want 2: unprotected", n)
-		}
-		if n := strings.Count(logs.String(), "streaming call with an idempotency key runs unprotected"); n != 1 {
-			t.Errorf("warnings = %d, want 1; log:\n%s", n, logs.String())
-		}
-		if got := seen.take(); len(got) != 2 || got[0].Kind != engine.EventUnprotected {
-			t.Errorf("events = %+v, want two unprotected", got)
+		if n := f.svc.eff.count("stream:s1"); n != 1 {
+			t.Errorf("keyed stream of a method not protected ran %d times, want 1", n)
 		}
 	})
 }

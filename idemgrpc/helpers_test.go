@@ -145,11 +145,14 @@ type fixture struct {
 // fixtureOptions says what a fixture has.
 type fixtureOptions struct {
 	store      engine.Store // nil: no server interceptor
-	serverOpts []idemgrpc.ServerOption
-	client     grpc.UnaryClientInterceptor // nil: none
-	outer      grpc.UnaryServerInterceptor // nil: none; before the server interceptor
-	dialOpts   []grpc.DialOption
-	svc        *service
+	serverOpts []idemgrpc.Option
+	// cfg is the server's engine configuration; its Logger discards by
+	// default, since tests make the engine's warnings happen.
+	cfg      engine.Config
+	client   grpc.UnaryClientInterceptor // nil: none
+	outer    grpc.UnaryServerInterceptor // nil: none; before the server interceptor
+	dialOpts []grpc.DialOption
+	svc      *service
 }
 
 func newFixture(t testing.TB, o fixtureOptions) *fixture {
@@ -169,7 +172,11 @@ func newFixture(t testing.TB, o fixtureOptions) *fixture {
 	sopts := []grpc.ServerOption{grpc.StatsHandler(f.proxy.StatsHandler())}
 	if o.store != nil {
 		// The engine's warnings are expected here: tests make them happen.
-		opts := append([]idemgrpc.ServerOption{idemgrpc.WithLogger(slog.New(slog.DiscardHandler))}, o.serverOpts...)
+		cfg := o.cfg
+		if cfg.Logger == nil {
+			cfg.Logger = slog.New(slog.DiscardHandler)
+		}
+		opts := append([]idemgrpc.Option{idemgrpc.WithConfig(cfg)}, o.serverOpts...)
 		f.guard, err = idemgrpc.NewServer(o.store, opts...)
 		if err != nil {
 			t.Fatal(err)
@@ -239,7 +246,7 @@ func withKey(ctx context.Context, key string) context.Context {
 	return metadata.AppendToOutgoingContext(ctx, idemgrpc.MetadataKey, key)
 }
 
-func clientInterceptor(t testing.TB, opts ...idemgrpc.ClientOption) grpc.UnaryClientInterceptor {
+func clientInterceptor(t testing.TB, opts ...idemgrpc.Option) grpc.UnaryClientInterceptor {
 	t.Helper()
 	ci, err := idemgrpc.UnaryClientInterceptor(opts...)
 	if err != nil {

@@ -95,7 +95,7 @@ func TestLostAnswers(t *testing.T) {
 			hit++
 		}
 	}
-	retrying := []idemgrpc.ClientOption{idemgrpc.WithMaxAttempts(10), idemgrpc.WithBackoff(time.Millisecond, 20*time.Millisecond)}
+	retrying := []idemgrpc.Option{idemgrpc.WithMaxAttempts(10), idemgrpc.WithBackoff(time.Millisecond, 20*time.Millisecond)}
 	for _, kind := range teststores.All() {
 		t.Run(kind.Name, func(t *testing.T) {
 			f := newFixture(t, fixtureOptions{store: kind.New(t), client: clientInterceptor(t, retrying...)})

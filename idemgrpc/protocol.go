@@ -7,40 +7,43 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// Metadata names of the protocol, in the lower case gRPC uses.
+// MetadataKey is the request metadata that carries the idempotency key, in
+// the lower case gRPC uses.
+const MetadataKey = "idempotency-key"
+
+// The other metadata of the protocol.
 const (
-	// MetadataKey is the request metadata that carries the idempotency key.
-	MetadataKey = "idempotency-key"
-	// MetadataReplayed is the response header with which the server says
+	// metadataReplayed is the response header with which the server says
 	// that it did not run the call again but replayed the stored answer of
 	// an earlier one with the same key. Its value is "true".
-	MetadataReplayed = "idempotent-replayed"
-	// MetadataRetryAfter is the response trailer, in whole seconds, sent
+	metadataReplayed = "idempotent-replayed"
+	// metadataRetryAfter is the response trailer, in whole seconds, sent
 	// with Aborted (the key in flight) and Unavailable (the store failing),
 	// for clients that do not read the RetryInfo detail.
-	MetadataRetryAfter = "retry-after"
+	metadataRetryAfter = "retry-after"
 )
 
-// ErrorDomain is the domain of the google.rpc.ErrorInfo detail that the
+// errorDomain is the domain of the google.rpc.ErrorInfo detail that the
 // server attaches to the answers it makes itself; its Reason is one of the
-// Reason... constants.
-const ErrorDomain = "idempotency.idemkit.github.com"
+// reasons below, listed in the package documentation.
+const errorDomain = "idempotency.idemkit.github.com"
 
 // Reasons, in the ErrorInfo detail of the server's own answers.
 const (
-	ReasonKeyMissing       = "KEY_MISSING"           // InvalidArgument
-	ReasonKeyInvalid       = "KEY_INVALID"           // InvalidArgument
-	ReasonUnidentified     = "REQUEST_UNIDENTIFIED"  // InvalidArgument
-	ReasonInFlight         = "IN_FLIGHT"             // Aborted, with RetryInfo
-	ReasonKeyMismatch      = "KEY_MISMATCH"          // FailedPrecondition
-	ReasonStoreUnavailable = "STORE_UNAVAILABLE"     // Unavailable, with RetryInfo
-	ReasonOutcomeUnknown   = "OUTCOME_UNKNOWN"       // DataLoss
-	ReasonResponseOmitted  = "RESPONSE_OMITTED"      // DataLoss
-	ReasonStreaming        = "STREAMING_UNSUPPORTED" // Unimplemented
+	reasonKeyMissing       = "KEY_MISSING"           // InvalidArgument
+	reasonKeyInvalid       = "KEY_INVALID"           // InvalidArgument
+	reasonUnidentified     = "REQUEST_UNIDENTIFIED"  // InvalidArgument
+	reasonInFlight         = "IN_FLIGHT"             // Aborted, with RetryInfo
+	reasonKeyMismatch      = "KEY_MISMATCH"          // FailedPrecondition
+	reasonStoreUnavailable = "STORE_UNAVAILABLE"     // Unavailable, with RetryInfo
+	reasonOutcomeUnknown   = "OUTCOME_UNKNOWN"       // DataLoss
+	reasonResponseOmitted  = "RESPONSE_OMITTED"      // DataLoss
+	reasonStreaming        = "STREAMING_UNSUPPORTED" // Unimplemented
 )
 
 // Reason returns the Reason of the idempotency ErrorInfo detail of err, a
-// gRPC status error, such as ReasonInFlight; "" if err has none (it is not
+// gRPC status error, such as "IN_FLIGHT" (the package documentation lists
+// them all); "" if err has none (it is not
 // an answer the server's interceptor made itself).
 func Reason(err error) string {
 	if err == nil {
@@ -51,7 +54,7 @@ func Reason(err error) string {
 		return ""
 	}
 	for _, d := range st.Details() {
-		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == ErrorDomain {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == errorDomain {
 			return info.GetReason()
 		}
 	}

@@ -100,7 +100,7 @@ func startReplica(t *testing.T, store engine.Store, r release, interceptorOnly b
 	rep := &replica{fd: r.file(t)}
 	reqType := rep.fd.Messages().ByName("CreateRequest")
 	replyType := rep.fd.Messages().ByName("CreateReply")
-	guard, err := idemgrpc.NewServer(store, idemgrpc.WithLogger(logger),
+	guard, err := idemgrpc.NewServer(store, idemgrpc.WithConfig(engine.Config{Logger: logger}),
 		idemgrpc.WithResponseType(createMethod, dynamicpb.NewMessage(replyType)))
 	if err != nil {
 		t.Fatal(err)

@@ -28,191 +28,20 @@ import (
 	"github.com/idemkit/idempotency/engine"
 )
 
-// ServerOption configures NewServer.
-type ServerOption func(*serverConfig)
-
 type serverConfig struct {
-	eng         engine.Config
-	protect     func(fullMethod string) bool
-	optional    bool
-	scope       func(ctx context.Context, fullMethod string) (string, error)
-	scopeSet    bool // WithScope was given
-	keyFormat   func(key string) error
-	types       map[string]protoreflect.MessageType
-	releaseCode map[codes.Code]bool
-	streams     bool // WithStreamsUnprotected
-	errs        []error
+	eng       engine.Config
+	protect   func(fullMethod string) bool
+	optional  bool
+	scope     func(ctx context.Context, fullMethod string) (string, error)
+	scopeSet  bool // WithScope was given
+	keyFormat func(key string) error
+	types     map[string]protoreflect.MessageType
+	keep      func(codes.Code) bool
+	errs      []error
 }
 
 func (c *serverConfig) refuse(format string, args ...any) {
 	c.errs = append(c.errs, fmt.Errorf("idemgrpc: "+format, args...))
-}
-
-// WithTTL sets how long a call's record (and so its replay) is kept after
-// the last moment its handler may have run: after its response was stored,
-// or, while it is in flight, after its lease's end, so that a call that
-// takes over the key of a lost holder is told of it whatever the TTL and
-// the lease. engine.DefaultTTL by default; a TTL shorter than the default
-// lease shortens the lease to it.
-func WithTTL(d time.Duration) ServerOption { return func(c *serverConfig) { c.eng.TTL = d } }
-
-// WithLease sets the lease a running handler holds, renewed while it runs:
-// engine.DefaultLease by default, or the TTL when that is shorter. Once it
-// ends unrenewed (the process died), another call may take the key over,
-// told of the lost holder for the TTL after the lease's end.
-func WithLease(d time.Duration) ServerOption { return func(c *serverConfig) { c.eng.Lease = d } }
-
-// WithStoreTimeout bounds every call to the store: engine.DefaultStoreTimeout
-// by default.
-func WithStoreTimeout(d time.Duration) ServerOption {
-	return func(c *serverConfig) { c.eng.StoreTimeout = d }
-}
-
-// WithWait makes a call whose key is in flight wait up to d for the holder's
-// answer before it is refused with Aborted: 0 (no wait) by default.
-func WithWait(d time.Duration) ServerOption { return func(c *serverConfig) { c.eng.Wait = d } }
-
-// WithRetryAfter sets the delay of the RetryInfo detail and retry-after
-// trailer of Aborted (in flight) and Unavailable (store failing):
-// engine.DefaultRetryAfter by default.
-func WithRetryAfter(d time.Duration) ServerOption {
-	return func(c *serverConfig) { c.eng.RetryAfter = d }
-}
-
-// WithAbandoned sets what a call gets when it takes over a key whose earlier
-// holders were lost: engine.RerunAbandoned (run again; the handler can see
-// engine.LeaseFromContext(ctx).Abandoned) by default, or
-// engine.RefuseAbandoned (DataLoss, "outcome unknown", stored and replayed).
-func WithAbandoned(p engine.AbandonedPolicy) ServerOption {
-	return func(c *serverConfig) { c.eng.Abandoned = p }
-}
-
-// WithFailOpen runs handlers unprotected while the store fails, instead of
-// refusing calls with Unavailable.
-func WithFailOpen() ServerOption { return func(c *serverConfig) { c.eng.FailOpen = true } }
-
-// WithLogger sets the logger of the engine: slog.Default() by default.
-func WithLogger(l *slog.Logger) ServerOption {
-	return func(c *serverConfig) {
-		if l == nil {
-			c.refuse("nil logger")
-			return
-		}
-		c.eng.Logger = l
-	}
-}
-
-// WithObserver sets a function that receives an engine.Event for every
-// call of a protected method (executed, replayed, refused, ...), those
-// refused before any claim included (EventRejected: a key missing or
-// malformed, a scope unusable, a streaming call with a key), as the HTTP
-// middleware's observers do; its Status is the gRPC code. For
-// OpenTelemetry, give it idemotel.ServerObserver(idemotel.WithGRPCStatus()),
-// which reads Status as a gRPC code (without that option it reads an HTTP
-// status).
-func WithObserver(fn engine.Observer) ServerOption {
-	return func(c *serverConfig) {
-		if fn == nil {
-			c.refuse("nil observer")
-			return
-		}
-		c.eng.Observer = fn
-	}
-}
-
-// WithProtectedMethods protects only the named methods
-// ("/package.Service/Method"); by default every unary method is. It
-// replaces WithProtectedFilter.
-func WithProtectedMethods(fullMethods ...string) ServerOption {
-	set := make(map[string]bool, len(fullMethods))
-	for _, m := range fullMethods {
-		set[m] = true
-	}
-	return func(c *serverConfig) { c.protect = func(m string) bool { return set[m] } }
-}
-
-// WithProtectedFilter protects the methods for which fn returns true. It
-// replaces WithProtectedMethods.
-func WithProtectedFilter(fn func(fullMethod string) bool) ServerOption {
-	return func(c *serverConfig) {
-		if fn == nil {
-			c.refuse("nil method filter")
-			return
-		}
-		c.protect = fn
-	}
-}
-
-// WithKeyOptional runs a protected call that comes without a key
-// unprotected, instead of refusing it with InvalidArgument.
-func WithKeyOptional() ServerOption { return func(c *serverConfig) { c.optional = true } }
-
-// WithKeyFormat adds a check of the key's form (a UUID, say) to the
-// built-in one (1 to 255 bytes of printable ASCII): a key fn refuses is
-// answered InvalidArgument, with fn's error in the message.
-func WithKeyFormat(fn func(key string) error) ServerOption {
-	return func(c *serverConfig) {
-		if fn == nil {
-			c.refuse("nil key format function")
-			return
-		}
-		c.keyFormat = fn
-	}
-}
-
-// WithScope sets the function that names the caller a key belongs to, so
-// that two callers' keys never meet. By default it is a hash of the
-// authorization metadata ("" without it), as server.CredentialScope is of
-// the HTTP credentials. An error from fn, or a scope longer than
-// engine.MaxScopeLen, is answered InvalidArgument.
-//
-// Set it to the principal the application authenticated (an account ID that
-// an interceptor placed before the Server's puts in the context) whenever
-// callers send bearer tokens: a token refreshed between a call whose answer
-// was lost and its retry puts the retry, under the default scope, in
-// another caller's scope, where it runs again. The first call whose default
-// scope comes from a bearer token is logged at warn level.
-func WithScope(fn func(ctx context.Context, fullMethod string) (string, error)) ServerOption {
-	return func(c *serverConfig) {
-		if fn == nil {
-			c.refuse("nil scope function")
-			return
-		}
-		c.scope, c.scopeSet = fn, true
-	}
-}
-
-// WithResponseType names the response message type of fullMethod, for
-// replays of a method whose service is not in protoregistry.GlobalFiles
-// (generated code registers its services there, so this is seldom needed).
-// zero is any message of the type, such as (*pb.CreateReply)(nil).
-func WithResponseType(fullMethod string, zero proto.Message) ServerOption {
-	return func(c *serverConfig) {
-		if zero == nil {
-			c.refuse("nil response type for %s", fullMethod)
-			return
-		}
-		c.types[fullMethod] = zero.ProtoReflect().Type()
-	}
-}
-
-// WithReleaseCodes sets the handler error codes that release the key, so
-// that a retry runs the handler again, replacing the default Unavailable,
-// Internal, Unknown, ResourceExhausted, Aborted, DeadlineExceeded and
-// Canceled. A handler's error with any other code is stored and replayed.
-// OK is an error.
-func WithReleaseCodes(cs ...codes.Code) ServerOption {
-	return func(c *serverConfig) {
-		m := make(map[codes.Code]bool, len(cs))
-		for _, code := range cs {
-			if code == codes.OK {
-				c.refuse("OK is not a code that releases the key")
-				return
-			}
-			m[code] = true
-		}
-		c.releaseCode = m
-	}
 }
 
 // Server protects the unary methods of a gRPC server with idempotency keys:
@@ -230,30 +59,27 @@ type Server struct {
 	learned sync.Map // full method -> protoreflect.MessageType, from the answers the handlers gave
 
 	// What is logged once per Server.
-	bearerScope   atomic.Bool
-	bytesUnseen   atomic.Bool
-	streamsWarned atomic.Bool
+	bearerScope  atomic.Bool
+	bytesUnseen  atomic.Bool
+	keepPanicked atomic.Bool
 }
 
 // NewServer returns a Server that keeps its records in store. It returns an
 // error naming every invalid option.
-func NewServer(store engine.Store, opts ...ServerOption) (*Server, error) {
+func NewServer(store engine.Store, opts ...Option) (*Server, error) {
 	c := &serverConfig{
 		protect: func(string) bool { return true },
-		scope:   CredentialScope,
+		scope:   credentialScope,
 		types:   make(map[string]protoreflect.MessageType),
-		releaseCode: map[codes.Code]bool{
-			codes.Unavailable: true, codes.Internal: true, codes.Unknown: true,
-			codes.ResourceExhausted: true, codes.Aborted: true,
-			codes.DeadlineExceeded: true, codes.Canceled: true,
-		},
+		keep:    defaultKeep,
 	}
-	for _, o := range opts {
-		if o == nil {
-			c.refuse("nil option")
+	o := &options{srv: c}
+	for i, opt := range opts {
+		if opt == nil {
+			c.refuse("option %d is nil", i)
 			continue
 		}
-		o(c)
+		opt(o)
 	}
 	eng, err := engine.New(store, c.eng)
 	if err != nil {
@@ -263,6 +89,23 @@ func NewServer(store engine.Store, opts ...ServerOption) (*Server, error) {
 		return nil, errors.Join(c.errs...)
 	}
 	return &Server{eng: eng, cfg: c, wire: newWire()}, nil
+}
+
+// keeps reports whether a handler's error with code is kept, by the function
+// of WithKeep. It is called while the key is held: a panic in it would
+// leave the key claimed until its lease ended, so it is recovered and
+// logged once, and the default decides.
+func (s *Server) keeps(ctx context.Context, code codes.Code) (keep bool) {
+	defer func() {
+		if v := recover(); v != nil {
+			if !s.keepPanicked.Swap(true) {
+				s.eng.Logger().LogAttrs(ctx, slog.LevelError, "idemgrpc: keep function panicked; the default decides instead, and its panics are not logged again",
+					slog.String("code", code.String()), slog.String("panic", fmt.Sprint(v)))
+			}
+			keep = defaultKeep(code)
+		}
+	}()
+	return s.cfg.keep(code)
 }
 
 // Shutdown waits until the answers that were sent before they could be
@@ -311,14 +154,14 @@ func (s *Server) UnaryServerInterceptor() grpc.UnaryServerInterceptor { return s
 // message to store and replay), so it refuses one that carries an
 // idempotency key, on a protected method, with Unimplemented and the reason
 // STREAMING_UNSUPPORTED, rather than let the caller believe it protected; it
-// does not run. WithStreamsUnprotected runs it instead. A streaming call
-// without a key goes through.
+// does not run; leave the method out of WithMethods to let it run. A
+// streaming call without a key goes through.
 func (s *Server) StreamServerInterceptor() grpc.StreamServerInterceptor { return s.interceptStream }
 
-// CredentialScope is the default scope: a hash of the values of the
+// credentialScope is the default scope: a hash of the values of the
 // authorization metadata, "cred:" and 32 hex digits, or "" for a call
 // without it. A refreshed token is another scope: see WithScope.
-func CredentialScope(ctx context.Context, _ string) (string, error) {
+func credentialScope(ctx context.Context, _ string) (string, error) {
 	md, _ := metadata.FromIncomingContext(ctx)
 	values := md.Get("authorization")
 	if len(values) == 0 || len(values) == 1 && values[0] == "" {
@@ -338,7 +181,7 @@ func appendString(b []byte, s string) []byte {
 	return append(b, s...)
 }
 
-// Fingerprint returns the fingerprint of a call from its decoded request:
+// fingerprintMessage returns the fingerprint of a call from its decoded request:
 // the SHA-256, in hex, of its full method and of req marshalled
 // deterministically. The server interceptor uses it when it did not see the
 // request's bytes (it was installed without the codec and stats handler of
@@ -347,7 +190,7 @@ func appendString(b []byte, s string) []byte {
 // client's encoding is the deterministic one of the server's schema. A key
 // sent again with another fingerprint is refused (FailedPrecondition,
 // KEY_MISMATCH).
-func Fingerprint(fullMethod string, req proto.Message) (string, error) {
+func fingerprintMessage(fullMethod string, req proto.Message) (string, error) {
 	body, err := proto.MarshalOptions{Deterministic: true}.Marshal(req)
 	if err != nil {
 		return "", fmt.Errorf("idemgrpc: fingerprint: %w", err)
@@ -397,9 +240,9 @@ func (s *Server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 		s.eng.Observe(ctx, engine.Event{Kind: engine.EventUnprotected, Status: int(status.Code(err)), Start: start})
 		return resp, err
 	case len(keys) == 0:
-		return nil, s.reject(ctx, start, "", codes.InvalidArgument, ReasonKeyMissing, "idempotency key missing: send it in the "+MetadataKey+" metadata")
+		return nil, s.reject(ctx, start, "", codes.InvalidArgument, reasonKeyMissing, "idempotency key missing: send it in the "+MetadataKey+" metadata")
 	case len(keys) > 1:
-		return nil, s.reject(ctx, start, "", codes.InvalidArgument, ReasonKeyInvalid, "idempotency key invalid: "+strconv.Itoa(len(keys))+" values")
+		return nil, s.reject(ctx, start, "", codes.InvalidArgument, reasonKeyInvalid, "idempotency key invalid: "+strconv.Itoa(len(keys))+" values")
 	}
 	key := keys[0]
 	err := checkKey(key)
@@ -407,7 +250,7 @@ func (s *Server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 		err = s.cfg.keyFormat(key)
 	}
 	if err != nil {
-		return nil, s.reject(ctx, start, "", codes.InvalidArgument, ReasonKeyInvalid, "idempotency key invalid: "+err.Error())
+		return nil, s.reject(ctx, start, "", codes.InvalidArgument, reasonKeyInvalid, "idempotency key invalid: "+err.Error())
 	}
 	var fp string
 	if seen {
@@ -416,10 +259,10 @@ func (s *Server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	} else {
 		msg, ok := req.(proto.Message)
 		if !ok {
-			return nil, s.reject(ctx, start, key, codes.InvalidArgument, ReasonUnidentified, fmt.Sprintf("request could not be identified: %T is not a protocol buffer message", req))
+			return nil, s.reject(ctx, start, key, codes.InvalidArgument, reasonUnidentified, fmt.Sprintf("request could not be identified: %T is not a protocol buffer message", req))
 		}
-		if fp, err = Fingerprint(info.FullMethod, msg); err != nil {
-			return nil, s.reject(ctx, start, key, codes.InvalidArgument, ReasonUnidentified, "request could not be identified: "+err.Error())
+		if fp, err = fingerprintMessage(info.FullMethod, msg); err != nil {
+			return nil, s.reject(ctx, start, key, codes.InvalidArgument, reasonUnidentified, "request could not be identified: "+err.Error())
 		}
 		if !s.bytesUnseen.Load() && !s.bytesUnseen.Swap(true) {
 			s.eng.Logger().LogAttrs(ctx, slog.LevelWarn,
@@ -429,12 +272,12 @@ func (s *Server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	}
 	scope, err := s.cfg.scope(ctx, info.FullMethod)
 	if err != nil {
-		return nil, s.reject(ctx, start, key, codes.InvalidArgument, ReasonUnidentified, "request could not be identified: scope: "+err.Error())
+		return nil, s.reject(ctx, start, key, codes.InvalidArgument, reasonUnidentified, "request could not be identified: scope: "+err.Error())
 	}
 	if len(scope) > engine.MaxScopeLen {
 		// A store could not keep it: refused, not answered as an outage
 		// to retry forever.
-		return nil, s.reject(ctx, start, key, codes.InvalidArgument, ReasonUnidentified, fmt.Sprintf("request could not be identified: scope of %d bytes, more than %d", len(scope), engine.MaxScopeLen))
+		return nil, s.reject(ctx, start, key, codes.InvalidArgument, reasonUnidentified, fmt.Sprintf("request could not be identified: scope of %d bytes, more than %d", len(scope), engine.MaxScopeLen))
 	}
 	if scope != "" && !s.cfg.scopeSet && !s.bearerScope.Load() && bearer(md) && !s.bearerScope.Swap(true) {
 		s.eng.Logger().LogAttrs(ctx, slog.LevelWarn,
@@ -477,7 +320,7 @@ func bearer(md metadata.MD) bool {
 // ErrorInfo and, when retryAfter > 0, a RetryInfo detail.
 func refusal(code codes.Code, reason, msg string, retryAfter time.Duration) error {
 	st := status.New(code, "idemgrpc: "+msg)
-	details := []protoadapt.MessageV1{&errdetails.ErrorInfo{Reason: reason, Domain: ErrorDomain}}
+	details := []protoadapt.MessageV1{&errdetails.ErrorInfo{Reason: reason, Domain: errorDomain}}
 	if retryAfter > 0 {
 		details = append(details, &errdetails.RetryInfo{RetryDelay: durationpb.New(retryAfter)})
 	}

@@ -9,8 +9,8 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/idemotel"
-	"github.com/idemkit/idempotency/server"
 )
 
 // BenchmarkObserve measures what recording one event costs with the SDK:
@@ -24,7 +24,7 @@ func BenchmarkObserve(b *testing.B) {
 		sampler sdktrace.Sampler
 	}{{"metrics", sdktrace.NeverSample()}, {"metrics_spans", sdktrace.AlwaysSample()}}
 	start := time.Now()
-	executed := server.Event{Kind: server.EventExecuted, Scope: "s", Key: "k", Status: 201, Start: start,
+	executed := engine.Event{Kind: engine.EventExecuted, Scope: "s", Key: "k", Status: 201, Start: start,
 		ClaimTook: time.Millisecond, HandlerTook: 5 * time.Millisecond, StoreTook: time.Millisecond, Acquired: true}
 	completed := idempotency.Event{Kind: idempotency.EventCompleted, Key: "k", Method: "POST", Call: 1, Attempt: 1,
 		Start: start, Sent: start, Took: 5 * time.Millisecond, Elapsed: 5 * time.Millisecond,

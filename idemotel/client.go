@@ -151,9 +151,9 @@ func (o *clientObserver) observe(ctx context.Context, e idempotency.Event) {
 			stop = stopReason(e.Stopped)
 		}
 		opAttrs = func() []attribute.KeyValue {
-			a := append(o.attrs(5), methodKey.String(e.Method), OutcomeKey.String(e.Kind.String()))
+			a := append(o.attrs(5), methodKey.String(e.Method), outcomeKey.String(e.Kind.String()))
 			if stop != "" {
-				a = append(a, StopReasonKey.String(stop))
+				a = append(a, stopReasonKey.String(stop))
 			}
 			if e.StatusCode != 0 {
 				a = append(a, statusKey.Int(e.StatusCode))
@@ -201,9 +201,6 @@ func (o *clientObserver) span(ctx context.Context, e idempotency.Event, errType 
 	o.mu.Unlock()
 	if !ok {
 		attrs := append(o.attrs(2), methodKey.String(e.Method))
-		if o.cfg.withKey && e.Key != "" {
-			attrs = append(attrs, KeyAttribute.String(e.Key))
-		}
 		cs.ctx, cs.span = o.tracer.Start(ctx, "idempotency.operation",
 			trace.WithTimestamp(e.Start), trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(attrs...))
 		if !final {
@@ -223,7 +220,7 @@ func (o *clientObserver) span(ctx context.Context, e idempotency.Event, errType 
 	}
 	if recording {
 		cs.span.SetAttributes(opAttrs()...)
-		cs.span.SetAttributes(AttemptsKey.Int(e.Attempt), ReplayedKey.Bool(e.Replayed))
+		cs.span.SetAttributes(attemptsKey.Int(e.Attempt), replayedKey.Bool(e.Replayed))
 		switch e.Kind {
 		case idempotency.EventGaveUp, idempotency.EventFailed:
 			cs.span.SetStatus(codes.Error, e.Kind.String())
@@ -244,7 +241,7 @@ func (o *clientObserver) attemptSpan(ctx context.Context, e idempotency.Event, e
 		attrs = append(attrs, errorKey.String(errType))
 	}
 	if e.Kind == idempotency.EventRetried {
-		attrs = append(attrs, WaitKey.Float64(e.Wait.Seconds()))
+		attrs = append(attrs, waitKey.Float64(e.Wait.Seconds()))
 	}
 	_, span := o.tracer.Start(ctx, "idempotency.attempt",
 		trace.WithTimestamp(e.Sent), trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(attrs...))

@@ -4,12 +4,14 @@
 // passes their providers (or sets the global ones).
 //
 //	observe, err := idemotel.ServerObserver(idemotel.WithMeterProvider(mp), idemotel.WithTracerProvider(tp))
-//	mw, err := server.New(store, server.WithObserver(observe))
+//	mw, err := server.New(store, server.WithConfig(engine.Config{Observer: observe}))
 //
 //	observeClient, err := idemotel.ClientObserver(idemotel.WithMeterProvider(mp))
 //	client, err := idempotency.NewClient(idempotency.WithObserver(observeClient))
 //
-//	reg, err := idemotel.RegisterStoreSize(idemotel.SizeOf(memStore), idemotel.WithMeterProvider(mp))
+//	reg, err := idemotel.RegisterStoreSize(func(context.Context) (int64, int64, error) {
+//		return int64(memStore.Len()), memStore.Bytes(), nil
+//	}, idemotel.WithMeterProvider(mp))
 //
 // # Metrics
 //
@@ -55,10 +57,25 @@
 // idempotency.operation, child of the span in the request's context, with a
 // child idempotency.attempt for each attempt, made as each attempt ends.
 //
-// The key goes on spans, as idempotency.key ([KeyAttribute]), only with
-// [WithKeyAttribute].
-// Error messages are never recorded, since a store's may name a key: spans
-// and measurements carry error.type.
+// Keys go neither on metrics nor on spans: a key may say more about the
+// operation than a trace should (a handler that wants its key on its own
+// span reads it from engine.LeaseFromContext). Error messages are never
+// recorded, since a store's may name a key: spans and measurements carry
+// error.type.
+//
+// # Attributes
+//
+// The package's own attributes are idempotency.outcome (what the middleware
+// or the client did: the name of an engine.EventKind or an
+// idempotency.EventKind), idempotency.store.operation (claim, complete,
+// release, extend), idempotency.stop_reason (why a client stopped retrying:
+// attempts_exhausted, budget_exhausted, deadline, not_idempotent,
+// body_not_replayable, retry_refused; or the server's final answer:
+// outcome_unknown, key_mismatch) and, on a client's spans,
+// idempotency.attempts, idempotency.replayed and idempotency.retry.wait (the
+// wait before the next attempt, in seconds); the others are OpenTelemetry's
+// semantic conventions. The meters and tracers are those of the
+// instrumentation scope github.com/idemkit/idempotency/idemotel.
 //
 // # Versions
 //

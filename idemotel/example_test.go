@@ -8,10 +8,12 @@ import (
 	"sort"
 	"strings"
 
+	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/idemotel"
 	"github.com/idemkit/idempotency/server"
 	"github.com/idemkit/idempotency/store/memstore"
@@ -35,7 +37,7 @@ func Example() {
 		fmt.Println(err)
 		return
 	}
-	mw, err := server.New(store, server.WithObserver(serverObserver))
+	mw, err := server.New(store, server.WithConfig(engine.Config{Observer: serverObserver}))
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -81,11 +83,11 @@ func Example() {
 			continue
 		}
 		for _, p := range sum.DataPoints {
-			outcome, ok := p.Attributes.Value(idemotel.OutcomeKey)
+			outcome, ok := p.Attributes.Value(attribute.Key("idempotency.outcome"))
 			if !ok {
 				continue
 			}
-			lines = append(lines, fmt.Sprintf("%s %s=%s: %d", m.Name, idemotel.OutcomeKey, outcome.AsString(), p.Value))
+			lines = append(lines, fmt.Sprintf("%s %s=%s: %d", m.Name, attribute.Key("idempotency.outcome"), outcome.AsString(), p.Value))
 		}
 	}
 	sort.Strings(lines)

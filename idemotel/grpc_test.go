@@ -10,27 +10,27 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/idemotel"
-	"github.com/idemkit/idempotency/server"
 )
 
-// TestServerGRPCStatus: with WithGRPCStatus, an event's Status is read as a
+// TestServerGRPCStatus: GRPCServerObserver reads an event's Status as a
 // gRPC code: recorded by name as rpc.response.status_code, never as an HTTP
 // status; the server errors of the gRPC conventions set error.type and the
 // span's status; and a call without an answer gets no status, not OK.
 func TestServerGRPCStatus(t *testing.T) {
 	tm := newTelemetry(t)
-	observe, err := idemotel.ServerObserver(tm.options(idemotel.WithGRPCStatus())...)
+	observe, err := idemotel.GRPCServerObserver(tm.options()...)
 	require.NoError(t, err)
 	ctx := context.Background()
 	at := time.Now()
-	for _, e := range []server.Event{
-		{Kind: server.EventExecuted, Status: 0},     // OK
-		{Kind: server.EventReplayed, Status: 6},     // ALREADY_EXISTS, a stored error
-		{Kind: server.EventInFlight, Status: 10},    // ABORTED
-		{Kind: server.EventUnavailable, Status: 14}, // UNAVAILABLE
-		{Kind: server.EventClientGone, Status: 0},   // no answer
-		{Kind: server.EventReleased, Status: 0},     // a panic: no answer
+	for _, e := range []engine.Event{
+		{Kind: engine.EventExecuted, Status: 0},     // OK
+		{Kind: engine.EventReplayed, Status: 6},     // ALREADY_EXISTS, a stored error
+		{Kind: engine.EventInFlight, Status: 10},    // ABORTED
+		{Kind: engine.EventUnavailable, Status: 14}, // UNAVAILABLE
+		{Kind: engine.EventClientGone, Status: 0},   // no answer
+		{Kind: engine.EventReleased, Status: 0},     // a panic: no answer
 	} {
 		e.Start = at
 		observe(ctx, e)
@@ -38,7 +38,7 @@ func TestServerGRPCStatus(t *testing.T) {
 	requests := tm.collect(t)["idempotency.server.requests"]
 	status := attribute.Key("rpc.response.status_code")
 	errType := attribute.Key("error.type")
-	outcome := idemotel.OutcomeKey
+	outcome := attribute.Key("idempotency.outcome")
 	assert.Equal(t, int64(1), sum(t, requests, outcome.String("executed"), status.String("OK")))
 	assert.Equal(t, int64(1), sum(t, requests, outcome.String("replayed"), status.String("ALREADY_EXISTS")))
 	assert.Equal(t, int64(1), sum(t, requests, outcome.String("in_flight"), status.String("ABORTED")))

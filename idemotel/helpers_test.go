@@ -46,7 +46,7 @@ func (tm *telemetry) collect(t *testing.T) map[string]metricdata.Metrics {
 	require.NoError(t, tm.reader.Collect(context.Background(), &rm))
 	out := map[string]metricdata.Metrics{}
 	for _, sm := range rm.ScopeMetrics {
-		require.Equal(t, idemotel.ScopeName, sm.Scope.Name)
+		require.Equal(t, "github.com/idemkit/idempotency/idemotel", sm.Scope.Name)
 		for _, m := range sm.Metrics {
 			out[m.Name] = m
 		}

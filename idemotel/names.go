@@ -9,7 +9,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 
 	"github.com/idemkit/idempotency"
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 )
 
 // Attributes of this package's own, under the idempotency namespace. The
@@ -17,29 +17,26 @@ import (
 // http.request.method, http.response.status_code, http.request.resend_count
 // and error.type.
 const (
-	// OutcomeKey is what the middleware or the client did: the name of a
-	// [server.EventKind] or an [idempotency.EventKind].
-	OutcomeKey = attribute.Key("idempotency.outcome")
-	// StoreOperationKey names a Store operation: claim, complete, release,
+	// outcomeKey is what the middleware or the client did: the name of a
+	// [engine.EventKind] or an [idempotency.EventKind].
+	outcomeKey = attribute.Key("idempotency.outcome")
+	// storeOperationKey names a Store operation: claim, complete, release,
 	// extend.
-	StoreOperationKey = attribute.Key("idempotency.store.operation")
-	// StopReasonKey is why a client stopped retrying: attempts_exhausted,
+	storeOperationKey = attribute.Key("idempotency.store.operation")
+	// stopReasonKey is why a client stopped retrying: attempts_exhausted,
 	// budget_exhausted, deadline, not_idempotent, body_not_replayable,
 	// retry_refused; or the server's final answer: outcome_unknown,
 	// key_mismatch.
-	StopReasonKey = attribute.Key("idempotency.stop_reason")
-	// KeyAttribute is the idempotency key, on spans only, with
-	// [WithKeyAttribute].
-	KeyAttribute = attribute.Key("idempotency.key")
-	// AttemptsKey is the number of attempts of a client's operation, on its
+	stopReasonKey = attribute.Key("idempotency.stop_reason")
+	// attemptsKey is the number of attempts of a client's operation, on its
 	// span.
-	AttemptsKey = attribute.Key("idempotency.attempts")
-	// ReplayedKey reports, on a client's spans, that the response was a
+	attemptsKey = attribute.Key("idempotency.attempts")
+	// replayedKey reports, on a client's spans, that the response was a
 	// replay.
-	ReplayedKey = attribute.Key("idempotency.replayed")
-	// WaitKey is, on a retried attempt's span, the wait before the next
+	replayedKey = attribute.Key("idempotency.replayed")
+	// waitKey is, on a retried attempt's span, the wait before the next
 	// attempt, in seconds.
-	WaitKey = attribute.Key("idempotency.retry.wait")
+	waitKey = attribute.Key("idempotency.retry.wait")
 )
 
 // Values of error.type of this package's own; the rest are status codes, as
@@ -57,9 +54,9 @@ func storeErrorType(err error) string {
 	switch {
 	case errors.Is(err, context.DeadlineExceeded):
 		return errTimeout
-	case errors.Is(err, server.ErrLeaseLost):
+	case errors.Is(err, engine.ErrLeaseLost):
 		return errLeaseLost
-	case errors.Is(err, server.ErrNotCommitted):
+	case errors.Is(err, engine.ErrNotCommitted):
 		return errNotCommitted
 	}
 	return errOther
@@ -128,7 +125,7 @@ func stopReason(err error) string {
 var (
 	methodKey = semconv.HTTPRequestMethodKey
 	statusKey = semconv.HTTPResponseStatusCodeKey
-	// rpcStatusKey is the status of a gRPC answer (WithGRPCStatus).
+	// rpcStatusKey is the status of a gRPC answer (GRPCServerObserver).
 	rpcStatusKey = semconv.RPCResponseStatusCodeKey
 	errorKey     = semconv.ErrorTypeKey
 	resendKey    = semconv.HTTPRequestResendCountKey

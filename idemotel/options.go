@@ -10,9 +10,9 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// ScopeName is the instrumentation scope of the meters and tracers of this
-// package.
-const ScopeName = "github.com/idemkit/idempotency/idemotel"
+// scopeName is the instrumentation scope of the meters and tracers of this
+// package, as the package documentation says.
+const scopeName = "github.com/idemkit/idempotency/idemotel"
 
 // An Option configures an observer or a store's gauges. [ClientObserver],
 // [ServerObserver] and [RegisterStoreSize] refuse an invalid one (a nil
@@ -22,8 +22,7 @@ type Option func(*config)
 type config struct {
 	meterProvider  metric.MeterProvider
 	tracerProvider trace.TracerProvider
-	withKey        bool
-	grpc           bool // Event.Status is a gRPC code (WithGRPCStatus)
+	grpc           bool // Event.Status is a gRPC code (GRPCServerObserver)
 	attrs          []attribute.KeyValue
 	invalid        []error
 }
@@ -54,9 +53,9 @@ func newConfig(opts []Option) (config, error) {
 	return c, nil
 }
 
-func (c *config) meter() metric.Meter { return c.meterProvider.Meter(ScopeName) }
+func (c *config) meter() metric.Meter { return c.meterProvider.Meter(scopeName) }
 
-func (c *config) tracer() trace.Tracer { return c.tracerProvider.Tracer(ScopeName) }
+func (c *config) tracer() trace.Tracer { return c.tracerProvider.Tracer(scopeName) }
 
 // WithMeterProvider sets the MeterProvider that makes the metrics; by
 // default, the global one (otel.GetMeterProvider). A nil one is refused.
@@ -82,30 +81,9 @@ func WithTracerProvider(tp trace.TracerProvider) Option {
 	}
 }
 
-// WithKeyAttribute puts the idempotency key on the spans, as the attribute
-// idempotency.key ([KeyAttribute]). It is off by default: a key may say more about the
-// operation than a trace should, and a caller may choose one from its own
-// data. Keys never go on metrics, whose attributes must take few values.
-func WithKeyAttribute() Option {
-	return func(c *config) { c.withKey = true }
-}
-
 // WithAttributes adds attrs to every measurement and span, for example the
 // name of the API or of the client, to tell apart the observers of several
 // middlewares or clients in one process.
 func WithAttributes(attrs ...attribute.KeyValue) Option {
 	return func(c *config) { c.attrs = append(c.attrs, attrs...) }
-}
-
-// WithGRPCStatus makes ServerObserver read an event's Status as a gRPC
-// status code, for the gRPC door (idemgrpc's WithObserver), whose events
-// carry the code they answered with: it is recorded as
-// rpc.response.status_code, by name ("OK", "ALREADY_EXISTS", ...), instead
-// of http.response.status_code, and error.type and the span's error status
-// follow the gRPC semantic conventions for a server (UNKNOWN,
-// DEADLINE_EXCEEDED, UNIMPLEMENTED, INTERNAL, UNAVAILABLE and DATA_LOSS are
-// errors). Without it, Status is an HTTP status code, as the middleware and
-// the function door (package once) report it.
-func WithGRPCStatus() Option {
-	return func(c *config) { c.grpc = true }
 }

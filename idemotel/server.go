@@ -5,12 +5,11 @@ import (
 	"errors"
 	"time"
 
+	"github.com/idemkit/idempotency/engine"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
-
-	"github.com/idemkit/idempotency/server"
 )
 
 // durationBuckets are the bounds, in seconds, of the duration histograms:
@@ -22,11 +21,11 @@ var durationBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0
 // that went away got none, and a released or unprotected call reports 0
 // when its status is unknown (a panic, work run without protection). For a
 // gRPC door, whose OK is 0, such a 0 must not be read as OK.
-func answered(e server.Event) bool {
+func answered(e engine.Event) bool {
 	switch e.Kind {
-	case server.EventClientGone:
+	case engine.EventClientGone:
 		return false
-	case server.EventReleased, server.EventUnprotected:
+	case engine.EventReleased, engine.EventUnprotected:
 		return e.Status != 0
 	}
 	return true
@@ -50,21 +49,40 @@ type serverObserver struct {
 }
 
 type outcomeSet struct {
-	kind   server.EventKind
+	kind   engine.EventKind
 	status int
 }
 
 type opSet struct{ op, errType string }
 
-// ServerObserver returns an observer for the middleware (server.WithObserver)
-// that records each event as metrics and spans; the package documentation
-// and the README list them. It fails on an invalid option, or if an instrument
-// cannot be made.
-func ServerObserver(opts ...Option) (server.Observer, error) {
+// ServerObserver returns an observer for the HTTP middleware (the Observer
+// of the engine.Config given to server.WithConfig), or for the function
+// door (package once), that records each event as metrics and spans; the
+// package documentation and the README list them. An event's Status is an
+// HTTP status code, as those doors report it. It fails on an invalid
+// option, or if an instrument cannot be made.
+func ServerObserver(opts ...Option) (engine.Observer, error) {
+	return newServerObserver(opts, false)
+}
+
+// GRPCServerObserver is ServerObserver for the gRPC door (the Observer of
+// the engine.Config given to idemgrpc's WithConfig), whose events carry
+// the gRPC code they answered with: it is recorded as
+// rpc.response.status_code, by name ("OK", "ALREADY_EXISTS", ...), instead
+// of http.response.status_code, and error.type and the span's error status
+// follow the gRPC semantic conventions for a server (UNKNOWN,
+// DEADLINE_EXCEEDED, UNIMPLEMENTED, INTERNAL, UNAVAILABLE and DATA_LOSS are
+// errors).
+func GRPCServerObserver(opts ...Option) (engine.Observer, error) {
+	return newServerObserver(opts, true)
+}
+
+func newServerObserver(opts []Option, grpc bool) (engine.Observer, error) {
 	cfg, err := newConfig(opts)
 	if err != nil {
 		return nil, err
 	}
+	cfg.grpc = grpc
 	m := cfg.meter()
 	o := &serverObserver{cfg: cfg, tracer: cfg.tracer(), common: metric.WithAttributes(cfg.attrs...)}
 	var e error
@@ -100,17 +118,17 @@ func ServerObserver(opts ...Option) (server.Observer, error) {
 	return o.observe, nil
 }
 
-func (o *serverObserver) observe(ctx context.Context, e server.Event) {
+func (o *serverObserver) observe(ctx context.Context, e engine.Event) {
 	switch e.Kind {
-	case server.EventAcquired:
+	case engine.EventAcquired:
 		o.active.Add(ctx, 1, o.common)
 		return
-	case server.EventLeaseRenewed:
+	case engine.EventLeaseRenewed:
 		o.renewals.Add(ctx, 1, o.common)
 		o.recordStore(ctx, "extend", e.StoreTook, "")
 		o.leaseEvent(ctx, "idempotency.lease.renewed", e.Start.Add(e.StoreTook), "")
 		return
-	case server.EventLeaseLost:
+	case engine.EventLeaseLost:
 		et := storeErrorType(e.Err)
 		o.losses.Add(ctx, 1, o.ops.get(opSet{"", et}, func() []attribute.KeyValue {
 			return append(o.attrs(1), errorKey.String(et))
@@ -124,7 +142,7 @@ func (o *serverObserver) observe(ctx context.Context, e server.Event) {
 	s := steps(e)
 
 	attrs := func() []attribute.KeyValue {
-		a := append(o.attrs(3), OutcomeKey.String(e.Kind.String()))
+		a := append(o.attrs(3), outcomeKey.String(e.Kind.String()))
 		if o.cfg.grpc {
 			if answered(e) {
 				name := grpcCodeName(e.Status)
@@ -165,7 +183,7 @@ func (o *serverObserver) attrs(extra int) []attribute.KeyValue {
 
 func (o *serverObserver) recordStore(ctx context.Context, op string, d time.Duration, errType string) {
 	o.store.Record(ctx, d.Seconds(), o.ops.get(opSet{op, errType}, func() []attribute.KeyValue {
-		a := append(o.attrs(2), StoreOperationKey.String(op))
+		a := append(o.attrs(2), storeOperationKey.String(op))
 		if errType != "" {
 			a = append(a, errorKey.String(errType))
 		}
@@ -197,13 +215,13 @@ type stepsOf struct {
 	writeErr string // its error.type, if it failed
 }
 
-func steps(e server.Event) stepsOf {
+func steps(e engine.Event) stepsOf {
 	var s stepsOf
 	switch e.Kind {
-	case server.EventRejected:
+	case engine.EventRejected:
 		return s
-	case server.EventUnprotected:
-		// Without a key nothing was claimed; with WithFailOpen the Claim
+	case engine.EventUnprotected:
+		// Without a key nothing was claimed; with Config.FailOpen the Claim
 		// failed with Err.
 		if e.Err == nil {
 			return s
@@ -212,7 +230,7 @@ func steps(e server.Event) stepsOf {
 	s.claimed = true
 	if !e.Acquired {
 		switch e.Kind {
-		case server.EventUnavailable, server.EventUnprotected, server.EventClientGone:
+		case engine.EventUnavailable, engine.EventUnprotected, engine.EventClientGone:
 			if e.Err != nil {
 				s.claimErr = storeErrorType(e.Err)
 			}
@@ -220,18 +238,18 @@ func steps(e server.Event) stepsOf {
 		return s
 	}
 	switch e.Kind {
-	case server.EventClientGone:
+	case engine.EventClientGone:
 		// Acquired as the client left: released before the handler.
 		s.write = "release"
-	case server.EventExecuted:
+	case engine.EventExecuted:
 		s.handled, s.write = true, "complete"
-	case server.EventNotStored:
+	case engine.EventNotStored:
 		s.handled, s.write, s.writeErr = true, "complete", storeErrorType(e.Err)
-	case server.EventReleased:
+	case engine.EventReleased:
 		s.handled, s.write = true, "release"
-	case server.EventUnavailable:
+	case engine.EventUnavailable:
 		s.handled = true
-		if errors.Is(e.Err, server.ErrNotCommitted) {
+		if errors.Is(e.Err, engine.ErrNotCommitted) {
 			s.write, s.writeErr = "complete", errNotCommitted
 		} else {
 			// The handler gave up without an answer as its lease ended.
@@ -244,7 +262,7 @@ func steps(e server.Event) stepsOf {
 // span records the request as a span, child of the one in ctx, with the
 // claim, the handler and the store write as children, after the fact:
 // their times come from the event.
-func (o *serverObserver) span(ctx context.Context, e server.Event, s stepsOf, attrs func() []attribute.KeyValue) {
+func (o *serverObserver) span(ctx context.Context, e engine.Event, s stepsOf, attrs func() []attribute.KeyValue) {
 	end := time.Now()
 	ctx, span := o.tracer.Start(ctx, "idempotency.request",
 		trace.WithTimestamp(e.Start), trace.WithSpanKind(trace.SpanKindInternal))
@@ -253,9 +271,6 @@ func (o *serverObserver) span(ctx context.Context, e server.Event, s stepsOf, at
 		return
 	}
 	span.SetAttributes(attrs()...)
-	if o.cfg.withKey && e.Key != "" {
-		span.SetAttributes(KeyAttribute.String(e.Key))
-	}
 	at := e.Start
 	child := func(name string, d time.Duration, errType string) {
 		_, c := o.tracer.Start(ctx, name, trace.WithTimestamp(at), trace.WithSpanKind(trace.SpanKindInternal),
@@ -281,7 +296,7 @@ func (o *serverObserver) span(ctx context.Context, e server.Event, s stepsOf, at
 		child("idempotency."+s.write, e.StoreTook, s.writeErr)
 	}
 	switch {
-	case e.Kind == server.EventUnavailable || e.Kind == server.EventNotStored:
+	case e.Kind == engine.EventUnavailable || e.Kind == engine.EventNotStored:
 		span.SetStatus(codes.Error, e.Kind.String())
 	case o.cfg.grpc:
 		if answered(e) && grpcServerError(e.Status) {

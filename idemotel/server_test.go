@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/idemotel"
 	"github.com/idemkit/idempotency/internal/testkit/faultstore"
 	"github.com/idemkit/idempotency/server"
@@ -23,8 +24,8 @@ import (
 )
 
 var (
-	outcome = idemotel.OutcomeKey.String
-	op      = idemotel.StoreOperationKey.String
+	outcome = attribute.Key("idempotency.outcome").String
+	op      = attribute.Key("idempotency.store.operation").String
 )
 
 func status(code int) attribute.KeyValue  { return attribute.Int("http.response.status_code", code) }
@@ -36,21 +37,23 @@ func errType(v string) attribute.KeyValue { return attribute.String("error.type"
 type api struct {
 	url     string
 	store   *faultstore.Store
-	events  chan server.Event // the final events
+	events  chan engine.Event // the final events
 	entered chan struct{}     // a "block" request is in the handler
 	unblock chan struct{}
 	tracer  trace.Tracer
 	front   chan trace.SpanContext // the span in front of the middleware, per request
 }
 
-func newAPI(t *testing.T, tm *telemetry, otelOpts []idemotel.Option, opts ...server.Option) *api {
+// newAPI serves the test API through the middleware, with an observer that
+// feeds tm and the request's events, and lease as its lease.
+func newAPI(t *testing.T, tm *telemetry, otelOpts []idemotel.Option, lease time.Duration, opts ...server.Option) *api {
 	t.Helper()
 	mem, err := memstore.New()
 	require.NoError(t, err)
 	t.Cleanup(func() { mem.Close() })
 	a := &api{
 		store:   faultstore.New(mem),
-		events:  make(chan server.Event, 100),
+		events:  make(chan engine.Event, 100),
 		entered: make(chan struct{}, 10),
 		unblock: make(chan struct{}),
 		tracer:  tm.tp.Tracer("front"),
@@ -59,18 +62,14 @@ func newAPI(t *testing.T, tm *telemetry, otelOpts []idemotel.Option, opts ...ser
 	observe, err := idemotel.ServerObserver(tm.options(otelOpts...)...)
 	require.NoError(t, err)
 	mw, err := server.New(a.store, append([]server.Option{
-		server.WithObserver(func(ctx context.Context, e server.Event) {
+		server.WithConfig(engine.Config{Observer: func(ctx context.Context, e engine.Event) {
 			observe(ctx, e)
 			switch e.Kind {
-			case server.EventAcquired, server.EventLeaseRenewed, server.EventLeaseLost:
+			case engine.EventAcquired, engine.EventLeaseRenewed, engine.EventLeaseLost:
 			default:
 				a.events <- e
 			}
-		}),
-		server.WithStoreTimeout(300 * time.Millisecond),
-		// A response that could not be stored is tried again for up to
-		// a lease length after it is sent, before EventNotStored.
-		server.WithLease(time.Second),
+		}, StoreTimeout: 300 * time.Millisecond, Lease: lease}),
 	}, opts...)...)
 	require.NoError(t, err)
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -124,14 +123,14 @@ func (a *api) post(ctx context.Context, key, body string) int {
 }
 
 // final waits for the final event of the next request.
-func (a *api) final(t *testing.T) server.Event {
+func (a *api) final(t *testing.T) engine.Event {
 	t.Helper()
 	select {
 	case e := <-a.events:
 		return e
 	case <-time.After(10 * time.Second):
 		t.Fatal("no event")
-		return server.Event{}
+		return engine.Event{}
 	}
 }
 
@@ -140,17 +139,17 @@ func (a *api) final(t *testing.T) server.Event {
 // span with the steps it took as children, under the request's span.
 func TestServerOutcomes(t *testing.T) {
 	tm := newTelemetry(t)
-	a := newAPI(t, tm, nil, server.WithKeyOptional())
+	a := newAPI(t, tm, nil, time.Second, server.WithKeyOptional())
 	down := errors.New("down")
 	ctx := t.Context()
 
 	type check struct {
-		kind     server.EventKind
+		kind     engine.EventKind
 		status   int
 		children []string
 	}
 	var checks []check
-	expect := func(kind server.EventKind, status int, children ...string) {
+	expect := func(kind engine.EventKind, status int, children ...string) {
 		t.Helper()
 		e := a.final(t)
 		require.Equal(t, kind, e.Kind, "event %s, want %s", e.Kind, kind)
@@ -158,26 +157,26 @@ func TestServerOutcomes(t *testing.T) {
 	}
 
 	require.Equal(t, 201, a.post(ctx, "k1", "x"))
-	expect(server.EventExecuted, 201, "idempotency.claim", "idempotency.handler", "idempotency.complete")
+	expect(engine.EventExecuted, 201, "idempotency.claim", "idempotency.handler", "idempotency.complete")
 	require.Equal(t, 201, a.post(ctx, "k1", "x"))
-	expect(server.EventReplayed, 201, "idempotency.claim")
+	expect(engine.EventReplayed, 201, "idempotency.claim")
 	require.Equal(t, 422, a.post(ctx, "k1", "y"))
-	expect(server.EventMismatch, 422, "idempotency.claim")
+	expect(engine.EventMismatch, 422, "idempotency.claim")
 	require.Equal(t, 400, a.post(ctx, strings.Repeat("k", 300), "x"))
-	expect(server.EventRejected, 400)
+	expect(engine.EventRejected, 400)
 	require.Equal(t, 201, a.post(ctx, "", "x"))
-	expect(server.EventUnprotected, 0)
+	expect(engine.EventUnprotected, 0)
 	require.Equal(t, 502, a.post(ctx, "k2", "fail"))
-	expect(server.EventReleased, 502, "idempotency.claim", "idempotency.handler", "idempotency.release")
+	expect(engine.EventReleased, 502, "idempotency.claim", "idempotency.handler", "idempotency.release")
 
 	a.store.Set(faultstore.Claim, faultstore.Fault{Err: down})
 	require.Equal(t, 503, a.post(ctx, "k3", "x"))
-	expect(server.EventUnavailable, 503, "idempotency.claim")
+	expect(engine.EventUnavailable, 503, "idempotency.claim")
 	a.store.Clear(faultstore.Claim)
 
 	a.store.Set(faultstore.Complete, faultstore.Fault{Err: down})
 	require.Equal(t, 201, a.post(ctx, "k4", "x"))
-	expect(server.EventNotStored, 201, "idempotency.claim", "idempotency.handler", "idempotency.complete")
+	expect(engine.EventNotStored, 201, "idempotency.claim", "idempotency.handler", "idempotency.complete")
 	a.store.Clear(faultstore.Complete)
 
 	// A request in flight: its claim is counted while its handler runs,
@@ -187,23 +186,23 @@ func TestServerOutcomes(t *testing.T) {
 	<-a.entered
 	assert.Equal(t, int64(1), sum(t, tm.collect(t)["idempotency.server.active_claims"]), "claims in flight while a handler runs")
 	require.Equal(t, 409, a.post(ctx, "k5", "block"))
-	expect(server.EventInFlight, 409, "idempotency.claim")
+	expect(engine.EventInFlight, 409, "idempotency.claim")
 	close(a.unblock)
 	require.Equal(t, 201, <-blocked)
-	expect(server.EventExecuted, 201, "idempotency.claim", "idempotency.handler", "idempotency.complete")
+	expect(engine.EventExecuted, 201, "idempotency.claim", "idempotency.handler", "idempotency.complete")
 
 	// The client leaves while the claim is made: nothing runs.
 	a.store.Set(faultstore.Claim, faultstore.Fault{Delay: 200 * time.Millisecond})
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	a.post(short, "k6", "x")
 	cancel()
-	expect(server.EventClientGone, 0, "idempotency.claim", "idempotency.release")
+	expect(engine.EventClientGone, 0, "idempotency.claim", "idempotency.release")
 	a.store.Clear(faultstore.Claim)
 
 	m := tm.collect(t)
 	requests := m["idempotency.server.requests"]
 	assert.Equal(t, "{request}", requests.Unit)
-	total := map[server.EventKind]int64{}
+	total := map[engine.EventKind]int64{}
 	for _, c := range checks {
 		total[c.kind]++
 	}
@@ -233,7 +232,7 @@ func TestServerOutcomes(t *testing.T) {
 	for range len(a.front) {
 		fronts[(<-a.front).SpanID()] = true
 	}
-	seen := map[server.EventKind]int{}
+	seen := map[engine.EventKind]int{}
 	for _, c := range checks {
 		spans := tm.spansNamed("idempotency.request", outcome(c.kind.String()))
 		require.Greater(t, len(spans), seen[c.kind], "a span for %s", c.kind)
@@ -245,8 +244,8 @@ func TestServerOutcomes(t *testing.T) {
 		if c.status != 0 {
 			assert.True(t, matches(attrs, []attribute.KeyValue{status(c.status)}), "%s: status %v", c.kind, s.Attributes())
 		}
-		_, hasKey := attrs.Value(idemotel.KeyAttribute)
-		assert.False(t, hasKey, "%s: the key without WithKeyAttribute", c.kind)
+		_, hasKey := attrs.Value(attribute.Key("idempotency.key"))
+		assert.False(t, hasKey, "%s: the key is never on a span", c.kind)
 		for _, child := range tm.spans.Ended() {
 			if child.Parent().SpanID() == s.SpanContext().SpanID() {
 				assert.False(t, child.StartTime().Before(s.StartTime()), "%s: %s starts before its parent", c.kind, child.Name())
@@ -254,23 +253,26 @@ func TestServerOutcomes(t *testing.T) {
 			}
 		}
 		switch c.kind {
-		case server.EventUnavailable, server.EventNotStored:
+		case engine.EventUnavailable, engine.EventNotStored:
 			assert.Equal(t, codes.Error, s.Status().Code, "%s: span status", c.kind)
-		case server.EventExecuted, server.EventReplayed:
+		case engine.EventExecuted, engine.EventReplayed:
 			assert.Equal(t, codes.Unset, s.Status().Code, "%s: span status", c.kind)
 		}
 	}
 }
 
-// TestServerKeyAttribute: the key is on the spans only when asked for, and
-// never on the metrics.
-func TestServerKeyAttribute(t *testing.T) {
+// TestServerAttributes: WithAttributes goes on the spans and the metrics;
+// the key goes on neither.
+func TestServerAttributes(t *testing.T) {
 	tm := newTelemetry(t)
-	a := newAPI(t, tm, []idemotel.Option{idemotel.WithKeyAttribute(), idemotel.WithAttributes(attribute.String("api", "orders"))})
+	a := newAPI(t, tm, []idemotel.Option{idemotel.WithAttributes(attribute.String("api", "orders"))}, time.Second)
 	require.Equal(t, 201, a.post(t.Context(), "order-42", "x"))
 	a.final(t)
-	spans := tm.spansNamed("idempotency.request", idemotel.KeyAttribute.String("order-42"), attribute.String("api", "orders"))
+	spans := tm.spansNamed("idempotency.request", attribute.String("api", "orders"))
 	require.Len(t, spans, 1)
+	set := attribute.NewSet(spans[0].Attributes()...)
+	_, hasKey := set.Value(attribute.Key("idempotency.key"))
+	assert.False(t, hasKey, "the key is never on a span")
 	for name, m := range tm.collect(t) {
 		for _, set := range attributeSets(t, m) {
 			for _, kv := range set.ToSlice() {
@@ -285,7 +287,7 @@ func TestServerKeyAttribute(t *testing.T) {
 // events to the request's span.
 func TestServerLeaseEvents(t *testing.T) {
 	tm := newTelemetry(t)
-	a := newAPI(t, tm, nil, server.WithLease(90*time.Millisecond))
+	a := newAPI(t, tm, nil, 90*time.Millisecond)
 	got := make(chan int, 1)
 	go func() { got <- a.post(t.Context(), "k", "block") }()
 	<-a.entered
@@ -295,7 +297,7 @@ func TestServerLeaseEvents(t *testing.T) {
 	a.store.Set(faultstore.Extend, faultstore.Fault{Err: errors.New("down")})
 	require.Equal(t, http.StatusServiceUnavailable, <-got)
 	e := a.final(t)
-	require.Equal(t, server.EventUnavailable, e.Kind)
+	require.Equal(t, engine.EventUnavailable, e.Kind)
 	waitFor(t, "the request's span", func() bool { return len(tm.spansNamed("POST /orders")) == 1 })
 
 	m := tm.collect(t)

@@ -8,35 +8,19 @@ import (
 	"go.opentelemetry.io/otel/metric"
 )
 
-// A StoreSize reports how many records a store holds and how many bytes
-// they take. pgstore's and redisstore's package documentation each give a
-// query that does it, to call from a StoreSize.
-type StoreSize func(ctx context.Context) (records, bytes int64, err error)
-
-// Sized is a store that counts its own records and bytes, as
-// memstore.Store does.
-type Sized interface {
-	Len() int
-	Bytes() int64
-}
-
-// SizeOf returns the StoreSize of s.
-func SizeOf(s Sized) StoreSize {
-	return func(context.Context) (int64, int64, error) {
-		return int64(s.Len()), s.Bytes(), nil
-	}
-}
-
 // RegisterStoreSize makes two observable gauges, idempotency.store.records
 // and idempotency.store.size (bytes), whose values size reports when the
-// metrics are collected: no goroutine polls it in between. size should be
+// metrics are collected: no goroutine polls it in between. size returns how
+// many records a store holds and how many bytes they take: pgstore's and
+// redisstore's package documentation each give a query that does it, and a
+// memstore.Store counts them itself (its Len and Bytes). size should be
 // quick (a query is bounded by the context the SDK passes), and safe for
 // concurrent use; an error it returns is the collection's, and reports
 // nothing. Unregister the returned Registration to stop, for example when
 // the store is closed.
-func RegisterStoreSize(size StoreSize, opts ...Option) (metric.Registration, error) {
+func RegisterStoreSize(size func(ctx context.Context) (records, bytes int64, err error), opts ...Option) (metric.Registration, error) {
 	if size == nil {
-		return nil, errors.New("idemotel: RegisterStoreSize needs a StoreSize")
+		return nil, errors.New("idemotel: RegisterStoreSize needs a size function")
 	}
 	cfg, err := newConfig(opts)
 	if err != nil {

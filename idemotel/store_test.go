@@ -12,8 +12,8 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/idemotel"
-	"github.com/idemkit/idempotency/server"
 	"github.com/idemkit/idempotency/store/memstore"
 )
 
@@ -24,7 +24,7 @@ func TestStoreSize(t *testing.T) {
 	mem, err := memstore.New()
 	require.NoError(t, err)
 	defer mem.Close()
-	reg, err := idemotel.RegisterStoreSize(idemotel.SizeOf(mem), tm.options(idemotel.WithAttributes(attribute.String("store", "memory")))...)
+	reg, err := idemotel.RegisterStoreSize(func(context.Context) (int64, int64, error) { return int64(mem.Len()), mem.Bytes(), nil }, tm.options(idemotel.WithAttributes(attribute.String("store", "memory")))...)
 	require.NoError(t, err)
 
 	m := tm.collect(t)
@@ -34,10 +34,10 @@ func TestStoreSize(t *testing.T) {
 
 	ctx := t.Context()
 	for i := range 3 {
-		id := server.ID{Scope: "s", Key: "k" + strconv.Itoa(i)}
+		id := engine.ID{Scope: "s", Key: "k" + strconv.Itoa(i)}
 		c, err := mem.Claim(ctx, id, "fp", time.Minute, time.Hour)
 		require.NoError(t, err)
-		require.NoError(t, mem.Complete(ctx, id, c.Token, &server.Response{Status: 201, Body: []byte("created")}, time.Hour))
+		require.NoError(t, mem.Complete(ctx, id, c.Token, &engine.Response{Status: 201, Body: []byte("created")}, time.Hour))
 	}
 	m = tm.collect(t)
 	assert.Equal(t, int64(3), gauge(t, m["idempotency.store.records"]))

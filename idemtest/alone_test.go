@@ -39,26 +39,26 @@ func TestEachCheckAlone(t *testing.T) {
 		edit   func(tg *idemtest.Target)
 		want   idemtest.Status // the broken server's verdict
 	}{
-		{idemtest.CheckFirstRequest, func(t *testing.T, _ <-chan struct{}) http.Handler { return protect(t, refuses()) }, nil, idemtest.StatusFail},
-		{idemtest.CheckReplay, func(*testing.T, <-chan struct{}) http.Handler { return &orders{} }, nil, idemtest.StatusFail},
-		{idemtest.CheckReplayMarked, func(t *testing.T, _ <-chan struct{}) http.Handler { return protect(t, &orders{}, unmarked) }, nil, idemtest.StatusAdvisory},
-		{idemtest.CheckKeyMismatch, func(*testing.T, <-chan struct{}) http.Handler { return newCheckThenInsert(0) }, nil, idemtest.StatusFail},
-		{idemtest.CheckMissingKey, func(*testing.T, <-chan struct{}) http.Handler { return &orders{} }, nil, idemtest.StatusFail},
+		{"first-request", func(t *testing.T, _ <-chan struct{}) http.Handler { return protect(t, refuses()) }, nil, idemtest.StatusFail},
+		{"replay", func(*testing.T, <-chan struct{}) http.Handler { return &orders{} }, nil, idemtest.StatusFail},
+		{"replay-marked", func(t *testing.T, _ <-chan struct{}) http.Handler { return protect(t, &orders{}, unmarked) }, nil, idemtest.StatusAdvisory},
+		{"key-mismatch", func(*testing.T, <-chan struct{}) http.Handler { return newCheckThenInsert(0) }, nil, idemtest.StatusFail},
+		{"missing-key", func(*testing.T, <-chan struct{}) http.Handler { return &orders{} }, nil, idemtest.StatusFail},
 		// Keys optional, malformed keys used as keys, replays unmarked:
 		// alone, the check used to take the equal answers for "cannot
 		// tell" and pass.
-		{idemtest.CheckMalformedKey, func(*testing.T, <-chan struct{}) http.Handler { return newCheckThenInsert(0) },
+		{"malformed-key", func(*testing.T, <-chan struct{}) http.Handler { return newCheckThenInsert(0) },
 			func(tg *idemtest.Target) { tg.KeysOptional = true }, idemtest.StatusFail},
-		{idemtest.CheckKeyForms, func(*testing.T, <-chan struct{}) http.Handler { return newCheckThenInsert(0) }, nil, idemtest.StatusFail},
-		{idemtest.CheckConcurrent, func(*testing.T, <-chan struct{}) http.Handler { return newCheckThenInsert(200 * time.Millisecond) }, nil, idemtest.StatusFail},
-		{idemtest.CheckDroppedResponse, func(t *testing.T, done <-chan struct{}) http.Handler { return stuckWhenDropped(t, done) },
+		{"key-forms", func(*testing.T, <-chan struct{}) http.Handler { return newCheckThenInsert(0) }, nil, idemtest.StatusFail},
+		{"concurrent", func(*testing.T, <-chan struct{}) http.Handler { return newCheckThenInsert(200 * time.Millisecond) }, nil, idemtest.StatusFail},
+		{"dropped-response", func(t *testing.T, done <-chan struct{}) http.Handler { return stuckWhenDropped(t, done) },
 			func(tg *idemtest.Target) { tg.Patience = 300 * time.Millisecond }, idemtest.StatusFail},
 		// Keys shared across callers, replays unmarked: alone, the check
 		// used to pass, not knowing that executions answer differently.
-		{idemtest.CheckCrossTenant, func(t *testing.T, _ <-chan struct{}) http.Handler { return protect(t, &orders{}, everyone, unmarked) }, nil, idemtest.StatusFail},
-		{idemtest.Check5xxNotCached, func(t *testing.T, _ <-chan struct{}) http.Handler { return stuckAfter5xx(protect(t, &orders{})) },
+		{"cross-tenant", func(t *testing.T, _ <-chan struct{}) http.Handler { return protect(t, &orders{}, everyone, unmarked) }, nil, idemtest.StatusFail},
+		{"5xx-not-cached", func(t *testing.T, _ <-chan struct{}) http.Handler { return stuckAfter5xx(protect(t, &orders{})) },
 			func(tg *idemtest.Target) { tg.Patience = 300 * time.Millisecond }, idemtest.StatusFail},
-		{idemtest.CheckProblemJSON, func(t *testing.T, _ <-chan struct{}) http.Handler {
+		{"problem-json", func(t *testing.T, _ <-chan struct{}) http.Handler {
 			return protect(t, &orders{}, server.WithErrorWriter(plain))
 		}, nil, idemtest.StatusAdvisory},
 	} {
@@ -133,7 +133,7 @@ func TestConcurrentSlowFirstAnswer(t *testing.T) {
 	})
 	srv := start(t, oneAtATime(mw.Handler(coldStart)))
 	tg := target(srv.URL)
-	tg.Checks = []string{idemtest.CheckConcurrent}
+	tg.Checks = []string{"concurrent"}
 	res := check(t, tg).Results[0]
 	assert.Equal(t, idemtest.StatusInconclusive, res.Status, "%s\n%s", res.Detail, res.Got)
 	assert.Contains(t, res.Detail, "No duplicate was seen reaching the idempotency layer while the first ran there")
@@ -169,8 +169,8 @@ func TestReplayIsNotARun(t *testing.T) {
 	require.Equal(t, http.StatusCreated, resp.StatusCode)
 
 	for _, tc := range []struct{ check, want string }{
-		{idemtest.CheckMissingKey, "got a stored answer (marked as a replay)"},
-		{idemtest.CheckMalformedKey, "Answered with a stored answer (marked as a replay)"},
+		{"missing-key", "got a stored answer (marked as a replay)"},
+		{"malformed-key", "Answered with a stored answer (marked as a replay)"},
 	} {
 		tg.Checks = []string{tc.check}
 		res := check(t, tg).Results[0]
@@ -209,19 +209,19 @@ func TestKeyAlphabet(t *testing.T) {
 	report := check(t, tg)
 	for _, res := range report.Results {
 		want := idemtest.StatusPass
-		if res.Name == idemtest.CheckKeyForms {
+		if res.Name == "key-forms" {
 			want = idemtest.StatusNotApplicable
 		}
 		assert.Equal(t, want, res.Status, "%s: %s", res.Name, res.Detail)
 	}
-	res, _ := report.Result(idemtest.CheckFirstRequest)
+	res, _ := report.Result("first-request")
 	assert.Contains(t, res.Sent, "clé-", "a valid key with non-ASCII characters")
-	res, _ = report.Result(idemtest.CheckMalformedKey)
+	res, _ = report.Result("malformed-key")
 	assert.Contains(t, res.Sent, "a byte that is not UTF-8")
 	assert.Contains(t, report.Policy.String(), "UTF-8 keys")
 
 	tg.KeyAlphabet = ""
-	tg.Checks = []string{idemtest.CheckMalformedKey}
+	tg.Checks = []string{"malformed-key"}
 	res = check(t, tg).Results[0]
 	assert.Equal(t, idemtest.StatusFail, res.Status)
 	assert.Contains(t, res.Detail, "Ran, not refused: the key with a non-ASCII character.")
@@ -247,7 +247,7 @@ func TestKeyLengths(t *testing.T) {
 	srv := start(t, exactly36(protect(t, &orders{})))
 	tg := target(srv.URL)
 	report := check(t, tg)
-	res, _ := report.Result(idemtest.CheckFirstRequest)
+	res, _ := report.Result("first-request")
 	assert.Equal(t, idemtest.StatusFail, res.Status)
 	for _, name := range []string{"the 12-byte key (500)", "the 64-byte hex key (500)", "the 255-byte key (500)", "the stripe-go style key (500)"} {
 		assert.Contains(t, res.Detail, name)
@@ -255,14 +255,14 @@ func TestKeyLengths(t *testing.T) {
 	assert.Contains(t, res.Detail, "The other checks send the keys that were taken: the 36-byte UUID key.")
 	assert.NotContains(t, res.Detail, "the 36-byte UUID key (500)")
 	// The other checks ran, with the keys that were taken.
-	res, _ = report.Result(idemtest.CheckReplay)
+	res, _ = report.Result("replay")
 	assert.Equal(t, idemtest.StatusPass, res.Status, res.Detail)
 
 	tg.MinKeyLen, tg.MaxKeyLen = 36, 36
 	report = check(t, tg)
-	res, _ = report.Result(idemtest.CheckFirstRequest)
+	res, _ = report.Result("first-request")
 	assert.Equal(t, idemtest.StatusPass, res.Status, res.Detail)
-	res, _ = report.Result(idemtest.CheckMalformedKey)
+	res, _ = report.Result("malformed-key")
 	assert.Equal(t, idemtest.StatusFail, res.Status)
 	assert.Contains(t, res.Detail, "Answered with a server error, which tells a client to retry a request that can never succeed")
 	assert.Contains(t, res.Detail, "the 37-byte key (500)")
@@ -297,23 +297,23 @@ func TestKeyAlphabetBytes(t *testing.T) {
 	report := check(t, tg)
 	for _, res := range report.Results {
 		want := idemtest.StatusPass
-		if res.Name == idemtest.CheckKeyForms {
+		if res.Name == "key-forms" {
 			want = idemtest.StatusNotApplicable
 		}
 		assert.Equal(t, want, res.Status, "%s: %s", res.Name, res.Detail)
 	}
-	res, _ := report.Result(idemtest.CheckFirstRequest)
+	res, _ := report.Result("first-request")
 	assert.Contains(t, res.Sent, "clé-", "a valid key with non-ASCII characters")
 	assert.Contains(t, res.Sent, "`cl\\xe9-", "a valid key with bytes that are not UTF-8, shown escaped")
 	assert.True(t, utf8.ValidString(res.Sent), "the report is text")
-	res, _ = report.Result(idemtest.CheckMalformedKey)
+	res, _ = report.Result("malformed-key")
 	assert.Contains(t, res.Sent, "(a tab)")
 	assert.NotContains(t, res.Sent, "not UTF-8")
 	assert.Contains(t, report.Policy.String(), "keys of any bytes but control characters")
 
 	for _, alphabet := range []idemtest.KeyAlphabet{idemtest.AlphabetASCII, idemtest.AlphabetUTF8} {
 		tg.KeyAlphabet = alphabet
-		tg.Checks = []string{idemtest.CheckMalformedKey}
+		tg.Checks = []string{"malformed-key"}
 		res = check(t, tg).Results[0]
 		assert.Equal(t, idemtest.StatusFail, res.Status, "declared %s: %s", alphabet, res.Detail)
 	}

@@ -36,7 +36,7 @@ func (r *runner) firstRequest() Result {
 			continue
 		}
 		r.working = append(r.working, f)
-		r.firsts = append(r.firsts, seen{CheckFirstRequest, q, a})
+		r.firsts = append(r.firsts, seen{checkFirstRequest, q, a})
 		ok = append(ok, a)
 	}
 	if len(ok) == 1 {
@@ -50,7 +50,7 @@ func (r *runner) firstRequest() Result {
 		sent = append(sent, r.describe(q))
 		got = append(got, r.describeAnswer(a))
 		if a.ok() {
-			r.firsts = append(r.firsts, seen{CheckFirstRequest, q, a})
+			r.firsts = append(r.firsts, seen{checkFirstRequest, q, a})
 			ok = append(ok, a)
 		}
 	}
@@ -92,7 +92,7 @@ func (r *runner) replay() Result {
 		q, a := s.q, s.a
 		sent = append(sent, r.describe(q)+"; then the same again")
 		b, conflicts := r.settle(q)
-		r.saw(CheckReplay, q, b)
+		r.saw(checkReplay, q, b)
 		got = append(got, r.describeAnswer(a)+"; then "+conflictsThen(conflicts)+r.describeAnswer(b))
 		if !b.same(a) {
 			detail := "The repeat did not get the first answer back."
@@ -195,7 +195,7 @@ func conflictsSeen(n int) string {
 
 func (r *runner) replayMarked() Result {
 	if r.replayed == nil {
-		return notApplicable("No replay was seen: the " + CheckReplay + " check did not run or did not pass.")
+		return notApplicable("No replay was seen: the " + checkReplay + " check did not run or did not pass.")
 	}
 	got := r.describeAnswer(*r.original) + "; then " + r.describeAnswer(*r.replayed)
 	want := r.t.ReplayedHeader + ": true on the replay only"
@@ -223,7 +223,7 @@ func (r *runner) keyMismatch() Result {
 		return fail(sent, r.describeAnswer(a), wantSuccess+", then 422", "The first request with the key did not succeed.")
 	}
 	b, conflicts := r.settle(other)
-	r.saw(CheckKeyMismatch, other, b)
+	r.saw(checkKeyMismatch, other, b)
 	got := r.describeAnswer(a) + "; then " + conflictsThen(conflicts) + r.describeAnswer(b)
 	switch {
 	case b.status == http.StatusUnprocessableEntity && b.err == nil:
@@ -231,7 +231,7 @@ func (r *runner) keyMismatch() Result {
 	case b.ok() && (b.same(a) || r.marked(b)):
 		detail := "The different request got the first request's answer: the target does not compare the requests it sees under one key."
 		if bytes.Equal(bytes.TrimSpace(r.body[0]), bytes.TrimSpace(r.body[1])) {
-			detail += " (The two bodies differ only in white space: if the target fingerprints parsed JSON, give the body a " + Placeholder + " placeholder.)"
+			detail += " (The two bodies differ only in white space: if the target fingerprints parsed JSON, give the body a " + placeholder + " placeholder.)"
 		}
 		return fail(sent, got, want, detail)
 	case b.ok():
@@ -260,12 +260,12 @@ func (r *runner) missingKey() Result {
 	}
 	q := r.keyless(0)
 	a := r.send(q)
-	r.saw(CheckMissingKey, q, a)
+	r.saw(checkMissingKey, q, a)
 	sent, got := r.describe(q), r.describeAnswer(a)
 	const want = "400 Bad Request"
 	switch {
 	case a.status == http.StatusBadRequest && a.err == nil && r.refusedValid(a):
-		return inconclusive(sent, got, want, "Refused with 400, but so were the requests with a valid key (see "+CheckFirstRequest+"): the refusal may not be for the missing key.")
+		return inconclusive(sent, got, want, "Refused with 400, but so were the requests with a valid key (see "+checkFirstRequest+"): the refusal may not be for the missing key.")
 	case a.status == http.StatusBadRequest && a.err == nil:
 		return pass(sent, got, want, "")
 	case a.ok() && r.marked(a):

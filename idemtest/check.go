@@ -83,7 +83,7 @@ func Check(ctx context.Context, target Target) (*Report, error) {
 		}
 		var res Result
 		if c.needsSuccess && firstFailed {
-			res = notApplicable("Skipped: the " + CheckFirstRequest + " check failed (no request with a valid key succeeded), and this check needs the request to succeed.")
+			res = notApplicable("Skipped: the " + checkFirstRequest + " check failed (no request with a valid key succeeded), and this check needs the request to succeed.")
 		} else {
 			res = c.run(r)
 			if ctx.Err() != nil {
@@ -95,7 +95,7 @@ func Check(ctx context.Context, target Target) (*Report, error) {
 		if c.Advisory && res.Status == StatusFail {
 			res.Status = StatusAdvisory
 		}
-		if c.Name == CheckFirstRequest && r.first == nil {
+		if c.Name == checkFirstRequest && r.first == nil {
 			firstFailed = true
 		}
 		if reported {
@@ -301,7 +301,7 @@ func (r *runner) close() {
 // each status per check.
 func (r *runner) saw(check string, q request, a answer) {
 	if a.err == nil && (a.status == http.StatusConflict || a.status == http.StatusUnprocessableEntity ||
-		a.status == http.StatusBadRequest && check != CheckFirstRequest) {
+		a.status == http.StatusBadRequest && check != checkFirstRequest) {
 		r.keyEffect = true
 	}
 	switch a.status {

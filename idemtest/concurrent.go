@@ -191,7 +191,7 @@ func (r *runner) concurrentOnce(expect bool, alone lone) (res Result, again bool
 	unmarked, conflicts := 0, 0
 	var other []string
 	for _, a := range answers {
-		r.saw(CheckConcurrent, q, a)
+		r.saw(checkConcurrent, q, a)
 		switch {
 		case a.ok():
 			successes = append(successes, a)

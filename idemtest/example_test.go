@@ -145,7 +145,7 @@ func ExampleTarget_keyLengths() {
 		Handler:   uuidsOnly(mw.Handler(orders)),
 		MinKeyLen: 36,
 		MaxKeyLen: 36,
-		Checks:    []string{idemtest.CheckMalformedKey},
+		Checks:    []string{"malformed-key"},
 	})
 	if err != nil {
 		fmt.Println(err)

@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/idemtest"
 	"github.com/idemkit/idempotency/internal/testkit/teststores"
 	"github.com/idemkit/idempotency/server"
@@ -80,7 +81,7 @@ const (
 // (the request under another key among them) are held for the window only;
 // the requests of the other checks, and the concurrent check's own
 // requests timed alone, are held for the window.
-// Behind a middleware that makes duplicates wait (server.WithWait), the
+// Behind a middleware that makes duplicates wait (engine.Config.Wait), the
 // handler runs for the whole window, and holds the duplicates as long:
 // there, newOverlap's window applies to every request.
 type overlap struct {
@@ -219,10 +220,10 @@ func assertAll(t *testing.T, report *idemtest.Report, want idemtest.Status) {
 
 // stores are the Stores our server is checked with. pgstore and redisstore
 // join them when they land.
-func stores() map[string]func(t *testing.T) server.Store {
-	m := map[string]func(t *testing.T) server.Store{}
+func stores() map[string]func(t *testing.T) engine.Store {
+	m := map[string]func(t *testing.T) engine.Store{}
 	for _, k := range teststores.All() {
-		m[k.Name] = func(t *testing.T) server.Store { return k.New(t) }
+		m[k.Name] = func(t *testing.T) engine.Store { return k.New(t) }
 	}
 	return m
 }
@@ -243,13 +244,13 @@ func TestOurServerPasses(t *testing.T) {
 			assert.NoError(t, report.Err())
 			assert.Equal(t, srv.URL+"/orders", report.Target)
 			n := len(idemtest.Checks())
-			assert.Equal(t, fmt.Sprintf("%d passed, 0 failed", n), report.Summary().String())
+			assert.Equal(t, fmt.Sprintf("%d passed, 0 failed", n), report.Summary())
 			// Few resources: one order per check that needs a success,
 			// one per key in key-forms, four for the concurrent check
 			// (the duplicates, two requests timed alone, and one under
 			// another key), one per caller in cross-tenant.
 			assert.LessOrEqual(t, h.created.Load(), int64(n+4))
-			res, _ := report.Result(idemtest.CheckConcurrent)
+			res, _ := report.Result("concurrent")
 			// The overlap holds the first until a duplicate is answered:
 			// 409, as the middleware answers a key in flight.
 			assert.Contains(t, res.Detail, "answered 409 while the first was in flight")
@@ -269,21 +270,21 @@ func TestHandlerInProcess(t *testing.T) {
 }
 
 func TestWaitingServerPasses(t *testing.T) {
-	// With WithWait, concurrent duplicates wait and get the replay
+	// With a Wait, concurrent duplicates wait and get the replay
 	// instead of 409: the first answer's delay shows that they waited.
 	store, err := memstore.New()
 	require.NoError(t, err)
 	t.Cleanup(func() { store.Close() })
-	mw, err := server.New(store, server.WithWait(5*time.Second))
+	mw, err := server.New(store, server.WithConfig(engine.Config{Wait: 5 * time.Second}))
 	require.NoError(t, err)
 	srv := start(t, newOverlap(200*time.Millisecond).around(mw.Handler, &orders{}))
 	tg := target(srv.URL)
-	tg.Checks = []string{idemtest.CheckFirstRequest, idemtest.CheckReplay, idemtest.CheckConcurrent, idemtest.CheckDroppedResponse}
+	tg.Checks = []string{"first-request", "replay", "concurrent", "dropped-response"}
 	report := check(t, tg)
 	for _, res := range report.Results {
 		assert.Equal(t, idemtest.StatusPass, res.Status, "%s: %s\n%s", res.Name, res.Detail, res.Got)
 	}
-	res, _ := report.Result(idemtest.CheckConcurrent)
+	res, _ := report.Result("concurrent")
 	assert.Contains(t, res.Detail, "No 409, but the duplicates waited for the first")
 	assert.Contains(t, res.Got, "9 × 201 Created", "the replays")
 }
@@ -302,7 +303,7 @@ func slowly(d time.Duration, h http.Handler) http.Handler {
 }
 
 // TestConcurrentSlowServerPasses: behind our middleware, an endpoint that
-// takes 250ms passes the concurrent check, by a 409 or, with WithWait, by
+// takes 250ms passes the concurrent check, by a 409 or, with a Wait, by
 // the duplicates' wait, without any help from the test (no overlap
 // wrapper).
 func TestConcurrentSlowServerPasses(t *testing.T) {
@@ -312,14 +313,14 @@ func TestConcurrentSlowServerPasses(t *testing.T) {
 		detail string
 	}{
 		{"409", nil, "answered 409 while the first was in flight"},
-		{"waits", []server.Option{server.WithWait(5 * time.Second)}, "No 409, but the duplicates waited for the first"},
+		{"waits", []server.Option{server.WithConfig(engine.Config{Wait: 5 * time.Second})}, "No 409, but the duplicates waited for the first"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			mw, err := server.New(teststores.Memory(t), tc.opts...)
 			require.NoError(t, err)
 			srv := start(t, mw.Handler(slowly(250*time.Millisecond, &orders{})))
 			tg := target(srv.URL)
-			tg.Checks = []string{idemtest.CheckConcurrent}
+			tg.Checks = []string{"concurrent"}
 			for i := range 2 {
 				res := check(t, tg).Results[0]
 				assert.Equal(t, idemtest.StatusPass, res.Status, "run %d: %s\n%s", i, res.Detail, res.Got)
@@ -340,16 +341,16 @@ func TestNotApplicable(t *testing.T) {
 	for name, status := range statuses(report) {
 		want := idemtest.StatusPass
 		switch name {
-		case idemtest.CheckMissingKey, idemtest.CheckCrossTenant, idemtest.Check5xxNotCached, idemtest.CheckKeyForms:
+		case "missing-key", "cross-tenant", "5xx-not-cached", "key-forms":
 			want = idemtest.StatusNotApplicable
 		}
 		assert.Equal(t, want, status, name)
 	}
-	res, _ := report.Result(idemtest.CheckCrossTenant)
+	res, _ := report.Result("cross-tenant")
 	assert.Contains(t, res.Detail, "second credential")
-	res, _ = report.Result(idemtest.CheckKeyForms)
+	res, _ = report.Result("key-forms")
 	assert.Contains(t, res.Detail, "-key-form both")
-	assert.Equal(t, "8 passed, 0 failed, 4 not applicable", report.Summary().String())
+	assert.Equal(t, "8 passed, 0 failed, 4 not applicable", report.Summary())
 }
 
 func TestAdvisories(t *testing.T) {
@@ -363,18 +364,18 @@ func TestAdvisories(t *testing.T) {
 	report := check(t, target(srv.URL))
 	assert.NoError(t, report.Err(), "advisories are not failures")
 	got := statuses(report)
-	assert.Equal(t, idemtest.StatusAdvisory, got[idemtest.CheckReplayMarked])
-	assert.Equal(t, idemtest.StatusAdvisory, got[idemtest.CheckProblemJSON])
-	res, _ := report.Result(idemtest.CheckProblemJSON)
+	assert.Equal(t, idemtest.StatusAdvisory, got["replay-marked"])
+	assert.Equal(t, idemtest.StatusAdvisory, got["problem-json"])
+	res, _ := report.Result("problem-json")
 	assert.Contains(t, res.Detail, "the 400 answer seen by missing-key is not application/problem+json")
 	assert.Contains(t, res.Detail, "The 422 answer seen by key-mismatch")
-	assert.Equal(t, "9 passed, 0 failed, 1 not applicable, 2 advisory", report.Summary().String())
+	assert.Equal(t, "9 passed, 0 failed, 1 not applicable, 2 advisory", report.Summary())
 
 	// With the replay header named, replays are marked.
 	tg := target(srv.URL)
 	tg.ReplayedHeader = "x-replayed"
 	report = check(t, tg)
-	assert.Equal(t, idemtest.StatusPass, statuses(report)[idemtest.CheckReplayMarked])
+	assert.Equal(t, idemtest.StatusPass, statuses(report)["replay-marked"])
 }
 
 func TestFirstRequestFails(t *testing.T) {
@@ -389,17 +390,17 @@ func TestFirstRequestFails(t *testing.T) {
 	srv := start(t, protect(t, auth))
 	report := check(t, target(srv.URL))
 	got := statuses(report)
-	assert.Equal(t, idemtest.StatusFail, got[idemtest.CheckFirstRequest])
-	for _, name := range []string{idemtest.CheckReplay, idemtest.CheckKeyMismatch, idemtest.CheckConcurrent,
-		idemtest.CheckDroppedResponse, idemtest.CheckCrossTenant, idemtest.Check5xxNotCached} {
+	assert.Equal(t, idemtest.StatusFail, got["first-request"])
+	for _, name := range []string{"replay", "key-mismatch", "concurrent",
+		"dropped-response", "cross-tenant", "5xx-not-cached"} {
 		assert.Equal(t, idemtest.StatusNotApplicable, got[name], name)
 		res, _ := report.Result(name)
 		assert.Contains(t, res.Detail, "first-request check failed")
 	}
 	// The middleware refuses bad keys before the handler sees them.
-	assert.Equal(t, idemtest.StatusPass, got[idemtest.CheckMissingKey])
-	assert.Equal(t, idemtest.StatusPass, got[idemtest.CheckMalformedKey])
-	res, _ := report.Result(idemtest.CheckFirstRequest)
+	assert.Equal(t, idemtest.StatusPass, got["missing-key"])
+	assert.Equal(t, idemtest.StatusPass, got["malformed-key"])
+	res, _ := report.Result("first-request")
 	assert.Contains(t, res.Got, "401 Unauthorized")
 	assert.NotContains(t, res.Sent, "alice", "credentials never appear in a report")
 	assert.Equal(t, int64(0), h.created.Load())
@@ -408,10 +409,10 @@ func TestFirstRequestFails(t *testing.T) {
 func TestOnlyNamedChecks(t *testing.T) {
 	srv := start(t, protect(t, &orders{}))
 	tg := target(srv.URL)
-	tg.Checks = []string{idemtest.CheckReplayMarked, idemtest.CheckReplay}
+	tg.Checks = []string{"replay-marked", "replay"}
 	report := check(t, tg)
 	require.Len(t, report.Results, 2)
-	assert.Equal(t, idemtest.CheckReplay, report.Results[0].Name, "checks run in their own order")
+	assert.Equal(t, "replay", report.Results[0].Name, "checks run in their own order")
 	assertAll := func() {
 		for _, res := range report.Results {
 			assert.Equal(t, idemtest.StatusPass, res.Status, res.Name)
@@ -420,7 +421,7 @@ func TestOnlyNamedChecks(t *testing.T) {
 	assertAll()
 
 	// Alone, it runs the checks whose evidence it needs, unreported.
-	tg.Checks = []string{idemtest.CheckReplayMarked}
+	tg.Checks = []string{"replay-marked"}
 	report = check(t, tg)
 	require.Len(t, report.Results, 1)
 	assert.Equal(t, idemtest.StatusPass, report.Results[0].Status, report.Results[0].Detail)
@@ -517,7 +518,7 @@ func TestDroppedWording(t *testing.T) {
 			h, ran := dropped(t, tc.inFlight, tc.opts...)
 			srv := start(t, h)
 			tg := target(srv.URL)
-			tg.Checks = []string{idemtest.CheckDroppedResponse}
+			tg.Checks = []string{"dropped-response"}
 			report := check(t, tg)
 			res := report.Results[0]
 			assert.Equal(t, idemtest.StatusPass, res.Status, "%s\n%s", res.Detail, res.Got)
@@ -547,7 +548,7 @@ func TestDroppedAndStuck(t *testing.T) {
 	srv := start(t, protect(t, stuck))
 	t.Cleanup(func() { close(release) }) // before srv.Close, which waits for handlers
 	tg := target(srv.URL)
-	tg.Checks = []string{idemtest.CheckDroppedResponse}
+	tg.Checks = []string{"dropped-response"}
 	tg.Patience = 300 * time.Millisecond
 	report := check(t, tg)
 	res := report.Results[0]
@@ -618,7 +619,7 @@ func TestCancelledMidCheck(t *testing.T) {
 	})
 	srv := start(t, protect(t, blocks))
 	tg := target(srv.URL)
-	tg.Checks = []string{idemtest.CheckMissingKey, idemtest.Check5xxNotCached}
+	tg.Checks = []string{"missing-key", "5xx-not-cached"}
 	tg.FailHeader = http.Header{"X-Block": {"1"}} // the 5xx check's first request blocks
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
@@ -632,7 +633,7 @@ func TestCancelledMidCheck(t *testing.T) {
 	report, err := idemtest.Check(ctx, tg)
 	assert.ErrorIs(t, err, context.Canceled)
 	require.NotNil(t, report)
-	assert.Equal(t, []string{idemtest.CheckMissingKey}, func() (names []string) {
+	assert.Equal(t, []string{"missing-key"}, func() (names []string) {
 		for _, res := range report.Results {
 			names = append(names, res.Name)
 		}
@@ -670,7 +671,7 @@ func TestDefaultBody(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 	})
 	srv := start(t, protect(t, h))
-	report := check(t, idemtest.Target{URL: srv.URL, Checks: []string{idemtest.CheckFirstRequest}})
+	report := check(t, idemtest.Target{URL: srv.URL, Checks: []string{"first-request"}})
 	assert.Equal(t, idemtest.StatusPass, report.Results[0].Status)
 	assert.Equal(t, `application/json {"idemtest_variant":0}`, got.Load())
 }
@@ -688,8 +689,7 @@ func TestReportErr(t *testing.T) {
 	assert.Equal(t, "idemtest: 2 checks failed:\n"+
 		"replay: It ran twice.\n\tsent: POST /\n\tgot: 201\n\t\t201\n\twant: same\n"+
 		"concurrent: Two successes.", err.Error())
-	assert.Equal(t, idemtest.Summary{Passed: 1, Failed: 2, NotApplicable: 1, Advisory: 1}, r.Summary())
-	assert.Equal(t, "1 passed, 2 failed, 1 not applicable, 1 advisory", r.Summary().String())
+	assert.Equal(t, "1 passed, 2 failed, 1 not applicable, 1 advisory", r.Summary())
 	assert.Len(t, r.Failed(), 2)
 	assert.NoError(t, (&idemtest.Report{}).Err())
 }
@@ -703,10 +703,10 @@ func TestChecksDescribed(t *testing.T) {
 		seen[c.Name] = true
 	}
 	advisory := slices.DeleteFunc(slices.Clone(infos), func(c idemtest.CheckInfo) bool { return !c.Advisory })
-	assert.Equal(t, []string{idemtest.CheckReplayMarked, idemtest.CheckProblemJSON}, names(advisory))
+	assert.Equal(t, []string{"replay-marked", "problem-json"}, names(advisory))
 	policies := slices.DeleteFunc(slices.Clone(infos), func(c idemtest.CheckInfo) bool { return c.Policy == "" })
-	assert.Equal(t, []string{idemtest.Check5xxNotCached}, names(policies))
-	assert.Equal(t, idemtest.PolicyRelease5xx, policies[0].Policy)
+	assert.Equal(t, []string{"5xx-not-cached"}, names(policies))
+	assert.Equal(t, "release-5xx", policies[0].Policy)
 }
 
 // TestMalformedKeysReachTheHandler: the malformed keys are ones that an
@@ -737,7 +737,7 @@ func TestMalformedKeysReachTheHandler(t *testing.T) {
 			tg := target(srv.URL)
 			tg.KeyForm = form
 			tg.MaxKeyLen = 40
-			tg.Checks = []string{idemtest.CheckMalformedKey}
+			tg.Checks = []string{"malformed-key"}
 			report := check(t, tg)
 			assert.Equal(t, idemtest.StatusPass, report.Results[0].Status, report.Results[0].Detail)
 			mu.Lock()
@@ -789,7 +789,7 @@ func TestQuotedKeys(t *testing.T) {
 	report := check(t, tg)
 	for _, res := range report.Results {
 		want := idemtest.StatusPass
-		if res.Name == idemtest.CheckKeyForms {
+		if res.Name == "key-forms" {
 			want = idemtest.StatusNotApplicable
 		}
 		assert.Equal(t, want, res.Status, "%s: %s", res.Name, res.Detail)
@@ -822,7 +822,7 @@ func TestAnswersShownOneWay(t *testing.T) {
 		})
 		tg := target("")
 		tg.Handler = h
-		tg.Checks = []string{idemtest.CheckFirstRequest}
+		tg.Checks = []string{"first-request"}
 		res := check(t, tg).Results[0]
 		assert.Contains(t, res.Got, tc.want)
 	}

@@ -96,7 +96,7 @@ func (r *runner) malformedKey() Result {
 	var bad, other, notes, unsure outcomes
 	for _, p := range r.malformedProbes() {
 		a := r.send(p.q)
-		r.saw(CheckMalformedKey, p.q, a)
+		r.saw(checkMalformedKey, p.q, a)
 		sent = append(sent, r.describe(p.q))
 		line := r.describeAnswer(a)
 		switch {
@@ -108,7 +108,7 @@ func (r *runner) malformedKey() Result {
 		case a.ok() && r.t.KeysOptional:
 			// Ignored as a field that does not parse, or used as a key?
 			b := r.send(p.q)
-			r.saw(CheckMalformedKey, p.q, b)
+			r.saw(checkMalformedKey, p.q, b)
 			line += "; then " + r.describeAnswer(b)
 			switch {
 			case r.marked(b) || b.same(a) && r.distinct == yes:
@@ -223,7 +223,7 @@ func (r *runner) keyForms() Result {
 			continue
 		}
 		b, conflicts := r.settle(second)
-		r.saw(CheckKeyForms, second, b)
+		r.saw(checkKeyForms, second, b)
 		got = append(got, r.describeAnswer(a)+"; then "+conflictsThen(conflicts)+r.describeAnswer(b))
 		what := fmt.Sprintf("the %s form after the %s one", formName[!quotedFirst], formName[quotedFirst])
 		switch {

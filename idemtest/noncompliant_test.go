@@ -135,14 +135,14 @@ func TestNoncompliantServers(t *testing.T) {
 			handler: func(*testing.T) http.Handler { return newCheckThenInsert(50 * time.Millisecond) },
 			// It also compares no fingerprints, scopes no keys and
 			// validates none.
-			mustFail: []string{idemtest.CheckConcurrent, idemtest.CheckKeyMismatch, idemtest.CheckCrossTenant, idemtest.CheckMalformedKey},
+			mustFail: []string{"concurrent", "key-mismatch", "cross-tenant", "malformed-key"},
 		},
 		{
 			name:    "ignores the key",
 			handler: func(*testing.T) http.Handler { return &orders{} },
 			// Even cross-tenant: the first caller's repeat runs again.
-			mustFail: []string{idemtest.CheckReplay, idemtest.CheckKeyMismatch, idemtest.CheckMissingKey,
-				idemtest.CheckMalformedKey, idemtest.CheckConcurrent, idemtest.CheckDroppedResponse, idemtest.CheckCrossTenant},
+			mustFail: []string{"replay", "key-mismatch", "missing-key",
+				"malformed-key", "concurrent", "dropped-response", "cross-tenant"},
 			exact: true,
 			note:  "Every request ran as if it had no key",
 		},
@@ -153,8 +153,8 @@ func TestNoncompliantServers(t *testing.T) {
 			},
 			edit: func(tg *idemtest.Target) { tg.KeysOptional = true },
 			// Keys being optional, the malformed ones may be ignored.
-			mustFail: []string{idemtest.CheckReplay, idemtest.CheckKeyMismatch, idemtest.CheckConcurrent,
-				idemtest.CheckDroppedResponse, idemtest.CheckCrossTenant},
+			mustFail: []string{"replay", "key-mismatch", "concurrent",
+				"dropped-response", "cross-tenant"},
 			exact: true,
 			note:  "X-Idempotency-Key is a common one; Target.KeyHeader, idemcheck -key-header, names it",
 		},
@@ -163,46 +163,46 @@ func TestNoncompliantServers(t *testing.T) {
 			handler: func(t *testing.T) http.Handler {
 				return protect(t, &orders{}, server.WithScope(func(*http.Request) (string, error) { return "everyone", nil }))
 			},
-			mustFail: []string{idemtest.CheckCrossTenant},
+			mustFail: []string{"cross-tenant"},
 			exact:    true,
-			detail:   map[string]string{idemtest.CheckCrossTenant: "keys are not scoped to the caller"},
+			detail:   map[string]string{"cross-tenant": "keys are not scoped to the caller"},
 		},
 		{
 			name: "drops Location on replay",
 			handler: func(t *testing.T) http.Handler {
 				return protect(t, &orders{}, server.WithStoredHeaders("Content-Type"))
 			},
-			mustFail: []string{idemtest.CheckReplay},
+			mustFail: []string{"replay"},
 			exact:    true,
-			want:     map[string]idemtest.Status{idemtest.CheckReplayMarked: idemtest.StatusPass},
-			detail:   map[string]string{idemtest.CheckReplay: "The replay's headers differ from the first answer's: Location was dropped."},
+			want:     map[string]idemtest.Status{"replay-marked": idemtest.StatusPass},
+			detail:   map[string]string{"replay": "The replay's headers differ from the first answer's: Location was dropped."},
 		},
 		{
 			name: "stores 5xx, as the draft allows",
 			handler: func(t *testing.T) http.Handler {
-				return protect(t, &orders{}, server.WithStoreStatus(func(int) bool { return true }))
+				return protect(t, &orders{}, server.WithKeep(func(int) bool { return true }))
 			},
 			exact:  true,
-			want:   map[string]idemtest.Status{idemtest.Check5xxNotCached: idemtest.StatusAdvisory},
-			detail: map[string]string{idemtest.Check5xxNotCached: "The 5xx was stored and replayed: a retry with this key gets the error, never a success. Policy release-5xx, advisory"},
+			want:   map[string]idemtest.Status{"5xx-not-cached": idemtest.StatusAdvisory},
+			detail: map[string]string{"5xx-not-cached": "The 5xx was stored and replayed: a retry with this key gets the error, never a success. Policy release-5xx, advisory"},
 		},
 		{
 			name: "stores 5xx, release-5xx required",
 			handler: func(t *testing.T) http.Handler {
-				return protect(t, &orders{}, server.WithStoreStatus(func(int) bool { return true }))
+				return protect(t, &orders{}, server.WithKeep(func(int) bool { return true }))
 			},
 			edit:     func(tg *idemtest.Target) { tg.Require5xxRelease = true },
-			mustFail: []string{idemtest.Check5xxNotCached},
+			mustFail: []string{"5xx-not-cached"},
 			exact:    true,
-			detail:   map[string]string{idemtest.Check5xxNotCached: "Policy release-5xx, required"},
+			detail:   map[string]string{"5xx-not-cached": "Policy release-5xx, required"},
 		},
 		{
 			name:     "stuck key after a 5xx",
 			handler:  func(t *testing.T) http.Handler { return stuckAfter5xx(protect(t, &orders{})) },
 			edit:     func(tg *idemtest.Target) { tg.Patience = 300 * time.Millisecond },
-			mustFail: []string{idemtest.Check5xxNotCached},
+			mustFail: []string{"5xx-not-cached"},
 			exact:    true,
-			detail:   map[string]string{idemtest.Check5xxNotCached: "This is a failure whatever the policy"},
+			detail:   map[string]string{"5xx-not-cached": "This is a failure whatever the policy"},
 		},
 		{
 			name: "treats an empty key as none, keys optional",
@@ -212,19 +212,19 @@ func TestNoncompliantServers(t *testing.T) {
 			edit:  func(tg *idemtest.Target) { tg.KeysOptional = true },
 			exact: true,
 			want: map[string]idemtest.Status{
-				idemtest.CheckMalformedKey: idemtest.StatusPass,
-				idemtest.CheckMissingKey:   idemtest.StatusNotApplicable,
+				"malformed-key": idemtest.StatusPass,
+				"missing-key":   idemtest.StatusNotApplicable,
 			},
-			detail: map[string]string{idemtest.CheckMalformedKey: "Ignored, as RFC 8941 allows of a field that does not parse (two requests with it both ran, as requests without a key do): the empty key."},
+			detail: map[string]string{"malformed-key": "Ignored, as RFC 8941 allows of a field that does not parse (two requests with it both ran, as requests without a key do): the empty key."},
 		},
 		{
 			name: "treats an empty key as none, keys required",
 			handler: func(t *testing.T) http.Handler {
 				return emptyKeyIsNone(protect(t, &orders{}, server.WithKeyOptional()))
 			},
-			mustFail: []string{idemtest.CheckMissingKey, idemtest.CheckMalformedKey},
+			mustFail: []string{"missing-key", "malformed-key"},
 			exact:    true,
-			detail:   map[string]string{idemtest.CheckMalformedKey: "Ran, not refused: the empty key."},
+			detail:   map[string]string{"malformed-key": "Ran, not refused: the empty key."},
 		},
 		{
 			name: "one request at a time, quickly",
@@ -237,8 +237,8 @@ func TestNoncompliantServers(t *testing.T) {
 				return oneAtATime(mw.Handler(&orders{}))
 			},
 			exact: true,
-			want:  map[string]idemtest.Status{idemtest.CheckConcurrent: idemtest.StatusInconclusive},
-			detail: map[string]string{idemtest.CheckConcurrent: "too fast for duplicates released together to meet the first while it ran. " +
+			want:  map[string]idemtest.Status{"concurrent": idemtest.StatusInconclusive},
+			detail: map[string]string{"concurrent": "too fast for duplicates released together to meet the first while it ran. " +
 				"They reached the idempotency layer after it had finished, and got its answer, which a server without any protection of requests in flight also gives. " +
 				"Point the check at an endpoint that takes 100ms or more to run a request"},
 		},
@@ -255,10 +255,10 @@ func TestNoncompliantServers(t *testing.T) {
 				require.NoError(t, err)
 				return oneAtATime(mw.Handler(slowly(120*time.Millisecond, &orders{})))
 			},
-			edit:   func(tg *idemtest.Target) { tg.Checks = []string{idemtest.CheckConcurrent} },
+			edit:   func(tg *idemtest.Target) { tg.Checks = []string{"concurrent"} },
 			exact:  true,
-			want:   map[string]idemtest.Status{idemtest.CheckConcurrent: idemtest.StatusInconclusive},
-			detail: map[string]string{idemtest.CheckConcurrent: "The target handled the requests one at a time, so the duplicates never met the first at its idempotency layer"},
+			want:   map[string]idemtest.Status{"concurrent": idemtest.StatusInconclusive},
+			detail: map[string]string{"concurrent": "The target handled the requests one at a time, so the duplicates never met the first at its idempotency layer"},
 		},
 		{
 			name: "marks replays with a common spelling",
@@ -266,8 +266,8 @@ func TestNoncompliantServers(t *testing.T) {
 				return protect(t, &orders{}, server.WithReplayedHeader("X-Idempotent-Replayed"))
 			},
 			exact:  true,
-			want:   map[string]idemtest.Status{idemtest.CheckReplayMarked: idemtest.StatusPass},
-			detail: map[string]string{idemtest.CheckReplayMarked: "The replay is marked with X-Idempotent-Replayed, not Idempotent-Replayed."},
+			want:   map[string]idemtest.Status{"replay-marked": idemtest.StatusPass},
+			detail: map[string]string{"replay-marked": "The replay is marked with X-Idempotent-Replayed, not Idempotent-Replayed."},
 			note:   "Replays are marked with X-Idempotent-Replayed, not Idempotent-Replayed",
 		},
 		{
@@ -277,7 +277,7 @@ func TestNoncompliantServers(t *testing.T) {
 			},
 			edit:  func(tg *idemtest.Target) { tg.MaxKeyLen = 300 },
 			exact: true,
-			want:  map[string]idemtest.Status{idemtest.CheckMalformedKey: idemtest.StatusPass},
+			want:  map[string]idemtest.Status{"malformed-key": idemtest.StatusPass},
 		},
 		{
 			name: "a key length limit over the declared one",
@@ -285,20 +285,20 @@ func TestNoncompliantServers(t *testing.T) {
 				return protect(t, &orders{})
 			},
 			edit:     func(tg *idemtest.Target) { tg.MaxKeyLen = 100 },
-			mustFail: []string{idemtest.CheckMalformedKey},
+			mustFail: []string{"malformed-key"},
 			exact:    true,
-			detail:   map[string]string{idemtest.CheckMalformedKey: "Ran, not refused: the 101-byte key."},
+			detail:   map[string]string{"malformed-key": "Ran, not refused: the 101-byte key."},
 		},
 		{
 			name:    "quoted and bare keys are two keys",
 			handler: func(*testing.T) http.Handler { return newCheckThenInsert(0) },
 			edit: func(tg *idemtest.Target) {
 				tg.KeyForm = idemtest.KeyBoth
-				tg.Checks = []string{idemtest.CheckFirstRequest, idemtest.CheckReplay, idemtest.CheckKeyForms}
+				tg.Checks = []string{"first-request", "replay", "key-forms"}
 			},
-			mustFail: []string{idemtest.CheckKeyForms},
+			mustFail: []string{"key-forms"},
 			exact:    true,
-			detail: map[string]string{idemtest.CheckKeyForms: "The quoted form after the bare one ran the request again: the two forms are two keys; " +
+			detail: map[string]string{"key-forms": "The quoted form after the bare one ran the request again: the two forms are two keys; " +
 				"the bare form after the quoted one ran the request again"},
 		},
 	} {
@@ -415,7 +415,7 @@ func TestCheckThenInsertRace(t *testing.T) {
 	h := newCheckThenInsert(200 * time.Millisecond)
 	srv := start(t, h)
 	tg := target(srv.URL)
-	tg.Checks = []string{idemtest.CheckConcurrent}
+	tg.Checks = []string{"concurrent"}
 	tg.Concurrency = 5
 	report := check(t, tg)
 	res := report.Results[0]
@@ -434,7 +434,7 @@ func TestConcurrentUnmarkedDuplicates(t *testing.T) {
 		io.WriteString(w, `{"status":"accepted"}`)
 	})
 	tg := target("")
-	tg.Checks = []string{idemtest.CheckFirstRequest, idemtest.CheckReplay, idemtest.CheckConcurrent}
+	tg.Checks = []string{"first-request", "replay", "concurrent"}
 	tg.Handler = protect(t, static)
 	report := check(t, tg)
 	for _, res := range report.Results {
@@ -459,7 +459,7 @@ func TestIndistinguishableExecutions(t *testing.T) {
 	h.static = true
 	tg := target("")
 	tg.Handler = h
-	tg.Checks = []string{idemtest.CheckFirstRequest, idemtest.CheckReplay, idemtest.CheckConcurrent}
+	tg.Checks = []string{"first-request", "replay", "concurrent"}
 	report := check(t, tg)
 	assert.Equal(t, idemtest.StatusPass, report.Results[0].Status, report.Results[0].Detail)
 	assert.Equal(t, idemtest.StatusInconclusive, report.Results[1].Status, report.Results[1].Detail)
@@ -485,7 +485,7 @@ func TestKeyMismatchHint(t *testing.T) {
 		tg := target("")
 		tg.Handler = newCheckThenInsert(0)
 		tg.Body = idemtest.BodyTemplate(tc.body)
-		tg.Checks = []string{idemtest.CheckKeyMismatch}
+		tg.Checks = []string{"key-mismatch"}
 		res := check(t, tg).Results[0]
 		assert.Equal(t, idemtest.StatusFail, res.Status, tc.body)
 		assert.Equal(t, tc.hint, strings.Contains(res.Detail, "differ only in white space"), "%s: %s", tc.body, res.Detail)
@@ -559,9 +559,9 @@ func TestConcurrentNeedsInFlightProtection(t *testing.T) {
 			h := newNoInFlight(tc.delay)
 			srv := start(t, h)
 			tg := target(srv.URL)
-			tg.Checks = []string{idemtest.CheckConcurrent}
+			tg.Checks = []string{"concurrent"}
 			for i := range tc.runs {
-				res, _ := check(t, tg).Result(idemtest.CheckConcurrent)
+				res, _ := check(t, tg).Result("concurrent")
 				if !assert.NotEqual(t, idemtest.StatusPass, res.Status, "run %d: %s\n%s", i, res.Detail, res.Got) {
 					continue
 				}

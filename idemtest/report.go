@@ -159,47 +159,34 @@ func (r *Report) Err() error {
 	return errors.New(b.String())
 }
 
-// Summary counts the results of a Report by status.
-type Summary struct {
-	Passed        int `json:"passed"`
-	Failed        int `json:"failed"`
-	NotApplicable int `json:"not_applicable"`
-	Advisory      int `json:"advisory"`
-	Inconclusive  int `json:"inconclusive"`
-}
-
-// Summary counts the report's results by status.
-func (r *Report) Summary() Summary {
-	var s Summary
+// Summary returns a line that counts the report's results by status, such
+// as "7 passed, 1 failed, 2 not applicable": the passed and failed counts
+// always appear, the others when not zero.
+func (r *Report) Summary() string {
+	var passed, failed, notApplicable, advisory, inconclusive int
 	for _, res := range r.Results {
 		switch res.Status {
 		case StatusPass:
-			s.Passed++
+			passed++
 		case StatusFail:
-			s.Failed++
+			failed++
 		case StatusNotApplicable:
-			s.NotApplicable++
+			notApplicable++
 		case StatusAdvisory:
-			s.Advisory++
+			advisory++
 		case StatusInconclusive:
-			s.Inconclusive++
+			inconclusive++
 		}
 	}
-	return s
-}
-
-// String returns a line such as "7 passed, 1 failed, 2 not applicable";
-// the passed and failed counts always appear, the others when not zero.
-func (s Summary) String() string {
-	out := strconv.Itoa(s.Passed) + " passed, " + strconv.Itoa(s.Failed) + " failed"
-	if s.NotApplicable > 0 {
-		out += ", " + strconv.Itoa(s.NotApplicable) + " not applicable"
+	out := strconv.Itoa(passed) + " passed, " + strconv.Itoa(failed) + " failed"
+	if notApplicable > 0 {
+		out += ", " + strconv.Itoa(notApplicable) + " not applicable"
 	}
-	if s.Advisory > 0 {
-		out += ", " + strconv.Itoa(s.Advisory) + " advisory"
+	if advisory > 0 {
+		out += ", " + strconv.Itoa(advisory) + " advisory"
 	}
-	if s.Inconclusive > 0 {
-		out += ", " + strconv.Itoa(s.Inconclusive) + " inconclusive"
+	if inconclusive > 0 {
+		out += ", " + strconv.Itoa(inconclusive) + " inconclusive"
 	}
 	return out
 }

@@ -15,23 +15,23 @@ import (
 // The headers of the protocol, the defaults of Target.KeyHeader and
 // Target.ReplayedHeader.
 const (
-	HeaderKey      = "Idempotency-Key"
-	HeaderReplayed = "Idempotent-Replayed"
+	headerKey      = "Idempotency-Key"
+	headerReplayed = "Idempotent-Replayed"
 )
 
 // Defaults for the Target fields left at their zero value.
 const (
-	DefaultMethod      = http.MethodPost
-	DefaultConcurrency = 10
-	DefaultTimeout     = 10 * time.Second
-	DefaultPatience    = 10 * time.Second
-	DefaultDropAfter   = 100 * time.Millisecond
+	defaultMethod      = http.MethodPost
+	defaultConcurrency = 10
+	defaultTimeout     = 10 * time.Second
+	defaultPatience    = 10 * time.Second
+	defaultDropAfter   = 100 * time.Millisecond
 
-	// Placeholder is replaced by the variant number in a BodyTemplate.
-	Placeholder = "{{variant}}"
-	// DefaultBody is the template of the body sent when Target.Body is
+	// placeholder is replaced by the variant number in a BodyTemplate.
+	placeholder = "{{variant}}"
+	// defaultBody is the template of the body sent when Target.Body is
 	// nil, as application/json unless Target.Header names a Content-Type.
-	DefaultBody = `{"idemtest_variant":` + Placeholder + `}`
+	defaultBody = `{"idemtest_variant":` + placeholder + `}`
 )
 
 // maxKeyProbe bounds Target.MaxKeyLen, well under the header size that HTTP
@@ -77,7 +77,8 @@ type Target struct {
 	// key-mismatch check sends under a key already used for variant 0. Both
 	// must be requests that the target accepts, and that it tells apart;
 	// calls with the same variant must return equal bodies. BodyTemplate makes one from a
-	// string. Nil means BodyTemplate(DefaultBody).
+	// string. Nil means BodyTemplate(`{"idemtest_variant":{{variant}}}`),
+	// sent as application/json unless Header names a Content-Type.
 	Body func(variant int) []byte
 
 	// SecondCredential, when set, makes a request as another caller: its
@@ -194,7 +195,7 @@ const (
 )
 
 // BodyTemplate returns a Body function that makes each variant from tmpl by
-// replacing every Placeholder with the variant's number, such as
+// replacing every {{variant}} with the variant's number, such as
 // `{"sku":"A1","note":"{{variant}}"}`.
 //
 // A template without the placeholder is sent as it is for variant 0, and with
@@ -204,9 +205,9 @@ const (
 // document sees the same one, and then the key-mismatch check fails because of
 // the template, not the target. Give such a target a placeholder.
 func BodyTemplate(tmpl string) func(variant int) []byte {
-	if strings.Contains(tmpl, Placeholder) {
+	if strings.Contains(tmpl, placeholder) {
 		return func(variant int) []byte {
-			return []byte(strings.ReplaceAll(tmpl, Placeholder, strconv.Itoa(variant)))
+			return []byte(strings.ReplaceAll(tmpl, placeholder, strconv.Itoa(variant)))
 		}
 	}
 	return func(variant int) []byte {
@@ -242,16 +243,16 @@ func (t Target) withDefaults() (Target, error) {
 		bad("Target.Path %q does not start with / or ?", t.Path)
 	}
 	if t.Method == "" {
-		t.Method = DefaultMethod
+		t.Method = defaultMethod
 	}
 	if !validToken(t.Method) { // a method is a token, as a header name is
 		bad("Target.Method %q is not a valid method", t.Method)
 	}
 	if t.KeyHeader == "" {
-		t.KeyHeader = HeaderKey
+		t.KeyHeader = headerKey
 	}
 	if t.ReplayedHeader == "" {
-		t.ReplayedHeader = HeaderReplayed
+		t.ReplayedHeader = headerReplayed
 	}
 	switch t.KeyForm {
 	case "":
@@ -306,13 +307,13 @@ func (t Target) withDefaults() (Target, error) {
 		bad("Target.SecondCredential is the same as Target.Header: the cross-tenant check needs another caller")
 	}
 	if t.Body == nil {
-		t.Body = BodyTemplate(DefaultBody)
+		t.Body = BodyTemplate(defaultBody)
 		if t.Header.Get("Content-Type") == "" {
 			t.Header.Set("Content-Type", "application/json")
 		}
 	}
 	if t.Concurrency == 0 {
-		t.Concurrency = DefaultConcurrency
+		t.Concurrency = defaultConcurrency
 	}
 	if t.Concurrency < 2 {
 		bad("Target.Concurrency %d is less than 2", t.Concurrency)
@@ -322,9 +323,9 @@ func (t Target) withDefaults() (Target, error) {
 		v    *time.Duration
 		def  time.Duration
 	}{
-		{"Timeout", &t.Timeout, DefaultTimeout},
-		{"Patience", &t.Patience, DefaultPatience},
-		{"DropAfter", &t.DropAfter, DefaultDropAfter},
+		{"Timeout", &t.Timeout, defaultTimeout},
+		{"Patience", &t.Patience, defaultPatience},
+		{"DropAfter", &t.DropAfter, defaultDropAfter},
 	} {
 		if *d.v < 0 {
 			bad("Target.%s %v is negative", d.name, *d.v)

@@ -29,7 +29,7 @@ func (r *runner) crossTenant() Result {
 		return fail(sent, r.describeAnswer(a), want, "The first caller's request did not succeed.")
 	}
 	b := r.send(other)
-	r.saw(CheckCrossTenant, other, b)
+	r.saw(checkCrossTenant, other, b)
 	c, conflicts := r.settle(q)
 	got := r.describeAnswer(a) + "\nthen " + r.describeAnswer(b) + "\nthen " + conflictsThen(conflicts) + r.describeAnswer(c)
 	switch {
@@ -58,9 +58,9 @@ func (r *runner) fiveXXNotCached() Result {
 	q := r.keyed(0)
 	failing := overlay(q, r.t.FailHeader, "with the fail trigger (its "+headerNames(r.t.FailHeader)+")")
 	sent := r.describe(failing) + "\nthen " + r.describe(q)
-	policy := "Policy " + PolicyRelease5xx + ", advisory: the draft lets a server answer a retry with the stored error, as Stripe does; Target.Require5xxRelease (idemcheck -require-5xx-release) makes it required."
+	policy := "Policy " + policyRelease5xx + ", advisory: the draft lets a server answer a retry with the stored error, as Stripe does; Target.Require5xxRelease (idemcheck -require-5xx-release) makes it required."
 	if r.t.Require5xxRelease {
-		policy = "Policy " + PolicyRelease5xx + ", required (Target.Require5xxRelease, idemcheck -require-5xx-release)."
+		policy = "Policy " + policyRelease5xx + ", required (Target.Require5xxRelease, idemcheck -require-5xx-release)."
 	}
 	const want = "a 5xx, then a success that ran the request (not marked as a replay); at the least, not a key left in flight"
 	a := r.send(failing)
@@ -68,7 +68,7 @@ func (r *runner) fiveXXNotCached() Result {
 		return fail(sent, r.describeAnswer(a), want, "The fail trigger did not make the target answer 5xx: check Target.FailHeader (idemcheck -fail-header).")
 	}
 	b, conflicts := r.settle(q)
-	r.saw(Check5xxNotCached, q, b)
+	r.saw(check5xxNotCached, q, b)
 	got := r.describeAnswer(a) + "\nthen " + conflictsThen(conflicts) + r.describeAnswer(b)
 	switch {
 	case b.err == nil && b.status >= 500 && b.status <= 599 && (b.same(a) || r.marked(b)):

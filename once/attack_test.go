@@ -28,11 +28,11 @@ import (
 // untilRuns calls once.Do with fn until the answer is not ErrInFlight (the
 // key is still held by a lease that has not ended), polling with a short
 // pause, and returns that answer.
-func untilRuns[T any](t *testing.T, r *once.Runner, key engine.ID, input any, fn func(context.Context) (T, error)) (once.Result[T], error) {
+func untilRuns[T any](t *testing.T, r *once.Runner, key engine.ID, input any, fn func(context.Context) (T, error)) (doneResult[T], error) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		res, err := once.DoResult(context.Background(), r, key, input, fn)
+		res, err := doResult(context.Background(), r, key, input, fn)
 		if !errors.Is(err, engine.ErrInFlight) || time.Now().After(deadline) {
 			return res, err
 		}
@@ -48,7 +48,7 @@ func TestAttackReleaseFails(t *testing.T) {
 	eachStore(t, func(t *testing.T, store engine.Store) {
 		fs := faultstore.New(store)
 		fs.Set(faultstore.Release, faultstore.Fault{Err: errors.New("store down")})
-		r := newRunner(t, fs, once.WithStoreTimeout(100*time.Millisecond), once.WithLease(300*time.Millisecond))
+		r := newRunner(t, fs, once.WithConfig(engine.Config{StoreTimeout: 100 * time.Millisecond, Lease: 300 * time.Millisecond}))
 		errDown := errors.New("downstream down")
 		var runs atomic.Int32
 		_, err := once.Do(context.Background(), r, id("rel-1"), nil, func(context.Context) (int, error) {
@@ -77,7 +77,7 @@ func TestAttackClaimAnswerLost(t *testing.T) {
 	eachStore(t, func(t *testing.T, store engine.Store) {
 		fs := faultstore.New(store)
 		fs.Set(faultstore.Claim, faultstore.Fault{ErrAfter: errors.New("answer lost"), Times: 1})
-		r := newRunner(t, fs, once.WithLease(100*time.Millisecond))
+		r := newRunner(t, fs, once.WithConfig(engine.Config{Lease: 100 * time.Millisecond}))
 		var runs atomic.Int32
 		fn := func(ctx context.Context) (int, error) {
 			l, _ := engine.LeaseFromContext(ctx)
@@ -100,7 +100,7 @@ func TestAttackCompleteAnswerLost(t *testing.T) {
 	eachStore(t, func(t *testing.T, store engine.Store) {
 		fs := faultstore.New(store)
 		fs.Set(faultstore.Complete, faultstore.Fault{ErrAfter: errors.New("answer lost"), Times: 1})
-		r := newRunner(t, fs, once.WithStoreTimeout(200*time.Millisecond), once.WithLease(time.Second))
+		r := newRunner(t, fs, once.WithConfig(engine.Config{StoreTimeout: 200 * time.Millisecond, Lease: time.Second}))
 		var runs atomic.Int32
 		fn := func(context.Context) (int, error) { return int(runs.Add(1)) * 10, nil }
 		v, err := once.Do(context.Background(), r, id("cal-1"), nil, fn)
@@ -121,7 +121,7 @@ func TestAttackCompleteHangs(t *testing.T) {
 	eachStore(t, func(t *testing.T, store engine.Store) {
 		fs := faultstore.New(store)
 		fs.Set(faultstore.Complete, faultstore.Fault{Hang: true})
-		r, err := once.New(fs, once.WithStoreTimeout(100*time.Millisecond), once.WithLease(500*time.Millisecond))
+		r, err := once.New(fs, once.WithConfig(engine.Config{StoreTimeout: 100 * time.Millisecond, Lease: 500 * time.Millisecond}))
 		require.NoError(t, err)
 		var runs atomic.Int32
 		fn := func(context.Context) (int, error) { return int(runs.Add(1)), nil }
@@ -142,7 +142,7 @@ func TestAttackCompleteHangs(t *testing.T) {
 func TestAttackShutdownGivesUp(t *testing.T) {
 	fs := faultstore.New(teststores.Memory(t))
 	fs.Set(faultstore.Complete, faultstore.Fault{Hang: true})
-	r, err := once.New(fs, once.WithStoreTimeout(20*time.Millisecond), once.WithLease(time.Minute))
+	r, err := once.New(fs, once.WithConfig(engine.Config{StoreTimeout: 20 * time.Millisecond, Lease: time.Minute}))
 	require.NoError(t, err)
 	_, err = once.Do(context.Background(), r, id("sd-1"), nil, func(context.Context) (int, error) { return 1, nil })
 	require.NoError(t, err)
@@ -172,7 +172,7 @@ func (s slowClaim) Claim(ctx context.Context, id engine.ID, fp string, lease, tt
 func TestAttackClaimTooLate(t *testing.T) {
 	const lease = 50 * time.Millisecond
 	store := teststores.Memory(t)
-	r := newRunner(t, slowClaim{store, lease}, once.WithLease(lease))
+	r := newRunner(t, slowClaim{store, lease}, once.WithConfig(engine.Config{Lease: lease}))
 	ran := false
 	_, err := once.Do(context.Background(), r, id("late-claim"), nil, func(context.Context) (int, error) { ran = true; return 1, nil })
 	assert.ErrorIs(t, err, engine.ErrStoreUnavailable)
@@ -189,10 +189,10 @@ func TestAttackExtremeOptions(t *testing.T) {
 		ctx := context.Background()
 		century := 100 * 365 * 24 * time.Hour
 		for name, opts := range map[string][]once.Option{
-			"century":  {once.WithTTL(century), once.WithLease(century)},
-			"max":      {once.WithTTL(math.MaxInt64), once.WithLease(math.MaxInt64), once.WithStoreTimeout(math.MaxInt64), once.WithRetryAfter(math.MaxInt64), once.WithWait(math.MaxInt64)},
-			"ttl-min":  {once.WithTTL(engine.MinLease), once.WithStoreTimeout(time.Second)},
-			"wait-max": {once.WithWait(math.MaxInt64)},
+			"century":  {once.WithConfig(engine.Config{TTL: century, Lease: century})},
+			"max":      {once.WithConfig(engine.Config{TTL: math.MaxInt64, Lease: math.MaxInt64, StoreTimeout: math.MaxInt64, RetryAfter: math.MaxInt64, Wait: math.MaxInt64})},
+			"ttl-min":  {once.WithConfig(engine.Config{TTL: engine.MinLease, StoreTimeout: time.Second})},
+			"wait-max": {once.WithConfig(engine.Config{Wait: math.MaxInt64})},
 		} {
 			r := newRunner(t, store, opts...)
 			key := id(teststores.UniqueName(t, name+"-"))
@@ -205,7 +205,7 @@ func TestAttackExtremeOptions(t *testing.T) {
 			if name == "ttl-min" {
 				continue // the record may be gone already
 			}
-			res, err := once.DoResult(ctx, r, key, name, func(context.Context) (string, error) { return "again", nil })
+			res, err := doResult(ctx, r, key, name, func(context.Context) (string, error) { return "again", nil })
 			require.NoError(t, err, name)
 			assert.True(t, res.Replayed, name)
 			assert.Equal(t, name, res.Value)
@@ -213,10 +213,10 @@ func TestAttackExtremeOptions(t *testing.T) {
 	})
 }
 
-// TestAttackWaitLongest: callers waiting with the largest WithWait get the
+// TestAttackWaitLongest: callers waiting with the largest Wait get the
 // holder's value once it returns.
 func TestAttackWaitLongest(t *testing.T) {
-	r := newRunner(t, teststores.Memory(t), once.WithWait(math.MaxInt64))
+	r := newRunner(t, teststores.Memory(t), once.WithConfig(engine.Config{Wait: math.MaxInt64}))
 	hold, started := make(chan struct{}), make(chan struct{})
 	var runs atomic.Int32
 	fn := func(context.Context) (int, error) {
@@ -251,7 +251,7 @@ func TestAttackWaitLongest(t *testing.T) {
 func TestAttackWaitersAfterRelease(t *testing.T) {
 	eachStore(t, func(t *testing.T, store engine.Store) {
 		const callers = 6
-		r := newRunner(t, store, once.WithWait(10*time.Second))
+		r := newRunner(t, store, once.WithConfig(engine.Config{Wait: 10 * time.Second}))
 		var running, runs atomic.Int32
 		errBusy := errors.New("busy")
 		fn := func(context.Context) (int, error) {
@@ -306,7 +306,7 @@ func TestAttackCallerCancelledDuringFn(t *testing.T) {
 		})
 		require.NoError(t, err, "fn's value, although the caller went away")
 		assert.Equal(t, 3, v)
-		res, err := once.DoResult(context.Background(), r, id("cc-2"), nil, func(context.Context) (int, error) { return 4, nil })
+		res, err := doResult(context.Background(), r, id("cc-2"), nil, func(context.Context) (int, error) { return 4, nil })
 		require.NoError(t, err)
 		assert.True(t, res.Replayed)
 		assert.Equal(t, 3, res.Value)
@@ -328,7 +328,7 @@ func TestAttackCallerCancelledDuringFn(t *testing.T) {
 // TestAttackCallerCancelledWhileWaiting: a caller waiting for the holder
 // whose ctx ends gets its error at once, and does not disturb the holder.
 func TestAttackCallerCancelledWhileWaiting(t *testing.T) {
-	r := newRunner(t, teststores.Memory(t), once.WithWait(time.Minute))
+	r := newRunner(t, teststores.Memory(t), once.WithConfig(engine.Config{Wait: time.Minute}))
 	hold, started := make(chan struct{}), make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
@@ -350,7 +350,7 @@ func TestAttackCallerCancelledWhileWaiting(t *testing.T) {
 	assert.ErrorIs(t, <-waiter, context.Canceled)
 	close(hold)
 	require.NoError(t, <-done)
-	res, err := once.DoResult(context.Background(), r, id("cw-1"), nil, func(context.Context) (int, error) { return 3, nil })
+	res, err := doResult(context.Background(), r, id("cw-1"), nil, func(context.Context) (int, error) { return 3, nil })
 	require.NoError(t, err)
 	assert.True(t, res.Replayed)
 	assert.Equal(t, 1, res.Value)
@@ -362,7 +362,7 @@ func TestAttackPanicAfterLeaseLost(t *testing.T) {
 	eachStore(t, func(t *testing.T, store engine.Store) {
 		fs := faultstore.New(store)
 		fs.Set(faultstore.Extend, faultstore.Fault{Err: errors.New("store down")})
-		r := newRunner(t, fs, once.WithLease(300*time.Millisecond), once.WithStoreTimeout(50*time.Millisecond))
+		r := newRunner(t, fs, once.WithConfig(engine.Config{Lease: 300 * time.Millisecond, StoreTimeout: 50 * time.Millisecond}))
 		assert.PanicsWithValue(t, "after loss", func() {
 			_, _ = once.Do(context.Background(), r, id("pl-1"), nil, func(ctx context.Context) (int, error) {
 				<-ctx.Done()
@@ -379,7 +379,6 @@ func TestAttackPanicAfterLeaseLost(t *testing.T) {
 // panicCodec is JSON whose Marshal panics for values of type T, and whose
 // Unmarshal panics when unmarshal is set.
 type panicCodec[T any] struct {
-	once.JSON
 	unmarshal bool
 }
 
@@ -387,14 +386,14 @@ func (c panicCodec[T]) Marshal(v any) ([]byte, error) {
 	if _, ok := v.(T); ok {
 		panic("codec marshal")
 	}
-	return c.JSON.Marshal(v)
+	return once.JSON.Marshal(v)
 }
 
 func (c panicCodec[T]) Unmarshal(data []byte, v any) error {
 	if c.unmarshal {
 		panic("codec unmarshal")
 	}
-	return c.JSON.Unmarshal(data, v)
+	return once.JSON.Unmarshal(data, v)
 }
 
 type result struct{ N int }
@@ -415,7 +414,7 @@ func TestAttackCodecPanics(t *testing.T) {
 
 	bad := newRunner(t, store, once.WithCodec(panicCodec[struct{}]{unmarshal: true}))
 	assert.PanicsWithValue(t, "codec unmarshal", func() { _, _ = once.Do(context.Background(), bad, id("cp-1"), "in", fn) })
-	res, err := once.DoResult(context.Background(), good, id("cp-1"), "in", fn)
+	res, err := doResult(context.Background(), good, id("cp-1"), "in", fn)
 	require.NoError(t, err)
 	assert.True(t, res.Replayed)
 	assert.Equal(t, result{N: 2}, res.Value)
@@ -425,14 +424,14 @@ func TestAttackCodecPanics(t *testing.T) {
 // TestAttackObserverPanicsEverywhere: an observer that panics on every
 // event, EventAcquired included, leaves no key claimed, on every path.
 func TestAttackObserverPanicsEverywhere(t *testing.T) {
-	r := newRunner(t, teststores.Memory(t), once.WithObserver(func(context.Context, engine.Event) { panic("observer") }))
+	r := newRunner(t, teststores.Memory(t), once.WithConfig(engine.Config{Observer: func(context.Context, engine.Event) { panic("observer") }}))
 	ctx := context.Background()
 	_, err := once.Do(ctx, r, id("op-1"), nil, func(context.Context) (int, error) { return 0, errors.New("retry me") })
 	assert.EqualError(t, err, "retry me")
 	v, err := once.Do(ctx, r, id("op-1"), nil, func(context.Context) (int, error) { return 1, nil })
 	require.NoError(t, err)
 	assert.Equal(t, 1, v)
-	res, err := once.DoResult(ctx, r, id("op-1"), nil, func(context.Context) (int, error) { return 2, nil })
+	res, err := doResult(ctx, r, id("op-1"), nil, func(context.Context) (int, error) { return 2, nil })
 	require.NoError(t, err)
 	assert.True(t, res.Replayed)
 	_, err = once.Do(ctx, r, id("op-1"), "other", func(context.Context) (int, error) { return 2, nil })
@@ -446,7 +445,7 @@ func TestAttackStoreErrorPanicsConcurrently(t *testing.T) {
 		const callers = 8
 		var ready sync.WaitGroup
 		ready.Add(callers)
-		r := newRunner(t, teststores.Memory(t), once.WithStoreError(func(error) bool {
+		r := newRunner(t, teststores.Memory(t), once.WithKeep(func(error) bool {
 			ready.Done()
 			ready.Wait() // every caller panics at the same moment
 			panic("store error")
@@ -520,7 +519,7 @@ func TestAttackHugeResultRealStores(t *testing.T) {
 		fn := func(context.Context) (string, error) { return big, nil }
 		_, err := once.Do(context.Background(), r, id("big-1"), nil, fn)
 		require.NoError(t, err)
-		res, err := once.DoResult(context.Background(), r, id("big-1"), nil, fn)
+		res, err := doResult(context.Background(), r, id("big-1"), nil, fn)
 		require.NoError(t, err)
 		assert.True(t, res.Replayed)
 		assert.Equal(t, len(big), len(res.Value))
@@ -554,7 +553,7 @@ func TestAttackSharedWithHTTP(t *testing.T) {
 			h.ServeHTTP(rec, req)
 			return rec
 		}
-		r := newRunner(t, store, once.WithWait(time.Minute))
+		r := newRunner(t, store, once.WithConfig(engine.Config{Wait: time.Minute}))
 		ran := false
 		fn := func(context.Context) (result, error) { ran = true; return result{N: 2}, nil }
 
@@ -612,7 +611,7 @@ func TestAttackNotCommitted(t *testing.T) {
 	v, err = once.Do(ctx, r, id("nc-1"), nil, fn)
 	require.NoError(t, err)
 	assert.Equal(t, 2, v)
-	res, err := once.DoResult(ctx, r, id("nc-1"), nil, fn)
+	res, err := doResult(ctx, r, id("nc-1"), nil, fn)
 	require.NoError(t, err)
 	assert.True(t, res.Replayed)
 	assert.Equal(t, 2, res.Value)
@@ -625,7 +624,7 @@ func TestAttackNotCommitted(t *testing.T) {
 // very retry that should run fn.
 func TestAttackStoreEverythingCallerGone(t *testing.T) {
 	eachStore(t, func(t *testing.T, store engine.Store) {
-		r := newRunner(t, store, once.WithStoreError(func(error) bool { return true }))
+		r := newRunner(t, store, once.WithKeep(func(error) bool { return true }))
 		ctx, cancel := context.WithCancel(context.Background())
 		_, err := once.Do(ctx, r, id("se-1"), nil, func(ctx context.Context) (int, error) {
 			cancel()
@@ -633,7 +632,7 @@ func TestAttackStoreEverythingCallerGone(t *testing.T) {
 			return 0, fmt.Errorf("charging: %w", ctx.Err())
 		})
 		assert.ErrorIs(t, err, context.Canceled)
-		res, err := once.DoResult(context.Background(), r, id("se-1"), nil, func(context.Context) (int, error) { return 8, nil })
+		res, err := doResult(context.Background(), r, id("se-1"), nil, func(context.Context) (int, error) { return 8, nil })
 		require.NoError(t, err, "the retry runs fn instead of getting the stored cancellation")
 		assert.False(t, res.Replayed)
 		assert.Equal(t, 8, res.Value)
@@ -666,7 +665,7 @@ func TestAttackOddIDs(t *testing.T) {
 			assert.Equal(t, i, v, "%q is a record of its own", key)
 		}
 		for i, key := range ids {
-			res, err := once.DoResult(context.Background(), r, key, nil, func(context.Context) (int, error) { return -1, nil })
+			res, err := doResult(context.Background(), r, key, nil, func(context.Context) (int, error) { return -1, nil })
 			require.NoError(t, err, "%q", key)
 			assert.True(t, res.Replayed)
 			assert.Equal(t, i, res.Value, "%q", key)
@@ -694,7 +693,7 @@ func TestAttackEveryFault(t *testing.T) {
 				t.Run(op.String()+"/"+name, func(t *testing.T) {
 					fs := faultstore.New(store)
 					fs.Set(op, f)
-					r := newRunner(t, fs, once.WithStoreTimeout(timeout), once.WithLease(150*time.Millisecond))
+					r := newRunner(t, fs, once.WithConfig(engine.Config{StoreTimeout: timeout, Lease: 150 * time.Millisecond}))
 					key := id(teststores.UniqueName(t, "ef-"))
 					var running, runs atomic.Int32
 					fn := func(context.Context) (int, error) {
@@ -718,7 +717,7 @@ func TestAttackEveryFault(t *testing.T) {
 					fs.Clear(op)
 					// Healed, with a store timeout that a busy machine's
 					// store meets.
-					healed := newRunner(t, fs, once.WithLease(150*time.Millisecond))
+					healed := newRunner(t, fs, once.WithConfig(engine.Config{Lease: 150 * time.Millisecond}))
 					res, err := untilRuns(t, healed, key, nil, fn)
 					require.NoError(t, err)
 					if firstErr == nil {
@@ -772,7 +771,7 @@ func TestAttackValueAfterLeaseLost(t *testing.T) {
 	eachStore(t, func(t *testing.T, store engine.Store) {
 		fs := faultstore.New(store)
 		fs.Set(faultstore.Extend, faultstore.Fault{Err: errors.New("store down")})
-		r := newRunner(t, fs, once.WithLease(300*time.Millisecond), once.WithStoreTimeout(100*time.Millisecond))
+		r := newRunner(t, fs, once.WithConfig(engine.Config{Lease: 300 * time.Millisecond, StoreTimeout: 100 * time.Millisecond}))
 		v, err := once.Do(context.Background(), r, id("vl-1"), nil, func(ctx context.Context) (int, error) {
 			<-ctx.Done()
 			return 1, nil
@@ -800,14 +799,14 @@ func TestAttackValueAfterLeaseLost(t *testing.T) {
 func TestAttackLongScope(t *testing.T) {
 	eachStore(t, func(t *testing.T, store engine.Store) {
 		r := newRunner(t, store)
-		for _, n := range []int{once.MaxScopeLen, 16 << 10} {
+		for _, n := range []int{engine.MaxScopeLen, 16 << 10} {
 			scope := make([]byte, n)
 			for i := range scope {
 				scope[i] = byte(i*7919 + i*i*31 + i>>3) // does not compress
 			}
 			id := engine.ID{Scope: string(scope), Key: "k"}
 			_, err := once.Do(context.Background(), r, id, nil, func(context.Context) (int, error) { return 1, nil })
-			if n <= once.MaxScopeLen {
+			if n <= engine.MaxScopeLen {
 				assert.NoError(t, err)
 				continue
 			}

@@ -21,26 +21,26 @@ type Codec interface {
 	Unmarshal(data []byte, v any) error
 }
 
-// ErrInvalidUTF8 is what JSON's Marshal returns, wrapped, for a value
+// errInvalidUTF8 is what jsonCodec's Marshal returns, wrapped, for a value
 // holding a string that is not valid UTF-8.
-var ErrInvalidUTF8 = errors.New("string is not valid UTF-8")
+var errInvalidUTF8 = errors.New("string is not valid UTF-8")
 
-// JSON is the default Codec: encoding/json. Maps are encoded with their
+// jsonCodec is the default Codec: encoding/json. Maps are encoded with their
 // keys sorted, so its encoding is deterministic.
 //
 // encoding/json writes U+FFFD in place of the bytes of a string that are
 // not UTF-8, so that "acct-\xff" and "acct-\xfe" would be one input, and a
 // result "caf\xe9" would be replayed as "caf\uFFFD". JSON refuses such a
-// value instead, with an error wrapping ErrInvalidUTF8 that says where the
+// value instead, with an error that says where the
 // string is: an input is refused before fn runs, and a result is recorded
 // without its value (later calls get ErrResultOmitted). Binary data is kept
 // whole as a []byte (base64 in JSON); a string field, map key or element
 // must hold UTF-8. A type with its own MarshalJSON encodes itself.
-type JSON struct{}
+type jsonCodec struct{}
 
 // Marshal encodes v with json.Marshal, after checking that every string
 // it holds is valid UTF-8.
-func (JSON) Marshal(v any) ([]byte, error) {
+func (jsonCodec) Marshal(v any) ([]byte, error) {
 	var w walk
 	if err := w.check(reflect.ValueOf(v)); err != nil {
 		return nil, err
@@ -49,7 +49,7 @@ func (JSON) Marshal(v any) ([]byte, error) {
 }
 
 // Unmarshal decodes data into v with json.Unmarshal.
-func (JSON) Unmarshal(data []byte, v any) error { return json.Unmarshal(data, v) }
+func (jsonCodec) Unmarshal(data []byte, v any) error { return json.Unmarshal(data, v) }
 
 // utf8Error is a string, found at path, that is not valid UTF-8.
 type utf8Error struct {
@@ -70,7 +70,7 @@ func (e *utf8Error) Error() string {
 	return b.String()
 }
 
-func (e *utf8Error) Unwrap() error { return ErrInvalidUTF8 }
+func (e *utf8Error) Unwrap() error { return errInvalidUTF8 }
 
 // at adds step to the path of err, a *utf8Error, on the way out.
 func at(err error, step string) error {

@@ -84,7 +84,7 @@ func TestInvalidUTF8(t *testing.T) {
 		v, err := once.Do(ctx, r, id("utf8-out"), nil, latin1)
 		require.NoError(t, err)
 		assert.Equal(t, "caf\xe9", v, "the caller that ran fn gets its value")
-		res, err := once.DoResult(ctx, r, id("utf8-out"), nil, latin1)
+		res, err := doResult(ctx, r, id("utf8-out"), nil, latin1)
 		assert.ErrorIs(t, err, once.ErrResultOmitted, "a replay is the original, or an error: got %q", res.Value)
 		assert.Equal(t, 3, runs)
 	})
@@ -110,11 +110,11 @@ func TestJSONCodec(t *testing.T) {
 		{map[string]int{"a\xff": 1}, "the string at [a key]"},
 		{map[string]string{"a": "\xff"}, `["a"]`},
 	} {
-		_, err := once.JSON{}.Marshal(tc.v)
+		_, err := once.JSON.Marshal(tc.v)
 		assert.ErrorIs(t, err, once.ErrInvalidUTF8, "%#v", tc.v)
 		assert.ErrorContains(t, err, tc.path)
 	}
-	b, err := once.JSON{}.Marshal(outer{Hidden: "\xff", secret: "\xff", List: []inner{{Name: "é"}}})
+	b, err := once.JSON.Marshal(outer{Hidden: "\xff", secret: "\xff", List: []inner{{Name: "é"}}})
 	require.NoError(t, err, "fields JSON leaves out are not checked")
 	assert.JSONEq(t, `{"Inner":{"Name":""},"List":[{"Name":"é"}]}`, string(b))
 
@@ -128,13 +128,13 @@ func TestJSONCodec(t *testing.T) {
 	for range 300 {
 		list = &node{Name: "ok", Next: list}
 	}
-	_, err = once.JSON{}.Marshal(list)
+	_, err = once.JSON.Marshal(list)
 	assert.ErrorIs(t, err, once.ErrInvalidUTF8)
 
 	// A cycle is encoding/json's to report, not a reason to loop.
 	cycle := map[string]any{}
 	cycle["self"] = cycle
-	_, err = once.JSON{}.Marshal(cycle)
+	_, err = once.JSON.Marshal(cycle)
 	assert.Error(t, err)
 	assert.NotErrorIs(t, err, once.ErrInvalidUTF8)
 }
@@ -145,14 +145,14 @@ func TestJSONCodec(t *testing.T) {
 func TestRejectedObserved(t *testing.T) {
 	var mu sync.Mutex
 	var events []engine.Event
-	r := newRunner(t, teststores.Memory(t), once.WithObserver(func(_ context.Context, e engine.Event) {
+	r := newRunner(t, teststores.Memory(t), once.WithConfig(engine.Config{Observer: func(_ context.Context, e engine.Event) {
 		mu.Lock()
 		defer mu.Unlock()
 		events = append(events, e)
-	}))
+	}}))
 	ctx := context.Background()
 	fn := func(context.Context) (int, error) { return 1, nil }
-	long := strings.Repeat("s", once.MaxScopeLen+1)
+	long := strings.Repeat("s", engine.MaxScopeLen+1)
 	for _, tc := range []struct {
 		name  string
 		id    engine.ID

@@ -36,7 +36,7 @@ func Example() {
 	// as a bearer token, which a retry may carry refreshed.
 	id := engine.ID{Scope: "payments/" + msg.Account, Key: msg.ID}
 	for delivery := 1; delivery <= 2; delivery++ {
-		res, err := once.DoResult(context.Background(), r, id, msg.Body, charge)
+		res, err := doResult(context.Background(), r, id, msg.Body, charge)
 		if err != nil {
 			panic(err)
 		}

@@ -113,8 +113,7 @@ func TestFaultRun(t *testing.T) {
 	for _, kind := range teststores.All() {
 		t.Run(kind.Name, func(t *testing.T) {
 			store := &flaky{inner: kind.New(t), rng: rand.New(rand.NewPCG(*faultSeed, 7))}
-			r := newRunner(t, store, once.WithLease(time.Second), once.WithStoreTimeout(250*time.Millisecond),
-				once.WithWait(100*time.Millisecond), once.WithLogger(discard()))
+			r := newRunner(t, store, once.WithConfig(engine.Config{Lease: time.Second, StoreTimeout: 250 * time.Millisecond, Wait: 100 * time.Millisecond, Logger: discard()}))
 			run := func(door bool) (executions, dupKeys int, answers map[string]int, takeovers int) {
 				var mu sync.Mutex
 				effects := make(map[string]int)

@@ -24,25 +24,26 @@
 //   - The input is fingerprinted (encoded with the Codec, then SHA-256): a
 //     later call with the key and another input gets an error wrapping
 //     engine.ErrKeyMismatch, and fn does not run. The default Codec, JSON,
-//     refuses an input or a result holding a string that is not valid UTF-8
-//     (ErrInvalidUTF8), which encoding/json would change: such an input is
+//     refuses an input or a result holding a string that is not valid
+//     UTF-8, which encoding/json would change: such an input is
 //     refused before anything is claimed, and such a result is recorded
 //     without its value (ErrResultOmitted), never replayed changed.
-//   - While fn runs elsewhere with the key, a call waits up to WithWait for
-//     its result, then gets an error wrapping engine.ErrInFlight.
+//   - While fn runs elsewhere with the key, a call waits up to the
+//     configuration's Wait (WithConfig) for its result, then gets an error wrapping engine.ErrInFlight.
 //   - When the store fails, a call gets an error wrapping
 //     engine.ErrStoreUnavailable, and fn does not run: the door fails
 //     closed.
-//   - Under WithAbandoned(engine.RefuseAbandoned), a call that takes over a
+//   - Under engine.RefuseAbandoned (WithConfig), a call that takes over a
 //     key whose earlier holder was lost gets an error wrapping
 //     engine.ErrOutcomeUnknown, recorded for every later call, and fn does
 //     not run.
 //
 // Every refusal is an [*Error]; its RetryAfter says when to try again. A
-// call whose key is empty or too long, whose scope is too long, or whose
+// call whose key is empty or longer than 255 bytes, whose scope is longer
+// than engine.MaxScopeLen, or whose
 // input cannot be encoded is refused before anything is claimed, with an
 // error wrapping ErrInvalidKey or the Codec's error; the observer is told
-// of it (engine.EventRejected, StatusInvalid), as of every other call.
+// of it (engine.EventRejected, status 400), as of every other call.
 //
 // # The scope
 //
@@ -58,8 +59,8 @@
 // As the HTTP middleware stores a 4xx and releases the key on a 5xx, an
 // error that fn returns releases the key by default, so that the next call
 // runs fn again: it is a failure to retry (a timeout, an unavailable
-// dependency). An error wrapped with [Permanent] (or one that WithStoreError
-// says to store) is stored instead, like a 4xx: every later call with the
+// dependency). An error wrapped with [Permanent] (or one that WithKeep
+// says to keep) is stored instead, like a 4xx: every later call with the
 // key gets a [*StoredError] with its message, and fn does not run again.
 // Both match errors.Is(err, ErrPermanent), even when the store kept the
 // error's status but not its message (too large: StoredError.Omitted). The
@@ -84,41 +85,38 @@ import (
 	"github.com/idemkit/idempotency/engine"
 )
 
-// MaxKeyLen is the longest key accepted, as the HTTP middleware accepts.
-const MaxKeyLen = 255
-
-// MaxScopeLen is the longest scope accepted: engine.MaxScopeLen.
-const MaxScopeLen = engine.MaxScopeLen
+// maxKeyLen is the longest key accepted, as the HTTP middleware accepts.
+const maxKeyLen = 255
 
 // The statuses a record of this door holds (Response.Status), and that its
-// Events report: those of the HTTP middleware for the same outcomes, so
+// Events report (WithConfig lists them): those of the HTTP middleware for the same outcomes, so
 // that one observer reads both.
 const (
-	// StatusValue: fn returned a value, stored in the record's body.
-	StatusValue = 200
-	// StatusError: fn returned a permanent error, whose message is the
+	// statusValue: fn returned a value, stored in the record's body.
+	statusValue = 200
+	// statusError: fn returned a permanent error, whose message is the
 	// record's body.
-	StatusError = 400
-	// StatusFailed: fn returned an error that released the key (reported
+	statusError = 400
+	// statusFailed: fn returned an error that released the key (reported
 	// in the Event only: nothing is stored).
-	StatusFailed = 500
-	// StatusInFlight, StatusMismatch and StatusUnavailable are the
+	statusFailed = 500
+	// statusInFlight, statusMismatch and statusUnavailable are the
 	// refusals' statuses (engine.ErrInFlight, engine.ErrKeyMismatch,
 	// engine.ErrStoreUnavailable).
-	StatusInFlight    = 409
-	StatusMismatch    = 422
-	StatusUnavailable = 503
-	// StatusOutcomeUnknown: the "outcome unknown" record
+	statusInFlight    = 409
+	statusMismatch    = 422
+	statusUnavailable = 503
+	// statusOutcomeUnknown: the "outcome unknown" record
 	// (engine.RefuseAbandoned).
-	StatusOutcomeUnknown = 409
-	// StatusInvalid: a call refused before any claim (EventRejected): its
+	statusOutcomeUnknown = 409
+	// statusInvalid: a call refused before any claim (EventRejected): its
 	// key or scope is invalid, its input cannot be encoded, or it has no
 	// function.
-	StatusInvalid = 400
+	statusInvalid = 400
 )
 
-// ErrInvalidKey is what a call whose key is empty or longer than MaxKeyLen,
-// or whose scope is longer than MaxScopeLen,
+// ErrInvalidKey is what a call whose key is empty or longer than 255 bytes,
+// or whose scope is longer than engine.MaxScopeLen,
 // gets, wrapped; fn does not run.
 var ErrInvalidKey = errors.New("idempotency key invalid")
 
@@ -138,17 +136,17 @@ var ErrResultOmitted = errors.New("the function ran, but its result was not stor
 type Runner struct {
 	engine   *engine.Engine
 	codec    Codec
-	storeErr func(error) bool
+	keep     func(error) bool
 	observed bool // an observer is set: calls are timed for it
 
-	storeErrPanicked atomic.Bool // storeErr panicked, and it was logged
+	keepPanicked atomic.Bool // keep panicked, and it was logged
 }
 
 // New returns a Runner that keeps its records in store. The options are
 // checked: an invalid one is an error that names every invalid option. A nil
 // store is refused.
 func New(store engine.Store, opts ...Option) (*Runner, error) {
-	cfg := config{codec: JSON{}, storeErr: isPermanent}
+	cfg := config{codec: jsonCodec{}, keep: isPermanent}
 	for i, o := range opts {
 		if o == nil {
 			cfg.invalid("option %d is nil", i)
@@ -156,14 +154,14 @@ func New(store engine.Store, opts ...Option) (*Runner, error) {
 		}
 		o(&cfg)
 	}
+	e, err := engine.New(store, cfg.engine)
+	if err != nil {
+		cfg.bad = append(cfg.bad, fmt.Errorf("once: %w", err))
+	}
 	if err := errors.Join(cfg.bad...); err != nil {
 		return nil, err
 	}
-	e, err := engine.New(store, cfg.engine)
-	if err != nil {
-		return nil, fmt.Errorf("once: %w", err)
-	}
-	return &Runner{engine: e, codec: cfg.codec, storeErr: cfg.storeErr, observed: cfg.engine.Observer != nil}, nil
+	return &Runner{engine: e, codec: cfg.codec, keep: cfg.keep, observed: cfg.engine.Observer != nil}, nil
 }
 
 // Shutdown waits for the results that are being stored after they were
@@ -183,13 +181,6 @@ func (r *Runner) Shutdown(ctx context.Context) error {
 	return nil
 }
 
-// Result is what DoResult returns: fn's value, and whether it was
-// replayed from the store rather than computed by this call.
-type Result[T any] struct {
-	Value    T
-	Replayed bool
-}
-
 // Do runs fn at most once for id while its record lives (the TTL), and
 // returns its value, or the value stored by the call that ran it. The
 // package documentation says what every outcome returns. ctx is the
@@ -199,29 +190,30 @@ type Result[T any] struct {
 // values but not its cancellation. A caller whose ctx ends before fn runs
 // gets ctx's error, and nothing is left claimed.
 func Do[T any](ctx context.Context, r *Runner, id engine.ID, input any, fn func(context.Context) (T, error)) (T, error) {
-	res, err := DoResult(ctx, r, id, input, fn)
-	return res.Value, err
+	v, _, err := DoResult(ctx, r, id, input, fn)
+	return v, err
 }
 
-// DoResult is Do that also reports whether the value was replayed.
-func DoResult[T any](ctx context.Context, r *Runner, id engine.ID, input any, fn func(context.Context) (T, error)) (Result[T], error) {
-	var zero Result[T]
+// DoResult is Do that also reports whether the value was replayed from the
+// store rather than computed by this call.
+func DoResult[T any](ctx context.Context, r *Runner, id engine.ID, input any, fn func(context.Context) (T, error)) (value T, replayed bool, err error) {
+	var zero T
 	var start time.Time
 	if r.observed {
 		start = time.Now()
 	}
-	if id.Key == "" || len(id.Key) > MaxKeyLen {
-		return zero, r.reject(ctx, start, engine.ID{}, fmt.Errorf("once: key of %d bytes: %w (1 to %d bytes)", len(id.Key), ErrInvalidKey, MaxKeyLen))
+	if id.Key == "" || len(id.Key) > maxKeyLen {
+		return zero, false, r.reject(ctx, start, engine.ID{}, fmt.Errorf("once: key of %d bytes: %w (1 to %d bytes)", len(id.Key), ErrInvalidKey, maxKeyLen))
 	}
-	if len(id.Scope) > MaxScopeLen {
-		return zero, r.reject(ctx, start, engine.ID{Key: id.Key}, fmt.Errorf("once: scope of %d bytes: %w (at most %d bytes)", len(id.Scope), ErrInvalidKey, MaxScopeLen))
+	if len(id.Scope) > engine.MaxScopeLen {
+		return zero, false, r.reject(ctx, start, engine.ID{Key: id.Key}, fmt.Errorf("once: scope of %d bytes: %w (at most %d bytes)", len(id.Scope), ErrInvalidKey, engine.MaxScopeLen))
 	}
 	if fn == nil {
-		return zero, r.reject(ctx, start, id, errors.New("once: Do needs a function"))
+		return zero, false, r.reject(ctx, start, id, errors.New("once: Do needs a function"))
 	}
 	encoded, err := r.codec.Marshal(input)
 	if err != nil {
-		return zero, r.reject(ctx, start, id, fmt.Errorf("once: input cannot be encoded for its fingerprint: %w", err))
+		return zero, false, r.reject(ctx, start, id, fmt.Errorf("once: input cannot be encoded for its fingerprint: %w", err))
 	}
 	sum := sha256.Sum256(append([]byte("once\n"), encoded...))
 	d := &door[T]{r: r, ctx: ctx, fn: fn}
@@ -231,18 +223,18 @@ func DoResult[T any](ctx context.Context, r *Runner, id engine.ID, input any, fn
 		// The caller went away before fn ran: nothing ran, and nothing
 		// is left claimed.
 		if err := ctx.Err(); err != nil {
-			return zero, fmt.Errorf("once: %w", err)
+			return zero, false, fmt.Errorf("once: %w", err)
 		}
-		return zero, errors.New("once: call not answered")
+		return zero, false, errors.New("once: call not answered")
 	}
-	return Result[T]{Value: d.value, Replayed: d.replayed}, d.err
+	return d.value, d.replayed, d.err
 }
 
 // reject tells the observer of a call refused before any claim, and returns
 // err, what the caller gets. id names what is known to be valid of the
 // call's ID: nothing of an invalid key or scope.
 func (r *Runner) reject(ctx context.Context, start time.Time, id engine.ID, err error) error {
-	r.engine.Observe(ctx, engine.Event{Kind: engine.EventRejected, Scope: id.Scope, Key: id.Key, Status: StatusInvalid, Start: start, Err: err})
+	r.engine.Observe(ctx, engine.Event{Kind: engine.EventRejected, Scope: id.Scope, Key: id.Key, Status: statusInvalid, Start: start, Err: err})
 	return err
 }
 
@@ -263,15 +255,15 @@ func (d *door[T]) Replay(resp *engine.Response) int {
 	d.answered, d.replayed = true, true
 	switch {
 	case resp.OutcomeUnknown():
-		d.err = &Error{Kind: engine.ErrOutcomeUnknown}
-	case resp.Status == StatusError:
+		d.err = &Error{kind: engine.ErrOutcomeUnknown}
+	case resp.Status == statusError:
 		// Decided by the status before the body: a permanent error
 		// whose message the store dropped failed for good all the
 		// same.
 		d.err = &StoredError{Message: string(resp.Body), Omitted: resp.BodyOmitted}
 	case resp.BodyOmitted:
 		d.err = fmt.Errorf("once: %w", ErrResultOmitted)
-	case resp.Status == StatusValue:
+	case resp.Status == statusValue:
 		if err := d.r.codec.Unmarshal(resp.Body, &d.value); err != nil {
 			d.err = fmt.Errorf("once: stored result cannot be decoded: %w", err)
 		}
@@ -284,14 +276,14 @@ func (d *door[T]) Replay(resp *engine.Response) int {
 func (d *door[T]) Refuse(kind error, retryAfter time.Duration, cause error) int {
 	var zero T
 	d.answered, d.value = true, zero
-	d.err = &Error{Kind: kind, RetryAfter: retryAfter, cause: cause}
+	d.err = &Error{kind: kind, RetryAfter: retryAfter, cause: cause}
 	switch kind {
 	case engine.ErrInFlight:
-		return StatusInFlight
+		return statusInFlight
 	case engine.ErrKeyMismatch:
-		return StatusMismatch
+		return statusMismatch
 	}
-	return StatusUnavailable
+	return statusUnavailable
 }
 
 func (d *door[T]) Execute(ctx context.Context) engine.Outcome {
@@ -304,24 +296,24 @@ func (d *door[T]) Execute(ctx context.Context) engine.Outcome {
 				// was lost, or the caller went away.
 				return engine.Outcome{Reason: "the function failed after its context ended", Cause: context.Cause(ctx)}
 			}
-			return engine.Outcome{Status: StatusFailed, Reason: "the function failed: " + err.Error()}
+			return engine.Outcome{Status: statusFailed, Reason: "the function failed: " + err.Error()}
 		}
-		return engine.Outcome{Status: StatusError, Response: &engine.Response{Status: StatusError, Body: []byte(err.Error())}}
+		return engine.Outcome{Status: statusError, Response: &engine.Response{Status: statusError, Body: []byte(err.Error())}}
 	}
 	body, merr := d.r.codec.Marshal(v)
 	if merr != nil {
 		d.r.engine.Logger().LogAttrs(ctx, slog.LevelError, "once: result cannot be encoded; recording the call as done without it",
 			slog.String("key", d.call.Lease().Key), slog.Any("error", merr))
-		return engine.Outcome{Status: StatusValue, Response: &engine.Response{Status: StatusValue, BodyOmitted: true}}
+		return engine.Outcome{Status: statusValue, Response: &engine.Response{Status: statusValue, BodyOmitted: true}}
 	}
-	return engine.Outcome{Status: StatusValue, Response: &engine.Response{Status: StatusValue, Body: body}}
+	return engine.Outcome{Status: statusValue, Response: &engine.Response{Status: statusValue, Body: body}}
 }
 
 // gaveUp reports whether err, returned by fn, is its context's own error
 // after that context ended: the caller went away, or the lease was lost.
 // Such an error says nothing of the work, and stored it would be replayed to
 // the very retry that should run fn, so it releases the key whatever
-// WithStoreError says, unless fn marked it Permanent.
+// WithKeep says, unless fn marked it Permanent.
 func gaveUp(ctx context.Context, err error) bool {
 	return ctx.Err() != nil && (errors.Is(err, ctx.Err()) || errors.Is(err, context.Cause(ctx)))
 }
@@ -331,14 +323,14 @@ func gaveUp(ctx context.Context, err error) bool {
 func (d *door[T]) stores(ctx context.Context, err error) (store bool) {
 	defer func() {
 		if v := recover(); v != nil {
-			if !d.r.storeErrPanicked.Swap(true) {
+			if !d.r.keepPanicked.Swap(true) {
 				d.r.engine.Logger().LogAttrs(ctx, slog.LevelError, "once: store error function panicked; Permanent decides instead, and its panics are not logged again",
 					slog.String("panic", fmt.Sprint(v)))
 			}
 			store = isPermanent(err)
 		}
 	}()
-	return d.r.storeErr(err)
+	return d.r.keep(err)
 }
 
 // Send: the caller gets what Execute (or OutcomeUnknown) left, when Do
@@ -348,8 +340,8 @@ func (d *door[T]) Send(bool) { d.answered = true }
 func (d *door[T]) OutcomeUnknown() *engine.Response {
 	var zero T
 	d.value = zero
-	d.err = &Error{Kind: engine.ErrOutcomeUnknown}
-	return &engine.Response{Status: StatusOutcomeUnknown, Header: map[string][]string{engine.HeaderOutcome: {"unknown"}}}
+	d.err = &Error{kind: engine.ErrOutcomeUnknown}
+	return &engine.Response{Status: statusOutcomeUnknown, Header: map[string][]string{engine.HeaderOutcome: {"unknown"}}}
 }
 
 // Unprotected runs fn without protection. The door never asks the engine

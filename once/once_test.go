@@ -40,6 +40,19 @@ func newRunner(t *testing.T, store engine.Store, opts ...once.Option) *once.Runn
 	return r
 }
 
+// doneResult is what doResult returns: DoResult's value and whether it was
+// replayed.
+type doneResult[T any] struct {
+	Value    T
+	Replayed bool
+}
+
+// doResult calls once.DoResult, its answers in one value.
+func doResult[T any](ctx context.Context, r *once.Runner, id engine.ID, input any, fn func(context.Context) (T, error)) (doneResult[T], error) {
+	v, replayed, err := once.DoResult(ctx, r, id, input, fn)
+	return doneResult[T]{Value: v, Replayed: replayed}, err
+}
+
 // eachStore runs fn on every kind of store: memory, PostgreSQL, Redis.
 func eachStore(t *testing.T, fn func(t *testing.T, store engine.Store)) {
 	for _, kind := range teststores.All() {
@@ -60,13 +73,13 @@ func TestOnce(t *testing.T) {
 			n := runs.Add(1)
 			return order{ID: int(n), Item: "book", Count: 2}, nil
 		}
-		res, err := once.DoResult(ctx, r, id("order-1"), "book x2", place)
+		res, err := doResult(ctx, r, id("order-1"), "book x2", place)
 		require.NoError(t, err)
 		assert.False(t, res.Replayed)
 		assert.Equal(t, order{ID: 1, Item: "book", Count: 2}, res.Value)
 
 		for range 3 {
-			res, err = once.DoResult(ctx, r, id("order-1"), "book x2", place)
+			res, err = doResult(ctx, r, id("order-1"), "book x2", place)
 			require.NoError(t, err)
 			assert.True(t, res.Replayed)
 			assert.Equal(t, order{ID: 1, Item: "book", Count: 2}, res.Value)
@@ -75,7 +88,7 @@ func TestOnce(t *testing.T) {
 		assert.ErrorIs(t, err, engine.ErrKeyMismatch)
 		var refusal *once.Error
 		require.ErrorAs(t, err, &refusal)
-		assert.Equal(t, engine.ErrKeyMismatch, refusal.Kind)
+		assert.ErrorIs(t, refusal, engine.ErrKeyMismatch)
 
 		// Another scope is another record.
 		v, err := once.Do(ctx, r, engine.ID{Scope: "other", Key: "order-1"}, "book x2", place)
@@ -167,7 +180,7 @@ func TestConcurrentDuplicates(t *testing.T) {
 		}
 
 		// Callers that wait get the value once the holder finishes.
-		waiting := newRunner(t, store, once.WithWait(time.Minute))
+		waiting := newRunner(t, store, once.WithConfig(engine.Config{Wait: time.Minute}))
 		values := make(chan string, callers)
 		for range callers {
 			wg.Go(func() {
@@ -198,7 +211,7 @@ func TestStoreOutage(t *testing.T) {
 		} {
 			fs := faultstore.New(store)
 			fs.Set(faultstore.Claim, f)
-			r := newRunner(t, fs, once.WithStoreTimeout(50*time.Millisecond))
+			r := newRunner(t, fs, once.WithConfig(engine.Config{StoreTimeout: 50 * time.Millisecond}))
 			key := teststores.UniqueName(t, "outage-")
 			ran := false
 			_, err := once.Do(context.Background(), r, id(key), nil, func(context.Context) (int, error) {
@@ -222,7 +235,7 @@ func TestCompleteRefused(t *testing.T) {
 	eachStore(t, func(t *testing.T, store engine.Store) {
 		fs := faultstore.New(store)
 		fs.Set(faultstore.Complete, faultstore.Fault{Err: errors.New("store down")})
-		r := newRunner(t, fs, once.WithStoreTimeout(50*time.Millisecond), once.WithLease(5*time.Second))
+		r := newRunner(t, fs, once.WithConfig(engine.Config{StoreTimeout: 50 * time.Millisecond, Lease: 5 * time.Second}))
 		ctx := context.Background()
 		var runs atomic.Int32
 		fn := func(context.Context) (int, error) { return int(runs.Add(1)), nil }
@@ -234,7 +247,7 @@ func TestCompleteRefused(t *testing.T) {
 
 		fs.Clear(faultstore.Complete)
 		for {
-			res, err := once.DoResult(ctx, r, id("late-1"), nil, fn)
+			res, err := doResult(ctx, r, id("late-1"), nil, fn)
 			if errors.Is(err, engine.ErrInFlight) {
 				pause()
 				continue
@@ -255,7 +268,7 @@ func TestLeaseLost(t *testing.T) {
 	eachStore(t, func(t *testing.T, store engine.Store) {
 		fs := faultstore.New(store)
 		fs.Set(faultstore.Extend, faultstore.Fault{Err: errors.New("store down")})
-		r := newRunner(t, fs, once.WithLease(300*time.Millisecond), once.WithStoreTimeout(50*time.Millisecond))
+		r := newRunner(t, fs, once.WithConfig(engine.Config{Lease: 300 * time.Millisecond, StoreTimeout: 50 * time.Millisecond}))
 		ctx := context.Background()
 		var cause error
 		_, err := once.Do(ctx, r, id("lease-1"), nil, func(ctx context.Context) (int, error) {
@@ -274,7 +287,7 @@ func TestLeaseLost(t *testing.T) {
 		// and be going on in the background: until it lands, the key is
 		// in flight (or the short store timeout is missed again). A
 		// runner with the default store timeout asks until it runs.
-		r2 := newRunner(t, fs, once.WithLease(300*time.Millisecond))
+		r2 := newRunner(t, fs, once.WithConfig(engine.Config{Lease: 300 * time.Millisecond}))
 		deadline := time.Now().Add(10 * time.Second)
 		for {
 			v, err := once.Do(ctx, r2, id("lease-1"), nil, func(context.Context) (int, error) { return 2, nil })
@@ -326,7 +339,7 @@ func TestAbandoned(t *testing.T) {
 		}
 		assert.Equal(t, 2, attempt, "the takeover is reported to fn")
 
-		refuse := newRunner(t, store, once.WithAbandoned(engine.RefuseAbandoned))
+		refuse := newRunner(t, store, once.WithConfig(engine.Config{Abandoned: engine.RefuseAbandoned}))
 		abandonWith("ab-2")
 		ran := false
 		fn := func(context.Context) (int, error) { ran = true; return 1, nil }
@@ -381,7 +394,7 @@ func TestBadInput(t *testing.T) {
 		_, err := once.Do(ctx, r, id(key), nil, fn)
 		assert.ErrorIs(t, err, once.ErrInvalidKey)
 	}
-	_, err := once.Do(ctx, r, engine.ID{Scope: strings.Repeat("s", once.MaxScopeLen+1), Key: "k"}, nil, fn)
+	_, err := once.Do(ctx, r, engine.ID{Scope: strings.Repeat("s", engine.MaxScopeLen+1), Key: "k"}, nil, fn)
 	assert.ErrorIs(t, err, once.ErrInvalidKey, "a scope no store can keep is refused, not answered as an outage to retry")
 	_, err = once.Do(ctx, r, id(strings.Repeat("k", once.MaxKeyLen)), nil, fn)
 	assert.NoError(t, err)
@@ -400,28 +413,62 @@ func TestBadInput(t *testing.T) {
 	assert.Equal(t, 1, runs)
 }
 
-// TestOptions: every invalid option is named in one error.
+// TestOptions: every invalid option is named in one error, the engine's
+// configuration with it.
 func TestOptions(t *testing.T) {
 	store := teststores.Memory(t)
-	_, err := once.New(store, nil, once.WithTTL(0), once.WithLease(-1), once.WithWait(-1),
-		once.WithCodec(nil), once.WithObserver(nil), once.WithStoreError(nil), once.WithLogger(nil),
-		once.WithAbandoned(7), once.WithStoreTimeout(0), once.WithRetryAfter(0))
+	_, err := once.New(store, nil, once.WithConfig(engine.Config{Lease: -1, Wait: -1, Abandoned: 7}),
+		once.WithCodec(nil), once.WithKeep(nil))
 	require.Error(t, err)
-	for _, want := range []string{"option 0 is nil", "TTL", "lease", "wait", "Codec", "WithObserver", "WithStoreError", "WithLogger", "policy 7", "store timeout", "Retry-After"} {
+	for _, want := range []string{"option 0 is nil", "lease -1ns", "wait -1ns", "WithCodec", "WithKeep", "policy 7"} {
 		assert.ErrorContains(t, err, want)
 	}
-	_, err = once.New(store, once.WithTTL(time.Millisecond))
-	assert.ErrorContains(t, err, "shorter than")
 	_, err = once.New(nil)
 	assert.Error(t, err)
+}
+
+// TestConfigAsTheEngine: WithConfig is validated by engine.New, the same
+// way in every door: a zero field is the engine's default, and an invalid
+// configuration is refused with the engine's own message, after the
+// package prefix.
+func TestConfigAsTheEngine(t *testing.T) {
+	store := teststores.Memory(t)
+	for _, tc := range []struct {
+		name string
+		cfg  engine.Config
+	}{
+		{"zero: the defaults", engine.Config{}},
+		{"negative TTL", engine.Config{TTL: -time.Second}},
+		{"TTL under the shortest lease", engine.Config{TTL: engine.MinLease - 1}},
+		{"negative lease", engine.Config{Lease: -1}},
+		{"lease over the TTL", engine.Config{TTL: time.Second, Lease: 2 * time.Second}},
+		{"negative store timeout", engine.Config{StoreTimeout: -1}},
+		{"negative wait", engine.Config{Wait: -1}},
+		{"negative Retry-After", engine.Config{RetryAfter: -1}},
+		{"unknown abandoned policy", engine.Config{Abandoned: 7}},
+		{"every field invalid", engine.Config{TTL: -1, StoreTimeout: -1, Wait: -1, RetryAfter: -1, Abandoned: -1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, want := engine.New(store, tc.cfg)
+			r, err := once.New(store, once.WithConfig(tc.cfg))
+			if want == nil {
+				require.NoError(t, err)
+				require.NotNil(t, r)
+				return
+			}
+			require.Error(t, err)
+			assert.Nil(t, r)
+			assert.Equal(t, "once: "+want.Error(), err.Error())
+		})
+	}
 }
 
 // TestCallbacksPanic: a panicking observer or store-error function changes
 // nothing of the outcome.
 func TestCallbacksPanic(t *testing.T) {
 	r := newRunner(t, teststores.Memory(t),
-		once.WithObserver(func(context.Context, engine.Event) { panic("observer") }),
-		once.WithStoreError(func(error) bool { panic("store error") }))
+		once.WithConfig(engine.Config{Observer: func(context.Context, engine.Event) { panic("observer") }}),
+		once.WithKeep(func(error) bool { panic("store error") }))
 	ctx := context.Background()
 	runs := 0
 	_, err := once.Do(ctx, r, id("cb-1"), nil, func(context.Context) (int, error) {
@@ -439,13 +486,13 @@ func TestCallbacksPanic(t *testing.T) {
 func TestEvents(t *testing.T) {
 	var mu sync.Mutex
 	var kinds []string
-	r := newRunner(t, teststores.Memory(t), once.WithObserver(func(_ context.Context, e engine.Event) {
+	r := newRunner(t, teststores.Memory(t), once.WithConfig(engine.Config{Observer: func(_ context.Context, e engine.Event) {
 		mu.Lock()
 		defer mu.Unlock()
 		if e.Kind != engine.EventAcquired {
 			kinds = append(kinds, e.Kind.String()+"/"+strconv.Itoa(e.Status))
 		}
-	}))
+	}}))
 	ctx := context.Background()
 	fn := func(context.Context) (int, error) { return 1, nil }
 	_, _ = once.Do(ctx, r, id("ev-1"), nil, fn)

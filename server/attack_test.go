@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/internal/testkit/faultstore"
 	"github.com/idemkit/idempotency/internal/wire"
 	"github.com/idemkit/idempotency/server"
@@ -48,7 +49,7 @@ func TestPreClaimCallbackPanics(t *testing.T) {
 				}
 			}
 			h := &orders{}
-			srv, _ := fixture(t, h, tt.opt(p), server.WithLogger(discardLogger()))
+			srv, _ := fixture(t, h, tt.opt(p), server.WithConfig(engine.Config{Logger: discardLogger()}))
 			first := recv(t, postAsync(srv.URL, "k", "x"), "the first answer")
 			assert.Equal(t, -1, first.status, "net/http ends the exchange: %s", first.body)
 			assert.Zero(t, h.executions.Load())
@@ -66,38 +67,37 @@ func TestPreClaimCallbackPanics(t *testing.T) {
 // and sees the takeover.
 func TestRefuseAbandonedWithWait(t *testing.T) {
 	for _, tc := range []struct {
-		policy server.AbandonedPolicy
+		policy engine.AbandonedPolicy
 		status int
 		runs   int64
 	}{
-		{server.RefuseAbandoned, http.StatusConflict, 0},
-		{server.RerunAbandoned, http.StatusCreated, 1},
+		{engine.RefuseAbandoned, http.StatusConflict, 0},
+		{engine.RerunAbandoned, http.StatusCreated, 1},
 	} {
 		t.Run(fmt.Sprint(tc.policy), func(t *testing.T) {
 			mem := newMem(t)
 			var seen atomic.Int64
 			o := &orders{}
 			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				l, _ := server.LeaseFromContext(r.Context())
+				l, _ := engine.LeaseFromContext(r.Context())
 				seen.Store(int64(l.Abandoned))
 				o.ServeHTTP(w, r)
 			})
-			srv := fixtureWith(t, mem, h, server.WithAbandoned(tc.policy), server.WithWait(10*time.Second),
-				server.WithLogger(discardLogger()))
+			srv := fixtureWith(t, mem, h, server.WithConfig(engine.Config{Abandoned: tc.policy, Wait: 10 * time.Second, Logger: discardLogger()}))
 			// A holder that dies: it claims the key for the request's
 			// fingerprint, and never completes it.
 			req, err := http.NewRequest(http.MethodPost, "/", strings.NewReader("x"))
 			require.NoError(t, err)
 			fp, err := server.Fingerprint(req, []byte("x"))
 			require.NoError(t, err)
-			c, err := mem.Claim(context.Background(), server.ID{Key: "k"}, fp, 300*time.Millisecond, time.Hour)
+			c, err := mem.Claim(context.Background(), engine.ID{Key: "k"}, fp, 300*time.Millisecond, time.Hour)
 			require.NoError(t, err)
-			require.Equal(t, server.Acquired, c.Status)
+			require.Equal(t, engine.Acquired, c.Status)
 
 			got := post(t, srv.URL, "k", "x")
 			assert.Equal(t, tc.status, got.status, got.body)
 			assert.Equal(t, tc.runs, o.executions.Load())
-			if tc.policy == server.RefuseAbandoned {
+			if tc.policy == engine.RefuseAbandoned {
 				var p struct{ Code string }
 				require.NoError(t, json.Unmarshal([]byte(got.body), &p))
 				assert.Equal(t, wire.CodeOutcomeUnknown, p.Code)
@@ -116,7 +116,7 @@ func TestRefuseAbandonedWithWait(t *testing.T) {
 // letters, is one header with two values: refused, nothing claimed.
 func TestDoubledKeyHeaderAnyCase(t *testing.T) {
 	h := &orders{}
-	srv, _ := fixture(t, h, server.WithLogger(discardLogger()))
+	srv, _ := fixture(t, h, server.WithConfig(engine.Config{Logger: discardLogger()}))
 	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
 	require.NoError(t, err)
 	defer conn.Close()
@@ -131,10 +131,10 @@ func TestDoubledKeyHeaderAnyCase(t *testing.T) {
 
 // brokenClaim is a Store whose Claim breaks its contract: Completed without
 // a Response.
-type brokenClaim struct{ server.Store }
+type brokenClaim struct{ engine.Store }
 
-func (brokenClaim) Claim(_ context.Context, _ server.ID, fp string, _, _ time.Duration) (server.Claim, error) {
-	return server.Claim{Status: server.Completed, Fingerprint: fp}, nil
+func (brokenClaim) Claim(_ context.Context, _ engine.ID, fp string, _, _ time.Duration) (engine.Claim, error) {
+	return engine.Claim{Status: engine.Completed, Fingerprint: fp}, nil
 }
 
 // TestCompletedWithoutResponse: a Store that reports a completed record
@@ -142,7 +142,7 @@ func (brokenClaim) Claim(_ context.Context, _ server.ID, fp string, _, _ time.Du
 // every retry of the key.
 func TestCompletedWithoutResponse(t *testing.T) {
 	h := &orders{}
-	srv := fixtureWith(t, brokenClaim{newMem(t)}, h, server.WithLogger(discardLogger()))
+	srv := fixtureWith(t, brokenClaim{newMem(t)}, h, server.WithConfig(engine.Config{Logger: discardLogger()}))
 	got := recv(t, postAsync(srv.URL, "k", "x"), "the answer")
 	assert.Equal(t, http.StatusServiceUnavailable, got.status, got.body)
 	assert.Zero(t, h.executions.Load())
@@ -163,8 +163,8 @@ func TestInvalidStatusNotStored(t *testing.T) {
 				}
 				w.WriteHeader(http.StatusCreated)
 			})
-			srv := fixtureWith(t, newMem(t), h, server.WithStoreStatus(func(int) bool { return true }),
-				server.WithLogger(discardLogger()))
+			srv := fixtureWith(t, newMem(t), h, server.WithKeep(func(int) bool { return true }),
+				server.WithConfig(engine.Config{Logger: discardLogger()}))
 			first := recv(t, postAsync(srv.URL, "k", "x"), "the first answer")
 			assert.Equal(t, -1, first.status, "as without the middleware, net/http ends the exchange: %d %s", first.status, first.body)
 			got := post(t, srv.URL, "k", "x")
@@ -181,7 +181,7 @@ func TestInvalidStatusNotStored(t *testing.T) {
 // retry would run the handler again.
 func TestMethodLetterCase(t *testing.T) {
 	h := &orders{}
-	srv, _ := fixture(t, h, server.WithLogger(discardLogger()))
+	srv, _ := fixture(t, h, server.WithConfig(engine.Config{Logger: discardLogger()}))
 	var got []reply
 	for range 2 {
 		req, err := http.NewRequest("post", srv.URL, strings.NewReader("x"))
@@ -204,16 +204,16 @@ func TestMethodLetterCase(t *testing.T) {
 // clock is behind, or a broken one.
 type pastLease struct{ claims atomic.Int64 }
 
-func (s *pastLease) Claim(_ context.Context, _ server.ID, fp string, _, _ time.Duration) (server.Claim, error) {
+func (s *pastLease) Claim(_ context.Context, _ engine.ID, fp string, _, _ time.Duration) (engine.Claim, error) {
 	s.claims.Add(1)
-	return server.Claim{Status: server.InFlight, Fingerprint: fp, RetryAfter: -time.Second}, nil
+	return engine.Claim{Status: engine.InFlight, Fingerprint: fp, RetryAfter: -time.Second}, nil
 }
 
-func (*pastLease) Complete(context.Context, server.ID, server.Token, *server.Response, time.Duration) error {
+func (*pastLease) Complete(context.Context, engine.ID, engine.Token, *engine.Response, time.Duration) error {
 	return nil
 }
-func (*pastLease) Release(context.Context, server.ID, server.Token) error               { return nil }
-func (*pastLease) Extend(context.Context, server.ID, server.Token, time.Duration) error { return nil }
+func (*pastLease) Release(context.Context, engine.ID, engine.Token) error               { return nil }
+func (*pastLease) Extend(context.Context, engine.ID, engine.Token, time.Duration) error { return nil }
 
 // TestWaitWithNegativeRetryAfter: a waiter (WithWait) told that the lease
 // in flight has negative time left still waits between its Claims, at least
@@ -222,7 +222,7 @@ func (*pastLease) Extend(context.Context, server.ID, server.Token, time.Duration
 func TestWaitWithNegativeRetryAfter(t *testing.T) {
 	store := &pastLease{}
 	const wait = 200 * time.Millisecond
-	srv := fixtureWith(t, store, &orders{}, server.WithWait(wait), server.WithLogger(discardLogger()))
+	srv := fixtureWith(t, store, &orders{}, server.WithConfig(engine.Config{Wait: wait, Logger: discardLogger()}))
 	got := post(t, srv.URL, "k", "x")
 	assert.Equal(t, http.StatusConflict, got.status)
 	// One Claim, then at most one per millisecond of the wait.
@@ -242,7 +242,7 @@ func TestTimeoutHandlerOutside(t *testing.T) {
 		<-finish // a handler that does not watch its context
 		o.ServeHTTP(w, r)
 	})
-	mw, err := server.New(newMem(t), server.WithLogger(discardLogger()))
+	mw, err := server.New(newMem(t), server.WithConfig(engine.Config{Logger: discardLogger()}))
 	require.NoError(t, err)
 	t.Cleanup(func() { shutdown(t, mw) })
 	srv := startServer(t, http.TimeoutHandler(mw.Handler(h), 500*time.Millisecond, "timed out"))
@@ -277,21 +277,20 @@ func TestRefuseAbandonedWhileFirstRuns(t *testing.T) {
 		<-finish // and goes on regardless
 		o.ServeHTTP(w, r)
 	})
-	srv := fixtureWith(t, store, h, server.WithLease(time.Second), server.WithAbandoned(server.RefuseAbandoned),
-		server.WithLogger(discardLogger()))
+	srv := fixtureWith(t, store, h, server.WithConfig(engine.Config{Lease: time.Second, Abandoned: engine.RefuseAbandoned, Logger: discardLogger()}))
 	first := postAsync(srv.URL, "k", "x")
 	waitFor(t, "the first handler to be cancelled", cancelled.Load)
 	var got reply
 	waitFor(t, "the lease to end in the store", func() bool {
 		got = post(t, srv.URL, "k", "x")
-		return got.status != http.StatusConflict || got.header.Get(server.HeaderOutcome) != ""
+		return got.status != http.StatusConflict || got.header.Get(engine.HeaderOutcome) != ""
 	})
 	assert.Equal(t, http.StatusConflict, got.status, got.body)
-	assert.Equal(t, "unknown", got.header.Get(server.HeaderOutcome))
+	assert.Equal(t, "unknown", got.header.Get(engine.HeaderOutcome))
 	close(finish)
 	assert.Equal(t, http.StatusCreated, recv(t, first, "the first answer").status, "the first client is told what happened")
 	again := post(t, srv.URL, "k", "x")
-	assert.Equal(t, "unknown", again.header.Get(server.HeaderOutcome), "the record is still the refusal")
+	assert.Equal(t, "unknown", again.header.Get(engine.HeaderOutcome), "the record is still the refusal")
 	assert.Equal(t, "true", again.header.Get("Idempotent-Replayed"))
 	assert.Equal(t, int64(1), o.executions.Load())
 }
@@ -301,7 +300,7 @@ func TestRefuseAbandonedWhileFirstRuns(t *testing.T) {
 // Flush sends nothing early, so the response is kept whole: its replay has
 // the body, rather than being marked as omitted.
 func TestFlushThroughWriterThatCannot(t *testing.T) {
-	mw, err := server.New(newMem(t), server.WithLogger(discardLogger()))
+	mw, err := server.New(newMem(t), server.WithConfig(engine.Config{Logger: discardLogger()}))
 	require.NoError(t, err)
 	t.Cleanup(func() { shutdown(t, mw) })
 	var flushErr atomic.Value

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/internal/keyfield"
 	"github.com/idemkit/idempotency/internal/testkit/teststores"
 	"github.com/idemkit/idempotency/server"
@@ -47,7 +48,7 @@ func BenchmarkMiddleware(b *testing.B) {
 		keys[i] = "key-" + strconv.Itoa(i)
 	}
 	newKey := func(i int) string { return keys[i%len(keys)] }
-	protect := func(b *testing.B, store server.Store) http.Handler {
+	protect := func(b *testing.B, store engine.Store) http.Handler {
 		mw, err := server.New(store)
 		if err != nil {
 			b.Fatal(err)
@@ -139,15 +140,15 @@ func (d *discard) Write(p []byte) (int, error) { return len(p), nil }
 // acquireAll is a Store that grants every claim and keeps nothing.
 type acquireAll struct{}
 
-func (acquireAll) Claim(context.Context, server.ID, string, time.Duration, time.Duration) (server.Claim, error) {
-	return server.Claim{Status: server.Acquired, Token: 1}, nil
+func (acquireAll) Claim(context.Context, engine.ID, string, time.Duration, time.Duration) (engine.Claim, error) {
+	return engine.Claim{Status: engine.Acquired, Token: 1}, nil
 }
 
-func (acquireAll) Complete(context.Context, server.ID, server.Token, *server.Response, time.Duration) error {
+func (acquireAll) Complete(context.Context, engine.ID, engine.Token, *engine.Response, time.Duration) error {
 	return nil
 }
-func (acquireAll) Release(context.Context, server.ID, server.Token) error { return nil }
-func (acquireAll) Extend(context.Context, server.ID, server.Token, time.Duration) error {
+func (acquireAll) Release(context.Context, engine.ID, engine.Token) error { return nil }
+func (acquireAll) Extend(context.Context, engine.ID, engine.Token, time.Duration) error {
 	return nil
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/internal/testkit/faultstore"
 	"github.com/idemkit/idempotency/internal/testkit/teststores"
 	"github.com/idemkit/idempotency/server"
@@ -22,8 +23,9 @@ import (
 type panicCase struct {
 	name string
 	// opts builds the options around a function that panics the
-	// first time it is called.
-	opts func(panicOnce func()) []server.Option
+	// first time it is called; it may change cfg, the engine's
+	// configuration, whose Logger is the test's.
+	opts func(panicOnce func(), cfg *engine.Config) []server.Option
 	// handler, if set, replaces the ordinary order handler.
 	handler func(o *orders) http.Handler
 	// abandoned makes the first acquiring Claim a takeover.
@@ -43,23 +45,23 @@ type panicCase struct {
 func TestCallbackPanicLeavesNothingClaimed(t *testing.T) {
 	tests := []panicCase{
 		{
-			name: "WithStoreStatus",
-			opts: func(panicOnce func()) []server.Option {
-				return []server.Option{server.WithStoreStatus(func(status int) bool {
+			name: "WithKeep",
+			opts: func(panicOnce func(), cfg *engine.Config) []server.Option {
+				return []server.Option{server.WithKeep(func(status int) bool {
 					panicOnce()
-					return server.DefaultStoreStatus(status)
+					return server.DefaultKeep(status)
 				})}
 			},
 			first: http.StatusCreated, retry: http.StatusCreated, runs: 1,
-			logged: "store status function panicked",
+			logged: "keep function panicked",
 		},
 		{
 			name: "WithErrorWriter under RefuseAbandoned",
-			opts: func(panicOnce func()) []server.Option {
+			opts: func(panicOnce func(), cfg *engine.Config) []server.Option {
+				cfg.Abandoned = engine.RefuseAbandoned
 				return []server.Option{
-					server.WithAbandoned(server.RefuseAbandoned),
 					server.WithErrorWriter(func(w http.ResponseWriter, r *http.Request, err error) {
-						if errors.Is(err, server.ErrOutcomeUnknown) {
+						if errors.Is(err, engine.ErrOutcomeUnknown) {
 							panicOnce()
 						}
 						server.WriteProblem(w, r, err)
@@ -72,8 +74,9 @@ func TestCallbackPanicLeavesNothingClaimed(t *testing.T) {
 		},
 		{
 			name: "a log handler, on a streamed response",
-			opts: func(panicOnce func()) []server.Option {
-				return []server.Option{server.WithLogger(slog.New(panicHandler{panicOnce}))}
+			opts: func(panicOnce func(), cfg *engine.Config) []server.Option {
+				cfg.Logger = slog.New(panicHandler{panicOnce})
+				return nil
 			},
 			handler: func(o *orders) http.Handler {
 				return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -104,7 +107,9 @@ func testCallbackPanic(t *testing.T, kind teststores.Kind, tt panicCase) {
 		}
 	}
 	var logs syncBuffer
-	opts := append([]server.Option{server.WithLogger(slog.New(slog.NewTextHandler(&logs, nil)))}, tt.opts(panicOnce)...)
+	cfg := engine.Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))}
+	extra := tt.opts(panicOnce, &cfg)
+	opts := append([]server.Option{server.WithConfig(cfg)}, extra...)
 	store := kind.New(t)
 	if tt.abandoned {
 		store = &abandoning{Store: store, abandoned: 1}
@@ -151,12 +156,11 @@ func TestErrorWriterPanicStillEnds(t *testing.T) {
 	store.Set(faultstore.Extend, faultstore.Fault{Err: errFlaky})
 	var ev events
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() })
-	srv := fixtureWith(t, store, h, server.WithLease(200*time.Millisecond), server.WithObserver(ev.observe),
-		server.WithLogger(discardLogger()),
+	srv := fixtureWith(t, store, h, server.WithConfig(engine.Config{Lease: 200 * time.Millisecond, Observer: ev.observe, Logger: discardLogger()}),
 		server.WithErrorWriter(func(http.ResponseWriter, *http.Request, error) { panic("error writer bug") }))
 	got := recv(t, postAsync(srv.URL, "k", "x"), "the answer")
 	assert.Equal(t, -1, got.status, "net/http ends the exchange: %s", got.body)
 	final := ev.last(t)
-	assert.Equal(t, server.EventUnavailable, final.Kind)
+	assert.Equal(t, engine.EventUnavailable, final.Kind)
 	assert.True(t, final.Acquired)
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/server"
 )
 
@@ -19,19 +20,19 @@ import (
 // only when the test says so, whatever its context: a store, or a network,
 // that holds the answer back.
 type lateAnswer struct {
-	server.Store
+	engine.Store
 	applied chan struct{} // closed when the first acquiring Claim has been applied
 	answer  chan struct{} // that Claim answers once this is closed
 	once    sync.Once
 }
 
-func newLateAnswer(inner server.Store) *lateAnswer {
+func newLateAnswer(inner engine.Store) *lateAnswer {
 	return &lateAnswer{Store: inner, applied: make(chan struct{}), answer: make(chan struct{})}
 }
 
-func (s *lateAnswer) Claim(ctx context.Context, id server.ID, fp string, lease, ttl time.Duration) (server.Claim, error) {
+func (s *lateAnswer) Claim(ctx context.Context, id engine.ID, fp string, lease, ttl time.Duration) (engine.Claim, error) {
 	c, err := s.Store.Claim(ctx, id, fp, lease, ttl)
-	if err != nil || c.Status != server.Acquired {
+	if err != nil || c.Status != engine.Acquired {
 		return c, err
 	}
 	first := false
@@ -50,7 +51,7 @@ func TestClaimAnsweredAfterItsLease(t *testing.T) {
 	mem := newMem(t)
 	store := newLateAnswer(mem)
 	h := &orders{}
-	srv := fixtureWith(t, store, h, server.WithLease(200*time.Millisecond), server.WithStoreTimeout(5*time.Second))
+	srv := fixtureWith(t, store, h, server.WithConfig(engine.Config{Lease: 200 * time.Millisecond, StoreTimeout: 5 * time.Second}))
 
 	a := postAsync(srv.URL, "k", "x")
 	recv(t, store.applied, "A's claim to be applied")
@@ -77,18 +78,17 @@ func TestWaiterClaimAnsweredAfterItsLease(t *testing.T) {
 	mem := newMem(t)
 	// The first request holds the key (its own Claim is the one delayed
 	// otherwise): claim for it directly, as another instance would.
-	c, err := mem.Claim(context.Background(), server.ID{Key: "k"}, fingerprintOf(t, "x"), time.Minute, time.Hour)
+	c, err := mem.Claim(context.Background(), engine.ID{Key: "k"}, fingerprintOf(t, "x"), time.Minute, time.Hour)
 	require.NoError(t, err)
-	require.Equal(t, server.Acquired, c.Status)
+	require.Equal(t, engine.Acquired, c.Status)
 	store := newLateAnswer(mem)
 	h := &orders{}
-	srv := fixtureWith(t, store, h, server.WithLease(200*time.Millisecond), server.WithStoreTimeout(5*time.Second),
-		server.WithWait(time.Minute))
+	srv := fixtureWith(t, store, h, server.WithConfig(engine.Config{Lease: 200 * time.Millisecond, StoreTimeout: 5 * time.Second, Wait: time.Minute}))
 
 	waiter := postAsync(srv.URL, "k", "x")
 	// The holder gives the key back: the waiter's next Claim acquires it,
 	// and its answer is held back.
-	require.NoError(t, mem.Release(context.Background(), server.ID{Key: "k"}, c.Token))
+	require.NoError(t, mem.Release(context.Background(), engine.ID{Key: "k"}, c.Token))
 	recv(t, store.applied, "the waiter's claim to be applied")
 	var b reply
 	waitFor(t, "another request to take the key over", func() bool {

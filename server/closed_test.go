@@ -12,15 +12,16 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/server"
 )
 
 // closable is a Store that can be closed while requests run: from then on
-// every call fails with an error wrapping server.ErrStoreClosed, as a
+// every call fails with an error wrapping engine.ErrStoreClosed, as a
 // closed memstore's do. Before that, its first failing Completes fail as a
 // store that is down would.
 type closable struct {
-	server.Store
+	engine.Store
 	closed    atomic.Bool
 	flaky     atomic.Int32 // Completes to fail before closing
 	completes atomic.Int32
@@ -28,12 +29,12 @@ type closable struct {
 
 func (s *closable) err(op string) error {
 	if s.closed.Load() {
-		return fmt.Errorf("closable: %s: %w", op, server.ErrStoreClosed)
+		return fmt.Errorf("closable: %s: %w", op, engine.ErrStoreClosed)
 	}
 	return nil
 }
 
-func (s *closable) Complete(ctx context.Context, id server.ID, token server.Token, resp *server.Response, ttl time.Duration) error {
+func (s *closable) Complete(ctx context.Context, id engine.ID, token engine.Token, resp *engine.Response, ttl time.Duration) error {
 	s.completes.Add(1)
 	if s.flaky.Add(-1) >= 0 {
 		if s.flaky.Load() == 0 {
@@ -47,7 +48,7 @@ func (s *closable) Complete(ctx context.Context, id server.ID, token server.Toke
 	return s.Store.Complete(ctx, id, token, resp, ttl)
 }
 
-func (s *closable) Extend(ctx context.Context, id server.ID, token server.Token, lease time.Duration) error {
+func (s *closable) Extend(ctx context.Context, id engine.ID, token engine.Token, lease time.Duration) error {
 	if err := s.err("extend"); err != nil {
 		return err
 	}
@@ -71,8 +72,7 @@ func TestStoreClosedWhileRunning(t *testing.T) {
 			store.flaky.Store(tc.flaky)
 			var logs syncBuffer
 			h := newBlocking()
-			mw, err := server.New(store, server.WithStoreTimeout(30*time.Millisecond), server.WithLease(time.Minute),
-				server.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+			mw, err := server.New(store, server.WithConfig(engine.Config{StoreTimeout: 30 * time.Millisecond, Lease: time.Minute, Logger: slog.New(slog.NewTextHandler(&logs, nil))}))
 			require.NoError(t, err)
 			srv := startServer(t, mw.Handler(h))
 			got := postAsync(srv.URL, "k", "x")

@@ -8,16 +8,16 @@
 //	if err != nil { ... }
 //	mux.Handle("POST /orders", mw.Handler(http.HandlerFunc(createOrder)))
 //
-// [New] takes a [Store] and options; [Middleware.Handler] wraps a handler
-// (its shape is the one routers take for middleware); [LeaseFromContext]
+// [New] takes a [engine.Store] and options; [Middleware.Handler] wraps a handler
+// (its shape is the one routers take for middleware); [engine.LeaseFromContext]
 // gives the handler its key and fencing token. [WithScope] should name the
 // caller the application has authenticated: records are kept per scope.
 //
 // The middleware is the HTTP door of package engine, which runs the
 // protocol for every door (the function door in package once, the gRPC
-// interceptors in module idemgrpc): the Store interface and its records are
-// engine's, and the ones here are aliases of them, so that one store serves
-// every door.
+// interceptors in module idemgrpc): the Store interface, its records, the
+// lease and the events are engine's, named here as engine.Store,
+// engine.Lease, engine.Event, so that one store serves every door.
 //
 // # How it works
 //
@@ -32,14 +32,15 @@
 //     body are replayed, with Idempotent-Replayed: true.
 //   - The same key for a different request: 422.
 //   - The same key, still in flight: 409 with Retry-After, or, with
-//     [WithWait], a wait for the original's response.
+//     engine.Config.Wait ([WithConfig]), a wait for the original's
+//     response.
 //   - A handler that answers 5xx, 408 or 429, or panics: the claim is
-//     released, so that a retry runs again ([WithStoreStatus] changes
+//     released, so that a retry runs again ([WithKeep] changes
 //     which statuses are kept).
 //   - A handler that returns without answering because its context ended
 //     (the client went away): the claim is released, nothing is stored.
 //   - A store that fails or is slower than the store timeout: 503 with
-//     Retry-After, and the handler does not run (unless [WithFailOpen]).
+//     Retry-After, and the handler does not run (unless engine.Config.FailOpen).
 //   - A request body that cannot be read: 413 when it is too large (for the
 //     middleware's limit or an http.MaxBytesReader in front of it), 400
 //     otherwise; nothing is claimed.
@@ -48,10 +49,10 @@
 // refusal, carries the key back in the Idempotency-Key header ([WithEchoKey]).
 //
 // Store failures, lost leases and responses that could not be stored are
-// logged through [slog.Default] unless [WithLogger] says otherwise, each
+// logged through [slog.Default] unless engine.Config.Logger says otherwise, each
 // message at most once a second, so that an outage does not flood the log.
 //
-// [WithObserver] receives an Event for every protected request (executed,
+// An engine.Config.Observer receives an [engine.Event] for every protected request (executed,
 // replayed, in flight, mismatch, rejected, unavailable, released, not
 // stored, unprotected, client gone) with the time the claim, the handler and
 // the store write took, one when a claim acquires its key, and one for
@@ -103,9 +104,11 @@
 // principal, names it with [WithScope]. The default fingerprint
 // ([Fingerprint]) is SHA-256 over method, escaped path, query and body.
 //
-// Every size and duration option is safe at its extremes: 0 is refused where
-// it means nothing, the largest values work (a TTL or lease over 100 years is
-// taken as 100 years), and a TTL shorter than the default lease shortens it.
+// The engine's settings (TTL, lease, store timeout, wait, Retry-After,
+// abandoned policy, fail-open, logger, observer) are one option,
+// [WithConfig], as in every door: a zero field is the engine's default, the
+// largest values work (a TTL or lease over 100 years is taken as 100
+// years), and a TTL shorter than the default lease shortens it.
 //
 // # Replays
 //
@@ -129,7 +132,7 @@
 //
 // Every Store call runs on a context that the client's disconnect does not
 // cancel (a dropped connection is exactly when the retry will come), bounded
-// by the store timeout ([WithStoreTimeout], 5 seconds): a Claim that fails,
+// by the store timeout (engine.Config.StoreTimeout, 5 seconds): a Claim that fails,
 // hangs or is slower than that is answered with 503 and Retry-After, and the
 // handler does not run. The bound relies on the Store returning when its
 // context's deadline passes, as the stores of this module do.
@@ -139,10 +142,10 @@
 // after the Claim or Extend that last granted it was sent. If that moment,
 // less a tenth of the lease, passes without a successful renewal (the store
 // failed, was too slow, or said the lease was lost), the handler's context is
-// cancelled with a cause that wraps [ErrLeaseLost] ([ErrLeaseExpired] when the
+// cancelled with a cause that wraps [engine.ErrLeaseLost] ([engine.ErrLeaseExpired] when the
 // renewals failed), before another request can take the key over. A holder
 // whose lease was lost cannot complete or release the record: its fencing
-// token ([LeaseFromContext]) is refused by the store, and can be checked by
+// token ([engine.LeaseFromContext]) is refused by the store, and can be checked by
 // downstream systems too. A handler that ignores its context can still run
 // past its lease.
 //
@@ -160,12 +163,12 @@
 // until the store takes the release, and then runs, told of no abandoned
 // holder. If the store does not take it before the lease has ended, a retry
 // after that takes the key over as from an abandoned holder (under
-// [RefuseAbandoned], "outcome unknown").
+// [engine.RefuseAbandoned], "outcome unknown").
 //
-// A record in flight lives for its lease and the TTL after it ([WithTTL]),
+// A record in flight lives for its lease and the TTL after it (engine.Config.TTL),
 // so a retry that takes over the key of a holder that was lost (its process
 // died) is told of it, whatever the TTL and the lease: under
-// [RerunAbandoned] in [Lease.Abandoned], under [RefuseAbandoned] by the
+// [engine.RerunAbandoned] in [engine.Lease.Abandoned], under [engine.RefuseAbandoned] by the
 // "outcome unknown" answer. A holder that takes the key over and then gives
 // it back (a 5xx, a Claim answered too late) does not make the key forget
 // the lost holders: the next run is told of them too.
@@ -182,7 +185,7 @@
 // that is told of an abandoned holder that never ran.
 //
 // A 409 for a request in flight carries a short Retry-After, one second by
-// default ([WithRetryAfter]), never more than the lease has left.
+// default (engine.Config.RetryAfter), never more than the lease has left.
 //
 // With a Store whose records live outside the handler's own database, the
 // handler's effects and the stored response are not one atomic write: if the

@@ -26,15 +26,6 @@ var (
 	// ErrBodyTooLarge: the request body is over the limit; the handler did
 	// not run (413).
 	ErrBodyTooLarge = errors.New("request body too large")
-	// ErrKeyMismatch: the key was already used for a different request
-	// (422).
-	ErrKeyMismatch = engine.ErrKeyMismatch
-	// ErrInFlight: a request with the same key is still being processed
-	// (409, with Retry-After).
-	ErrInFlight = engine.ErrInFlight
-	// ErrStoreUnavailable: the Store failed, so the request could not be
-	// protected and was not run (503, with Retry-After).
-	ErrStoreUnavailable = engine.ErrStoreUnavailable
 	// ErrBodyUnreadable: the request body could not be read to its end (a
 	// broken connection, a body shorter than its Content-Length, a failing
 	// decoder); nothing was claimed and the handler did not run (400).
@@ -42,20 +33,7 @@ var (
 	// ErrUnidentified: the scope or fingerprint function failed, so the
 	// request could not be identified (400).
 	ErrUnidentified = errors.New("request could not be identified")
-	// ErrOutcomeUnknown: under RefuseAbandoned, a retry found that an
-	// earlier holder of its key was lost without completing it, so whether
-	// the request took effect is unknown; the answer is recorded and
-	// replayed for the TTL, and never retried (409, without Retry-After).
-	ErrOutcomeUnknown = engine.ErrOutcomeUnknown
 )
-
-// ErrLeaseExpired is the cause with which a handler's context is cancelled
-// when its lease ended without a successful renewal: the Store failed or
-// was too slow every time it was asked to extend it, and another request may
-// now take the key over. It wraps [ErrLeaseLost], so that
-// errors.Is(context.Cause(ctx), ErrLeaseLost) holds however the lease was
-// lost.
-var ErrLeaseExpired = engine.ErrLeaseExpired
 
 // problemBase is where each problem type is documented.
 const problemBase = wire.ProblemBase
@@ -107,30 +85,30 @@ type refusal struct {
 
 // refusals is every answer the middleware writes itself, by sentinel.
 var refusals = map[error]refusal{
-	ErrMissingKey:       {http.StatusBadRequest, "ErrMissingKey", "Idempotency key missing"},
-	ErrInvalidKey:       {http.StatusBadRequest, "ErrInvalidKey", "Idempotency key invalid"},
-	ErrUnidentified:     {http.StatusBadRequest, "ErrUnidentified", "Request not identified"},
-	ErrBodyUnreadable:   {http.StatusBadRequest, "ErrBodyUnreadable", "Request body unreadable"},
-	ErrBodyTooLarge:     {http.StatusRequestEntityTooLarge, "ErrBodyTooLarge", "Request body too large"},
-	ErrKeyMismatch:      {http.StatusUnprocessableEntity, "ErrKeyMismatch", "Idempotency key reused"},
-	ErrInFlight:         {http.StatusConflict, "ErrInFlight", "Request in flight"},
-	ErrStoreUnavailable: {http.StatusServiceUnavailable, "ErrStoreUnavailable", "Idempotency store unavailable"},
-	ErrOutcomeUnknown:   {http.StatusConflict, "ErrOutcomeUnknown", "Outcome unknown"},
+	ErrMissingKey:              {http.StatusBadRequest, "ErrMissingKey", "Idempotency key missing"},
+	ErrInvalidKey:              {http.StatusBadRequest, "ErrInvalidKey", "Idempotency key invalid"},
+	ErrUnidentified:            {http.StatusBadRequest, "ErrUnidentified", "Request not identified"},
+	ErrBodyUnreadable:          {http.StatusBadRequest, "ErrBodyUnreadable", "Request body unreadable"},
+	ErrBodyTooLarge:            {http.StatusRequestEntityTooLarge, "ErrBodyTooLarge", "Request body too large"},
+	engine.ErrKeyMismatch:      {http.StatusUnprocessableEntity, "ErrKeyMismatch", "Idempotency key reused"},
+	engine.ErrInFlight:         {http.StatusConflict, "ErrInFlight", "Request in flight"},
+	engine.ErrStoreUnavailable: {http.StatusServiceUnavailable, "ErrStoreUnavailable", "Idempotency store unavailable"},
+	engine.ErrOutcomeUnknown:   {http.StatusConflict, "ErrOutcomeUnknown", "Outcome unknown"},
 }
 
 // codes is the code member of each sentinel's problem, kept apart from
 // refusals so that adding a refusal is one line in each. A key over 255
 // bytes is an ErrInvalidKey with its own code, wire.CodeKeyTooLong.
 var codes = map[error]string{
-	ErrMissingKey:       wire.CodeKeyMissing,
-	ErrInvalidKey:       wire.CodeKeyInvalid,
-	ErrUnidentified:     wire.CodeUnidentified,
-	ErrBodyUnreadable:   wire.CodeBodyUnreadable,
-	ErrBodyTooLarge:     wire.CodeBodyTooLarge,
-	ErrKeyMismatch:      wire.CodeKeyMismatch,
-	ErrInFlight:         wire.CodeInFlight,
-	ErrStoreUnavailable: wire.CodeStoreUnavailable,
-	ErrOutcomeUnknown:   wire.CodeOutcomeUnknown,
+	ErrMissingKey:              wire.CodeKeyMissing,
+	ErrInvalidKey:              wire.CodeKeyInvalid,
+	ErrUnidentified:            wire.CodeUnidentified,
+	ErrBodyUnreadable:          wire.CodeBodyUnreadable,
+	ErrBodyTooLarge:            wire.CodeBodyTooLarge,
+	engine.ErrKeyMismatch:      wire.CodeKeyMismatch,
+	engine.ErrInFlight:         wire.CodeInFlight,
+	engine.ErrStoreUnavailable: wire.CodeStoreUnavailable,
+	engine.ErrOutcomeUnknown:   wire.CodeOutcomeUnknown,
 }
 
 // problem makes the refusal of kind, one of the sentinels, with detail to

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/internal/testkit/faultstore"
 	"github.com/idemkit/idempotency/server"
 )
@@ -21,17 +22,17 @@ import (
 // events collects what an observer is told.
 type events struct {
 	mu  sync.Mutex
-	all []server.Event
+	all []engine.Event
 }
 
-func (e *events) observe(_ context.Context, ev server.Event) {
+func (e *events) observe(_ context.Context, ev engine.Event) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.all = append(e.all, ev)
 }
 
 // take returns the events so far and forgets them.
-func (e *events) take() []server.Event {
+func (e *events) take() []engine.Event {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	out := e.all
@@ -41,12 +42,12 @@ func (e *events) take() []server.Event {
 
 // last waits for the next final event (not a lease or acquired event) and
 // returns it.
-func (e *events) last(t *testing.T) server.Event {
+func (e *events) last(t *testing.T) engine.Event {
 	t.Helper()
-	var got server.Event
+	var got engine.Event
 	waitFor(t, "an event", func() bool {
 		for _, ev := range e.take() {
-			if ev.Kind != server.EventLeaseRenewed && ev.Kind != server.EventLeaseLost && ev.Kind != server.EventAcquired {
+			if ev.Kind != engine.EventLeaseRenewed && ev.Kind != engine.EventLeaseLost && ev.Kind != engine.EventAcquired {
 				got = ev
 				return true
 			}
@@ -76,10 +77,10 @@ func TestEvents(t *testing.T) {
 	})
 	// A short lease: a response that could not be stored is tried again
 	// for up to a lease length, and only then is the event told.
-	srv := fixtureWith(t, store, h, server.WithObserver(ev.observe), server.WithLease(time.Second),
+	srv := fixtureWith(t, store, h, server.WithConfig(engine.Config{Observer: ev.observe, Lease: time.Second}),
 		server.WithScope(func(*http.Request) (string, error) { return "acme", nil }))
 
-	check := func(kind server.EventKind, key string, status int) server.Event {
+	check := func(kind engine.EventKind, key string, status int) engine.Event {
 		t.Helper()
 		e := ev.last(t)
 		assert.Equal(t, kind, e.Kind, "kind %s, want %s", e.Kind, kind)
@@ -89,31 +90,31 @@ func TestEvents(t *testing.T) {
 		return e
 	}
 	post(t, srv.URL, "k1", "x")
-	e := check(server.EventExecuted, "k1", http.StatusCreated)
+	e := check(engine.EventExecuted, "k1", http.StatusCreated)
 	assert.Equal(t, "acme", e.Scope)
 	assert.Positive(t, e.ClaimTook)
 	assert.GreaterOrEqual(t, e.HandlerTook, 2*time.Millisecond)
 	assert.Positive(t, e.StoreTook)
 
 	post(t, srv.URL, "k1", "x")
-	e = check(server.EventReplayed, "k1", http.StatusCreated)
+	e = check(engine.EventReplayed, "k1", http.StatusCreated)
 	assert.Zero(t, e.HandlerTook)
 
 	post(t, srv.URL, "k1", "other")
-	check(server.EventMismatch, "k1", http.StatusUnprocessableEntity)
+	check(engine.EventMismatch, "k1", http.StatusUnprocessableEntity)
 
 	post(t, srv.URL, "", "x")
-	e = check(server.EventRejected, "", http.StatusBadRequest)
+	e = check(engine.EventRejected, "", http.StatusBadRequest)
 	assert.Empty(t, e.Scope)
 
 	post(t, srv.URL, strings.Repeat("k", 300), "x")
-	check(server.EventRejected, "", http.StatusBadRequest)
+	check(engine.EventRejected, "", http.StatusBadRequest)
 
 	mu.Lock()
 	fail = true
 	mu.Unlock()
 	post(t, srv.URL, "k2", "x")
-	check(server.EventReleased, "k2", http.StatusBadGateway)
+	check(engine.EventReleased, "k2", http.StatusBadGateway)
 	mu.Lock()
 	fail = false
 	mu.Unlock()
@@ -121,18 +122,18 @@ func TestEvents(t *testing.T) {
 	down := errors.New("down")
 	store.Set(faultstore.Claim, faultstore.Fault{Err: down})
 	post(t, srv.URL, "k3", "x")
-	e = check(server.EventUnavailable, "k3", http.StatusServiceUnavailable)
+	e = check(engine.EventUnavailable, "k3", http.StatusServiceUnavailable)
 	assert.ErrorIs(t, e.Err, down)
 	store.Clear(faultstore.Claim)
 
 	store.Set(faultstore.Complete, faultstore.Fault{Err: down})
 	post(t, srv.URL, "k4", "x")
-	e = check(server.EventNotStored, "k4", http.StatusCreated)
+	e = check(engine.EventNotStored, "k4", http.StatusCreated)
 	assert.ErrorIs(t, e.Err, down)
 	store.Clear(faultstore.Complete)
 
 	post(t, srv.URL, "k4", "x")
-	check(server.EventInFlight, "k4", http.StatusConflict)
+	check(engine.EventInFlight, "k4", http.StatusConflict)
 }
 
 // TestLeaseEvents: a renewal yields EventLeaseRenewed, and a lease that ends
@@ -152,7 +153,7 @@ func TestLeaseEvents(t *testing.T) {
 		case <-r.Context().Done():
 		}
 	})
-	srv := fixtureWith(t, store, h, server.WithObserver(ev.observe), server.WithLease(time.Second))
+	srv := fixtureWith(t, store, h, server.WithConfig(engine.Config{Observer: ev.observe, Lease: time.Second}))
 	got := postAsync(srv.URL, "k", "x")
 	select {
 	case <-started:
@@ -162,22 +163,22 @@ func TestLeaseEvents(t *testing.T) {
 	var renewed bool
 	waitFor(t, "a renewal", func() bool {
 		for _, e := range ev.take() {
-			renewed = renewed || (e.Kind == server.EventLeaseRenewed && e.Key == "k")
+			renewed = renewed || (e.Kind == engine.EventLeaseRenewed && e.Key == "k")
 		}
 		return renewed
 	})
 	store.Set(faultstore.Extend, faultstore.Fault{Err: errFlaky})
-	var lost server.Event
+	var lost engine.Event
 	waitFor(t, "the lease to be lost", func() bool {
 		for _, e := range ev.take() {
-			if e.Kind == server.EventLeaseLost {
+			if e.Kind == engine.EventLeaseLost {
 				lost = e
 				return true
 			}
 		}
 		return false
 	})
-	assert.ErrorIs(t, lost.Err, server.ErrLeaseLost)
+	assert.ErrorIs(t, lost.Err, engine.ErrLeaseLost)
 	close(release)
 	require.Equal(t, http.StatusServiceUnavailable, recv(t, got, "the answer").status)
 }
@@ -200,25 +201,24 @@ func TestAcquiredEvents(t *testing.T) {
 	// Complete is retried within the store timeout, then, once the
 	// response is sent, for up to a lease length before it gives up: a
 	// short lease.
-	srv := fixtureWith(t, store, h, server.WithObserver(ev.observe), server.WithStoreTimeout(200*time.Millisecond),
-		server.WithLease(time.Second))
+	srv := fixtureWith(t, store, h, server.WithConfig(engine.Config{Observer: ev.observe, StoreTimeout: 200 * time.Millisecond, Lease: time.Second}))
 	down := errors.New("down")
 
 	tests := []struct {
 		name      string
 		key, body string
 		fail      []faultstore.Op
-		want      []server.EventKind
+		want      []engine.EventKind
 		acquired  bool
 	}{
-		{"executed", "k1", "x", nil, []server.EventKind{server.EventAcquired, server.EventExecuted}, true},
-		{"replayed", "k1", "x", nil, []server.EventKind{server.EventReplayed}, false},
-		{"mismatch", "k1", "y", nil, []server.EventKind{server.EventMismatch}, false},
-		{"released", "k2", "fail", nil, []server.EventKind{server.EventAcquired, server.EventReleased}, true},
-		{"rejected", "", "x", nil, []server.EventKind{server.EventRejected}, false},
-		{"claim failed", "k3", "x", []faultstore.Op{faultstore.Claim}, []server.EventKind{server.EventUnavailable}, false},
-		{"not stored", "k4", "x", []faultstore.Op{faultstore.Complete}, []server.EventKind{server.EventAcquired, server.EventNotStored}, true},
-		{"in flight", "k4", "x", nil, []server.EventKind{server.EventInFlight}, false},
+		{"executed", "k1", "x", nil, []engine.EventKind{engine.EventAcquired, engine.EventExecuted}, true},
+		{"replayed", "k1", "x", nil, []engine.EventKind{engine.EventReplayed}, false},
+		{"mismatch", "k1", "y", nil, []engine.EventKind{engine.EventMismatch}, false},
+		{"released", "k2", "fail", nil, []engine.EventKind{engine.EventAcquired, engine.EventReleased}, true},
+		{"rejected", "", "x", nil, []engine.EventKind{engine.EventRejected}, false},
+		{"claim failed", "k3", "x", []faultstore.Op{faultstore.Claim}, []engine.EventKind{engine.EventUnavailable}, false},
+		{"not stored", "k4", "x", []faultstore.Op{faultstore.Complete}, []engine.EventKind{engine.EventAcquired, engine.EventNotStored}, true},
+		{"in flight", "k4", "x", nil, []engine.EventKind{engine.EventInFlight}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -227,16 +227,16 @@ func TestAcquiredEvents(t *testing.T) {
 				defer store.Clear(op)
 			}
 			post(t, srv.URL, tt.key, tt.body)
-			var got []server.Event
+			var got []engine.Event
 			waitFor(t, "the final event", func() bool {
 				for _, e := range ev.take() {
-					if e.Kind != server.EventLeaseRenewed {
+					if e.Kind != engine.EventLeaseRenewed {
 						got = append(got, e)
 					}
 				}
-				return len(got) > 0 && got[len(got)-1].Kind != server.EventAcquired
+				return len(got) > 0 && got[len(got)-1].Kind != engine.EventAcquired
 			})
-			kinds := make([]server.EventKind, len(got))
+			kinds := make([]engine.EventKind, len(got))
 			for i, e := range got {
 				kinds[i] = e.Kind
 			}
@@ -258,19 +258,19 @@ func TestAcquiredEvents(t *testing.T) {
 // panicky is an observer that panics on the kinds it is given, and tells
 // of each event it saw before it panicked.
 type panicky struct {
-	kinds map[server.EventKind]bool
-	seen  chan server.EventKind
+	kinds map[engine.EventKind]bool
+	seen  chan engine.EventKind
 }
 
-func newPanicky(kinds ...server.EventKind) *panicky {
-	p := &panicky{kinds: map[server.EventKind]bool{}, seen: make(chan server.EventKind, 64)}
+func newPanicky(kinds ...engine.EventKind) *panicky {
+	p := &panicky{kinds: map[engine.EventKind]bool{}, seen: make(chan engine.EventKind, 64)}
 	for _, k := range kinds {
 		p.kinds[k] = true
 	}
 	return p
 }
 
-func (p *panicky) observe(_ context.Context, e server.Event) {
+func (p *panicky) observe(_ context.Context, e engine.Event) {
 	select {
 	case p.seen <- e.Kind:
 	default:
@@ -291,9 +291,9 @@ func panicLogs(logs *syncBuffer) int {
 // logged once, with the event's kind.
 func TestObserverPanicOnAcquired(t *testing.T) {
 	var logs syncBuffer
-	p := newPanicky(server.EventAcquired)
+	p := newPanicky(engine.EventAcquired)
 	h := &orders{}
-	srv, _ := fixture(t, h, server.WithObserver(p.observe), server.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	srv, _ := fixture(t, h, server.WithConfig(engine.Config{Observer: p.observe, Logger: slog.New(slog.NewTextHandler(&logs, nil))}))
 
 	first := post(t, srv.URL, "k1", "x")
 	require.Equal(t, http.StatusCreated, first.status)
@@ -314,7 +314,7 @@ func TestObserverPanicOnAcquired(t *testing.T) {
 // and the lease goes on being renewed.
 func TestObserverPanicOnLeaseEvent(t *testing.T) {
 	var logs syncBuffer
-	p := newPanicky(server.EventLeaseRenewed)
+	p := newPanicky(engine.EventLeaseRenewed)
 	renewals := make(chan struct{})
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// Run until the lease has been renewed, and its event has
@@ -328,11 +328,10 @@ func TestObserverPanicOnLeaseEvent(t *testing.T) {
 		}
 		w.WriteHeader(http.StatusCreated)
 	})
-	srv, _ := fixture(t, h, server.WithObserver(p.observe), server.WithLease(30*time.Millisecond),
-		server.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	srv, _ := fixture(t, h, server.WithConfig(engine.Config{Observer: p.observe, Lease: 30 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))}))
 	got := postAsync(srv.URL, "k", "x")
 	for n := 0; n < 2; {
-		if recv(t, p.seen, "an event") == server.EventLeaseRenewed {
+		if recv(t, p.seen, "an event") == engine.EventLeaseRenewed {
 			renewals <- struct{}{}
 			n++
 		}
@@ -347,12 +346,12 @@ func TestObserverPanicOnLeaseEvent(t *testing.T) {
 // changes no answer, and is logged once.
 func TestObserverPanicOnFinalEvents(t *testing.T) {
 	var logs syncBuffer
-	all := []server.EventKind{server.EventExecuted, server.EventReplayed, server.EventInFlight, server.EventMismatch,
-		server.EventRejected, server.EventUnavailable, server.EventReleased, server.EventNotStored,
-		server.EventUnprotected, server.EventClientGone, server.EventLeaseRenewed, server.EventLeaseLost, server.EventAcquired}
+	all := []engine.EventKind{engine.EventExecuted, engine.EventReplayed, engine.EventInFlight, engine.EventMismatch,
+		engine.EventRejected, engine.EventUnavailable, engine.EventReleased, engine.EventNotStored,
+		engine.EventUnprotected, engine.EventClientGone, engine.EventLeaseRenewed, engine.EventLeaseLost, engine.EventAcquired}
 	p := newPanicky(all...)
 	h := &orders{}
-	srv, _ := fixture(t, h, server.WithObserver(p.observe), server.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	srv, _ := fixture(t, h, server.WithConfig(engine.Config{Observer: p.observe, Logger: slog.New(slog.NewTextHandler(&logs, nil))}))
 	for _, tc := range []struct {
 		name, key, body string
 		status          int

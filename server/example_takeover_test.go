@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/server"
 	"github.com/idemkit/idempotency/store/memstore"
 )
@@ -17,13 +18,13 @@ import (
 // takenOver stands for a store whose last holder of the key died after its
 // effect: its first acquiring Claim reports one abandoned holder.
 type takenOver struct {
-	server.Store
+	engine.Store
 	once sync.Once
 }
 
-func (s *takenOver) Claim(ctx context.Context, id server.ID, fp string, lease, ttl time.Duration) (server.Claim, error) {
+func (s *takenOver) Claim(ctx context.Context, id engine.ID, fp string, lease, ttl time.Duration) (engine.Claim, error) {
 	c, err := s.Store.Claim(ctx, id, fp, lease, ttl)
-	if err == nil && c.Status == server.Acquired {
+	if err == nil && c.Status == engine.Acquired {
 		s.once.Do(func() { c.Abandoned = 1 })
 	}
 	return c, err
@@ -32,7 +33,7 @@ func (s *takenOver) Claim(ctx context.Context, id server.ID, fp string, lease, t
 // A handler that took a key over from an abandoned holder looks for its own
 // effect before doing it again: the holder may have created the order and
 // died before its response was stored.
-func ExampleLease_Abandoned() {
+func Example_takeover() {
 	mem, err := memstore.New()
 	if err != nil {
 		fmt.Println(err)
@@ -49,11 +50,11 @@ func ExampleLease_Abandoned() {
 	// The orders the application has made, by idempotency key: the lost
 	// holder made order 7 for key order-123 before it died.
 	var mu sync.Mutex
-	orders := map[server.ID]int{{Key: "order-123"}: 7}
+	orders := map[engine.ID]int{{Key: "order-123"}: 7}
 	next := 8
 
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		lease, _ := server.LeaseFromContext(r.Context())
+		lease, _ := engine.LeaseFromContext(r.Context())
 		mu.Lock()
 		defer mu.Unlock()
 		if lease.Abandoned > 0 {
@@ -94,14 +95,14 @@ func ExampleLease_Abandoned() {
 // With RefuseAbandoned, a retry that takes a key over from an abandoned
 // holder does not run: it gets a final "outcome unknown" problem, recorded
 // and replayed to every retry until an operator resolves the key.
-func ExampleWithAbandoned() {
+func ExampleWithConfig() {
 	mem, err := memstore.New()
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
 	defer mem.Close()
-	mw, err := server.New(&takenOver{Store: mem}, server.WithAbandoned(server.RefuseAbandoned))
+	mw, err := server.New(&takenOver{Store: mem}, server.WithConfig(engine.Config{Abandoned: engine.RefuseAbandoned}))
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -128,9 +129,9 @@ func ExampleWithAbandoned() {
 		}
 		resp.Body.Close()
 		fmt.Printf("%d, outcome %q, Retry-After %q, replayed %q\n", resp.StatusCode,
-			resp.Header.Get(server.HeaderOutcome), resp.Header.Get("Retry-After"), resp.Header.Get("Idempotent-Replayed"))
+			resp.Header.Get(engine.HeaderOutcome), resp.Header.Get("Retry-After"), resp.Header.Get("Idempotent-Replayed"))
 	}
-	c, err := mem.Claim(context.Background(), server.ID{Key: "payout-9"}, "", time.Minute, time.Hour)
+	c, err := mem.Claim(context.Background(), engine.ID{Key: "payout-9"}, "", time.Minute, time.Hour)
 	if err != nil {
 		fmt.Println(err)
 		return

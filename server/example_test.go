@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync/atomic"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/server"
 	"github.com/idemkit/idempotency/store/memstore"
 )
@@ -162,7 +163,7 @@ func ExampleWithScope() {
 // A protected handler finds its lease in the request's context: the key and
 // scope it runs for, and the fencing token to pass to a downstream system
 // that should refuse writes from a holder whose lease was lost.
-func ExampleLeaseFromContext() {
+func Example_lease() {
 	store, err := memstore.New()
 	if err != nil {
 		fmt.Println(err)
@@ -175,7 +176,7 @@ func ExampleLeaseFromContext() {
 		return
 	}
 	h := mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		lease, ok := server.LeaseFromContext(r.Context())
+		lease, ok := engine.LeaseFromContext(r.Context())
 		if !ok {
 			http.Error(w, "not protected", http.StatusInternalServerError)
 			return

@@ -23,7 +23,7 @@ type exchange struct {
 	w          http.ResponseWriter
 	r          *http.Request
 	next       http.Handler
-	id         ID
+	id         engine.ID
 	echo       [1]string     // the key header's value on the response
 	body       []byte        // the whole request body, read before the claim
 	capture    recorder      // the handler's response, kept until stored
@@ -54,7 +54,7 @@ type bodyReader struct{ bytes.Reader }
 func (*bodyReader) Close() error { return nil }
 
 // Replay answers with a stored response.
-func (ex *exchange) Replay(resp *Response) int {
+func (ex *exchange) Replay(resp *engine.Response) int {
 	ex.replay(resp)
 	return resp.Status
 }
@@ -63,14 +63,14 @@ func (ex *exchange) Replay(resp *Response) int {
 func (ex *exchange) Refuse(kind error, retryAfter time.Duration, cause error) int {
 	var e *Error
 	switch kind {
-	case ErrInFlight:
-		e = problem(ErrInFlight, "A request with this idempotency key is still being processed; retry later.", nil)
-	case ErrKeyMismatch:
-		e = problem(ErrKeyMismatch, "This idempotency key was already used for a different request.", nil)
+	case engine.ErrInFlight:
+		e = problem(engine.ErrInFlight, "A request with this idempotency key is still being processed; retry later.", nil)
+	case engine.ErrKeyMismatch:
+		e = problem(engine.ErrKeyMismatch, "This idempotency key was already used for a different request.", nil)
 	default:
-		e = problem(ErrStoreUnavailable, "The request could not be protected against duplicates, so it was not processed; retry later.", cause)
+		e = problem(engine.ErrStoreUnavailable, "The request could not be protected against duplicates, so it was not processed; retry later.", cause)
 		if ex.unknown {
-			delete(ex.w.Header(), HeaderOutcome)
+			delete(ex.w.Header(), engine.HeaderOutcome)
 		}
 		if ex.executed {
 			// The handler ran, and its answer is not sent: none of
@@ -84,14 +84,14 @@ func (ex *exchange) Refuse(kind error, retryAfter time.Duration, cause error) in
 			ex.capture.restoreDeadline()
 		}
 	}
-	if kind != ErrKeyMismatch {
+	if kind != engine.ErrKeyMismatch {
 		e.RetryAfter = retryAfter
 	}
 	ex.m.refuse(ex.w, ex.r, e)
 	return e.Status
 }
 
-// Unprotected runs the handler without protection (WithFailOpen).
+// Unprotected runs the handler without protection (engine.Config.FailOpen).
 func (ex *exchange) Unprotected() {
 	ex.r.Body = ex.requestBody()
 	ex.next.ServeHTTP(ex.w, ex.r)
@@ -126,14 +126,14 @@ func (ex *exchange) Execute(ctx context.Context) engine.Outcome {
 		// The handler gave up without an answer because its context
 		// ended: the client went away, or the lease could not be kept.
 		return engine.Outcome{Reason: "the handler returned without an answer after its context ended", Cause: context.Cause(ctx)}
-	case !m.storeStatus(ex.r.Context(), status):
+	case !m.keeps(ex.r.Context(), status):
 		return engine.Outcome{Status: status, Reason: "status " + strconv.Itoa(status) + " is not stored", Sent: rec.streaming}
 	case rec.streaming:
 		how := "streamed"
 		if rec.hijacked {
 			how = "hijacked"
 		}
-		m.cfg.logger.LogAttrs(ex.r.Context(), slog.LevelInfo, "idempotent response passed through; storing it without its body",
+		m.engine.Logger().LogAttrs(ex.r.Context(), slog.LevelInfo, "idempotent response passed through; storing it without its body",
 			slog.String("key", ex.id.Key), slog.Int("status", status), slog.String("how", how))
 		return engine.Outcome{Response: ex.response(status, nil, true), Status: status, Sent: true}
 	default:
@@ -157,10 +157,10 @@ func (ex *exchange) Send(now bool) {
 
 // OutcomeUnknown writes the "outcome unknown" answer into the recorder and
 // returns the record of it.
-func (ex *exchange) OutcomeUnknown() *Response {
+func (ex *exchange) OutcomeUnknown() *engine.Response {
 	m := ex.m
-	e := problem(ErrOutcomeUnknown, "An earlier attempt at this request was interrupted and whether it took effect is unknown; this answer is final. Do not retry with this key: check the outcome, or ask the operator to resolve the key.", nil)
-	ex.w.Header().Set(HeaderOutcome, "unknown")
+	e := problem(engine.ErrOutcomeUnknown, "An earlier attempt at this request was interrupted and whether it took effect is unknown; this answer is final. Do not retry with this key: check the outcome, or ask the operator to resolve the key.", nil)
+	ex.w.Header().Set(engine.HeaderOutcome, "unknown")
 	ex.unknown = true
 	rec := &ex.capture
 	*rec = recorder{w: ex.w, limit: math.MaxInt}
@@ -169,6 +169,6 @@ func (ex *exchange) OutcomeUnknown() *Response {
 	if h == nil {
 		h = make(http.Header, 1)
 	}
-	h.Set(HeaderOutcome, "unknown")
-	return &Response{Status: rec.finalStatus(), Header: h, Body: rec.body}
+	h.Set(engine.HeaderOutcome, "unknown")
+	return &engine.Response{Status: rec.finalStatus(), Header: h, Body: rec.body}
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/internal/testkit/faultstore"
 	"github.com/idemkit/idempotency/server"
 	"github.com/idemkit/idempotency/store/memstore"
@@ -120,12 +121,12 @@ func TestLeaseEndsWhenRenewalFails(t *testing.T) {
 			close(secondRan)
 		}
 	})
-	srv := fixtureWith(t, store, h, server.WithLease(lease), server.WithStoreTimeout(50*time.Millisecond))
+	srv := fixtureWith(t, store, h, server.WithConfig(engine.Config{Lease: lease, StoreTimeout: 50 * time.Millisecond}))
 	first := postAsync(srv.URL, "k", "x")
 
 	cause := recv(t, causes, "the handler to be cancelled")
-	assert.ErrorIs(t, cause, server.ErrLeaseExpired)
-	assert.ErrorIs(t, cause, server.ErrLeaseLost)
+	assert.ErrorIs(t, cause, engine.ErrLeaseExpired)
+	assert.ErrorIs(t, cause, engine.ErrLeaseLost)
 	assert.ErrorIs(t, cause, errFlaky, "the cause carries the last renewal's error")
 
 	// Retry until the lease has ended and the retry takes the key over.
@@ -174,7 +175,7 @@ func TestStoreHangs(t *testing.T) {
 			})
 			// A short lease: a response that could not be stored is
 			// tried again for up to a lease length after it is sent.
-			srv := fixtureWith(t, store, h, server.WithStoreTimeout(timeout), server.WithLease(time.Second))
+			srv := fixtureWith(t, store, h, server.WithConfig(engine.Config{StoreTimeout: timeout, Lease: time.Second}))
 			client := &http.Client{Timeout: timeout + 5*time.Second}
 			req, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader("x"))
 			req.Header.Set("Idempotency-Key", "k")
@@ -206,10 +207,10 @@ func TestExtendHangs(t *testing.T) {
 		<-r.Context().Done()
 		causes <- context.Cause(r.Context())
 	})
-	srv := fixtureWith(t, store, h, server.WithLease(lease), server.WithStoreTimeout(time.Minute))
+	srv := fixtureWith(t, store, h, server.WithConfig(engine.Config{Lease: lease, StoreTimeout: time.Minute}))
 	began := time.Now()
 	got := postAsync(srv.URL, "k", "x")
-	assert.ErrorIs(t, recv(t, causes, "the handler to be cancelled"), server.ErrLeaseExpired)
+	assert.ErrorIs(t, recv(t, causes, "the handler to be cancelled"), engine.ErrLeaseExpired)
 	assert.Less(t, time.Since(began), lease+time.Second)
 	assert.Equal(t, http.StatusServiceUnavailable, recv(t, got, "the answer").status,
 		"a handler that gave up unanswered is not answered 200")
@@ -253,9 +254,8 @@ func TestCompleteFails(t *testing.T) {
 		var logs syncBuffer
 		h := &orders{}
 		const lease = 500 * time.Millisecond
-		srv := fixtureWith(t, store, h, server.WithStoreTimeout(100*time.Millisecond), server.WithLease(lease),
-			server.WithScope(func(*http.Request) (string, error) { return "acme", nil }),
-			server.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+		srv := fixtureWith(t, store, h, server.WithConfig(engine.Config{StoreTimeout: 100 * time.Millisecond, Lease: lease, Logger: slog.New(slog.NewTextHandler(&logs, nil))}),
+			server.WithScope(func(*http.Request) (string, error) { return "acme", nil }))
 		sent := time.Now()
 		first := post(t, srv.URL, "k", "x")
 		assert.Equal(t, http.StatusCreated, first.status, "the effect happened: the client is told")
@@ -285,7 +285,7 @@ func TestCompleteFails(t *testing.T) {
 		store, _ := faulty(t)
 		store.Set(faultstore.Complete, faultstore.Fault{Err: errFlaky, Times: 8})
 		h := &orders{}
-		srv := fixtureWith(t, store, h, server.WithStoreTimeout(50*time.Millisecond), server.WithLease(10*time.Second))
+		srv := fixtureWith(t, store, h, server.WithConfig(engine.Config{StoreTimeout: 50 * time.Millisecond, Lease: 10 * time.Second}))
 		first := post(t, srv.URL, "k", "x")
 		assert.Equal(t, http.StatusCreated, first.status)
 		var again reply
@@ -309,8 +309,8 @@ func TestInFlightRetryAfter(t *testing.T) {
 		want int
 	}{
 		{"default", nil, 1},
-		{"configured", []server.Option{server.WithRetryAfter(3 * time.Second)}, 3},
-		{"capped by the lease", []server.Option{server.WithRetryAfter(time.Minute), server.WithLease(2 * time.Second)}, 2},
+		{"configured", []server.Option{server.WithConfig(engine.Config{RetryAfter: 3 * time.Second})}, 3},
+		{"capped by the lease", []server.Option{server.WithConfig(engine.Config{RetryAfter: time.Minute, Lease: 2 * time.Second})}, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newBlocking()

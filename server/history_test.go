@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/internal/testkit/teststores"
 	"github.com/idemkit/idempotency/server"
 )
@@ -37,13 +38,13 @@ func historyOptions(opts ...server.Option) []server.Option {
 // loseHolder claims key on store as the middleware of a process that dies
 // would, with its lease and TTL: it renews the lease every third of its
 // length for renewFor, and is then lost, its lease left to run out.
-func loseHolder(t *testing.T, store server.Store, key string, lease, ttl, renewFor time.Duration) {
+func loseHolder(t *testing.T, store engine.Store, key string, lease, ttl, renewFor time.Duration) {
 	t.Helper()
 	ctx := context.Background()
-	id := server.ID{Scope: historyScope, Key: key}
+	id := engine.ID{Scope: historyScope, Key: key}
 	c, err := store.Claim(ctx, id, historyFingerprint, lease, ttl)
 	require.NoError(t, err)
-	require.Equal(t, server.Acquired, c.Status)
+	require.Equal(t, engine.Acquired, c.Status)
 	if renewFor <= 0 {
 		return
 	}
@@ -62,7 +63,7 @@ func awaitLeaseEnd(t *testing.T, url, key string) reply {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		got := post(t, url, key, "{}")
-		if got.status != http.StatusConflict || got.header.Get(server.HeaderOutcome) != "" {
+		if got.status != http.StatusConflict || got.header.Get(engine.HeaderOutcome) != "" {
 			return got
 		}
 		require.True(t, time.Now().Before(deadline), "key %s still in flight after 30s", key)
@@ -81,7 +82,7 @@ type abandonedSeen struct {
 }
 
 func (h *abandonedSeen) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	lease, _ := server.LeaseFromContext(r.Context())
+	lease, _ := engine.LeaseFromContext(r.Context())
 	h.mu.Lock()
 	h.seen = append(h.seen, lease.Abandoned)
 	run := len(h.seen)
@@ -131,25 +132,25 @@ func TestTakeoverSeenWhateverTheTTL(t *testing.T) {
 					}
 					t.Run(name, func(t *testing.T) {
 						t.Parallel()
-						var opts []server.Option
+						var cfg engine.Config
 						if tc.optLease {
-							opts = append(opts, server.WithLease(tc.lease))
+							cfg.Lease = tc.lease
 						}
 						if tc.optTT {
-							opts = append(opts, server.WithTTL(tc.ttl))
+							cfg.TTL = tc.ttl
 						}
 						if refuse {
-							opts = append(opts, server.WithAbandoned(server.RefuseAbandoned))
+							cfg.Abandoned = engine.RefuseAbandoned
 						}
 						h := &abandonedSeen{}
-						srv := fixtureWith(t, store, h, historyOptions(opts...)...)
+						srv := fixtureWith(t, store, h, historyOptions(server.WithConfig(cfg))...)
 						key := "lost-" + name
 						loseHolder(t, store, key, tc.lease, tc.ttl, tc.renewFor)
 
 						got := awaitLeaseEnd(t, srv.URL, key)
 						if refuse {
 							assert.Equal(t, http.StatusConflict, got.status)
-							assert.Equal(t, "unknown", got.header.Get(server.HeaderOutcome), "the retry is answered \"outcome unknown\"")
+							assert.Equal(t, "unknown", got.header.Get(engine.HeaderOutcome), "the retry is answered \"outcome unknown\"")
 							assert.Empty(t, h.runs(), "the handler ran")
 							return
 						}
@@ -165,7 +166,7 @@ func TestTakeoverSeenWhateverTheTTL(t *testing.T) {
 // TestReleaseKeepsAbandoned: a takeover of a lost holder answers 5xx, which
 // releases the key; the retry that runs next is told of the lost holder all
 // the same, so a handler that looks for its own effect when a holder was
-// lost (ExampleLease_Abandoned) still looks, and does not repeat it.
+// lost (Example_takeover) still looks, and does not repeat it.
 func TestReleaseKeepsAbandoned(t *testing.T) {
 	for _, kind := range teststores.All() {
 		t.Run(kind.Name, func(t *testing.T) {
@@ -178,7 +179,7 @@ func TestReleaseKeepsAbandoned(t *testing.T) {
 				}
 				return http.StatusCreated
 			}}
-			srv := fixtureWith(t, store, h, historyOptions(server.WithLease(lease))...)
+			srv := fixtureWith(t, store, h, historyOptions(server.WithConfig(engine.Config{Lease: lease}))...)
 			loseHolder(t, store, "released", lease, time.Hour, 0)
 
 			got := awaitLeaseEnd(t, srv.URL, "released")

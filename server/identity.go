@@ -25,16 +25,11 @@ var credentialHeaders = [...]string{
 	"Private-Token",             // GitLab
 }
 
-// CredentialHeaders returns the request headers that [CredentialScope]
-// hashes, in canonical form. The slice is the caller's.
-func CredentialHeaders() []string {
-	return append([]string(nil), credentialHeaders[:]...)
-}
-
 // CredentialScope is the default scope function. It names the caller by a
-// SHA-256 hash of the request's credential headers, those that
-// [CredentialHeaders] lists (Authorization, Proxy-Authorization and the
-// common API-key headers), so that one tenant is never served another
+// SHA-256 hash of the request's credential headers (Authorization,
+// Proxy-Authorization and the common API-key headers: X-Api-Key, Api-Key,
+// X-Auth-Token, X-Access-Token, X-Goog-Api-Key, Ocp-Apim-Subscription-Key,
+// Private-Token), so that one tenant is never served another
 // tenant's stored response, and so that no credential is ever stored.
 // Cookies are left out: a request and its retry often carry different ones.
 // Requests without any of those headers share the empty scope.

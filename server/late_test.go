@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/internal/testkit/faultstore"
 	"github.com/idemkit/idempotency/server"
 )
@@ -23,7 +24,7 @@ import (
 // gated is a Store whose Complete fails until the gate opens, as a store
 // that is down for a while would.
 type gated struct {
-	server.Store
+	engine.Store
 	open      chan struct{}
 	once      sync.Once
 	openAfter int32 // if positive, the gate opens after this many Completes
@@ -40,7 +41,7 @@ func newGated(t *testing.T) *gated {
 
 func (g *gated) unblock() { g.once.Do(func() { close(g.open) }) }
 
-func (g *gated) Complete(ctx context.Context, id server.ID, token server.Token, resp *server.Response, ttl time.Duration) error {
+func (g *gated) Complete(ctx context.Context, id engine.ID, token engine.Token, resp *engine.Response, ttl time.Duration) error {
 	if n := g.calls.Add(1); g.openAfter > 0 && n > g.openAfter {
 		g.unblock()
 	}
@@ -107,7 +108,7 @@ func TestLateCompleteHoldsNothing(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			store := newGated(t)
 			h := &orders{}
-			mw, err := server.New(store, server.WithStoreTimeout(50*time.Millisecond), server.WithLease(time.Minute))
+			mw, err := server.New(store, server.WithConfig(engine.Config{StoreTimeout: 50 * time.Millisecond, Lease: time.Minute}))
 			require.NoError(t, err)
 			t.Cleanup(func() { shutdown(t, mw) })
 			mux := http.NewServeMux()
@@ -155,7 +156,7 @@ func TestLateCompleteWhateverTheTTL(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 		io.WriteString(w, "order 1")
 	})
-	mw, err := server.New(store, server.WithTTL(400*time.Millisecond), server.WithStoreTimeout(50*time.Millisecond))
+	mw, err := server.New(store, server.WithConfig(engine.Config{TTL: 400 * time.Millisecond, StoreTimeout: 50 * time.Millisecond}))
 	require.NoError(t, err)
 	t.Cleanup(func() { shutdown(t, mw) })
 	srv := startServer(t, mw.Handler(h))
@@ -195,7 +196,7 @@ func TestHandlerWriteDeadlineNotSpent(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 		io.WriteString(w, strings.Repeat("o", 4096))
 	})
-	srv := fixtureWith(t, store, h, server.WithStoreTimeout(2*time.Second))
+	srv := fixtureWith(t, store, h, server.WithConfig(engine.Config{StoreTimeout: 2 * time.Second}))
 	got := post(t, srv.URL, "k", "x")
 	assert.Equal(t, http.StatusCreated, got.status)
 	assert.Len(t, got.body, 4096)
@@ -209,7 +210,7 @@ func TestShutdown(t *testing.T) {
 	t.Run("waits", func(t *testing.T) {
 		store := newGated(t)
 		h := &orders{}
-		mw, err := server.New(store, server.WithStoreTimeout(20*time.Millisecond))
+		mw, err := server.New(store, server.WithConfig(engine.Config{StoreTimeout: 20 * time.Millisecond}))
 		require.NoError(t, err)
 		srv := startServer(t, mw.Handler(h))
 		first := post(t, srv.URL, "k", "x")
@@ -224,15 +225,14 @@ func TestShutdown(t *testing.T) {
 		}
 		store.unblock()
 		assert.NoError(t, recv(t, done, "Shutdown"))
-		got, err := store.Claim(context.Background(), server.ID{Key: "k"}, "", time.Minute, time.Hour)
+		got, err := store.Claim(context.Background(), engine.ID{Key: "k"}, "", time.Minute, time.Hour)
 		require.NoError(t, err)
-		assert.Equal(t, server.Completed, got.Status, "stored before Shutdown returned")
+		assert.Equal(t, engine.Completed, got.Status, "stored before Shutdown returned")
 	})
 	t.Run("gives up", func(t *testing.T) {
 		store := newGated(t)
 		var logs syncBuffer
-		mw, err := server.New(store, server.WithStoreTimeout(20*time.Millisecond),
-			server.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+		mw, err := server.New(store, server.WithConfig(engine.Config{StoreTimeout: 20 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))}))
 		require.NoError(t, err)
 		srv := startServer(t, mw.Handler(&orders{}))
 		require.Equal(t, http.StatusCreated, post(t, srv.URL, "k", "x").status)
@@ -249,7 +249,7 @@ func TestShutdown(t *testing.T) {
 		// Past the store timeout's tries, a few late ones fail too.
 		store.openAfter = 5
 		h := &orders{}
-		mw, err := server.New(store, server.WithStoreTimeout(20*time.Millisecond), server.WithLease(time.Minute))
+		mw, err := server.New(store, server.WithConfig(engine.Config{StoreTimeout: 20 * time.Millisecond, Lease: time.Minute}))
 		require.NoError(t, err)
 		shutdown(t, mw)
 		srv := startServer(t, mw.Handler(h))

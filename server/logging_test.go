@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/server"
 )
 
@@ -52,7 +53,7 @@ func TestStoreFailuresLoggedByDefault(t *testing.T) {
 func TestLoggerOption(t *testing.T) {
 	var def, own syncBuffer
 	useDefaultLogger(t, &def)
-	srv := fixtureWith(t, failing{}, &orders{}, server.WithLogger(slog.New(slog.NewTextHandler(&own, nil))))
+	srv := fixtureWith(t, failing{}, &orders{}, server.WithConfig(engine.Config{Logger: slog.New(slog.NewTextHandler(&own, nil))}))
 	require.Equal(t, http.StatusServiceUnavailable, post(t, srv.URL, "k", "x").status)
 	assert.Contains(t, own.String(), "idempotency store failed")
 	assert.Empty(t, def.String())

@@ -24,6 +24,7 @@ import (
 type Middleware struct {
 	engine     *engine.Engine
 	binder     bool // the store is a Binder
+	observed   bool // an observer is set: requests are timed for it
 	cfg        config
 	replayable map[string]struct{} // cfg.replayHeaders
 	// fingerprintInPlace: cfg.fingerprint is Fingerprint, whose value
@@ -31,7 +32,7 @@ type Middleware struct {
 	fingerprintInPlace bool
 
 	// What is logged once per Middleware.
-	storeStatusPanicked atomic.Bool
+	keepPanicked        atomic.Bool
 	errorWriterPanicked atomic.Bool
 	noCredentials       atomic.Bool
 	bearerScope         atomic.Bool
@@ -41,7 +42,7 @@ type Middleware struct {
 // checked: an invalid one is an error that names every invalid option. A nil
 // store, or a nil pointer in a Store interface (var s *memstore.Store), is
 // refused.
-func New(store Store, opts ...Option) (*Middleware, error) {
+func New(store engine.Store, opts ...Option) (*Middleware, error) {
 	cfg := defaultConfig()
 	for i, o := range opts {
 		if o == nil {
@@ -50,26 +51,21 @@ func New(store Store, opts ...Option) (*Middleware, error) {
 		}
 		o(&cfg)
 	}
-	if err := cfg.validate(); err != nil {
+	e, err := engine.New(store, cfg.engine)
+	if err != nil {
+		cfg.invalidOptions = append(cfg.invalidOptions, fmt.Errorf("server: %w", err))
+	}
+	if err := errors.Join(cfg.invalidOptions...); err != nil {
 		return nil, err
 	}
-	e, err := engine.New(store, engine.Config{
-		TTL: cfg.ttl, Lease: cfg.lease, StoreTimeout: cfg.storeTimeout, Wait: cfg.wait, RetryAfter: cfg.retryAfter,
-		Abandoned: cfg.abandoned, FailOpen: cfg.failOpen, Logger: cfg.logger, Observer: cfg.observer,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("server: %w", err)
-	}
-	// The engine's logger, rate-limited: the middleware's own records are
-	// limited with the engine's.
-	cfg.logger = e.Logger()
 	m := &Middleware{engine: e, cfg: cfg, replayable: make(map[string]struct{}, len(cfg.replayHeaders)), fingerprintInPlace: isFingerprint(cfg.fingerprint)}
 	for _, name := range cfg.replayHeaders {
 		// net/http keeps headers under their canonical names: "Etag",
 		// not "ETag".
 		m.replayable[http.CanonicalHeaderKey(name)] = struct{}{}
 	}
-	_, m.binder = store.(Binder)
+	_, m.binder = store.(engine.Binder)
+	m.observed = cfg.engine.Observer != nil
 	return m, nil
 }
 
@@ -100,21 +96,21 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 	var start time.Time
-	if m.cfg.observer != nil {
+	if m.observed {
 		start = time.Now()
 	}
 	values := r.Header[m.cfg.header]
 	if len(values) == 0 {
 		if m.cfg.optional {
 			next.ServeHTTP(w, r)
-			m.observe(r, Event{Kind: EventUnprotected, Start: start})
+			m.observe(r, engine.Event{Kind: engine.EventUnprotected, Start: start})
 			return
 		}
-		m.reject(w, r, start, ID{}, problem(ErrMissingKey, "This request requires the "+m.cfg.header+" header.", nil))
+		m.reject(w, r, start, engine.ID{}, problem(ErrMissingKey, "This request requires the "+m.cfg.header+" header.", nil))
 		return
 	}
 	if len(values) > 1 {
-		m.reject(w, r, start, ID{}, problem(ErrInvalidKey, "The "+m.cfg.header+" header appears more than once.", nil))
+		m.reject(w, r, start, engine.ID{}, problem(ErrInvalidKey, "The "+m.cfg.header+" header appears more than once.", nil))
 		return
 	}
 	key, err := keyfield.Parse(values[0])
@@ -123,12 +119,12 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		if errors.Is(err, keyfield.ErrTooLong) {
 			e.Code = wire.CodeKeyTooLong
 		}
-		m.reject(w, r, start, ID{}, e)
+		m.reject(w, r, start, engine.ID{}, e)
 		return
 	}
 	if m.cfg.keyFormat != nil {
 		if err := m.cfg.keyFormat(key); err != nil {
-			m.reject(w, r, start, ID{}, problem(ErrInvalidKey, "The "+m.cfg.header+" header is invalid: "+err.Error()+".", err))
+			m.reject(w, r, start, engine.ID{}, problem(ErrInvalidKey, "The "+m.cfg.header+" header is invalid: "+err.Error()+".", err))
 			return
 		}
 	}
@@ -142,27 +138,27 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	body, err := m.readBody(r, ex.inline[:0])
 	if err != nil {
-		m.reject(w, r, start, ID{Key: key}, m.bodyFailed(err))
+		m.reject(w, r, start, engine.ID{Key: key}, m.bodyFailed(err))
 		return
 	}
 	scope, err := m.cfg.scope(r)
 	if err != nil {
-		m.reject(w, r, start, ID{Key: key}, problem(ErrUnidentified, "The caller of this request could not be identified.", err))
+		m.reject(w, r, start, engine.ID{Key: key}, problem(ErrUnidentified, "The caller of this request could not be identified.", err))
 		return
 	}
 	if len(scope) > engine.MaxScopeLen {
-		m.reject(w, r, start, ID{Key: key}, problem(ErrUnidentified, "The caller of this request could not be identified.",
+		m.reject(w, r, start, engine.ID{Key: key}, problem(ErrUnidentified, "The caller of this request could not be identified.",
 			fmt.Errorf("server: the scope function returned %d bytes, more than %d", len(scope), engine.MaxScopeLen)))
 		return
 	}
 	if scope == "" && !m.cfg.scopeSet && !m.noCredentials.Load() && !m.noCredentials.Swap(true) {
-		m.cfg.logger.LogAttrs(r.Context(), slog.LevelWarn,
+		m.engine.Logger().LogAttrs(r.Context(), slog.LevelWarn,
 			"idempotent request without credentials: every such caller shares one scope, and can be replayed another's response; set WithScope to the authenticated principal",
 			slog.Any("headers", credentialHeaders[:]), slog.String("method", r.Method), slog.String("path", r.URL.Path))
 	}
 	if scope != "" && !m.cfg.scopeSet && !m.bearerScope.Load() {
 		if name := bearerHeader(r.Header); name != "" && !m.bearerScope.Swap(true) {
-			m.cfg.logger.LogAttrs(r.Context(), slog.LevelWarn,
+			m.engine.Logger().LogAttrs(r.Context(), slog.LevelWarn,
 				"idempotent request scoped by a bearer token: a retry whose token was refreshed falls in another scope, and runs again; set WithScope to the authenticated principal",
 				slog.String("header", name), slog.String("method", r.Method), slog.String("path", r.URL.Path))
 		}
@@ -178,11 +174,11 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		fp, err = m.cfg.fingerprint(r, body)
 	}
 	if err != nil {
-		m.reject(w, r, start, ID{Scope: scope, Key: key}, problem(ErrUnidentified, "This request could not be fingerprinted.", err))
+		m.reject(w, r, start, engine.ID{Scope: scope, Key: key}, problem(ErrUnidentified, "This request could not be fingerprinted.", err))
 		return
 	}
 	ex.body = body
-	ex.id = ID{Scope: scope, Key: key}
+	ex.id = engine.ID{Scope: scope, Key: key}
 	m.engine.Do(r.Context(), &ex.call, ex.id, fp, ex)
 }
 
@@ -191,31 +187,31 @@ func (m *Middleware) refuse(w http.ResponseWriter, r *http.Request, e *Error) {
 }
 
 // reject refuses a request before any claim, and says so to the observer.
-func (m *Middleware) reject(w http.ResponseWriter, r *http.Request, start time.Time, id ID, e *Error) {
+func (m *Middleware) reject(w http.ResponseWriter, r *http.Request, start time.Time, id engine.ID, e *Error) {
 	m.refuse(w, r, e)
-	m.observe(r, Event{Kind: EventRejected, Scope: id.Scope, Key: id.Key, Status: e.Status, Start: start, Err: e.cause})
+	m.observe(r, engine.Event{Kind: engine.EventRejected, Scope: id.Scope, Key: id.Key, Status: e.Status, Start: start, Err: e.cause})
 }
 
 // observe gives e to the observer, if there is one.
-func (m *Middleware) observe(r *http.Request, e Event) {
+func (m *Middleware) observe(r *http.Request, e engine.Event) {
 	m.engine.Observe(r.Context(), e)
 }
 
-// storeStatus reports whether a response with status is stored, by the
-// function of WithStoreStatus. It is called while the key is held: a panic
-// in it would leave the key claimed until its lease ended, for a request that
-// ran, so it is recovered and logged once, and DefaultStoreStatus decides.
-func (m *Middleware) storeStatus(ctx context.Context, status int) (store bool) {
+// keeps reports whether a response with status is kept, by the function of
+// WithKeep. It is called while the key is held: a panic in it would leave
+// the key claimed until its lease ended, for a request that ran, so it is
+// recovered and logged once, and DefaultKeep decides.
+func (m *Middleware) keeps(ctx context.Context, status int) (keep bool) {
 	defer func() {
 		if v := recover(); v != nil {
-			if !m.storeStatusPanicked.Swap(true) {
-				m.cfg.logger.LogAttrs(ctx, slog.LevelError, "idempotency store status function panicked; DefaultStoreStatus decides instead, and its panics are not logged again",
+			if !m.keepPanicked.Swap(true) {
+				m.engine.Logger().LogAttrs(ctx, slog.LevelError, "idempotency keep function panicked; DefaultKeep decides instead, and its panics are not logged again",
 					slog.Int("status", status), slog.String("panic", fmt.Sprint(v)))
 			}
-			store = DefaultStoreStatus(status)
+			keep = DefaultKeep(status)
 		}
 	}()
-	return m.cfg.storeStatus(status)
+	return m.cfg.keep(status)
 }
 
 // refuseHeld writes the refusal e into rec while the key is held, so that it
@@ -226,7 +222,7 @@ func (m *Middleware) refuseHeld(rec *recorder, r *http.Request, e *Error) {
 	defer func() {
 		if v := recover(); v != nil {
 			if !m.errorWriterPanicked.Swap(true) {
-				m.cfg.logger.LogAttrs(r.Context(), slog.LevelError, "idempotency error writer panicked; WriteProblem answers instead, and its panics are not logged again",
+				m.engine.Logger().LogAttrs(r.Context(), slog.LevelError, "idempotency error writer panicked; WriteProblem answers instead, and its panics are not logged again",
 					slog.Int("status", e.Status), slog.String("panic", fmt.Sprint(v)))
 			}
 			rec.status, rec.body = 0, nil

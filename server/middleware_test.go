@@ -24,6 +24,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/server"
 	"github.com/idemkit/idempotency/store/memstore"
 )
@@ -55,7 +56,7 @@ func fixture(t *testing.T, h http.Handler, opts ...server.Option) (*httptest.Ser
 	return fixtureWith(t, store, h, opts...), store
 }
 
-func fixtureWith(t *testing.T, store server.Store, h http.Handler, opts ...server.Option) *httptest.Server {
+func fixtureWith(t *testing.T, store engine.Store, h http.Handler, opts ...server.Option) *httptest.Server {
 	t.Helper()
 	mw, err := server.New(store, opts...)
 	require.NoError(t, err)
@@ -339,7 +340,7 @@ func (b *blocking) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 func TestInFlight(t *testing.T) {
 	h := newBlocking()
-	srv, _ := fixture(t, h, server.WithLease(time.Minute))
+	srv, _ := fixture(t, h, server.WithConfig(engine.Config{Lease: time.Minute}))
 	first := postAsync(srv.URL, "k", "x")
 	<-h.started
 	got := post(t, srv.URL, "k", "x")
@@ -360,7 +361,7 @@ func TestConcurrentIdentical(t *testing.T) {
 			h := newBlocking()
 			opts := []server.Option{}
 			if wait {
-				opts = append(opts, server.WithWait(30*time.Second))
+				opts = append(opts, server.WithConfig(engine.Config{Wait: 30 * time.Second}))
 			}
 			srv, _ := fixture(t, h, opts...)
 			const n = 200
@@ -474,7 +475,7 @@ func TestStoreStatusOption(t *testing.T) {
 		calls.Add(1)
 		w.WriteHeader(http.StatusBadGateway)
 	})
-	srv, _ := fixture(t, h, server.WithStoreStatus(func(int) bool { return true }))
+	srv, _ := fixture(t, h, server.WithKeep(func(int) bool { return true }))
 	post(t, srv.URL, "k", "x")
 	got := post(t, srv.URL, "k", "x")
 	assert.Equal(t, http.StatusBadGateway, got.status)
@@ -483,12 +484,12 @@ func TestStoreStatusOption(t *testing.T) {
 }
 
 // failing is a Store whose every operation fails.
-type failing struct{ server.Store }
+type failing struct{ engine.Store }
 
 var errDown = errors.New("store down")
 
-func (failing) Claim(context.Context, server.ID, string, time.Duration, time.Duration) (server.Claim, error) {
-	return server.Claim{}, errDown
+func (failing) Claim(context.Context, engine.ID, string, time.Duration, time.Duration) (engine.Claim, error) {
+	return engine.Claim{}, errDown
 }
 
 func TestStoreFailure(t *testing.T) {
@@ -504,13 +505,13 @@ func TestStoreFailure(t *testing.T) {
 		assertProblem(t, resp, "ErrStoreUnavailable")
 		assert.Equal(t, "1", resp.header.Get("Retry-After"))
 		assert.NotContains(t, resp.body, "store down", "the store's error is not shown to clients")
-		assert.ErrorIs(t, got, server.ErrStoreUnavailable)
+		assert.ErrorIs(t, got, engine.ErrStoreUnavailable)
 		assert.ErrorIs(t, got, errDown)
 		assert.Equal(t, int64(0), h.executions.Load(), "the handler must not run unprotected")
 	})
 	t.Run("fail open", func(t *testing.T) {
 		h := &orders{}
-		srv := fixtureWith(t, failing{}, h, server.WithFailOpen())
+		srv := fixtureWith(t, failing{}, h, server.WithConfig(engine.Config{FailOpen: true}))
 		resp := post(t, srv.URL, "k", "body")
 		assert.Equal(t, http.StatusCreated, resp.status)
 		assert.Contains(t, resp.body, `"echo":"body"`, "the handler reads the body")
@@ -575,9 +576,9 @@ func TestStreamingHandler(t *testing.T) {
 }
 
 func TestLeaseFromContext(t *testing.T) {
-	leases := make(chan server.Lease, 1)
+	leases := make(chan engine.Lease, 1)
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		l, ok := server.LeaseFromContext(r.Context())
+		l, ok := engine.LeaseFromContext(r.Context())
 		if ok {
 			leases <- l
 		}
@@ -589,7 +590,7 @@ func TestLeaseFromContext(t *testing.T) {
 	assert.Equal(t, "acme", l.Scope)
 	assert.Equal(t, "quoted-key", l.Key)
 	assert.Positive(t, int64(l.Token))
-	_, ok := server.LeaseFromContext(context.Background())
+	_, ok := engine.LeaseFromContext(context.Background())
 	assert.False(t, ok)
 }
 
@@ -600,7 +601,7 @@ func TestLeaseRenewed(t *testing.T) {
 	// before the lease's end.
 	const lease = time.Second
 	h := newBlocking()
-	srv, _ := fixture(t, h, server.WithLease(lease))
+	srv, _ := fixture(t, h, server.WithConfig(engine.Config{Lease: lease}))
 	first := postAsync(srv.URL, "k", "x")
 	<-h.started
 	// A duplicate that ran would block in the handler: give up on it
@@ -623,8 +624,8 @@ func TestLeaseRenewed(t *testing.T) {
 // losing is a store whose Extend reports the lease lost.
 type losing struct{ *memstore.Store }
 
-func (losing) Extend(context.Context, server.ID, server.Token, time.Duration) error {
-	return fmt.Errorf("losing: %w", server.ErrLeaseLost)
+func (losing) Extend(context.Context, engine.ID, engine.Token, time.Duration) error {
+	return fmt.Errorf("losing: %w", engine.ErrLeaseLost)
 }
 
 func TestLeaseLostCancelsHandler(t *testing.T) {
@@ -640,9 +641,9 @@ func TestLeaseLostCancelsHandler(t *testing.T) {
 	// A lease long enough that a Claim slowed by a busy machine still
 	// leaves the handler time to start; the first renewal, after a third
 	// of it, finds the lease lost.
-	srv := fixtureWith(t, losing{store}, h, server.WithLease(600*time.Millisecond))
+	srv := fixtureWith(t, losing{store}, h, server.WithConfig(engine.Config{Lease: 600 * time.Millisecond}))
 	post(t, srv.URL, "k", "x")
-	assert.ErrorIs(t, recv(t, causes, "the handler's cancellation"), server.ErrLeaseLost)
+	assert.ErrorIs(t, recv(t, causes, "the handler's cancellation"), engine.ErrLeaseLost)
 }
 
 // binding is a Store that hands the handler a value through Bind.
@@ -650,7 +651,7 @@ type binding struct{ *memstore.Store }
 
 type bound struct{}
 
-func (binding) Bind(ctx context.Context, id server.ID, tok server.Token) context.Context {
+func (binding) Bind(ctx context.Context, id engine.ID, tok engine.Token) context.Context {
 	return context.WithValue(ctx, bound{}, id.Key+"#"+strconv.FormatInt(int64(tok), 10))
 }
 
@@ -723,11 +724,11 @@ func TestNoContentReplay(t *testing.T) {
 // handler's effects rolled back.
 type uncommitted struct{ *memstore.Store }
 
-func (uncommitted) Bind(ctx context.Context, _ server.ID, _ server.Token) context.Context { return ctx }
+func (uncommitted) Bind(ctx context.Context, _ engine.ID, _ engine.Token) context.Context { return ctx }
 
-func (s uncommitted) Complete(ctx context.Context, id server.ID, tok server.Token, _ *server.Response, _ time.Duration) error {
+func (s uncommitted) Complete(ctx context.Context, id engine.ID, tok engine.Token, _ *engine.Response, _ time.Duration) error {
 	s.Store.Release(ctx, id, tok)
-	return fmt.Errorf("uncommitted: %w", server.ErrNotCommitted)
+	return fmt.Errorf("uncommitted: %w", engine.ErrNotCommitted)
 }
 
 func TestNotCommittedAnswers503(t *testing.T) {
@@ -739,7 +740,7 @@ func TestNotCommittedAnswers503(t *testing.T) {
 			h := &orders{}
 			var opts []server.Option
 			if failOpen {
-				opts = append(opts, server.WithFailOpen())
+				opts = append(opts, server.WithConfig(engine.Config{FailOpen: true}))
 			}
 			srv := fixtureWith(t, uncommitted{store}, h, opts...)
 			got := post(t, srv.URL, "k", "x")
@@ -755,9 +756,9 @@ func TestNotCommittedAnswers503(t *testing.T) {
 // blind is a store that cannot see the fingerprint of a request in flight.
 type blind struct{ *memstore.Store }
 
-func (s blind) Claim(ctx context.Context, id server.ID, fp string, lease, ttl time.Duration) (server.Claim, error) {
+func (s blind) Claim(ctx context.Context, id engine.ID, fp string, lease, ttl time.Duration) (engine.Claim, error) {
 	c, err := s.Store.Claim(ctx, id, fp, lease, ttl)
-	if c.Status == server.InFlight {
+	if c.Status == engine.InFlight {
 		c.Fingerprint = ""
 	}
 	return c, err
@@ -798,7 +799,7 @@ func TestHijackingHandler(t *testing.T) {
 		defer mu.Unlock()
 		return logs.Write(p)
 	}), nil))
-	srv, _ := fixture(t, h, server.WithLogger(logger))
+	srv, _ := fixture(t, h, server.WithConfig(engine.Config{Logger: logger}))
 	first := post(t, srv.URL, "k", "x")
 	assert.Equal(t, http.StatusAccepted, first.status)
 	assert.Equal(t, "ok", first.body)

@@ -13,21 +13,22 @@ import (
 
 	"github.com/stretchr/testify/assert"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/server"
 )
 
 // smallRecords is a Store that refuses, every time, a response whose body
 // is larger than limit, as a Redis with a small proto-max-bulk-len does.
 type smallRecords struct {
-	server.Store
+	engine.Store
 	limit     int
 	completes atomic.Int32
 }
 
-func (s *smallRecords) Complete(ctx context.Context, id server.ID, token server.Token, resp *server.Response, ttl time.Duration) error {
+func (s *smallRecords) Complete(ctx context.Context, id engine.ID, token engine.Token, resp *engine.Response, ttl time.Duration) error {
 	s.completes.Add(1)
 	if len(resp.Body) > s.limit {
-		return fmt.Errorf("smallrecords: complete: %d bytes: %w", len(resp.Body), server.ErrNotStorable)
+		return fmt.Errorf("smallrecords: complete: %d bytes: %w", len(resp.Body), engine.ErrNotStorable)
 	}
 	return s.Store.Complete(ctx, id, token, resp, ttl)
 }
@@ -46,8 +47,7 @@ func TestResponseNeverStorable(t *testing.T) {
 		io.WriteString(w, body)
 	})
 	var logs syncBuffer
-	srv := fixtureWith(t, store, h, server.WithLease(50*time.Millisecond), server.WithStoreTimeout(time.Second),
-		server.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	srv := fixtureWith(t, store, h, server.WithConfig(engine.Config{Lease: 50 * time.Millisecond, StoreTimeout: time.Second, Logger: slog.New(slog.NewTextHandler(&logs, nil))}))
 	first := post(t, srv.URL, "k", "x")
 	assert.Equal(t, http.StatusCreated, first.status)
 	assert.Equal(t, body, first.body, "the client gets the whole response")

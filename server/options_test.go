@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/server"
 	"github.com/idemkit/idempotency/store/memstore"
 )
@@ -21,18 +22,17 @@ func TestNewValidates(t *testing.T) {
 		name string
 		opts []server.Option
 	}{
-		{"ttl zero", []server.Option{server.WithTTL(0)}},
-		{"ttl under the shortest lease", []server.Option{server.WithTTL(server.MinLease - 1)}},
-		{"lease", []server.Option{server.WithLease(time.Millisecond)}},
+		{"ttl under the shortest lease", []server.Option{server.WithConfig(engine.Config{TTL: engine.MinLease - 1})}},
+		{"lease", []server.Option{server.WithConfig(engine.Config{Lease: time.Millisecond})}},
 		{"set-cookie", []server.Option{server.WithStoredHeaders("Content-Type", "set-cookie")}},
 		{"authorization", []server.Option{server.WithStoredHeaders("Authorization")}},
 		{"methods", []server.Option{server.WithMethods()}},
 		{"empty method", []server.Option{server.WithMethods("POST", "")}},
 		{"negative body", []server.Option{server.WithMaxBody(-1)}},
-		{"lease over its default ttl", []server.Option{server.WithLease(25 * time.Hour)}},
-		{"lease over a short ttl", []server.Option{server.WithTTL(time.Second), server.WithLease(2 * time.Second)}},
+		{"lease over its default ttl", []server.Option{server.WithConfig(engine.Config{Lease: 25 * time.Hour})}},
+		{"lease over a short ttl", []server.Option{server.WithConfig(engine.Config{TTL: time.Second, Lease: 2 * time.Second})}},
 		{"nil option", []server.Option{nil}},
-		{"nil logger", []server.Option{server.WithLogger(nil)}},
+		{"nil keep", []server.Option{server.WithKeep(nil)}},
 		{"nil key format", []server.Option{server.WithKeyFormat(nil)}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -45,9 +45,9 @@ func TestNewValidates(t *testing.T) {
 }
 
 func TestNewNamesEveryInvalidOption(t *testing.T) {
-	_, err := server.New(newMem(t), server.WithMaxBody(-1), nil, server.WithRetryAfter(0))
+	_, err := server.New(newMem(t), server.WithMaxBody(-1), nil, server.WithConfig(engine.Config{RetryAfter: -1}))
 	require.Error(t, err)
-	for _, want := range []string{"body limit -1", "option 1 is nil", "Retry-After 0s"} {
+	for _, want := range []string{"body limit -1", "option 1 is nil", "Retry-After -1ns"} {
 		assert.Contains(t, err.Error(), want)
 	}
 }
@@ -55,6 +55,42 @@ func TestNewNamesEveryInvalidOption(t *testing.T) {
 // TestMethodsLowerCase: WithMethods("post") protects POSTs, as the client's
 // WithMethods("post") keys them: a POST without a key is refused, a PATCH is
 // not protected.
+// TestConfigAsTheEngine: WithConfig is validated by engine.New, the same
+// way in every door: a zero field is the engine's default, and an invalid
+// configuration is refused with the engine's own message, after the
+// package prefix.
+func TestConfigAsTheEngine(t *testing.T) {
+	store := newMem(t)
+	for _, tc := range []struct {
+		name string
+		cfg  engine.Config
+	}{
+		{"zero: the defaults", engine.Config{}},
+		{"negative TTL", engine.Config{TTL: -time.Second}},
+		{"TTL under the shortest lease", engine.Config{TTL: engine.MinLease - 1}},
+		{"negative lease", engine.Config{Lease: -1}},
+		{"lease over the TTL", engine.Config{TTL: time.Second, Lease: 2 * time.Second}},
+		{"negative store timeout", engine.Config{StoreTimeout: -1}},
+		{"negative wait", engine.Config{Wait: -1}},
+		{"negative Retry-After", engine.Config{RetryAfter: -1}},
+		{"unknown abandoned policy", engine.Config{Abandoned: 7}},
+		{"every field invalid", engine.Config{TTL: -1, StoreTimeout: -1, Wait: -1, RetryAfter: -1, Abandoned: -1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, want := engine.New(store, tc.cfg)
+			mw, err := server.New(store, server.WithConfig(tc.cfg))
+			if want == nil {
+				require.NoError(t, err)
+				require.NotNil(t, mw)
+				return
+			}
+			require.Error(t, err)
+			assert.Nil(t, mw)
+			assert.Equal(t, "server: "+want.Error(), err.Error())
+		})
+	}
+}
+
 func TestMethodsLowerCase(t *testing.T) {
 	srv, _ := fixture(t, &orders{}, server.WithMethods("post"))
 	for method, want := range map[string]int{http.MethodPost: http.StatusBadRequest, http.MethodPatch: http.StatusCreated} {
@@ -71,7 +107,7 @@ func TestMethodsLowerCase(t *testing.T) {
 // would panic on every request; New refuses it.
 func TestNewRefusesNilStore(t *testing.T) {
 	var typed *memstore.Store
-	for name, store := range map[string]server.Store{"nil": nil, "typed nil": typed} {
+	for name, store := range map[string]engine.Store{"nil": nil, "typed nil": typed} {
 		t.Run(name, func(t *testing.T) {
 			mw, err := server.New(store)
 			assert.Error(t, err)
@@ -84,7 +120,7 @@ func TestNewRefusesNilStore(t *testing.T) {
 // enough on its own; the lease follows it.
 func TestDefaultLeaseFollowsShortTTL(t *testing.T) {
 	h := &orders{}
-	srv, _ := fixture(t, h, server.WithTTL(2*time.Second))
+	srv, _ := fixture(t, h, server.WithConfig(engine.Config{TTL: 2 * time.Second}))
 	assert.Equal(t, http.StatusCreated, post(t, srv.URL, "k", "x").status)
 	got := post(t, srv.URL, "k", "x")
 	assert.Equal(t, http.StatusCreated, got.status)
@@ -108,27 +144,27 @@ func TestOptionExtremes(t *testing.T) {
 		opt  server.Option
 		want outcome
 	}{
-		{"WithTTL(0)", server.WithTTL(0), refused},
-		{"WithTTL(1)", server.WithTTL(1), refused},
-		{"WithTTL(max)", server.WithTTL(math.MaxInt64), replayed},
-		{"WithLease(0)", server.WithLease(0), refused},
-		{"WithLease(1)", server.WithLease(1), refused},
-		{"WithLease(max)", server.WithLease(math.MaxInt64), refused}, // longer than the TTL
+		{"TTL 0: the default", server.WithConfig(engine.Config{TTL: 0}), replayed},
+		{"TTL 1", server.WithConfig(engine.Config{TTL: 1}), refused},
+		{"TTL max", server.WithConfig(engine.Config{TTL: math.MaxInt64}), replayed},
+		{"lease 0: the default", server.WithConfig(engine.Config{Lease: 0}), replayed},
+		{"lease 1", server.WithConfig(engine.Config{Lease: 1}), refused},
+		{"lease max", server.WithConfig(engine.Config{Lease: math.MaxInt64}), refused}, // longer than the TTL
 		{"WithMaxBody(0)", server.WithMaxBody(0), tooLarge},
 		{"WithMaxBody(1)", server.WithMaxBody(1), tooLarge},
 		{"WithMaxBody(max)", server.WithMaxBody(math.MaxInt64), replayed},
 		{"WithMaxStored(0)", server.WithMaxStored(0), noBody},
 		{"WithMaxStored(1)", server.WithMaxStored(1), noBody},
 		{"WithMaxStored(max)", server.WithMaxStored(math.MaxInt), replayed},
-		{"WithWait(0)", server.WithWait(0), replayed},
-		{"WithWait(1)", server.WithWait(1), replayed},
-		{"WithWait(max)", server.WithWait(math.MaxInt64), replayed},
-		{"WithStoreTimeout(0)", server.WithStoreTimeout(0), refused},
-		{"WithStoreTimeout(1)", server.WithStoreTimeout(1), unavailable},
-		{"WithStoreTimeout(max)", server.WithStoreTimeout(math.MaxInt64), replayed},
-		{"WithRetryAfter(0)", server.WithRetryAfter(0), refused},
-		{"WithRetryAfter(1)", server.WithRetryAfter(1), replayed},
-		{"WithRetryAfter(max)", server.WithRetryAfter(math.MaxInt64), replayed},
+		{"wait 0", server.WithConfig(engine.Config{Wait: 0}), replayed},
+		{"wait 1", server.WithConfig(engine.Config{Wait: 1}), replayed},
+		{"wait max", server.WithConfig(engine.Config{Wait: math.MaxInt64}), replayed},
+		{"store timeout 0: the default", server.WithConfig(engine.Config{StoreTimeout: 0}), replayed},
+		{"store timeout 1", server.WithConfig(engine.Config{StoreTimeout: 1}), unavailable},
+		{"store timeout max", server.WithConfig(engine.Config{StoreTimeout: math.MaxInt64}), replayed},
+		{"Retry-After 0: the default", server.WithConfig(engine.Config{RetryAfter: 0}), replayed},
+		{"Retry-After 1", server.WithConfig(engine.Config{RetryAfter: 1}), replayed},
+		{"Retry-After max", server.WithConfig(engine.Config{RetryAfter: math.MaxInt64}), replayed},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			store := newMem(t)
@@ -167,13 +203,13 @@ func TestOptionExtremes(t *testing.T) {
 	}
 	t.Run("WithTTL(max) and WithLease(max)", func(t *testing.T) {
 		h := &orders{}
-		srv, _ := fixture(t, h, server.WithTTL(math.MaxInt64), server.WithLease(math.MaxInt64))
+		srv, _ := fixture(t, h, server.WithConfig(engine.Config{TTL: math.MaxInt64, Lease: math.MaxInt64}))
 		assert.Equal(t, http.StatusCreated, post(t, srv.URL, "k", "x").status)
 		assert.Equal(t, "true", post(t, srv.URL, "k", "x").header.Get("Idempotent-Replayed"))
 		assert.Equal(t, int64(1), h.executions.Load())
 	})
 	t.Run("Retry-After at its largest", func(t *testing.T) {
-		srv := fixtureWith(t, failing{}, &orders{}, server.WithRetryAfter(math.MaxInt64), server.WithLogger(discardLogger()))
+		srv := fixtureWith(t, failing{}, &orders{}, server.WithConfig(engine.Config{RetryAfter: math.MaxInt64, Logger: discardLogger()}))
 		got := post(t, srv.URL, "k", "x")
 		assert.Equal(t, http.StatusServiceUnavailable, got.status)
 		assert.Equal(t, "9223372037", got.header.Get("Retry-After"), "whole seconds, rounded up")

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/server"
 )
 
@@ -39,7 +40,7 @@ func TestProblemCodes(t *testing.T) {
 	})
 	h := newBlocking()
 	srv, _ := fixture(t, h, writer, server.WithMaxBody(8))
-	down := fixtureWith(t, failing{}, &orders{}, writer, server.WithLogger(discardLogger()))
+	down := fixtureWith(t, failing{}, &orders{}, writer, server.WithConfig(engine.Config{Logger: discardLogger()}))
 	unidentified, _ := fixture(t, &orders{}, writer, server.WithScope(func(*http.Request) (string, error) {
 		return "", errors.New("no principal")
 	}))

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strconv"
 	"unsafe"
+
+	"github.com/idemkit/idempotency/engine"
 )
 
 // defaultReplayHeaders are the response headers stored and replayed by
@@ -26,7 +28,7 @@ var neverReplayed = []string{
 	"Authorization", "Connection", "Content-Length", "Date", "Keep-Alive",
 	"Proxy-Authenticate", "Proxy-Authorization", "Proxy-Connection",
 	"Set-Cookie", "Set-Cookie2", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
-	HeaderOutcome,
+	engine.HeaderOutcome,
 }
 
 // WithReplayedHeader sets the name of the response header that marks a replay,
@@ -74,7 +76,7 @@ const keptValues = 4
 // response, its headers' values, and the request's fingerprint. They live
 // and are freed together.
 type keptResponse struct {
-	resp   Response
+	resp   engine.Response
 	values [keptValues]string
 	// fp is the default fingerprint's value, which the exchange's
 	// fingerprint string refers to: it is never written after it is
@@ -90,13 +92,13 @@ func (k *keptResponse) fingerprintString() string {
 // response returns the response to store: status, body, and the response
 // headers on the replay list, copied. It uses the exchange's keptResponse,
 // made with the fingerprint, once.
-func (ex *exchange) response(status int, body []byte, omitted bool) *Response {
+func (ex *exchange) response(status int, body []byte, omitted bool) *engine.Response {
 	k := ex.kept
 	ex.kept = nil
 	if k == nil {
 		k = new(keptResponse)
 	}
-	k.resp = Response{Status: status, Body: body, BodyOmitted: omitted}
+	k.resp = engine.Response{Status: status, Body: body, BodyOmitted: omitted}
 	k.resp.Header = ex.copyKept(k.values[:0])
 	return &k.resp
 }
@@ -145,7 +147,7 @@ func (m *Middleware) replays(name string) bool {
 
 // replay answers with a stored response. The headers are copied: whatever a
 // writer in front of the middleware does to them must not reach the record.
-func (ex *exchange) replay(resp *Response) {
+func (ex *exchange) replay(resp *engine.Response) {
 	h := ex.w.Header()
 	n := 1
 	if resp.BodyOmitted {

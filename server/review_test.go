@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/server"
 	"github.com/idemkit/idempotency/store/memstore"
 )
@@ -17,7 +18,7 @@ import (
 // at its first renewal.
 type losingBinder struct{ losing }
 
-func (losingBinder) Bind(ctx context.Context, _ server.ID, _ server.Token) context.Context {
+func (losingBinder) Bind(ctx context.Context, _ engine.ID, _ engine.Token) context.Context {
 	return ctx
 }
 
@@ -35,7 +36,7 @@ func TestLeaseLostNoAnswerBinderHeaders(t *testing.T) {
 		w.Header().Set("Location", "/orders/1")
 		<-r.Context().Done()
 	})
-	srv := fixtureWith(t, losingBinder{losing{store}}, h, server.WithLease(600*time.Millisecond))
+	srv := fixtureWith(t, losingBinder{losing{store}}, h, server.WithConfig(engine.Config{Lease: 600 * time.Millisecond}))
 	got := post(t, srv.URL, "k", "x")
 	assert.Equal(t, http.StatusServiceUnavailable, got.status)
 	assertProblem(t, got, "ErrStoreUnavailable")

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/server"
 )
 
@@ -20,21 +21,21 @@ import (
 // arithmetic at extreme durations sees only the middleware's.
 type clockStore struct {
 	mu    sync.Mutex
-	token server.Token
-	recs  map[server.ID]*clockRecord
+	token engine.Token
+	recs  map[engine.ID]*clockRecord
 }
 
 type clockRecord struct {
 	fp         string
-	token      server.Token
+	token      engine.Token
 	leaseUntil time.Time
 	expires    time.Time
-	resp       *server.Response
+	resp       *engine.Response
 }
 
-func (s *clockStore) Claim(ctx context.Context, id server.ID, fp string, lease, ttl time.Duration) (server.Claim, error) {
+func (s *clockStore) Claim(ctx context.Context, id engine.ID, fp string, lease, ttl time.Duration) (engine.Claim, error) {
 	if err := ctx.Err(); err != nil {
-		return server.Claim{}, err
+		return engine.Claim{}, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -43,31 +44,31 @@ func (s *clockStore) Claim(ctx context.Context, id server.ID, fp string, lease, 
 	if r != nil && now.Before(r.expires) {
 		switch {
 		case r.resp != nil:
-			return server.Claim{Status: server.Completed, Fingerprint: r.fp, Response: r.resp}, nil
+			return engine.Claim{Status: engine.Completed, Fingerprint: r.fp, Response: r.resp}, nil
 		case now.Before(r.leaseUntil):
-			return server.Claim{Status: server.InFlight, Fingerprint: r.fp, RetryAfter: r.leaseUntil.Sub(now)}, nil
+			return engine.Claim{Status: engine.InFlight, Fingerprint: r.fp, RetryAfter: r.leaseUntil.Sub(now)}, nil
 		}
 	}
 	s.token++
 	if s.recs == nil {
-		s.recs = map[server.ID]*clockRecord{}
+		s.recs = map[engine.ID]*clockRecord{}
 	}
 	s.recs[id] = &clockRecord{fp: fp, token: s.token, leaseUntil: now.Add(lease), expires: now.Add(max(lease, ttl))}
-	return server.Claim{Status: server.Acquired, Token: s.token}, nil
+	return engine.Claim{Status: engine.Acquired, Token: s.token}, nil
 }
 
-func (s *clockStore) held(ctx context.Context, id server.ID, token server.Token) (*clockRecord, error) {
+func (s *clockStore) held(ctx context.Context, id engine.ID, token engine.Token) (*clockRecord, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	r := s.recs[id]
 	if r == nil || r.token != token || r.resp != nil {
-		return nil, server.ErrLeaseLost
+		return nil, engine.ErrLeaseLost
 	}
 	return r, nil
 }
 
-func (s *clockStore) Complete(ctx context.Context, id server.ID, token server.Token, resp *server.Response, ttl time.Duration) error {
+func (s *clockStore) Complete(ctx context.Context, id engine.ID, token engine.Token, resp *engine.Response, ttl time.Duration) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r, err := s.held(ctx, id, token)
@@ -77,7 +78,7 @@ func (s *clockStore) Complete(ctx context.Context, id server.ID, token server.To
 	return err
 }
 
-func (s *clockStore) Release(ctx context.Context, id server.ID, token server.Token) error {
+func (s *clockStore) Release(ctx context.Context, id engine.ID, token engine.Token) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	_, err := s.held(ctx, id, token)
@@ -87,7 +88,7 @@ func (s *clockStore) Release(ctx context.Context, id server.ID, token server.Tok
 	return err
 }
 
-func (s *clockStore) Extend(ctx context.Context, id server.ID, token server.Token, lease time.Duration) error {
+func (s *clockStore) Extend(ctx context.Context, id engine.ID, token engine.Token, lease time.Duration) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r, err := s.held(ctx, id, token)
@@ -109,16 +110,16 @@ func TestDurationExtremes(t *testing.T) {
 		unavailable bool // every Claim times out
 		retryAfter  string
 	}{
-		{name: "lease and TTL at their minimum", opts: []server.Option{server.WithLease(10 * time.Millisecond), server.WithTTL(10 * time.Millisecond)}},
-		{name: "lease and TTL forever", opts: []server.Option{server.WithLease(forever), server.WithTTL(forever)}, retryAfter: "1"},
-		{name: "TTL forever", opts: []server.Option{server.WithTTL(forever)}, retryAfter: "1"},
-		{name: "wait of 1ns", opts: []server.Option{server.WithWait(time.Nanosecond)}, retryAfter: "1"},
-		{name: "wait forever", opts: []server.Option{server.WithWait(forever)}},
-		{name: "store timeout of 1ns", opts: []server.Option{server.WithStoreTimeout(time.Nanosecond)}, unavailable: true},
-		{name: "store timeout forever", opts: []server.Option{server.WithStoreTimeout(forever)}, retryAfter: "1"},
-		{name: "Retry-After of 1ns", opts: []server.Option{server.WithRetryAfter(time.Nanosecond)}, retryAfter: "1"},
-		{name: "Retry-After forever", opts: []server.Option{server.WithRetryAfter(forever), server.WithLease(forever), server.WithTTL(forever)},
-			// The lease is taken as 100 years (WithLease's doc), and a
+		{name: "lease and TTL at their minimum", opts: []server.Option{server.WithConfig(engine.Config{Lease: 10 * time.Millisecond, TTL: 10 * time.Millisecond})}},
+		{name: "lease and TTL forever", opts: []server.Option{server.WithConfig(engine.Config{Lease: forever, TTL: forever})}, retryAfter: "1"},
+		{name: "TTL forever", opts: []server.Option{server.WithConfig(engine.Config{TTL: forever})}, retryAfter: "1"},
+		{name: "wait of 1ns", opts: []server.Option{server.WithConfig(engine.Config{Wait: time.Nanosecond})}, retryAfter: "1"},
+		{name: "wait forever", opts: []server.Option{server.WithConfig(engine.Config{Wait: forever})}},
+		{name: "store timeout of 1ns", opts: []server.Option{server.WithConfig(engine.Config{StoreTimeout: time.Nanosecond})}, unavailable: true},
+		{name: "store timeout forever", opts: []server.Option{server.WithConfig(engine.Config{StoreTimeout: forever})}, retryAfter: "1"},
+		{name: "Retry-After of 1ns", opts: []server.Option{server.WithConfig(engine.Config{RetryAfter: time.Nanosecond})}, retryAfter: "1"},
+		{name: "Retry-After forever", opts: []server.Option{server.WithConfig(engine.Config{RetryAfter: forever, Lease: forever, TTL: forever})},
+			// The lease is taken as 100 years (the engine's largest duration), and a
 			// 409's Retry-After is never longer than the lease has left.
 			retryAfter: strconv.FormatInt(int64(100*365*24*time.Hour/time.Second), 10)},
 	} {

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/server"
 	"github.com/idemkit/idempotency/store/memstore"
 )
@@ -59,8 +60,8 @@ func TestCredentialScope(t *testing.T) {
 	s := scope("Authorization", "Bearer secret-token")
 	assert.NotContains(t, s, "secret-token", "the credential is never in the scope")
 	assert.True(t, strings.HasPrefix(s, "cred:"), "scope %q", s)
-	assert.Contains(t, server.CredentialHeaders(), "X-Api-Key")
-	assert.NotContains(t, server.CredentialHeaders(), "Cookie")
+	assert.Contains(t, server.CredentialHeaders, "X-Api-Key")
+	assert.NotContains(t, server.CredentialHeaders, "Cookie")
 }
 
 // TestNoCredentialsWarnedOnce: a keyed request without credentials, when
@@ -68,7 +69,9 @@ func TestCredentialScope(t *testing.T) {
 // with a credential, it is not.
 func TestNoCredentialsWarnedOnce(t *testing.T) {
 	const warning = "idempotent request without credentials"
-	logger := func(b *syncBuffer) server.Option { return server.WithLogger(slog.New(slog.NewTextHandler(b, nil))) }
+	logger := func(b *syncBuffer) server.Option {
+		return server.WithConfig(engine.Config{Logger: slog.New(slog.NewTextHandler(b, nil))})
+	}
 	t.Run("default scope", func(t *testing.T) {
 		var logs syncBuffer
 		srv, _ := fixture(t, &orders{}, logger(&logs))
@@ -98,7 +101,9 @@ func TestNoCredentialsWarnedOnce(t *testing.T) {
 // the retry is a replay, and nothing is logged.
 func TestBearerScope(t *testing.T) {
 	const warning = "scoped by a bearer token"
-	logger := func(b *syncBuffer) server.Option { return server.WithLogger(slog.New(slog.NewTextHandler(b, nil))) }
+	logger := func(b *syncBuffer) server.Option {
+		return server.WithConfig(engine.Config{Logger: slog.New(slog.NewTextHandler(b, nil))})
+	}
 	t.Run("default scope", func(t *testing.T) {
 		var logs syncBuffer
 		h := &orders{}

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/internal/incoming"
 	"github.com/idemkit/idempotency/internal/testkit/faultstore"
 	"github.com/idemkit/idempotency/internal/wire"
@@ -22,14 +23,14 @@ import (
 // over from abandoned holders, as a store does after the holders' process
 // died.
 type abandoning struct {
-	server.Store
+	engine.Store
 	abandoned int
 	once      sync.Once
 }
 
-func (s *abandoning) Claim(ctx context.Context, id server.ID, fp string, lease, ttl time.Duration) (server.Claim, error) {
+func (s *abandoning) Claim(ctx context.Context, id engine.ID, fp string, lease, ttl time.Duration) (engine.Claim, error) {
 	c, err := s.Store.Claim(ctx, id, fp, lease, ttl)
-	if err == nil && c.Status == server.Acquired {
+	if err == nil && c.Status == engine.Acquired {
 		s.once.Do(func() { c.Abandoned = s.abandoned })
 	}
 	return c, err
@@ -43,14 +44,14 @@ func TestTakeoverVisible(t *testing.T) {
 		t.Run(fmt.Sprint(abandoned), func(t *testing.T) {
 			store := &abandoning{Store: newMem(t), abandoned: abandoned}
 			type seen struct {
-				lease server.Lease
+				lease engine.Lease
 				in    incoming.Key
 				ok    bool
 			}
 			got := make(chan seen, 1)
 			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				var s seen
-				s.lease, s.ok = server.LeaseFromContext(r.Context())
+				s.lease, s.ok = engine.LeaseFromContext(r.Context())
 				if in, ok := incoming.FromContext(r.Context()); ok {
 					s.in = *in
 				} else {
@@ -63,7 +64,7 @@ func TestTakeoverVisible(t *testing.T) {
 			assert.Equal(t, http.StatusCreated, post(t, srv.URL, "k", "x").status)
 			s := recv(t, got, "the handler's view")
 			require.True(t, s.ok, "lease and incoming key in the context")
-			assert.Equal(t, server.ID{Scope: "acme", Key: "k"}, s.lease.ID)
+			assert.Equal(t, engine.ID{Scope: "acme", Key: "k"}, s.lease.ID)
 			assert.Equal(t, abandoned, s.lease.Abandoned)
 			assert.Equal(t, abandoned+1, s.lease.Attempt())
 			assert.Equal(t, incoming.Key{Scope: "acme", Key: "k"}, s.in)
@@ -78,28 +79,28 @@ func TestRefuseAbandoned(t *testing.T) {
 	mem := newMem(t)
 	store := &abandoning{Store: mem, abandoned: 1}
 	h := &orders{}
-	srv := fixtureWith(t, store, h, server.WithAbandoned(server.RefuseAbandoned))
+	srv := fixtureWith(t, store, h, server.WithConfig(engine.Config{Abandoned: engine.RefuseAbandoned}))
 	for i, replayed := range []string{"", "true", "true"} {
 		got := post(t, srv.URL, "k", "x")
 		assert.Equal(t, http.StatusConflict, got.status, "answer %d", i)
 		assert.Empty(t, got.header.Get("Retry-After"), "final: no Retry-After")
 		assert.Equal(t, replayed, got.header.Get("Idempotent-Replayed"), "answer %d", i)
-		assert.Equal(t, "unknown", got.header.Get(server.HeaderOutcome))
+		assert.Equal(t, "unknown", got.header.Get(engine.HeaderOutcome))
 		var p struct{ Type string }
 		require.NoError(t, json.Unmarshal([]byte(got.body), &p), got.body)
 		assert.Equal(t, wire.TypeOutcomeUnknown, p.Type)
 	}
 	assert.Zero(t, h.executions.Load(), "the handler never ran")
-	c, err := mem.Claim(context.Background(), server.ID{Key: "k"}, "", time.Minute, time.Hour)
+	c, err := mem.Claim(context.Background(), engine.ID{Key: "k"}, "", time.Minute, time.Hour)
 	require.NoError(t, err)
-	require.Equal(t, server.Completed, c.Status)
+	require.Equal(t, engine.Completed, c.Status)
 	assert.True(t, c.Response.OutcomeUnknown(), "an operator can tell the record from a completed request")
 
 	// A key never abandoned runs as usual, and its record is not marked.
 	assert.Equal(t, http.StatusCreated, post(t, srv.URL, "k2", "x").status)
-	c, err = mem.Claim(context.Background(), server.ID{Key: "k2"}, "", time.Minute, time.Hour)
+	c, err = mem.Claim(context.Background(), engine.ID{Key: "k2"}, "", time.Minute, time.Hour)
 	require.NoError(t, err)
-	require.Equal(t, server.Completed, c.Status)
+	require.Equal(t, engine.Completed, c.Status)
 	assert.False(t, c.Response.OutcomeUnknown())
 }
 
@@ -111,17 +112,12 @@ func TestRefuseAbandonedStoreFails(t *testing.T) {
 	fs.Set(faultstore.Complete, faultstore.Fault{Err: errFlaky})
 	store := &abandoning{Store: fs, abandoned: 1}
 	h := &orders{}
-	srv := fixtureWith(t, store, h, server.WithAbandoned(server.RefuseAbandoned), server.WithStoreTimeout(20*time.Millisecond))
+	srv := fixtureWith(t, store, h, server.WithConfig(engine.Config{Abandoned: engine.RefuseAbandoned, StoreTimeout: 20 * time.Millisecond}))
 	got := post(t, srv.URL, "k", "x")
 	assert.Equal(t, http.StatusServiceUnavailable, got.status)
 	assert.NotEmpty(t, got.header.Get("Retry-After"))
-	assert.Empty(t, got.header.Get(server.HeaderOutcome))
+	assert.Empty(t, got.header.Get(engine.HeaderOutcome))
 	assert.Zero(t, fs.Calls(faultstore.Release), "the key is not released")
 	assert.Zero(t, h.executions.Load())
 	assert.Equal(t, http.StatusConflict, post(t, srv.URL, "k", "x").status, "the key stays claimed")
-}
-
-func TestWithAbandonedInvalid(t *testing.T) {
-	_, err := server.New(newMem(t), server.WithAbandoned(server.AbandonedPolicy(7)))
-	assert.ErrorContains(t, err, "WithAbandoned")
 }

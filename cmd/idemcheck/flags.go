@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/idemkit/idempotency/idemtest"
 )
@@ -47,20 +48,20 @@ func parseArgs(args []string, stdout io.Writer) (options, error) {
 		header, second, failHeader headerFlag
 
 		rawURL       = fs.String("url", "", "the endpoint `URL`, if not given as the argument")
-		method       = fs.String("X", idemtest.DefaultMethod, "the request `method`")
-		body         = fs.String("d", "", "the request `body`, or @file to read it from a file; each "+idemtest.Placeholder+" in it is replaced by the variant number")
-		concurrency  = fs.Int("n", idemtest.DefaultConcurrency, "how many identical requests the concurrent check sends at once")
-		keyHeader    = fs.String("key-header", idemtest.HeaderKey, "the request header that carries the key")
-		replayHeader = fs.String("replay-header", idemtest.HeaderReplayed, "the response header that marks a replay")
+		method       = fs.String("X", http.MethodPost, "the request `method`")
+		body         = fs.String("d", "", "the request `body`, or @file to read it from a file; each {{variant}} in it is replaced by the variant number")
+		concurrency  = fs.Int("n", 10, "how many identical requests the concurrent check sends at once")
+		keyHeader    = fs.String("key-header", "Idempotency-Key", "the request header that carries the key")
+		replayHeader = fs.String("replay-header", "Idempotent-Replayed", "the response header that marks a replay")
 		keysOptional = fs.Bool("keys-optional", false, "the endpoint runs requests without a key (the missing-key check does not apply, and a malformed key may be ignored)")
 		keyForm      = fs.String("key-form", string(idemtest.KeyBare), "the key `form`: bare, quoted (an RFC 8941 string, as the draft defines keys), or both (keys sent bare, and the key-forms check)")
 		maxKeyLen    = fs.Int("max-key-len", 0, "the longest key the endpoint accepts, in `bytes`: a key one byte longer must be refused (default: no limit probed, the draft sets none)")
 		minKeyLen    = fs.Int("min-key-len", 0, "the shortest key the endpoint accepts, in `bytes`: a key one byte shorter must be refused, and the valid keys sent (12, 36, 64 and 255 bytes, a stripe-go style key) are those within -min-key-len and -max-key-len; both 36 for an endpoint that takes only UUIDs")
 		keyAlphabet  = fs.String("key-alphabet", string(idemtest.AlphabetASCII), "the characters the endpoint documents for keys: ascii (printable ASCII, the draft's), utf8 (UTF-8 text: a non-ASCII key is then valid, and a byte that is not UTF-8 malformed) or bytes (any byte but control characters: keys with non-ASCII characters and with bytes that are not UTF-8 are then valid)")
 		release5xx   = fs.Bool("require-5xx-release", false, "require policy release-5xx: a retry after a 5xx runs again (default: a stored 5xx is advisory, as the draft allows it)")
-		timeout      = fs.Duration("timeout", idemtest.DefaultTimeout, "the longest each request may take")
-		patience     = fs.Duration("patience", idemtest.DefaultPatience, "how long to keep retrying while the endpoint answers 409 (in flight)")
-		dropAfter    = fs.Duration("drop-after", idemtest.DefaultDropAfter, "when the dropped-response check closes its connection")
+		timeout      = fs.Duration("timeout", 10*time.Second, "the longest each request may take")
+		patience     = fs.Duration("patience", 10*time.Second, "how long to keep retrying while the endpoint answers 409 (in flight)")
+		dropAfter    = fs.Duration("drop-after", 100*time.Millisecond, "when the dropped-response check closes its connection")
 		only         = fs.String("checks", "", "a comma-separated `list` of the checks to run (default all)")
 		insecure     = fs.Bool("insecure", false, "do not verify the server's TLS certificate")
 		asJSON       = fs.Bool("json", false, "write the report as JSON")
@@ -153,7 +154,7 @@ a test or staging deployment.
 
 Every check sends the same request: the method, the -H headers and the -d
 body. The key-mismatch check also sends a different body under a key already
-used: each `+idemtest.Placeholder+` in the body is replaced by 0 for the usual
+used: each {{variant}} in the body is replaced by 0 for the usual
 request and by 1 for the different one. A body without the placeholder gets a
 trailing space instead, which a server that fingerprints parsed JSON does not
 see as a different request: give it a placeholder. Without -d, the body is

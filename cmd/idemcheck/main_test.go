@@ -211,7 +211,7 @@ func TestPolicies(t *testing.T) {
 	store, err := memstore.New()
 	require.NoError(t, err)
 	t.Cleanup(func() { store.Close() })
-	mw, err := server.New(store, server.WithStoreStatus(func(int) bool { return true }))
+	mw, err := server.New(store, server.WithKeep(func(int) bool { return true }))
 	require.NoError(t, err)
 	url := start(t, protect(mw.Handler, orders()))
 	args := append([]string{"-checks", "first-request,5xx-not-cached"}, every(url)...)
@@ -234,7 +234,7 @@ func TestJSON(t *testing.T) {
 	var doc struct {
 		Target  string
 		Results []idemtest.Result
-		Summary idemtest.Summary
+		Summary summary
 		OK      bool
 	}
 	require.NoError(t, json.Unmarshal([]byte(out), &doc), out)
@@ -247,13 +247,13 @@ func TestJSON(t *testing.T) {
 	assert.NotEmpty(t, doc.Results[1].Sent)
 	assert.NotEmpty(t, doc.Results[1].Got)
 	assert.NotEmpty(t, doc.Results[1].Want)
-	assert.Equal(t, idemtest.Summary{Passed: 1, Failed: 2}, doc.Summary)
+	assert.Equal(t, summary{Passed: 1, Failed: 2}, doc.Summary)
 
 	code, out, _ = runCmd(t, append([]string{"-json"}, every(compliant(t))...)...)
 	assert.Equal(t, 0, code)
 	require.NoError(t, json.Unmarshal([]byte(out), &doc))
 	assert.True(t, doc.OK)
-	assert.Equal(t, idemtest.Summary{Passed: 11, NotApplicable: 1}, doc.Summary)
+	assert.Equal(t, summary{Passed: 11, NotApplicable: 1}, doc.Summary)
 	var policy struct{ Policy map[string]any }
 	require.NoError(t, json.Unmarshal([]byte(out), &policy))
 	assert.Equal(t, map[string]any{"keys_optional": false, "key_form": "bare", "max_key_len": 0.0, "key_alphabet": "ascii", "release_5xx_required": false}, policy.Policy)

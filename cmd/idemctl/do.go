@@ -7,11 +7,11 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 )
 
 // do runs the command against in.
-func (c *command) do(ctx context.Context, in server.Inspector, env environment) error {
+func (c *command) do(ctx context.Context, in engine.Inspector, env environment) error {
 	switch c.name {
 	case "lookup":
 		r, err := in.Lookup(ctx, c.id)
@@ -61,7 +61,7 @@ var errLive = errors.New("the holder's lease is live")
 // lease unless -force was given: its holder may be about to do its effect,
 // so that forgetting the key would let a retry do it a second time, and
 // recording it as done could record what never happens.
-func (c *command) settleable(ctx context.Context, in server.Inspector, now time.Time) (server.Record, error) {
+func (c *command) settleable(ctx context.Context, in engine.Inspector, now time.Time) (engine.Record, error) {
 	r, err := in.Lookup(ctx, c.id)
 	if err != nil || r.Completed || c.force || !r.LeaseEnds.After(now) {
 		return r, err

@@ -6,25 +6,25 @@ import (
 	"os"
 	"time"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 )
 
 // recorded is a store that holds one record, as an operator finds it.
 type recorded struct {
-	server.Store
-	r server.Record
+	engine.Store
+	r engine.Record
 }
 
-func (s *recorded) Lookup(_ context.Context, id server.ID) (server.Record, error) {
+func (s *recorded) Lookup(_ context.Context, id engine.ID) (engine.Record, error) {
 	if id != s.r.ID {
-		return server.Record{}, server.ErrNotFound
+		return engine.Record{}, engine.ErrNotFound
 	}
 	return s.r, nil
 }
 
-func (s *recorded) Resolve(_ context.Context, id server.ID, resp *server.Response, ttl time.Duration) error {
+func (s *recorded) Resolve(_ context.Context, id engine.ID, resp *engine.Response, ttl time.Duration) error {
 	if id != s.r.ID {
-		return server.ErrNotFound
+		return engine.ErrNotFound
 	}
 	s.r.Response, s.r.Completed = resp, true
 	return nil
@@ -34,15 +34,15 @@ func (s *recorded) Resolve(_ context.Context, id server.ID, resp *server.Respons
 // operator finds the order was made, and records it as done.
 func Example_lookupAndResolve() {
 	created := time.Date(2026, 12, 1, 9, 30, 0, 0, time.UTC)
-	store := &recorded{r: server.Record{
-		ID:          server.ID{Scope: "auth:5d41402abc4b2a76", Key: "order-7"},
+	store := &recorded{r: engine.Record{
+		ID:          engine.ID{Scope: "auth:5d41402abc4b2a76", Key: "order-7"},
 		Completed:   true,
 		Fingerprint: "\x9f\x86\xd0\x81",
 		Token:       42,
 		Abandoned:   1,
 		Created:     created,
 		Expires:     created.Add(24 * time.Hour),
-		Response: &server.Response{
+		Response: &engine.Response{
 			Status: http.StatusConflict,
 			Header: http.Header{"Content-Type": {"application/problem+json"}, "Idempotent-Outcome": {"unknown"}},
 			Body:   []byte(`{"type":"https://pkg.go.dev/github.com/idemkit/idempotency/server#ErrOutcomeUnknown","status":409}`),
@@ -52,7 +52,7 @@ func Example_lookupAndResolve() {
 		stdout: os.Stdout,
 		stderr: os.Stdout,
 		getenv: func(string) string { return "postgres://operator:secret@db.internal/orders" },
-		open: func(context.Context, storeConfig) (server.Store, func(), error) {
+		open: func(context.Context, storeConfig) (engine.Store, func(), error) {
 			return store, func() {}, nil
 		},
 		now: func() time.Time { return created.Add(10 * time.Minute) },

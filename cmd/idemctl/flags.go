@@ -11,8 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/internal/keyfield"
-	"github.com/idemkit/idempotency/server"
 )
 
 // envStore names the environment variable that gives the store's URL when
@@ -39,13 +39,13 @@ record for KEY, 4 refused: the lease is live.
 // command is one parsed command line.
 type command struct {
 	name    string // lookup, resolve or forget
-	id      server.ID
+	id      engine.ID
 	store   storeConfig
 	timeout time.Duration
 	json    bool
 	force   bool // settle a key whose lease is live
 	// resolve's response and TTL.
-	resp *server.Response
+	resp *engine.Response
 	ttl  time.Duration
 }
 
@@ -136,10 +136,10 @@ func parseArgs(args []string, env environment) (*command, error) {
 	if ra.body != "" && ra.bodyFile != "" {
 		invalid = append(invalid, errors.New("-body and -body-file: give one"))
 	}
-	if _, ok := ra.headers.h[server.HeaderOutcome]; ok {
+	if _, ok := ra.headers.h[engine.HeaderOutcome]; ok {
 		// A record with it is the "outcome unknown" answer again, to
 		// this command's lookup and to every door that replays it.
-		invalid = append(invalid, fmt.Errorf("-header %s: it marks the middleware's \"outcome unknown\" answer, which a resolved record is not", server.HeaderOutcome))
+		invalid = append(invalid, fmt.Errorf("-header %s: it marks the middleware's \"outcome unknown\" answer, which a resolved record is not", engine.HeaderOutcome))
 	}
 	if err := errors.Join(invalid...); err != nil {
 		return nil, fmt.Errorf("%w: %v", errUsage, err)
@@ -153,7 +153,7 @@ func parseArgs(args []string, env environment) (*command, error) {
 	if len(b) > maxBody {
 		return nil, fmt.Errorf("%w: the body has %d bytes, more than %d", errUsage, len(b), maxBody)
 	}
-	c.resp = &server.Response{Status: ra.status, Header: ra.headers.h, Body: b}
+	c.resp = &engine.Response{Status: ra.status, Header: ra.headers.h, Body: b}
 	return c, nil
 }
 
@@ -207,8 +207,8 @@ func resolveFlags(fs *flag.FlagSet, c *command, ra *resolveArgs) {
 	fs.IntVar(&ra.status, "status", 0, "the `status` code of the response to record, a final one: 200 to 599 (required)")
 	fs.StringVar(&ra.body, "body", "", "the response body, as `text`")
 	fs.StringVar(&ra.bodyFile, "body-file", "", "read the response body from `file` (- for standard input)")
-	fs.Var(&ra.headers, "header", "a response header, 'Name: value' (repeatable); not "+server.HeaderOutcome+", which marks the middleware's own \"outcome unknown\" answer")
-	fs.DurationVar(&c.ttl, "ttl", server.DefaultTTL, "how long the record is kept, and replayed")
+	fs.Var(&ra.headers, "header", "a response header, 'Name: value' (repeatable); not "+engine.HeaderOutcome+", which marks the middleware's own \"outcome unknown\" answer")
+	fs.DurationVar(&c.ttl, "ttl", 24*time.Hour, "how long the record is kept, and replayed")
 }
 
 // settleFlags are the flags of the commands that change a record.

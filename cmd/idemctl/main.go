@@ -54,9 +54,8 @@ import (
 	"os/signal"
 	"time"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/redis/go-redis/v9"
-
-	"github.com/idemkit/idempotency/server"
 )
 
 func main() {
@@ -100,7 +99,7 @@ type environment struct {
 
 // opener connects to the store that a storeConfig names. close releases
 // what it opened.
-type opener func(ctx context.Context, c storeConfig) (store server.Store, close func(), err error)
+type opener func(ctx context.Context, c storeConfig) (store engine.Store, close func(), err error)
 
 // errUsage marks an error in the command line.
 var errUsage = errors.New("usage")
@@ -123,9 +122,9 @@ func run(ctx context.Context, args []string, env environment) int {
 		return exitFailed
 	}
 	defer closeStore()
-	in, ok := store.(server.Inspector)
+	in, ok := store.(engine.Inspector)
 	if !ok {
-		fmt.Fprintf(env.stderr, "idemctl: the %s store (%T) cannot look records up: it does not implement server.Inspector; upgrade the module\n", cmd.store.kind, store)
+		fmt.Fprintf(env.stderr, "idemctl: the %s store (%T) cannot look records up: it does not implement engine.Inspector; upgrade the module\n", cmd.store.kind, store)
 		return exitFailed
 	}
 	err = cmd.do(ctx, in, env)
@@ -135,7 +134,7 @@ func run(ctx context.Context, args []string, env environment) int {
 	case errors.Is(err, errLive):
 		fmt.Fprintf(env.stderr, "idemctl: %v\n", err)
 		return exitLive
-	case errors.Is(err, server.ErrNotFound):
+	case errors.Is(err, engine.ErrNotFound):
 		fmt.Fprintf(env.stderr, "idemctl: no record for key %q in scope %q: it was never claimed, was released, or expired\n", cmd.id.Key, cmd.id.Scope)
 		return exitNotFound
 	}

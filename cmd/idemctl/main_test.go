@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/internal/wire"
 	"github.com/idemkit/idempotency/server"
 	"github.com/idemkit/idempotency/store/memstore"
@@ -58,7 +59,7 @@ func (f *fixture) run(args ...string) int {
 			}
 			return ""
 		},
-		open: func(_ context.Context, c storeConfig) (server.Store, func(), error) {
+		open: func(_ context.Context, c storeConfig) (engine.Store, func(), error) {
 			f.opened = append(f.opened, c)
 			return f.store, func() {}, nil
 		},
@@ -71,25 +72,25 @@ var (
 	scope = "auth:0123456789abcdef"
 )
 
-func id(key string) server.ID { return server.ID{Scope: scope, Key: key} }
+func id(key string) engine.ID { return engine.ID{Scope: scope, Key: key} }
 
 // claim acquires key in the store, as a request would.
-func (f *fixture) claim(t *testing.T, key string, lease time.Duration) server.Claim {
+func (f *fixture) claim(t *testing.T, key string, lease time.Duration) engine.Claim {
 	t.Helper()
 	c, err := f.store.Claim(ctx, id(key), "fingerprint", lease, time.Hour)
 	require.NoError(t, err)
-	require.Equal(t, server.Acquired, c.Status)
+	require.Equal(t, engine.Acquired, c.Status)
 	return c
 }
 
 // takeOver claims key until the expired lease is taken over.
-func (f *fixture) takeOver(t *testing.T, key string) server.Claim {
+func (f *fixture) takeOver(t *testing.T, key string) engine.Claim {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		c, err := f.store.Claim(ctx, id(key), "fingerprint", time.Minute, time.Hour)
 		require.NoError(t, err)
-		if c.Status == server.Acquired {
+		if c.Status == engine.Acquired {
 			return c
 		}
 		require.False(t, time.Now().After(deadline), "lease of %s not expired after 10s", key)
@@ -98,10 +99,10 @@ func (f *fixture) takeOver(t *testing.T, key string) server.Claim {
 
 // outcomeUnknownProblem is the record of the middleware's "outcome unknown"
 // answer, as its default error writer makes it.
-func outcomeUnknownProblem() *server.Response {
-	return &server.Response{
+func outcomeUnknownProblem() *engine.Response {
+	return &engine.Response{
 		Status: http.StatusConflict,
-		Header: http.Header{"Content-Type": {"application/problem+json"}, server.HeaderOutcome: {"unknown"}},
+		Header: http.Header{"Content-Type": {"application/problem+json"}, engine.HeaderOutcome: {"unknown"}},
 		Body:   []byte(`{"type":"` + wire.TypeOutcomeUnknown + `","title":"Outcome unknown","status":409,"code":"` + wire.CodeOutcomeUnknown + `"}`),
 	}
 }
@@ -137,7 +138,7 @@ func TestLookup(t *testing.T) {
 			name: "completed",
 			setup: func(t *testing.T, f *fixture) {
 				c := f.claim(t, "order-1", time.Minute)
-				resp := &server.Response{Status: http.StatusCreated, Header: http.Header{"Content-Type": {"application/json"}, "Location": {"/orders/1"}}, Body: []byte(`{"order":1}`)}
+				resp := &engine.Response{Status: http.StatusCreated, Header: http.Header{"Content-Type": {"application/json"}, "Location": {"/orders/1"}}, Body: []byte(`{"order":1}`)}
 				require.NoError(t, f.store.Complete(ctx, id("order-1"), c.Token, resp, time.Hour))
 			},
 			want: []string{"state        completed\n", "response     201 Created, 11 body bytes\n", "             Location: /orders/1\n", "body         {\"order\":1}\n"},
@@ -158,9 +159,9 @@ func TestLookup(t *testing.T) {
 			setup: func(t *testing.T, f *fixture) {
 				f.claim(t, "order-1", time.Millisecond)
 				c := f.takeOver(t, "order-1")
-				resp := &server.Response{
+				resp := &engine.Response{
 					Status: http.StatusConflict,
-					Header: http.Header{"Content-Type": {"application/json"}, server.HeaderOutcome: {"unknown"}},
+					Header: http.Header{"Content-Type": {"application/json"}, engine.HeaderOutcome: {"unknown"}},
 					Body:   []byte(`{"error":"ORDER_OUTCOME_UNKNOWN"}`),
 				}
 				require.NoError(t, f.store.Complete(ctx, id("order-1"), c.Token, resp, time.Hour))
@@ -174,7 +175,7 @@ func TestLookup(t *testing.T) {
 			setup: func(t *testing.T, f *fixture) {
 				c := f.claim(t, "order-1", time.Minute)
 				resp := outcomeUnknownProblem()
-				delete(resp.Header, server.HeaderOutcome)
+				delete(resp.Header, engine.HeaderOutcome)
 				require.NoError(t, f.store.Complete(ctx, id("order-1"), c.Token, resp, time.Hour))
 			},
 			want: []string{"state        completed\n"},
@@ -183,7 +184,7 @@ func TestLookup(t *testing.T) {
 			name: "another 409 is no unknown outcome",
 			setup: func(t *testing.T, f *fixture) {
 				c := f.claim(t, "order-1", time.Minute)
-				resp := &server.Response{Status: http.StatusConflict, Body: []byte(`{"type":"https://example.com/sold-out"}`)}
+				resp := &engine.Response{Status: http.StatusConflict, Body: []byte(`{"type":"https://example.com/sold-out"}`)}
 				require.NoError(t, f.store.Complete(ctx, id("order-1"), c.Token, resp, time.Hour))
 			},
 			want: []string{"state        completed\n"},
@@ -192,7 +193,7 @@ func TestLookup(t *testing.T) {
 			name: "binary body",
 			setup: func(t *testing.T, f *fixture) {
 				c := f.claim(t, "order-1", time.Minute)
-				resp := &server.Response{Status: http.StatusOK, Body: []byte{0xff, 0, 1}}
+				resp := &engine.Response{Status: http.StatusOK, Body: []byte{0xff, 0, 1}}
 				require.NoError(t, f.store.Complete(ctx, id("order-1"), c.Token, resp, time.Hour))
 			},
 			want: []string{"body         not shown (binary or over 2048 bytes): use -json\n"},
@@ -268,8 +269,8 @@ func TestNotFound(t *testing.T) {
 			assert.Contains(t, f.stderr.String(), "no record for key")
 			assert.Empty(t, f.stdout.String())
 			// Nothing was made.
-			_, err := f.store.Lookup(ctx, server.ID{Scope: scope, Key: "order-9"})
-			assert.ErrorIs(t, err, server.ErrNotFound)
+			_, err := f.store.Lookup(ctx, engine.ID{Scope: scope, Key: "order-9"})
+			assert.ErrorIs(t, err, engine.ErrNotFound)
 		})
 	}
 }
@@ -289,12 +290,12 @@ func TestResolve(t *testing.T) {
 	// Every retry gets the response; the holder still running is refused.
 	c, err := f.store.Claim(ctx, id("order-1"), "fingerprint", time.Minute, time.Hour)
 	require.NoError(t, err)
-	require.Equal(t, server.Completed, c.Status)
+	require.Equal(t, engine.Completed, c.Status)
 	assert.Equal(t, http.StatusCreated, c.Response.Status)
 	assert.Equal(t, `{"order":1}`, string(c.Response.Body))
 	assert.Equal(t, map[string][]string{"Content-Type": {"application/json"}, "Location": {"/orders/1"}}, c.Response.Header)
-	err = f.store.Complete(ctx, id("order-1"), held.Token, &server.Response{Status: http.StatusCreated}, time.Hour)
-	assert.ErrorIs(t, err, server.ErrLeaseLost)
+	err = f.store.Complete(ctx, id("order-1"), held.Token, &engine.Response{Status: http.StatusCreated}, time.Hour)
+	assert.ErrorIs(t, err, engine.ErrLeaseLost)
 	r, err := f.store.Lookup(ctx, id("order-1"))
 	require.NoError(t, err)
 	assert.WithinDuration(t, time.Now().Add(2*time.Hour), r.Expires, time.Minute)
@@ -314,10 +315,10 @@ func TestForget(t *testing.T) {
 	require.Equal(t, exitOK, f.run("forget", "order-1", "-scope", scope), "stderr: %s", &f.stderr)
 	assert.Contains(t, f.stdout.String(), `forgotten: key "order-1" in scope "`+scope+`", in flight before; the next request with it runs`)
 	err := f.store.Extend(ctx, id("order-1"), held.Token, time.Minute)
-	assert.ErrorIs(t, err, server.ErrLeaseLost)
+	assert.ErrorIs(t, err, engine.ErrLeaseLost)
 	c, err := f.store.Claim(ctx, id("order-1"), "another fingerprint", time.Minute, time.Hour)
 	require.NoError(t, err)
-	assert.Equal(t, server.Acquired, c.Status)
+	assert.Equal(t, engine.Acquired, c.Status)
 	assert.Equal(t, 0, c.Abandoned)
 }
 
@@ -336,7 +337,7 @@ func TestLiveLeaseRefused(t *testing.T) {
 			assert.Contains(t, f.stderr.String(), "pass -force to "+args[0]+" it anyway")
 			assert.Empty(t, f.stdout.String())
 			// Nothing changed: the holder still completes.
-			require.NoError(t, f.store.Complete(ctx, id("order-1"), held.Token, &server.Response{Status: http.StatusAccepted}, time.Hour))
+			require.NoError(t, f.store.Complete(ctx, id("order-1"), held.Token, &engine.Response{Status: http.StatusAccepted}, time.Hour))
 		})
 	}
 }
@@ -390,7 +391,7 @@ func TestNoStore(t *testing.T) {
 	code := run(ctx, []string{"lookup", "k"}, environment{
 		stdout: &stdout, stderr: &stderr,
 		getenv: func(string) string { return "" },
-		open: func(context.Context, storeConfig) (server.Store, func(), error) {
+		open: func(context.Context, storeConfig) (engine.Store, func(), error) {
 			return nil, nil, errors.New("opened")
 		},
 		now: time.Now,
@@ -437,7 +438,7 @@ func TestStoreFlags(t *testing.T) {
 }
 
 // notInspector is a Store that cannot look records up.
-type notInspector struct{ server.Store }
+type notInspector struct{ engine.Store }
 
 func TestStoreWithoutInspector(t *testing.T) {
 	f := newFixture(t)
@@ -445,13 +446,13 @@ func TestStoreWithoutInspector(t *testing.T) {
 	code := run(ctx, []string{"lookup", "-store", "redis://127.0.0.1:6379/0", "k"}, environment{
 		stdout: &stdout, stderr: &stderr,
 		getenv: func(string) string { return "" },
-		open: func(context.Context, storeConfig) (server.Store, func(), error) {
+		open: func(context.Context, storeConfig) (engine.Store, func(), error) {
 			return notInspector{f.store}, func() {}, nil
 		},
 		now: time.Now,
 	})
 	assert.Equal(t, exitFailed, code)
-	assert.Contains(t, stderr.String(), "the Redis store (main.notInspector) cannot look records up: it does not implement server.Inspector")
+	assert.Contains(t, stderr.String(), "the Redis store (main.notInspector) cannot look records up: it does not implement engine.Inspector")
 }
 
 // TestStoreFailure: a store that fails is exit status 1, and its error is
@@ -522,7 +523,7 @@ func TestCredentialsNeverPrinted(t *testing.T) {
 func TestLookupCustomErrorWriter(t *testing.T) {
 	f := newFixture(t)
 	mw, err := server.New(f.store,
-		server.WithAbandoned(server.RefuseAbandoned),
+		server.WithConfig(engine.Config{Abandoned: engine.RefuseAbandoned}),
 		server.WithScope(func(*http.Request) (string, error) { return scope, nil }),
 		// The lost holder's, claimed below.
 		server.WithFingerprint(func(*http.Request, []byte) (string, error) { return "fingerprint", nil }),
@@ -547,7 +548,7 @@ func TestLookupCustomErrorWriter(t *testing.T) {
 		resp, err := srv.Client().Do(req)
 		require.NoError(t, err)
 		resp.Body.Close()
-		if resp.Header.Get(server.HeaderOutcome) == "unknown" {
+		if resp.Header.Get(engine.HeaderOutcome) == "unknown" {
 			break
 		}
 		require.Equal(t, http.StatusConflict, resp.StatusCode, "before the lost holder's lease ends: in flight")

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/store/pgstore"
 	"github.com/idemkit/idempotency/store/redisstore"
 )
@@ -114,14 +114,14 @@ func (c *storeConfig) describe() string {
 }
 
 // openStore connects to the store that c names, and checks that it answers.
-func openStore(ctx context.Context, c storeConfig) (server.Store, func(), error) {
+func openStore(ctx context.Context, c storeConfig) (engine.Store, func(), error) {
 	if c.kind == kindPostgres {
 		return openPostgres(ctx, c)
 	}
 	return openRedis(ctx, c)
 }
 
-func openPostgres(ctx context.Context, c storeConfig) (server.Store, func(), error) {
+func openPostgres(ctx context.Context, c storeConfig) (engine.Store, func(), error) {
 	cfg, err := pgxpool.ParseConfig(c.url)
 	if err != nil {
 		return nil, nil, fmt.Errorf("the PostgreSQL URL cannot be parsed: %w", err)
@@ -148,7 +148,7 @@ func openPostgres(ctx context.Context, c storeConfig) (server.Store, func(), err
 	return s, func() { s.Close(); pool.Close() }, nil
 }
 
-func openRedis(ctx context.Context, c storeConfig) (server.Store, func(), error) {
+func openRedis(ctx context.Context, c storeConfig) (engine.Store, func(), error) {
 	var client redis.UniversalClient
 	if c.cluster {
 		opts, err := redis.ParseClusterURL(c.url)

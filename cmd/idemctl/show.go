@@ -15,7 +15,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 )
 
 // The states of a record, as lookup prints them.
@@ -30,12 +30,12 @@ const (
 const maxShownBody = 2048
 
 // stateOf says what became of the request, as far as its record tells.
-func stateOf(r server.Record) string {
+func stateOf(r engine.Record) string {
 	return stateAt(r, time.Time{})
 }
 
 // stateAt is stateOf, telling a holder whose lease ended at now apart.
-func stateAt(r server.Record, now time.Time) string {
+func stateAt(r engine.Record, now time.Time) string {
 	switch {
 	case r.Completed && outcomeUnknown(r.Response):
 		return stateOutcomeUnknown
@@ -49,16 +49,16 @@ func stateAt(r server.Record, now time.Time) string {
 
 // outcomeUnknown reports whether resp is the middleware's final answer to a
 // retry whose earlier holder was abandoned. Its header says so
-// (server.HeaderOutcome), whatever error writer wrote its body; a body of
+// (engine.HeaderOutcome), whatever error writer wrote its body; a body of
 // the problem type alone, without the header, is an answer of the
 // service's own.
-func outcomeUnknown(resp *server.Response) bool {
+func outcomeUnknown(resp *engine.Response) bool {
 	return resp.OutcomeUnknown()
 }
 
 // attempts is how many holders the record has had: the abandoned ones and
 // the last.
-func attempts(r server.Record) int {
+func attempts(r engine.Record) int {
 	if r.Abandoned == math.MaxInt {
 		return r.Abandoned
 	}
@@ -81,7 +81,7 @@ func when(t, now time.Time) string {
 	return t.UTC().Format(time.RFC3339) + " (" + rel + ")"
 }
 
-func writeText(w io.Writer, r server.Record, now time.Time) {
+func writeText(w io.Writer, r engine.Record, now time.Time) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	row := func(name, format string, args ...any) {
 		fmt.Fprintf(tw, "%s\t"+format+"\n", append([]any{name}, args...)...)
@@ -125,7 +125,7 @@ func writeText(w io.Writer, r server.Record, now time.Time) {
 	tw.Flush()
 }
 
-func omitted(resp *server.Response) string {
+func omitted(resp *engine.Response) string {
 	if resp.BodyOmitted {
 		return " (body omitted: not stored)"
 	}
@@ -133,7 +133,7 @@ func omitted(resp *server.Response) string {
 }
 
 // showable returns the body as text, if it is short text.
-func showable(resp *server.Response) (string, bool) {
+func showable(resp *engine.Response) (string, bool) {
 	if len(resp.Body) == 0 || len(resp.Body) > maxShownBody || !utf8.Valid(resp.Body) {
 		return "", false
 	}
@@ -178,7 +178,7 @@ type jsonResponse struct {
 	BodyOmitted bool        `json:"body_omitted,omitempty"`
 }
 
-func writeJSON(w io.Writer, r server.Record, now time.Time) error {
+func writeJSON(w io.Writer, r engine.Record, now time.Time) error {
 	out := jsonRecord{
 		Scope:       r.ID.Scope,
 		Key:         r.ID.Key,

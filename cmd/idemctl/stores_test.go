@@ -3,7 +3,7 @@ package main
 // The tests in this file run the command against the real stores, through
 // the shared PostgreSQL and Redis servers (see internal/testkit/servicetest).
 // They skip, saying so, while pgstore or redisstore does not implement
-// server.Inspector, and run as soon as it does: nothing here needs changing
+// engine.Inspector, and run as soon as it does: nothing here needs changing
 // then. Run them with
 //
 //	IDEMPOTENCY_REQUIRE_SERVICES=1 go test -race -count=1 -run 'TestPostgres|TestRedis' -v ./cmd/idemctl/
@@ -18,16 +18,16 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/internal/testkit/servicetest"
 	"github.com/idemkit/idempotency/internal/testkit/teststores"
-	"github.com/idemkit/idempotency/server"
 )
 
-// requireInspector skips t until store implements server.Inspector.
-func requireInspector(t *testing.T, store server.Store) {
+// requireInspector skips t until store implements engine.Inspector.
+func requireInspector(t *testing.T, store engine.Store) {
 	t.Helper()
-	if _, ok := store.(server.Inspector); !ok {
-		t.Skipf("%T does not implement server.Inspector yet: this test runs once it does", store)
+	if _, ok := store.(engine.Inspector); !ok {
+		t.Skipf("%T does not implement engine.Inspector yet: this test runs once it does", store)
 	}
 }
 
@@ -51,14 +51,14 @@ func TestRedis(t *testing.T) {
 // testRealStore looks up a key whose first holder was abandoned and whose
 // retry was answered "outcome unknown", resolves it, looks it up again,
 // and forgets it, all through the command's own connection to the store.
-func testRealStore(t *testing.T, store server.Store, url string, flags ...string) {
+func testRealStore(t *testing.T, store engine.Store, url string, flags ...string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	id := server.ID{Scope: scope, Key: "order-1"}
+	id := engine.ID{Scope: scope, Key: "order-1"}
 	c, err := store.Claim(ctx, id, "fingerprint", 10*time.Millisecond, time.Hour)
 	require.NoError(t, err)
-	require.Equal(t, server.Acquired, c.Status)
-	for c.Status != server.Acquired || c.Abandoned == 0 {
+	require.Equal(t, engine.Acquired, c.Status)
+	for c.Status != engine.Acquired || c.Abandoned == 0 {
 		require.NoError(t, ctx.Err(), "the 10ms lease was never taken over")
 		c, err = store.Claim(ctx, id, "fingerprint", time.Minute, time.Hour)
 		require.NoError(t, err)
@@ -88,7 +88,7 @@ func testRealStore(t *testing.T, store server.Store, url string, flags ...string
 	require.Equal(t, exitOK, cmd("resolve", "-scope", scope, "-status", "201", "-body", `{"order":1}`, "-header", "Content-Type: application/json", "order-1"), "stderr: %s", &stderr)
 	got, err := store.Claim(ctx, id, "fingerprint", time.Minute, time.Hour)
 	require.NoError(t, err)
-	require.Equal(t, server.Completed, got.Status)
+	require.Equal(t, engine.Completed, got.Status)
 	assert.Equal(t, http.StatusCreated, got.Response.Status)
 	assert.Equal(t, `{"order":1}`, string(got.Response.Body))
 
@@ -99,6 +99,6 @@ func testRealStore(t *testing.T, store server.Store, url string, flags ...string
 	assert.Equal(t, exitNotFound, cmd("lookup", "-scope", scope, "order-1"))
 	got, err = store.Claim(ctx, id, "fingerprint", time.Minute, time.Hour)
 	require.NoError(t, err)
-	assert.Equal(t, server.Acquired, got.Status)
+	assert.Equal(t, engine.Acquired, got.Status)
 	assert.Equal(t, 0, got.Abandoned)
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/internal/testkit/faultnet"
 	"github.com/idemkit/idempotency/server"
 	"github.com/idemkit/idempotency/store/memstore"
@@ -71,23 +72,23 @@ type Tally struct {
 	Failures  atomic.Int64
 	handled   int64 // requests that reached the API
 	// Events counts the middleware's events of the run, by kind.
-	Events map[server.EventKind]int64
+	Events map[engine.EventKind]int64
 }
 
 // counters counts the middleware's events by kind.
-type counters [server.EventAcquired + 1]atomic.Int64
+type counters [engine.EventAcquired + 1]atomic.Int64
 
-func (c *counters) observe(_ context.Context, e server.Event) {
+func (c *counters) observe(_ context.Context, e engine.Event) {
 	if e.Kind > 0 && int(e.Kind) < len(c) {
 		c[e.Kind].Add(1)
 	}
 }
 
 // since returns the counts since before.
-func (c *counters) since(before map[server.EventKind]int64) map[server.EventKind]int64 {
-	now := make(map[server.EventKind]int64, len(c))
+func (c *counters) since(before map[engine.EventKind]int64) map[engine.EventKind]int64 {
+	now := make(map[engine.EventKind]int64, len(c))
 	for k := range c {
-		kind := server.EventKind(k)
+		kind := engine.EventKind(k)
 		now[kind] = c[k].Load() - before[kind]
 	}
 	return now
@@ -109,7 +110,7 @@ func Run(o Options, out io.Writer) ([]*Tally, error) {
 
 	api := newOrderAPI()
 	var events counters
-	mw, err := server.New(store, server.WithKeyOptional(), server.WithObserver(events.observe),
+	mw, err := server.New(store, server.WithKeyOptional(), server.WithConfig(engine.Config{Observer: events.observe}),
 		// The demo has one caller; a real API names the authenticated
 		// principal here, so that callers never share keys.
 		server.WithScope(func(*http.Request) (string, error) { return "demo", nil }))
@@ -251,15 +252,15 @@ func submit(o Options, out io.Writer, api *orderAPI, proxy *faultnet.Proxy, name
 }
 
 // finalKinds are the kinds of the events that end a request.
-var finalKinds = []server.EventKind{
-	server.EventExecuted, server.EventReplayed, server.EventInFlight, server.EventMismatch,
-	server.EventRejected, server.EventUnavailable, server.EventReleased, server.EventNotStored,
-	server.EventUnprotected, server.EventClientGone,
+var finalKinds = []engine.EventKind{
+	engine.EventExecuted, engine.EventReplayed, engine.EventInFlight, engine.EventMismatch,
+	engine.EventRejected, engine.EventUnavailable, engine.EventReleased, engine.EventNotStored,
+	engine.EventUnprotected, engine.EventClientGone,
 }
 
 // waitEvents waits, for a second at most, until the middleware has told of
 // n requests since before: it tells its observer just after it answers.
-func waitEvents(c *counters, before map[server.EventKind]int64, n int64) {
+func waitEvents(c *counters, before map[engine.EventKind]int64, n int64) {
 	deadline := time.Now().Add(time.Second)
 	for time.Now().Before(deadline) {
 		var got int64
@@ -328,7 +329,7 @@ func report(out io.Writer, runs []*Tally) {
 	row("requests sent", func(t *Tally) int64 { return t.Requests })
 	row("responses lost", func(t *Tally) int64 { return t.Lost })
 	row("connections reset", func(t *Tally) int64 { return t.Resets })
-	row("replays served", func(t *Tally) int64 { return t.Events[server.EventReplayed] })
+	row("replays served", func(t *Tally) int64 { return t.Events[engine.EventReplayed] })
 	row("orders created", func(t *Tally) int64 { return int64(t.Created) })
 	row("duplicates", func(t *Tally) int64 { return int64(t.Created - t.Distinct) })
 	row("failures", func(t *Tally) int64 { return t.Failures.Load() })
@@ -344,14 +345,14 @@ func reportEvents(out io.Writer, runs []*Tally) {
 	fmt.Fprintln(out)
 	for _, r := range []struct {
 		label string
-		kind  server.EventKind
+		kind  engine.EventKind
 	}{
-		{"first executions", server.EventExecuted},
-		{"replays", server.EventReplayed},
-		{"409 in flight", server.EventInFlight},
-		{"503 store failed", server.EventUnavailable},
-		{"released for a retry", server.EventReleased},
-		{"without a key", server.EventUnprotected},
+		{"first executions", engine.EventExecuted},
+		{"replays", engine.EventReplayed},
+		{"409 in flight", engine.EventInFlight},
+		{"503 store failed", engine.EventUnavailable},
+		{"released for a retry", engine.EventReleased},
+		{"without a key", engine.EventUnprotected},
 	} {
 		fmt.Fprintf(out, "%-22s", r.label)
 		for _, t := range runs {
@@ -403,7 +404,7 @@ func (a *orderAPI) created(prefix string) (orders, refs int) {
 	return orders, refs
 }
 
-func openStore(ctx context.Context, o Options) (server.Store, func(), error) {
+func openStore(ctx context.Context, o Options) (engine.Store, func(), error) {
 	switch o.Store {
 	case "memory":
 		s, err := memstore.New()

@@ -20,7 +20,7 @@
 // the naive run reaches it; a real API would require keys.
 //
 // After the table of each run's results it prints what the middleware told
-// its observer (server.WithObserver) it did in each run: first executions,
+// its observer (engine.Config.Observer) it did in each run: first executions,
 // replays, 409s for requests in flight, 503s, ...
 //
 // It is a command of the repository rather than an example, because its

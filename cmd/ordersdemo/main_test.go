@@ -5,11 +5,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
-
-	"github.com/idemkit/idempotency/server"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -28,17 +27,17 @@ func TestDemo(t *testing.T) {
 	assert.Equal(t, 60, idem.Created, "orders created by the idempotent run")
 	assert.Equal(t, 60, idem.Distinct)
 	assert.Zero(t, idem.Failures.Load())
-	assert.Equal(t, idem.Lost, idem.Events[server.EventReplayed], "every lost response is replayed")
+	assert.Equal(t, idem.Lost, idem.Events[engine.EventReplayed], "every lost response is replayed")
 	assert.Contains(t, out.String(), "duplicates")
 
 	// The middleware's events: the naive run's requests carry no key; the
 	// idempotent run executes each order once.
-	assert.Equal(t, int64(naive.Created), naive.Events[server.EventUnprotected], "naive run: requests without a key")
-	assert.Zero(t, naive.Events[server.EventExecuted])
-	assert.Equal(t, int64(60), idem.Events[server.EventExecuted], "idempotent run: first executions")
-	assert.Equal(t, idem.Events[server.EventExecuted], idem.Events[server.EventAcquired])
-	assert.Zero(t, idem.Events[server.EventUnprotected])
-	assert.Zero(t, idem.Events[server.EventUnavailable])
+	assert.Equal(t, int64(naive.Created), naive.Events[engine.EventUnprotected], "naive run: requests without a key")
+	assert.Zero(t, naive.Events[engine.EventExecuted])
+	assert.Equal(t, int64(60), idem.Events[engine.EventExecuted], "idempotent run: first executions")
+	assert.Equal(t, idem.Events[engine.EventExecuted], idem.Events[engine.EventAcquired])
+	assert.Zero(t, idem.Events[engine.EventUnprotected])
+	assert.Zero(t, idem.Events[engine.EventUnavailable])
 	assert.Contains(t, out.String(), "first executions")
 	assert.Contains(t, out.String(), "409 in flight")
 }

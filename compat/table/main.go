@@ -146,10 +146,10 @@ func write(w io.Writer, runs []run) {
 		if r.keyForms == nil {
 			return "not claimed" // no promise of quoted keys to judge
 		}
-		return status(r.keyForms, idemtest.CheckKeyForms)
+		return status(r.keyForms, "key-forms")
 	})
-	row("`concurrent`, handler without delay", func(r run) string { return status(r.fast, idemtest.CheckConcurrent) })
-	row("`5xx-not-cached`, handler answers 500 itself", func(r run) string { return status(r.respond, idemtest.Check5xxNotCached) })
+	row("`concurrent`, handler without delay", func(r run) string { return status(r.fast, "concurrent") })
+	row("`5xx-not-cached`, handler answers 500 itself", func(r run) string { return status(r.respond, "5xx-not-cached") })
 
 	for _, r := range runs {
 		fmt.Fprintf(w, "\n**%s %s**", r.Name, r.Version)
@@ -175,9 +175,9 @@ func write(w io.Writer, runs []run) {
 			}
 		}
 		seen("", r.main, "")
-		seen(" with `-key-form both`", r.keyForms, idemtest.CheckKeyForms)
-		seen(" with a handler without delay", r.fast, idemtest.CheckConcurrent)
-		seen(" with a handler that answers 500 itself", r.respond, idemtest.Check5xxNotCached)
+		seen(" with `-key-form both`", r.keyForms, "key-forms")
+		seen(" with a handler without delay", r.fast, "concurrent")
+		seen(" with a handler that answers 500 itself", r.respond, "5xx-not-cached")
 	}
 }
 

@@ -130,7 +130,7 @@ func runSummary(ctx context.Context, w io.Writer, cfg config) (summary, error) {
 		return sum, err
 	}
 	defer store.Close()
-	runner, err := once.New(store, once.WithTTL(24*time.Hour))
+	runner, err := once.New(store, once.WithConfig(engine.Config{TTL: 24 * time.Hour}))
 	if err != nil {
 		return sum, err
 	}

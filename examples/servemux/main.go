@@ -34,6 +34,7 @@ import (
 	"log"
 	"net/http"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/server"
 )
 
@@ -47,7 +48,7 @@ func main() {
 
 // newHandler wires the API: authentication for every route, the idempotency
 // middleware for the route that creates orders.
-func newHandler(store server.Store, book *book, accounts map[string]string) (http.Handler, error) {
+func newHandler(store engine.Store, book *book, accounts map[string]string) (http.Handler, error) {
 	mw, err := server.New(store, server.WithScope(scope))
 	if err != nil {
 		return nil, err

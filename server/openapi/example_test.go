@@ -1,6 +1,7 @@
 package openapi_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"strings"
 
@@ -9,7 +10,7 @@ import (
 
 // The problems the fragment describes, each with its status, type and code:
 // an API's specification refers to the responses that group them by status
-// (openapi.ResponseConflict for the 409s, and so on), and its clients match
+// (IdempotencyConflict for the 409s, and so on), and its clients match
 // the code.
 func ExampleProblems() {
 	for _, p := range openapi.Problems() {
@@ -32,9 +33,17 @@ func ExampleProblems() {
 }
 
 // The request header, as an API's operation includes it.
-func ExampleDocument() {
-	params := openapi.Document()["components"].(map[string]any)["parameters"].(map[string]any)
-	key := params["IdempotencyKey"].(map[string]any)
+func ExampleJSON() {
+	var doc struct {
+		Components struct {
+			Parameters map[string]map[string]any `json:"parameters"`
+		} `json:"components"`
+	}
+	if err := json.Unmarshal(openapi.JSON(), &doc); err != nil {
+		fmt.Println(err)
+		return
+	}
+	key := doc.Components.Parameters["IdempotencyKey"]
 	fmt.Println(key["name"], "in", key["in"], "required:", key["required"])
 	// Output:
 	// Idempotency-Key in header required: true

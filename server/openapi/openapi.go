@@ -10,28 +10,35 @@
 // client use (the header names, the key's syntax and length, the problem
 // types and codes), so it cannot drift from them; its tests validate it with
 // an OpenAPI library and check the middleware's own answers against it.
-// The file idempotency.json beside this one is the fragment as JSON, kept
-// equal to JSON() by a test, for an API's specification to refer to:
+// The file idempotency.json beside this one is the fragment as JSON
+// (OpenAPI 3.0.3, which tools that read 3.1 read too), kept equal to JSON()
+// by a test, for an API's specification to refer to:
 //
 //	parameters:
 //	  - $ref: 'idempotency.json#/components/parameters/IdempotencyKey'
 //	responses:
 //	  '409':
 //	    $ref: 'idempotency.json#/components/responses/IdempotencyConflict'
+//
+// Its responses are named by status: IdempotencyBadRequest (400),
+// IdempotencyConflict (409), IdempotencyBodyTooLarge (413),
+// IdempotencyKeyMismatch (422) and IdempotencyUnavailable (503); each is one
+// or more of the Problems.
 package openapi
 
 import (
 	"encoding/json"
 	"net/http"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/internal/keyfield"
 	"github.com/idemkit/idempotency/internal/wire"
 	"github.com/idemkit/idempotency/server"
 )
 
-// Version is the OpenAPI version the fragment is written in: 3.0, which
+// version is the OpenAPI version the fragment is written in: 3.0, which
 // tools that read 3.1 read too.
-const Version = "3.0.3"
+const version = "3.0.3"
 
 // KeyPattern is the syntax of the Idempotency-Key header's value, as a
 // regular expression that both JSON Schema (ECMA-262) and Go read: 1 to 255
@@ -87,37 +94,38 @@ func Problems() []Problem {
 }
 
 // The names of the fragment's responses, by status: the 400, 409, 413, 422
-// and 503 answers of the middleware, each one of the Problems.
+// and 503 answers of the middleware, each one of the Problems (the package
+// documentation lists them).
 const (
-	ResponseBadRequest  = "IdempotencyBadRequest"
-	ResponseConflict    = "IdempotencyConflict"
-	ResponseTooLarge    = "IdempotencyBodyTooLarge"
-	ResponseMismatch    = "IdempotencyKeyMismatch"
-	ResponseUnavailable = "IdempotencyUnavailable"
+	responseBadRequest  = "IdempotencyBadRequest"
+	responseConflict    = "IdempotencyConflict"
+	responseTooLarge    = "IdempotencyBodyTooLarge"
+	responseMismatch    = "IdempotencyKeyMismatch"
+	responseUnavailable = "IdempotencyUnavailable"
 )
 
 // responseName names the response of each status.
 func responseName(status int) string {
 	switch status {
 	case http.StatusBadRequest:
-		return ResponseBadRequest
+		return responseBadRequest
 	case http.StatusConflict:
-		return ResponseConflict
+		return responseConflict
 	case http.StatusRequestEntityTooLarge:
-		return ResponseTooLarge
+		return responseTooLarge
 	case http.StatusUnprocessableEntity:
-		return ResponseMismatch
+		return responseMismatch
 	}
-	return ResponseUnavailable
+	return responseUnavailable
 }
 
 type object = map[string]any
 
 func ref(kind, name string) object { return object{"$ref": "#/components/" + kind + "/" + name} }
 
-// Document returns the fragment as an OpenAPI document: components only,
+// document returns the fragment as an OpenAPI document: components only,
 // with no paths of its own, for an API's specification to refer to.
-func Document() map[string]any {
+func document() map[string]any {
 	keySchema := object{
 		"type": "string", "minLength": 1, "maxLength": 2 + 2*keyfield.MaxLen, "pattern": KeyPattern,
 		"example": "8e03978e-40d5-43e8-bc93-6894a57f9324",
@@ -203,7 +211,7 @@ func Document() map[string]any {
 			h["Retry-After"] = ref("headers", "RetryAfter")
 		}
 		if unknown {
-			h[server.HeaderOutcome] = ref("headers", "IdempotentOutcome")
+			h[engine.HeaderOutcome] = ref("headers", "IdempotentOutcome")
 		}
 		responses[responseName(status)] = object{
 			"description": http.StatusText(status) + ", answered by the idempotency layer:" + desc,
@@ -212,7 +220,7 @@ func Document() map[string]any {
 		}
 	}
 	return object{
-		"openapi": Version,
+		"openapi": version,
 		"info": object{
 			"title":   "Idempotency-Key protocol",
 			"version": "1",
@@ -239,11 +247,13 @@ func Document() map[string]any {
 	}
 }
 
-// JSON returns Document as indented JSON, the content of idempotency.json.
+// JSON returns the fragment, an OpenAPI 3.0.3 document of components only,
+// with no paths of its own, as indented JSON: the content of
+// idempotency.json.
 func JSON() []byte {
-	b, err := json.MarshalIndent(Document(), "", "  ")
+	b, err := json.MarshalIndent(document(), "", "  ")
 	if err != nil {
-		// Document holds strings, numbers, slices and maps only.
+		// The document holds strings, numbers, slices and maps only.
 		return nil
 	}
 	return append(b, '\n')

@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/internal/keyfield"
 	"github.com/idemkit/idempotency/internal/testkit/faultstore"
 	"github.com/idemkit/idempotency/server"
@@ -55,7 +56,7 @@ func load(t *testing.T) *openapi3.T {
 func TestValid(t *testing.T) {
 	doc := load(t)
 	require.NoError(t, doc.Validate(t.Context()))
-	assert.Equal(t, openapi.Version, doc.OpenAPI)
+	assert.Equal(t, "3.0.3", doc.OpenAPI)
 
 	p := doc.Components.Parameters["IdempotencyKey"]
 	require.NotNil(t, p)
@@ -66,7 +67,7 @@ func TestValid(t *testing.T) {
 	for _, name := range []string{"IdempotencyKey", "IdempotentReplayed", "IdempotentBodyOmitted", "RetryAfter", "IdempotentOutcome", "CacheControl"} {
 		assert.Contains(t, doc.Components.Headers, name)
 	}
-	for _, name := range []string{openapi.ResponseBadRequest, openapi.ResponseConflict, openapi.ResponseTooLarge, openapi.ResponseMismatch, openapi.ResponseUnavailable} {
+	for _, name := range []string{"IdempotencyBadRequest", "IdempotencyConflict", "IdempotencyBodyTooLarge", "IdempotencyKeyMismatch", "IdempotencyUnavailable"} {
 		r := doc.Components.Responses[name]
 		if assert.NotNil(t, r, name) {
 			assert.NotNil(t, r.Value.Content.Get("application/problem+json"), name)
@@ -218,7 +219,7 @@ func TestMiddlewareAnswersMatch(t *testing.T) {
 
 // protocolHeaders are the response headers that the middleware sets on the
 // answers it writes itself.
-var protocolHeaders = []string{server.HeaderKey, "Retry-After", server.HeaderOutcome, "Cache-Control", server.HeaderReplayed}
+var protocolHeaders = []string{server.HeaderKey, "Retry-After", engine.HeaderOutcome, "Cache-Control", server.HeaderReplayed}
 
 // headerValue is v as its schema types it.
 func headerValue(schema *openapi3.Schema, v string) any {
@@ -232,10 +233,10 @@ func headerValue(schema *openapi3.Schema, v string) any {
 
 // outcomeUnknown provokes the "outcome unknown" answer: a retry, under
 // RefuseAbandoned, of a request whose holder was lost.
-func outcomeUnknown(t *testing.T, store server.Store) answer {
+func outcomeUnknown(t *testing.T, store engine.Store) answer {
 	t.Helper()
 	mw, err := server.New(store,
-		server.WithAbandoned(server.RefuseAbandoned),
+		server.WithConfig(engine.Config{Abandoned: engine.RefuseAbandoned}),
 		server.WithScope(func(*http.Request) (string, error) { return "tenant", nil }),
 		server.WithFingerprint(func(*http.Request, []byte) (string, error) { return "fingerprint", nil }))
 	require.NoError(t, err)
@@ -243,14 +244,14 @@ func outcomeUnknown(t *testing.T, store server.Store) answer {
 		w.WriteHeader(http.StatusCreated)
 	})))
 	t.Cleanup(srv.Close)
-	id := server.ID{Scope: "tenant", Key: "lost"}
+	id := engine.ID{Scope: "tenant", Key: "lost"}
 	c, err := store.Claim(t.Context(), id, "fingerprint", time.Millisecond, time.Hour)
 	require.NoError(t, err)
-	require.Equal(t, server.Acquired, c.Status)
+	require.Equal(t, engine.Acquired, c.Status)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		a := do(t, srv, []string{"lost"}, "{}")
-		if a.header.Get(server.HeaderOutcome) != "" {
+		if a.header.Get(engine.HeaderOutcome) != "" {
 			return a
 		}
 		require.Equal(t, http.StatusConflict, a.status, "%s", a.body)

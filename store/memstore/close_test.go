@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/server"
 	"github.com/idemkit/idempotency/store/memstore"
 )
@@ -23,17 +24,17 @@ func TestCloseEndsEveryCall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	id := server.ID{Key: "held"}
+	id := engine.ID{Key: "held"}
 	c, err := s.Claim(ctx, id, "fp", time.Hour, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
-	done := server.ID{Key: "done"}
+	done := engine.ID{Key: "done"}
 	d, err := s.Claim(ctx, done, "fp", time.Hour, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Complete(ctx, done, d.Token, &server.Response{Status: http.StatusCreated}, time.Hour); err != nil {
+	if err := s.Complete(ctx, done, d.Token, &engine.Response{Status: http.StatusCreated}, time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Close(); err != nil {
@@ -47,7 +48,7 @@ func TestCloseEndsEveryCall(t *testing.T) {
 		err       error
 		leaseLost bool
 	}{
-		{"Complete", s.Complete(ctx, id, c.Token, &server.Response{Status: http.StatusCreated}, time.Hour), true},
+		{"Complete", s.Complete(ctx, id, c.Token, &engine.Response{Status: http.StatusCreated}, time.Hour), true},
 		{"Release", s.Release(ctx, id, c.Token), true},
 		{"Extend", s.Extend(ctx, id, c.Token, time.Hour), true},
 		{"Claim", func() error { _, err := s.Claim(ctx, id, "fp", time.Hour, time.Hour); return err }(), false},
@@ -57,11 +58,11 @@ func TestCloseEndsEveryCall(t *testing.T) {
 		if !errors.Is(tc.err, memstore.ErrClosed) {
 			t.Errorf("%s after Close error = %v, want ErrClosed", tc.op, tc.err)
 		}
-		if got := errors.Is(tc.err, server.ErrLeaseLost); got != tc.leaseLost {
+		if got := errors.Is(tc.err, engine.ErrLeaseLost); got != tc.leaseLost {
 			t.Errorf("%s after Close error = %v: wraps ErrLeaseLost = %v, want %v", tc.op, tc.err, got, tc.leaseLost)
 		}
 	}
-	if got, want := s.Complete(ctx, id, c.Token, &server.Response{}, time.Hour).Error(), "memstore: complete: idempotency store closed: idempotency lease lost"; got != want {
+	if got, want := s.Complete(ctx, id, c.Token, &engine.Response{}, time.Hour).Error(), "memstore: complete: idempotency store closed: idempotency lease lost"; got != want {
 		t.Errorf("Complete after Close error = %q, want %q", got, want)
 	}
 }
@@ -75,16 +76,13 @@ func TestCloseWhileRequestsRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	events := make(chan server.Event, 8)
+	events := make(chan engine.Event, 8)
 	mw, err := server.New(s,
-		server.WithLease(time.Hour),
-		server.WithStoreTimeout(time.Hour),
-		server.WithLogger(slog.New(slog.DiscardHandler)),
-		server.WithObserver(func(_ context.Context, e server.Event) {
-			if e.Kind != server.EventAcquired {
+		server.WithConfig(engine.Config{Lease: time.Hour, StoreTimeout: time.Hour, Logger: slog.New(slog.DiscardHandler), Observer: func(_ context.Context, e engine.Event) {
+			if e.Kind != engine.EventAcquired {
 				events <- e
 			}
-		}),
+		}}),
 	)
 	if err != nil {
 		t.Fatal(err)
@@ -143,7 +141,7 @@ func TestCloseWhileRequestsRun(t *testing.T) {
 	}
 	select {
 	case e := <-events:
-		if e.Kind != server.EventNotStored || !errors.Is(e.Err, memstore.ErrClosed) {
+		if e.Kind != engine.EventNotStored || !errors.Is(e.Err, memstore.ErrClosed) {
 			t.Errorf("event of the request running at Close = %v, %v; want not stored, ErrClosed", e.Kind, e.Err)
 		}
 	case <-time.After(bound):

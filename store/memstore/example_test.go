@@ -7,7 +7,7 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/store/memstore"
 )
 
@@ -23,7 +23,7 @@ func Example() {
 	defer store.Close()
 
 	ctx := context.Background()
-	id := server.ID{Scope: "account:acct_42", Key: "order-7"}
+	id := engine.ID{Scope: "account:acct_42", Key: "order-7"}
 	const lease, ttl = 30 * time.Second, 24 * time.Hour
 
 	// The first request claims the key and runs.
@@ -39,7 +39,7 @@ func Example() {
 	fmt.Println("during:", during.Status)
 
 	// The first request completes with its response, under its token.
-	resp := &server.Response{
+	resp := &engine.Response{
 		Status: http.StatusCreated,
 		Header: http.Header{"Content-Type": {"application/json"}},
 		Body:   []byte(`{"order":7}`),
@@ -77,7 +77,7 @@ func ExampleWithMaxRecords() {
 
 	ctx := context.Background()
 	for _, key := range []string{"a", "b", "c"} {
-		_, err := store.Claim(ctx, server.ID{Key: key}, "fp", time.Minute, time.Hour)
+		_, err := store.Claim(ctx, engine.ID{Key: key}, "fp", time.Minute, time.Hour)
 		fmt.Printf("%s: full=%v\n", key, errors.Is(err, memstore.ErrFull))
 	}
 	// Output:
@@ -97,13 +97,13 @@ func ExampleWithMaxBytes() {
 	defer store.Close()
 
 	ctx := context.Background()
-	id := server.ID{Key: "report-1"}
+	id := engine.ID{Key: "report-1"}
 	c, err := store.Claim(ctx, id, "fp", time.Minute, time.Hour)
 	if err != nil {
 		fmt.Println(err)
 		return
 	}
-	big := &server.Response{Status: http.StatusOK, Body: make([]byte, 4<<10)}
+	big := &engine.Response{Status: http.StatusOK, Body: make([]byte, 4<<10)}
 	if err := store.Complete(ctx, id, c.Token, big, time.Hour); err != nil {
 		fmt.Println(err)
 		return
@@ -127,13 +127,13 @@ func ExampleStore_Resolve() {
 	}
 	defer store.Close()
 	ctx := context.Background()
-	id := server.ID{Scope: "account:acct_42", Key: "order-8"}
+	id := engine.ID{Scope: "account:acct_42", Key: "order-8"}
 
 	// The first holder's process dies: its lease, short here, runs out.
 	first, _ := store.Claim(ctx, id, "fp", time.Nanosecond, time.Hour)
 	fmt.Println("first:", first.Status, "abandoned before it:", first.Abandoned)
-	var retry server.Claim
-	for retry.Status != server.Acquired {
+	var retry engine.Claim
+	for retry.Status != engine.Acquired {
 		retry, _ = store.Claim(ctx, id, "fp", time.Minute, time.Hour)
 	}
 	fmt.Println("retry:", retry.Status, "abandoned before it:", retry.Abandoned)
@@ -145,14 +145,14 @@ func ExampleStore_Resolve() {
 	}
 	fmt.Println("lookup: completed", rec.Completed, "abandoned", rec.Abandoned, "lease ends after creation:", rec.LeaseEnds.After(rec.Created))
 
-	done := &server.Response{Status: http.StatusCreated, Body: []byte(`{"order":8}`)}
+	done := &engine.Response{Status: http.StatusCreated, Body: []byte(`{"order":8}`)}
 	if err := store.Resolve(ctx, id, done, 24*time.Hour); err != nil {
 		fmt.Println(err)
 		return
 	}
 	// The retry still running is fenced off; later retries get the answer.
 	err = store.Complete(ctx, id, retry.Token, done, time.Hour)
-	fmt.Println("retry's Complete refused:", errors.Is(err, server.ErrLeaseLost))
+	fmt.Println("retry's Complete refused:", errors.Is(err, engine.ErrLeaseLost))
 	after, _ := store.Claim(ctx, id, "fp", time.Minute, time.Hour)
 	fmt.Println("after:", after.Status, after.Response.Status, string(after.Response.Body))
 	// Output:

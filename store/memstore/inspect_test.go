@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/store/memstore"
 )
 
@@ -20,7 +20,7 @@ func TestLookupWallClock(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	id := server.ID{Key: "k"}
+	id := engine.ID{Key: "k"}
 	before := time.Now()
 	if _, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour); err != nil {
 		t.Fatal(err)
@@ -59,15 +59,15 @@ func TestSweepKeepsRecordsThatNeverExpire(t *testing.T) {
 	}
 	defer s.Close()
 	const forever = time.Duration(math.MaxInt64)
-	kept := server.ID{Key: "kept"}
+	kept := engine.ID{Key: "kept"}
 	c, err := s.Claim(ctx, kept, "fp", time.Minute, forever)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Complete(ctx, kept, c.Token, &server.Response{Status: http.StatusCreated}, forever); err != nil {
+	if err := s.Complete(ctx, kept, c.Token, &engine.Response{Status: http.StatusCreated}, forever); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Claim(ctx, server.ID{Key: "gone"}, "fp", time.Nanosecond, time.Nanosecond); err != nil {
+	if _, err := s.Claim(ctx, engine.ID{Key: "gone"}, "fp", time.Nanosecond, time.Nanosecond); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.After(10 * time.Second)
@@ -80,7 +80,7 @@ func TestSweepKeepsRecordsThatNeverExpire(t *testing.T) {
 		case <-tick.C:
 		}
 	}
-	if got, err := s.Claim(ctx, kept, "fp", time.Minute, forever); err != nil || got.Status != server.Completed {
+	if got, err := s.Claim(ctx, kept, "fp", time.Minute, forever); err != nil || got.Status != engine.Completed {
 		t.Fatalf("Claim of the record with the largest TTL after a sweep = %v, %v; want completed", got.Status, err)
 	}
 }
@@ -95,20 +95,20 @@ func TestResolveAtByteBound(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	id := server.ID{Key: "k"}
+	id := engine.ID{Key: "k"}
 	c, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Complete(ctx, id, c.Token, &server.Response{Status: http.StatusCreated, Body: make([]byte, 1024)}, time.Hour); err != nil {
+	if err := s.Complete(ctx, id, c.Token, &engine.Response{Status: http.StatusCreated, Body: make([]byte, 1024)}, time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	big := &server.Response{Status: http.StatusOK, Header: http.Header{"Location": {"/orders/1"}}, Body: make([]byte, 2*bound)}
+	big := &engine.Response{Status: http.StatusOK, Header: http.Header{"Location": {"/orders/1"}}, Body: make([]byte, 2*bound)}
 	if err := s.Resolve(ctx, id, big, time.Hour); err != nil {
 		t.Fatalf("Resolve beyond the byte bound error = %v", err)
 	}
 	got, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
-	if err != nil || got.Status != server.Completed {
+	if err != nil || got.Status != engine.Completed {
 		t.Fatalf("Claim after Resolve = %v, %v; want completed", got.Status, err)
 	}
 	if !got.Response.BodyOmitted || len(got.Response.Body) != 0 || got.Response.Status != http.StatusOK || http.Header(got.Response.Header).Get("Location") != "/orders/1" {

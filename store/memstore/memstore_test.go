@@ -12,7 +12,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/store/memstore"
 	"github.com/idemkit/idempotency/store/storetest"
 )
@@ -20,7 +20,7 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestConformance(t *testing.T) {
-	storetest.Run(t, func(t *testing.T) server.Store {
+	storetest.Run(t, func(t *testing.T) engine.Store {
 		s, err := memstore.New()
 		if err != nil {
 			t.Fatal(err)
@@ -37,30 +37,30 @@ func TestRecordBound(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	var tokens []server.Token
+	var tokens []engine.Token
 	for i := range 10 {
-		c, err := s.Claim(ctx, server.ID{Key: strconv.Itoa(i)}, "fp", time.Minute, time.Hour)
-		if err != nil || c.Status != server.Acquired {
+		c, err := s.Claim(ctx, engine.ID{Key: strconv.Itoa(i)}, "fp", time.Minute, time.Hour)
+		if err != nil || c.Status != engine.Acquired {
 			t.Fatalf("Claim %d = %v, %v; want acquired", i, c.Status, err)
 		}
 		tokens = append(tokens, c.Token)
 	}
-	_, err = s.Claim(ctx, server.ID{Key: "one too many"}, "fp", time.Minute, time.Hour)
+	_, err = s.Claim(ctx, engine.ID{Key: "one too many"}, "fp", time.Minute, time.Hour)
 	if !errors.Is(err, memstore.ErrFull) {
 		t.Fatalf("Claim beyond the bound error = %v, want ErrFull", err)
 	}
 	// Every live record is still there: none was evicted.
 	for i := range 10 {
-		c, err := s.Claim(ctx, server.ID{Key: strconv.Itoa(i)}, "fp", time.Minute, time.Hour)
-		if err != nil || c.Status != server.InFlight {
+		c, err := s.Claim(ctx, engine.ID{Key: strconv.Itoa(i)}, "fp", time.Minute, time.Hour)
+		if err != nil || c.Status != engine.InFlight {
 			t.Fatalf("Claim %d at the bound = %v, %v; want in flight", i, c.Status, err)
 		}
 	}
 	// Releasing one makes room for one.
-	if err := s.Release(ctx, server.ID{Key: "0"}, tokens[0]); err != nil {
+	if err := s.Release(ctx, engine.ID{Key: "0"}, tokens[0]); err != nil {
 		t.Fatal(err)
 	}
-	if c, err := s.Claim(ctx, server.ID{Key: "new"}, "fp", time.Minute, time.Hour); err != nil || c.Status != server.Acquired {
+	if c, err := s.Claim(ctx, engine.ID{Key: "new"}, "fp", time.Minute, time.Hour); err != nil || c.Status != engine.Acquired {
 		t.Fatalf("Claim after a release = %v, %v; want acquired", c.Status, err)
 	}
 	if got := s.Len(); got != 10 {
@@ -75,14 +75,14 @@ func TestExpiredRecordsMakeRoom(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	c, err := s.Claim(ctx, server.ID{Key: "a"}, "fp", time.Millisecond, time.Millisecond)
-	if err != nil || c.Status != server.Acquired {
+	c, err := s.Claim(ctx, engine.ID{Key: "a"}, "fp", time.Millisecond, time.Millisecond)
+	if err != nil || c.Status != engine.Acquired {
 		t.Fatalf("Claim = %v, %v", c.Status, err)
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		c, err := s.Claim(ctx, server.ID{Key: "b"}, "fp", time.Minute, time.Hour)
-		if err == nil && c.Status == server.Acquired {
+		c, err := s.Claim(ctx, engine.ID{Key: "b"}, "fp", time.Minute, time.Hour)
+		if err == nil && c.Status == engine.Acquired {
 			break
 		}
 		if !errors.Is(err, memstore.ErrFull) || time.Now().After(deadline) {
@@ -98,17 +98,17 @@ func TestByteBoundKeepsRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	id := server.ID{Key: "big"}
+	id := engine.ID{Key: "big"}
 	c, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp := &server.Response{Status: http.StatusCreated, Header: http.Header{"Location": {"/orders/7"}}, Body: make([]byte, 128<<10)}
+	resp := &engine.Response{Status: http.StatusCreated, Header: http.Header{"Location": {"/orders/7"}}, Body: make([]byte, 128<<10)}
 	if err := s.Complete(ctx, id, c.Token, resp, time.Hour); err != nil {
 		t.Fatalf("Complete beyond the byte bound error = %v", err)
 	}
 	got, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
-	if err != nil || got.Status != server.Completed {
+	if err != nil || got.Status != engine.Completed {
 		t.Fatalf("Claim after Complete = %v, %v; want completed", got.Status, err)
 	}
 	if !got.Response.BodyOmitted || len(got.Response.Body) != 0 {
@@ -133,17 +133,17 @@ func TestHeadersBeyondByteBound(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	id := server.ID{Key: "k"}
+	id := engine.ID{Key: "k"}
 	c, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp := &server.Response{Status: http.StatusCreated, Header: http.Header{"X-Big": {string(make([]byte, 2*bound))}}, Body: []byte("x")}
+	resp := &engine.Response{Status: http.StatusCreated, Header: http.Header{"X-Big": {string(make([]byte, 2*bound))}}, Body: []byte("x")}
 	if err := s.Complete(ctx, id, c.Token, resp, time.Hour); err != nil {
 		t.Fatalf("Complete with headers beyond the byte bound error = %v", err)
 	}
 	got, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
-	if err != nil || got.Status != server.Completed {
+	if err != nil || got.Status != engine.Completed {
 		t.Fatalf("Claim after Complete = %v, %v; want completed", got.Status, err)
 	}
 	if got.Response.Status != http.StatusCreated || !got.Response.BodyOmitted || len(got.Response.Header) != 0 || len(got.Response.Body) != 0 {
@@ -169,12 +169,12 @@ func TestClaimsCountTowardByteBound(t *testing.T) {
 	acquired := 0
 	var full error
 	for i := range 200 {
-		c, err := s.Claim(ctx, server.ID{Key: key + fmt.Sprintf("%03d", i)}, "fp", time.Minute, time.Hour)
+		c, err := s.Claim(ctx, engine.ID{Key: key + fmt.Sprintf("%03d", i)}, "fp", time.Minute, time.Hour)
 		if err != nil {
 			full = err
 			break
 		}
-		if c.Status != server.Acquired {
+		if c.Status != engine.Acquired {
 			t.Fatalf("Claim %d = %v, want acquired", i, c.Status)
 		}
 		acquired++
@@ -198,7 +198,7 @@ func TestSweep(t *testing.T) {
 	}
 	defer s.Close()
 	for i := range 100 {
-		if _, err := s.Claim(ctx, server.ID{Key: strconv.Itoa(i)}, "fp", time.Millisecond, time.Millisecond); err != nil {
+		if _, err := s.Claim(ctx, engine.ID{Key: strconv.Itoa(i)}, "fp", time.Millisecond, time.Millisecond); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -225,7 +225,7 @@ func TestClose(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatalf("second Close error = %v", err)
 	}
-	if _, err := s.Claim(context.Background(), server.ID{Key: "k"}, "fp", time.Minute, time.Hour); !errors.Is(err, memstore.ErrClosed) {
+	if _, err := s.Claim(context.Background(), engine.ID{Key: "k"}, "fp", time.Minute, time.Hour); !errors.Is(err, memstore.ErrClosed) {
 		t.Errorf("Claim after Close error = %v, want ErrClosed", err)
 	}
 }
@@ -239,14 +239,14 @@ func BenchmarkClaimComplete(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer s.Close()
-	resp := &server.Response{Status: http.StatusCreated, Body: make([]byte, 1024)}
+	resp := &engine.Response{Status: http.StatusCreated, Body: make([]byte, 1024)}
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		i := 0
 		prefix := fmt.Sprintf("%p", pb)
 		for pb.Next() {
 			i++
-			id := server.ID{Scope: prefix, Key: strconv.Itoa(i)}
+			id := engine.ID{Scope: prefix, Key: strconv.Itoa(i)}
 			c, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
 			if err != nil {
 				b.Fatal(err)
@@ -288,10 +288,10 @@ func TestErrorText(t *testing.T) {
 	}
 	defer s.Close()
 	ctx := context.Background()
-	if _, err := s.Claim(ctx, server.ID{Key: "a"}, "fp", time.Minute, time.Hour); err != nil {
+	if _, err := s.Claim(ctx, engine.ID{Key: "a"}, "fp", time.Minute, time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	_, err = s.Claim(ctx, server.ID{Key: "b"}, "fp", time.Minute, time.Hour)
+	_, err = s.Claim(ctx, engine.ID{Key: "b"}, "fp", time.Minute, time.Hour)
 	if got, want := fmt.Sprint(err), "memstore: claim: store full"; got != want {
 		t.Errorf("error = %q, want %q", got, want)
 	}

@@ -18,7 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/store/pgstore"
 )
 
@@ -35,8 +35,8 @@ var benchModes = []struct {
 	{"tx", []pgstore.Option{pgstore.WithTransactions()}},
 }
 
-func benchResponse() *server.Response {
-	return &server.Response{
+func benchResponse() *engine.Response {
+	return &engine.Response{
 		Status: http.StatusCreated,
 		Header: http.Header{"Content-Type": {"application/json"}, "Location": {"/orders/1"}},
 		Body:   bytes.Repeat([]byte("x"), 1024),
@@ -78,9 +78,9 @@ func BenchmarkClaimComplete(b *testing.B) {
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
-					id := server.ID{Scope: "bench", Key: prefix + strconv.FormatInt(n.Add(1), 10)}
+					id := engine.ID{Scope: "bench", Key: prefix + strconv.FormatInt(n.Add(1), 10)}
 					c, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
-					if err != nil || c.Status != server.Acquired {
+					if err != nil || c.Status != engine.Acquired {
 						b.Errorf("Claim = %v, %v", c.Status, err)
 						return
 					}
@@ -114,7 +114,7 @@ func BenchmarkReplay(b *testing.B) {
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
 					c, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
-					if err != nil || c.Status != server.Completed {
+					if err != nil || c.Status != engine.Completed {
 						b.Errorf("Claim = %v, %v", c.Status, err)
 						return
 					}
@@ -220,11 +220,11 @@ func claimLoad(t *testing.T, ctx context.Context, s *pgstore.Store, workers int,
 					return
 				default:
 				}
-				id := server.ID{Scope: "load", Key: prefix + strconv.FormatInt(keyNo.Add(1), 10)}
+				id := engine.ID{Scope: "load", Key: prefix + strconv.FormatInt(keyNo.Add(1), 10)}
 				start := time.Now()
 				c, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
 				mid := time.Now()
-				if err != nil || c.Status != server.Acquired {
+				if err != nil || c.Status != engine.Acquired {
 					t.Errorf("Claim = %v, %v", c.Status, err)
 					continue
 				}
@@ -271,7 +271,7 @@ func BenchmarkExecModes(b *testing.B) {
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
 					c, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
-					if err != nil || c.Status != server.Completed {
+					if err != nil || c.Status != engine.Completed {
 						b.Errorf("Claim = %v, %v", c.Status, err)
 						return
 					}

@@ -10,11 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
-
-	"github.com/idemkit/idempotency/server"
 )
 
 // backends records the PostgreSQL backend of each connection of a pool, to
@@ -84,7 +83,7 @@ func BenchmarkBackendCPU(b *testing.B) {
 				c.AfterConnect = bs.afterConnect
 			})
 			s, table := newStore(b, pool)
-			id := server.ID{Scope: "bench", Key: "replayed"}
+			id := engine.ID{Scope: "bench", Key: "replayed"}
 			tok := acquire(b, ctx, s, id, "fp")
 			require.NoError(b, s.Complete(ctx, id, tok, benchResponse(), time.Hour))
 			prefix := uniqueName(b, "k")
@@ -154,14 +153,14 @@ func reportHOT(b *testing.B, ctx context.Context, pool *pgxpool.Pool, table stri
 }
 
 // benchOp is one operation of BenchmarkBackendCPU, on a new key.
-type benchOp func(b *testing.B, ctx context.Context, s server.Store, pool *pgxpool.Pool, table, key string)
+type benchOp func(b *testing.B, ctx context.Context, s engine.Store, pool *pgxpool.Pool, table, key string)
 
 // runFirst is a first execution: Claim of a new key, then Complete with a
 // 1 KiB response.
-func runFirst(b *testing.B, ctx context.Context, s server.Store, _ *pgxpool.Pool, _, key string) {
-	id := server.ID{Scope: "bench", Key: key}
+func runFirst(b *testing.B, ctx context.Context, s engine.Store, _ *pgxpool.Pool, _, key string) {
+	id := engine.ID{Scope: "bench", Key: key}
 	c, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
-	if err != nil || c.Status != server.Acquired {
+	if err != nil || c.Status != engine.Acquired {
 		b.Errorf("Claim = %v, %v", c.Status, err)
 		return
 	}
@@ -172,7 +171,7 @@ func runFirst(b *testing.B, ctx context.Context, s server.Store, _ *pgxpool.Pool
 
 // runMinimal does a first execution's job in the fewest statements:
 // INSERT … ON CONFLICT DO NOTHING, then UPDATE.
-func runMinimal(b *testing.B, ctx context.Context, _ server.Store, pool *pgxpool.Pool, table, key string) {
+func runMinimal(b *testing.B, ctx context.Context, _ engine.Store, pool *pgxpool.Pool, table, key string) {
 	t := pgx.Identifier{table}.Sanitize()
 	resp := benchResponse()
 	var token int64
@@ -191,9 +190,9 @@ func runMinimal(b *testing.B, ctx context.Context, _ server.Store, pool *pgxpool
 }
 
 // runReplay is a Claim of a completed key.
-func runReplay(b *testing.B, ctx context.Context, s server.Store, _ *pgxpool.Pool, _, _ string) {
-	c, err := s.Claim(ctx, server.ID{Scope: "bench", Key: "replayed"}, "fp", time.Minute, time.Hour)
-	if err != nil || c.Status != server.Completed {
+func runReplay(b *testing.B, ctx context.Context, s engine.Store, _ *pgxpool.Pool, _, _ string) {
+	c, err := s.Claim(ctx, engine.ID{Scope: "bench", Key: "replayed"}, "fp", time.Minute, time.Hour)
+	if err != nil || c.Status != engine.Completed {
 		b.Errorf("Claim = %v, %v", c.Status, err)
 	}
 }

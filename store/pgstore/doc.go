@@ -1,4 +1,4 @@
-// Package pgstore is an engine.Store (server.Store) in PostgreSQL, on pgx v5, for an API that
+// Package pgstore is an engine.Store (engine.Store) in PostgreSQL, on pgx v5, for an API that
 // runs as several instances: they share one table, and one atomic statement
 // decides which of several concurrent requests with the same key runs.
 //
@@ -35,11 +35,11 @@
 //
 // A Claim that takes over a lease whose holder never completed or released
 // it (it died, hung, or lost the database) reports how many holders were
-// lost before it, in server.Claim.Abandoned: the handler may find its own
-// effect already done. [Store.Lookup] and [Store.Resolve] (server.Inspector)
+// lost before it, in engine.Claim.Abandoned: the handler may find its own
+// effect already done. [Store.Lookup] and [Store.Resolve] (engine.Inspector)
 // let an operator see such a record and settle it by hand. A response that
 // PostgreSQL can never store (over a gigabyte, or refused for one of its
-// limits) fails Complete with an error wrapping server.ErrNotStorable, on
+// limits) fails Complete with an error wrapping engine.ErrNotStorable, on
 // which the middleware records the request as done without its body.
 //
 // # Transactional mode
@@ -73,9 +73,9 @@
 // idle longer than the idle timeout (WithIdleTimeout), as it does one whose
 // backend an operator terminates or whose connection breaks, and the next
 // request with the key then runs. The Store watches for it: the context that
-// Bind returned is cancelled, with a cause wrapping server.ErrLeaseLost,
+// Bind returned is cancelled, with a cause wrapping engine.ErrLeaseLost,
 // within a quarter of the idle timeout (between 25 ms and a second), and
-// Extend fails with server.ErrLeaseLost. A handler must look at its context
+// Extend fails with engine.ErrLeaseLost. A handler must look at its context
 // before an effect outside the database, as under any lease.
 //
 // Transactional mode asks more of the application (a pool sized for a
@@ -84,12 +84,12 @@
 // schema (Schema returns the SQL; Migrate applies it under an advisory
 // lock), the sweep of expired records (Sweep, or WithSweeper's background
 // sweeper, stopped by Close), the queries that report how many records the
-// table holds and how many bytes they take (for metrics, such as an
-// idemotel.StoreSize), what errors mean, and, under "Operating it", what
-// to set on the server and in front of it (poolers, timeouts, read-only
-// servers, plans). In short: errors start with "pgstore:", an error
-// wrapping server.ErrLeaseLost means the token is not the record's current
-// one, one wrapping server.ErrNotStorable that the response can never be
+// table holds and how many bytes they take (for metrics, such as the
+// function given to idemotel.RegisterStoreSize), what errors mean, and,
+// under "Operating it", what to set on the server and in front of it
+// (poolers, timeouts, read-only servers, plans). In short: errors start with "pgstore:", an error
+// wrapping engine.ErrLeaseLost means the token is not the record's current
+// one, one wrapping engine.ErrNotStorable that the response can never be
 // stored, and every other error is a store failure, which the middleware
 // answers with 503.
 package pgstore

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/server"
 	"github.com/idemkit/idempotency/store/pgstore"
 )
@@ -123,9 +124,9 @@ func ExampleSchema() {
 func ExampleStore_Resolve() {
 	var store *pgstore.Store // the application's
 	ctx := context.Background()
-	id := server.ID{Scope: "tenant-42", Key: "order-123"}
+	id := engine.ID{Scope: "tenant-42", Key: "order-123"}
 	rec, err := store.Lookup(ctx, id)
-	if errors.Is(err, server.ErrNotFound) {
+	if errors.Is(err, engine.ErrNotFound) {
 		fmt.Println("no record: the next request with the key runs")
 		return
 	}
@@ -137,7 +138,7 @@ func ExampleStore_Resolve() {
 		return
 	}
 	// The order was found in the business database: record it as done.
-	done := &server.Response{
+	done := &engine.Response{
 		Status: http.StatusCreated,
 		Header: http.Header{"Content-Type": {"application/json"}},
 		Body:   []byte(`{"order":123}`),

@@ -13,8 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/internal/testkit/servicetest"
-	"github.com/idemkit/idempotency/server"
 	"github.com/idemkit/idempotency/store/pgstore"
 )
 
@@ -106,20 +106,20 @@ func dropOnCleanup(t testing.TB, pool *pgxpool.Pool, table string) {
 	})
 }
 
-func scopeID(key string) server.ID {
-	return server.ID{Scope: "pgstore-test", Key: key}
+func scopeID(key string) engine.ID {
+	return engine.ID{Scope: "pgstore-test", Key: key}
 }
 
-func acquire(t testing.TB, ctx context.Context, s server.Store, id server.ID, fp string) server.Token {
+func acquire(t testing.TB, ctx context.Context, s engine.Store, id engine.ID, fp string) engine.Token {
 	t.Helper()
 	c, err := s.Claim(ctx, id, fp, time.Minute, time.Hour)
 	require.NoError(t, err)
-	require.Equal(t, server.Acquired, c.Status, "Claim(%v) status", id)
+	require.Equal(t, engine.Acquired, c.Status, "Claim(%v) status", id)
 	return c.Token
 }
 
-func created(body string) *server.Response {
-	return &server.Response{
+func created(body string) *engine.Response {
+	return &engine.Response{
 		Status: http.StatusCreated,
 		Header: http.Header{"Content-Type": {"application/json"}},
 		Body:   []byte(body),

@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/store/pgstore"
 )
 
@@ -21,12 +21,12 @@ func TestClaimCountsAbandonedHolders(t *testing.T) {
 	for want := range 3 {
 		c, err := s.Claim(ctx, id, "fp", time.Nanosecond, time.Hour)
 		require.NoError(t, err)
-		require.Equal(t, server.Acquired, c.Status, "claim %d", want)
+		require.Equal(t, engine.Acquired, c.Status, "claim %d", want)
 		assert.Equal(t, want, c.Abandoned, "claim %d", want)
 	}
 	other, err := s.Claim(ctx, id, "another request", time.Nanosecond, time.Hour)
 	require.NoError(t, err)
-	assert.Equal(t, server.InFlight, other.Status, "another request on an abandoned lease")
+	assert.Equal(t, engine.InFlight, other.Status, "another request on an abandoned lease")
 	assert.Zero(t, other.RetryAfter)
 
 	c, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
@@ -37,7 +37,7 @@ func TestClaimCountsAbandonedHolders(t *testing.T) {
 	require.NoError(t, s.Release(ctx, id, c.Token))
 	c, err = s.Claim(ctx, id, "fp", time.Minute, time.Hour)
 	require.NoError(t, err)
-	assert.Equal(t, server.Acquired, c.Status)
+	assert.Equal(t, engine.Acquired, c.Status)
 	assert.Equal(t, 3, c.Abandoned, "after a release")
 
 	// An expired record starts again at 0.
@@ -48,7 +48,7 @@ func TestClaimCountsAbandonedHolders(t *testing.T) {
 	}
 	c, err = s.Claim(ctx, expired, "fp", time.Minute, time.Hour)
 	require.NoError(t, err)
-	assert.Equal(t, server.Acquired, c.Status)
+	assert.Equal(t, engine.Acquired, c.Status)
 	assert.Zero(t, c.Abandoned, "after the record expired")
 }
 
@@ -58,7 +58,7 @@ func TestLookup(t *testing.T) {
 	id := scopeID("looked-up")
 
 	_, err := s.Lookup(ctx, id)
-	assert.ErrorIs(t, err, server.ErrNotFound, "never claimed")
+	assert.ErrorIs(t, err, engine.ErrNotFound, "never claimed")
 
 	first, err := s.Claim(ctx, id, "fp", time.Nanosecond, time.Hour)
 	require.NoError(t, err)
@@ -94,24 +94,24 @@ func TestLookup(t *testing.T) {
 	released := scopeID("released")
 	require.NoError(t, s.Release(ctx, released, acquire(t, ctx, s, released, "fp")))
 	_, err = s.Lookup(ctx, released)
-	assert.ErrorIs(t, err, server.ErrNotFound, "released")
+	assert.ErrorIs(t, err, engine.ErrNotFound, "released")
 
 	expired := scopeID("expired")
 	_, err = s.Claim(ctx, expired, "fp", time.Nanosecond, time.Nanosecond)
 	require.NoError(t, err)
 	_, err = s.Lookup(ctx, expired)
-	assert.ErrorIs(t, err, server.ErrNotFound, "expired")
+	assert.ErrorIs(t, err, engine.ErrNotFound, "expired")
 }
 
 func TestResolve(t *testing.T) {
 	ctx := testContext(t)
 	s, _ := newStore(t, newPool(t))
-	unknown := &server.Response{Status: http.StatusInternalServerError, Header: http.Header{"X-Outcome": {"unknown"}}}
+	unknown := &engine.Response{Status: http.StatusInternalServerError, Header: http.Header{"X-Outcome": {"unknown"}}}
 
 	for _, tc := range []struct {
 		name      string
 		completed bool // complete the record before resolving it
-		resp      *server.Response
+		resp      *engine.Response
 	}{
 		{"in flight, recorded as done", false, unknown},
 		{"in flight, forgotten", false, nil},
@@ -120,25 +120,25 @@ func TestResolve(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			id := scopeID("resolve " + tc.name)
-			require.ErrorIs(t, s.Resolve(ctx, id, tc.resp, time.Hour), server.ErrNotFound, "before any claim")
+			require.ErrorIs(t, s.Resolve(ctx, id, tc.resp, time.Hour), engine.ErrNotFound, "before any claim")
 			tok := acquire(t, ctx, s, id, "fp")
 			if tc.completed {
 				require.NoError(t, s.Complete(ctx, id, tok, created(`{}`), time.Hour))
 			}
 			require.NoError(t, s.Resolve(ctx, id, tc.resp, time.Hour))
 
-			assert.ErrorIs(t, s.Extend(ctx, id, tok, time.Minute), server.ErrLeaseLost)
-			assert.ErrorIs(t, s.Complete(ctx, id, tok, created(`{}`), time.Hour), server.ErrLeaseLost)
-			assert.ErrorIs(t, s.Release(ctx, id, tok), server.ErrLeaseLost)
+			assert.ErrorIs(t, s.Extend(ctx, id, tok, time.Minute), engine.ErrLeaseLost)
+			assert.ErrorIs(t, s.Complete(ctx, id, tok, created(`{}`), time.Hour), engine.ErrLeaseLost)
+			assert.ErrorIs(t, s.Release(ctx, id, tok), engine.ErrLeaseLost)
 			c, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
 			require.NoError(t, err)
 			if tc.resp == nil {
-				assert.Equal(t, server.Acquired, c.Status)
+				assert.Equal(t, engine.Acquired, c.Status)
 				assert.Zero(t, c.Abandoned)
 				assert.Greater(t, c.Token, tok)
 				return
 			}
-			assert.Equal(t, server.Completed, c.Status)
+			assert.Equal(t, engine.Completed, c.Status)
 			assert.Equal(t, tc.resp, c.Response)
 			rec, err := s.Lookup(ctx, id)
 			require.NoError(t, err)
@@ -150,8 +150,8 @@ func TestResolve(t *testing.T) {
 	expired := scopeID("resolve expired")
 	_, err := s.Claim(ctx, expired, "fp", time.Nanosecond, time.Nanosecond)
 	require.NoError(t, err)
-	assert.ErrorIs(t, s.Resolve(ctx, expired, unknown, time.Hour), server.ErrNotFound)
-	assert.ErrorIs(t, s.Resolve(ctx, expired, nil, time.Hour), server.ErrNotFound)
+	assert.ErrorIs(t, s.Resolve(ctx, expired, unknown, time.Hour), engine.ErrNotFound)
+	assert.ErrorIs(t, s.Resolve(ctx, expired, nil, time.Hour), engine.ErrNotFound)
 }
 
 // In transactional mode a request being served is invisible: its record
@@ -162,8 +162,8 @@ func TestTxLookupResolve(t *testing.T) {
 	id := scopeID("tx-inspected")
 	tok := acquire(t, ctx, s, id, "fp")
 	_, err := s.Lookup(ctx, id)
-	assert.ErrorIs(t, err, server.ErrNotFound, "in flight")
-	assert.ErrorIs(t, s.Resolve(ctx, id, nil, time.Hour), server.ErrNotFound, "in flight")
+	assert.ErrorIs(t, err, engine.ErrNotFound, "in flight")
+	assert.ErrorIs(t, s.Resolve(ctx, id, nil, time.Hour), engine.ErrNotFound, "in flight")
 	require.NoError(t, s.Complete(ctx, id, tok, created(`{}`), time.Hour))
 
 	rec, err := s.Lookup(ctx, id)
@@ -175,6 +175,6 @@ func TestTxLookupResolve(t *testing.T) {
 	require.NoError(t, s.Resolve(ctx, id, nil, time.Hour))
 	c, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
 	require.NoError(t, err)
-	assert.Equal(t, server.Acquired, c.Status, "after Resolve forgot the record")
+	assert.Equal(t, engine.Acquired, c.Status, "after Resolve forgot the record")
 	require.NoError(t, s.Release(ctx, id, c.Token))
 }

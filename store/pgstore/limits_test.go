@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/store/pgstore"
 )
 
@@ -29,7 +29,7 @@ func TestExtremeDurations(t *testing.T) {
 		// lock still holds it.
 		completeExpired error
 	}{
-		{"lease mode", nil, server.ErrLeaseLost},
+		{"lease mode", nil, engine.ErrLeaseLost},
 		{"transactional mode", []pgstore.Option{pgstore.WithTransactions(), pgstore.WithLockTimeout(20 * time.Millisecond)}, nil},
 	} {
 		t.Run(mode.name, func(t *testing.T) {
@@ -39,16 +39,16 @@ func TestExtremeDurations(t *testing.T) {
 			id := scopeID("forever")
 			c, err := s.Claim(ctx, id, "fp", forever, forever)
 			require.NoError(t, err)
-			require.Equal(t, server.Acquired, c.Status)
+			require.Equal(t, engine.Acquired, c.Status)
 			dup, err := s.Claim(ctx, id, "fp", forever, forever)
 			require.NoError(t, err)
-			assert.Equal(t, server.InFlight, dup.Status, "a duplicate of a lease of MaxInt64")
+			assert.Equal(t, engine.InFlight, dup.Status, "a duplicate of a lease of MaxInt64")
 			assert.Positive(t, dup.RetryAfter)
 			require.NoError(t, s.Extend(ctx, id, c.Token, forever))
 			require.NoError(t, s.Complete(ctx, id, c.Token, created(`{}`), forever))
 			replay, err := s.Claim(ctx, id, "fp", forever, forever)
 			require.NoError(t, err)
-			assert.Equal(t, server.Completed, replay.Status)
+			assert.Equal(t, engine.Completed, replay.Status)
 			rec, err := s.Lookup(ctx, id)
 			require.NoError(t, err)
 			assert.Greater(t, rec.Expires.Sub(rec.Created), 290*365*24*time.Hour)
@@ -57,7 +57,7 @@ func TestExtremeDurations(t *testing.T) {
 			id = scopeID("a nanosecond")
 			c, err = s.Claim(ctx, id, "fp", time.Nanosecond, time.Nanosecond)
 			require.NoError(t, err)
-			require.Equal(t, server.Acquired, c.Status)
+			require.Equal(t, engine.Acquired, c.Status)
 			err = s.Complete(ctx, id, c.Token, created(`{}`), time.Nanosecond)
 			if mode.completeExpired != nil {
 				require.ErrorIs(t, err, mode.completeExpired)
@@ -66,7 +66,7 @@ func TestExtremeDurations(t *testing.T) {
 			}
 			c, err = s.Claim(ctx, id, "fp", time.Minute, time.Hour)
 			require.NoError(t, err)
-			assert.Equal(t, server.Acquired, c.Status, "after a time to live of a nanosecond")
+			assert.Equal(t, engine.Acquired, c.Status, "after a time to live of a nanosecond")
 			require.NoError(t, s.Release(ctx, id, c.Token))
 		})
 	}
@@ -82,7 +82,7 @@ func TestRetryAfterOfLongestLease(t *testing.T) {
 	require.NoError(t, err)
 	dup, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
 	require.NoError(t, err)
-	require.Equal(t, server.InFlight, dup.Status)
+	require.Equal(t, engine.InFlight, dup.Status)
 	assert.Greater(t, dup.RetryAfter, 290*365*24*time.Hour)
 }
 
@@ -97,7 +97,7 @@ func TestTxHandlerOutlivesRecord(t *testing.T) {
 	id := scopeID("slow handler")
 	c, err := s.Claim(ctx, id, "fp", 10*time.Millisecond, 10*time.Millisecond)
 	require.NoError(t, err)
-	require.Equal(t, server.Acquired, c.Status)
+	require.Equal(t, engine.Acquired, c.Status)
 	hctx := s.Bind(ctx, id, c.Token)
 	require.NoError(t, placeOrder(hctx, orders, id.Key, 1))
 	tx, _ := pgstore.TxFromContext(hctx)
@@ -110,20 +110,20 @@ func TestTxHandlerOutlivesRecord(t *testing.T) {
 	})
 	dup, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
 	require.NoError(t, err)
-	assert.Equal(t, server.InFlight, dup.Status, "a duplicate while the handler runs on")
+	assert.Equal(t, engine.InFlight, dup.Status, "a duplicate while the handler runs on")
 
 	require.NoError(t, s.Complete(ctx, id, c.Token, created(`{}`), time.Hour))
 	assert.Equal(t, 1, countOrders(t, ctx, pool, orders, id.Key))
 	replay, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
 	require.NoError(t, err)
-	assert.Equal(t, server.Completed, replay.Status)
+	assert.Equal(t, engine.Completed, replay.Status)
 }
 
 // tooLarge returns a response over what a record holds. Its body is never
 // written to, so that it costs address space, not memory: make it once per
 // test.
-func tooLarge() *server.Response {
-	return &server.Response{
+func tooLarge() *engine.Response {
+	return &engine.Response{
 		Status: http.StatusCreated,
 		Header: http.Header{"Content-Type": {"application/octet-stream"}},
 		Body:   make([]byte, 1<<30),
@@ -140,18 +140,18 @@ func TestCompleteNotStorable(t *testing.T) {
 	tok := acquire(t, ctx, s, id, "fp")
 	large := tooLarge()
 	err := s.Complete(ctx, id, tok, large, time.Hour)
-	require.ErrorIs(t, err, server.ErrNotStorable)
-	assert.ErrorIs(t, s.Resolve(ctx, id, large, time.Hour), server.ErrNotStorable)
-	omitted := &server.Response{Status: http.StatusCreated, Header: large.Header, BodyOmitted: true}
+	require.ErrorIs(t, err, engine.ErrNotStorable)
+	assert.ErrorIs(t, s.Resolve(ctx, id, large, time.Hour), engine.ErrNotStorable)
+	omitted := &engine.Response{Status: http.StatusCreated, Header: large.Header, BodyOmitted: true}
 	require.NoError(t, s.Complete(ctx, id, tok, omitted, time.Hour), "the middleware's second try")
 	c, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
 	require.NoError(t, err)
-	assert.Equal(t, server.Completed, c.Status)
+	assert.Equal(t, engine.Completed, c.Status)
 	assert.True(t, c.Response.BodyOmitted)
 
 	id = scopeID("bad status")
 	tok = acquire(t, ctx, s, id, "fp")
-	assert.ErrorIs(t, s.Complete(ctx, id, tok, &server.Response{Status: math.MaxInt32 + 1}, time.Hour), server.ErrNotStorable)
+	assert.ErrorIs(t, s.Complete(ctx, id, tok, &engine.Response{Status: math.MaxInt32 + 1}, time.Hour), engine.ErrNotStorable)
 
 	// What PostgreSQL refuses for one of its limits (program_limit_exceeded,
 	// raised here by a trigger for any body), and a value it cannot take
@@ -180,15 +180,15 @@ func TestCompleteNotStorable(t *testing.T) {
 		id := scopeID("refused " + body)
 		tok := acquire(t, ctx, s, id, "fp")
 		resp := created(body)
-		require.ErrorIs(t, s.Complete(ctx, id, tok, resp, time.Hour), server.ErrNotStorable, "body %q", body)
-		require.NoError(t, s.Complete(ctx, id, tok, &server.Response{Status: resp.Status, Header: resp.Header, BodyOmitted: true}, time.Hour))
+		require.ErrorIs(t, s.Complete(ctx, id, tok, resp, time.Hour), engine.ErrNotStorable, "body %q", body)
+		require.NoError(t, s.Complete(ctx, id, tok, &engine.Response{Status: resp.Status, Header: resp.Header, BodyOmitted: true}, time.Hour))
 	}
 	// A statement that failed for another reason is not one of them.
 	id = scopeID("transient")
 	tok = acquire(t, ctx, s, id, "fp")
 	err = s.Complete(ctx, id, tok, created("transient"), time.Hour)
 	require.Error(t, err)
-	assert.NotErrorIs(t, err, server.ErrNotStorable)
+	assert.NotErrorIs(t, err, engine.ErrNotStorable)
 }
 
 // In transactional mode the handler's writes and a response too large to
@@ -200,7 +200,7 @@ func TestTxCompleteNotStorable(t *testing.T) {
 	s, _ := newStore(t, pool, pgstore.WithTransactions())
 	id := scopeID("too large")
 	large := tooLarge()
-	o, err := serve(ctx, s, id, "fp", func(ctx context.Context) (*server.Response, error) {
+	o, err := serve(ctx, s, id, "fp", func(ctx context.Context) (*engine.Response, error) {
 		return large, placeOrder(ctx, orders, id.Key, 1)
 	})
 	require.NoError(t, err)
@@ -208,7 +208,7 @@ func TestTxCompleteNotStorable(t *testing.T) {
 	assert.Equal(t, 1, countOrders(t, ctx, pool, orders, id.Key))
 	c, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
 	require.NoError(t, err)
-	require.Equal(t, server.Completed, c.Status)
+	require.Equal(t, engine.Completed, c.Status)
 	assert.True(t, c.Response.BodyOmitted)
 	assert.Empty(t, c.Response.Body)
 	assert.Equal(t, large.Header, c.Response.Header)

@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/store/pgstore"
 )
 
@@ -61,7 +61,7 @@ func TestMigrateFromEarlierVersions(t *testing.T) {
 				$6, NULL, $7)`
 			done, abandoned, expired := scopeID("completed before"), scopeID("abandoned before"), scopeID("expired before")
 			for _, r := range []struct {
-				id                   server.ID
+				id                   engine.ID
 				state, lease, expiry string
 				status               any
 				body                 []byte
@@ -89,11 +89,11 @@ func TestMigrateFromEarlierVersions(t *testing.T) {
 
 			c, err := s.Claim(ctx, done, "fp", time.Minute, time.Hour)
 			require.NoError(t, err)
-			require.Equal(t, server.Completed, c.Status)
-			assert.Equal(t, &server.Response{Status: 201, Body: []byte("v0")}, c.Response)
+			require.Equal(t, engine.Completed, c.Status)
+			assert.Equal(t, &engine.Response{Status: 201, Body: []byte("v0")}, c.Response)
 			c, err = s.Claim(ctx, abandoned, "fp", time.Minute, time.Hour)
 			require.NoError(t, err)
-			assert.Equal(t, server.Acquired, c.Status)
+			assert.Equal(t, engine.Acquired, c.Status)
 			assert.Equal(t, 1, c.Abandoned)
 			rec, err := s.Lookup(ctx, abandoned)
 			require.NoError(t, err)

@@ -11,8 +11,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/internal/testkit/faultnet"
-	"github.com/idemkit/idempotency/server"
 	"github.com/idemkit/idempotency/store/pgstore"
 )
 
@@ -85,7 +85,7 @@ func TestOutage(t *testing.T) {
 				if !assert.Error(t, err, "%s during the outage", op.name) {
 					continue
 				}
-				assert.NotErrorIs(t, err, server.ErrLeaseLost, "%s error", op.name)
+				assert.NotErrorIs(t, err, engine.ErrLeaseLost, "%s error", op.name)
 				assert.True(t, strings.HasPrefix(err.Error(), "pgstore: "), "%s error %q lacks the prefix", op.name, err)
 				assert.NotContains(t, err.Error(), secret, "%s error shows the password", op.name)
 				assert.Less(t, elapsed, tc.deadline+time.Second, "%s took %v with a deadline of %v", op.name, elapsed, tc.deadline)
@@ -102,5 +102,5 @@ func TestOutage(t *testing.T) {
 	require.NoError(t, s.Complete(ctx, id, tok, created(`{"after":"outage"}`), time.Hour))
 	c, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
 	require.NoError(t, err)
-	assert.Equal(t, server.Completed, c.Status)
+	assert.Equal(t, engine.Completed, c.Status)
 }

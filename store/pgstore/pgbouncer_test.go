@@ -20,7 +20,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/store/pgstore"
 )
 
@@ -124,7 +124,7 @@ func TestThroughPgBouncer(t *testing.T) {
 							continue
 						}
 						replay, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
-						if err == nil && replay.Status != server.Completed {
+						if err == nil && replay.Status != engine.Completed {
 							err = fmt.Errorf("replay %v", replay.Status)
 						}
 						if err != nil {
@@ -149,7 +149,7 @@ func TestThroughPgBouncer(t *testing.T) {
 				id := scopeID("bouncer extend")
 				c, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
 				require.NoError(t, err)
-				require.Equal(t, server.Acquired, c.Status)
+				require.Equal(t, engine.Acquired, c.Status)
 				bound := s.Bind(ctx, id, c.Token)
 				assert.NoError(t, s.Extend(ctx, id, c.Token, time.Minute), "Extend of an open transaction")
 				assert.NoError(t, bound.Err(), "the bound context of an open transaction")

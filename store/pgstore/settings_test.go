@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/store/pgstore"
 )
 
@@ -69,7 +69,7 @@ func TestPlansAsTableGrows(t *testing.T) {
 					require.NoError(t, s.Complete(ctx, id, c.Token, created(`{}`), time.Hour))
 					replay, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
 					require.NoError(t, err)
-					require.Equal(t, server.Completed, replay.Status)
+					require.Equal(t, engine.Completed, replay.Status)
 					_, err = s.Lookup(ctx, id)
 					require.NoError(t, err)
 					released := scopeID(prefix + "released " + string(rune('a'+i)))
@@ -124,7 +124,7 @@ func TestTxStatementTimeoutBelowLockTimeout(t *testing.T) {
 	tok := acquire(t, ctx, s, id, "fp")
 	dup, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
 	require.NoError(t, err)
-	assert.Equal(t, server.InFlight, dup.Status)
+	assert.Equal(t, engine.InFlight, dup.Status)
 	require.NoError(t, s.Complete(ctx, id, tok, created(`{}`), time.Hour))
 }
 
@@ -148,22 +148,22 @@ func TestConnectionClosedWhileIdle(t *testing.T) {
 		s, err := pgstore.New(pool, append(opts, pgstore.WithTable(table))...)
 		require.NoError(t, err)
 		defer s.Close()
-		for i, op := range []func(server.ID) error{
-			func(id server.ID) error {
+		for i, op := range []func(engine.ID) error{
+			func(id engine.ID) error {
 				c, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
 				if err != nil {
 					return err
 				}
 				return s.Release(ctx, id, c.Token) // gives the pool its connection back
 			},
-			func(id server.ID) error { return s.Complete(ctx, id, 0, created(`{}`), time.Hour) },
-			func(id server.ID) error { _, err := s.Lookup(ctx, id); return err },
+			func(id engine.ID) error { return s.Complete(ctx, id, 0, created(`{}`), time.Hour) },
+			func(id engine.ID) error { _, err := s.Lookup(ctx, id); return err },
 		} {
 			eventually(t, 10*time.Second, "the server to close the idle connection", func() bool {
 				return count(t, ctx, watcher, "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", app) == 0
 			})
 			err := op(scopeID("idle"))
-			if errors.Is(err, server.ErrLeaseLost) || errors.Is(err, server.ErrNotFound) {
+			if errors.Is(err, engine.ErrLeaseLost) || errors.Is(err, engine.ErrNotFound) {
 				err = nil // the statement ran
 			}
 			assert.NoError(t, err, "transactional %v, operation %d", transactional, i)
@@ -191,11 +191,11 @@ func TestReadOnlyServer(t *testing.T) {
 		defer ro.Close()
 		c, err := ro.Claim(ctx, done, "fp", time.Minute, time.Hour)
 		require.NoError(t, err)
-		assert.Equal(t, server.Completed, c.Status)
+		assert.Equal(t, engine.Completed, c.Status)
 		assert.Equal(t, created(`{"id":7}`), c.Response)
 		c, err = ro.Claim(ctx, running, "fp", time.Minute, time.Hour)
 		require.NoError(t, err)
-		assert.Equal(t, server.InFlight, c.Status)
+		assert.Equal(t, engine.InFlight, c.Status)
 		assert.Positive(t, c.RetryAfter)
 		_, err = ro.Claim(ctx, scopeID("new"), "fp", time.Minute, time.Hour)
 		assert.ErrorContains(t, err, "read-only")

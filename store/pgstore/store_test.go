@@ -13,14 +13,14 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/store/pgstore"
 	"github.com/idemkit/idempotency/store/storetest"
 )
 
 func TestConformance(t *testing.T) {
 	pool := newPool(t)
-	storetest.Run(t, func(t *testing.T) server.Store {
+	storetest.Run(t, func(t *testing.T) engine.Store {
 		s, _ := newStore(t, pool)
 		return s
 	})
@@ -30,7 +30,7 @@ func TestConformance(t *testing.T) {
 // can: sweeping must never change an answer.
 func TestConformanceWhileSweeping(t *testing.T) {
 	pool := newPool(t)
-	storetest.Run(t, func(t *testing.T) server.Store {
+	storetest.Run(t, func(t *testing.T) engine.Store {
 		s, _ := newStore(t, pool, pgstore.WithSweeper(10*time.Millisecond, 2))
 		return s
 	})
@@ -104,7 +104,7 @@ func TestQualifiedTable(t *testing.T) {
 	require.NoError(t, s.Complete(ctx, id, tok, created(`{}`), time.Hour))
 	c, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
 	require.NoError(t, err)
-	assert.Equal(t, server.Completed, c.Status)
+	assert.Equal(t, engine.Completed, c.Status)
 }
 
 func TestMigrateConcurrently(t *testing.T) {
@@ -168,9 +168,9 @@ func TestTwoStoresShareTable(t *testing.T) {
 				switch {
 				case err != nil:
 					t.Errorf("round %d: Claim error = %v", round, err)
-				case c.Status == server.Acquired:
+				case c.Status == engine.Acquired:
 					acquired[i%2]++
-				case c.Status == server.InFlight:
+				case c.Status == engine.InFlight:
 					inFlight++
 				default:
 					t.Errorf("round %d: Claim status = %v, want acquired or in flight", round, c.Status)
@@ -204,7 +204,7 @@ func TestClaimSeesRowCommittedDuringStatement(t *testing.T) {
 	require.NoError(t, err)
 
 	type result struct {
-		c   server.Claim
+		c   engine.Claim
 		err error
 	}
 	done := make(chan result, 1)
@@ -220,7 +220,7 @@ func TestClaimSeesRowCommittedDuringStatement(t *testing.T) {
 	require.NoError(t, tx.Commit(ctx))
 	r := <-done
 	require.NoError(t, r.err)
-	require.Equal(t, server.Completed, r.c.Status)
+	require.Equal(t, engine.Completed, r.c.Status)
 	assert.Equal(t, []byte("done"), r.c.Response.Body)
 }
 
@@ -231,19 +231,19 @@ func TestCompleteOfUnknownOrExpiredToken(t *testing.T) {
 	id := scopeID("expired-record")
 	tok := acquire(t, ctx, s, id, "fp")
 	require.NoError(t, s.Release(ctx, id, tok))
-	assert.ErrorIs(t, s.Complete(ctx, id, tok, created(`{}`), time.Hour), server.ErrLeaseLost, "Complete after Release")
+	assert.ErrorIs(t, s.Complete(ctx, id, tok, created(`{}`), time.Hour), engine.ErrLeaseLost, "Complete after Release")
 	// The record's time to live ends while it is in flight: its holder can
 	// no longer complete it, and the next claimer starts afresh.
 	c, err := s.Claim(ctx, id, "fp", 10*time.Millisecond, 10*time.Millisecond)
 	require.NoError(t, err)
-	require.Equal(t, server.Acquired, c.Status)
+	require.Equal(t, engine.Acquired, c.Status)
 	eventually(t, 5*time.Second, "record expiry", func() bool {
 		return count(t, ctx, pool, `SELECT count(*) FROM `+pgx.Identifier{table}.Sanitize()+`
 			WHERE key = $1 AND expires_at <= statement_timestamp()`, []byte(id.Key)) == 1
 	})
-	assert.ErrorIs(t, s.Extend(ctx, id, c.Token, time.Minute), server.ErrLeaseLost)
-	assert.ErrorIs(t, s.Complete(ctx, id, c.Token, created(`{}`), time.Hour), server.ErrLeaseLost)
-	assert.ErrorIs(t, s.Release(ctx, id, c.Token), server.ErrLeaseLost)
+	assert.ErrorIs(t, s.Extend(ctx, id, c.Token, time.Minute), engine.ErrLeaseLost)
+	assert.ErrorIs(t, s.Complete(ctx, id, c.Token, created(`{}`), time.Hour), engine.ErrLeaseLost)
+	assert.ErrorIs(t, s.Release(ctx, id, c.Token), engine.ErrLeaseLost)
 	next := acquire(t, ctx, s, id, "other")
 	assert.Greater(t, next, c.Token)
 }

@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/store/pgstore"
 )
 
@@ -80,7 +80,7 @@ func TestSweep(t *testing.T) {
 
 	c, err := s.Claim(ctx, scopeID("live1"), "fp", time.Minute, time.Hour)
 	require.NoError(t, err)
-	assert.Equal(t, server.InFlight, c.Status, "a live record after the sweep")
+	assert.Equal(t, engine.InFlight, c.Status, "a live record after the sweep")
 
 	n, err = s.Sweep(ctx, 0)
 	require.NoError(t, err)
@@ -137,7 +137,7 @@ func TestCompleteIsHOTUpdate(t *testing.T) {
 	for i := range n {
 		id := scopeID("hot" + strconv.Itoa(i))
 		tok := acquire(t, ctx, s, id, "fp")
-		require.NoError(t, s.Complete(ctx, id, tok, &server.Response{Status: 201, Body: []byte(strings.Repeat("b", 1024))}, time.Hour))
+		require.NoError(t, s.Complete(ctx, id, tok, &engine.Response{Status: 201, Body: []byte(strings.Repeat("b", 1024))}, time.Hour))
 	}
 	var upd, hot int64
 	// The backends send their statistics within a second or so.

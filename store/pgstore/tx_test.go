@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/store/pgstore"
 )
 
@@ -53,16 +53,16 @@ func countOrders(t testing.TB, ctx context.Context, pool *pgxpool.Pool, orders, 
 // outcome is what serve did.
 type outcome struct {
 	executed bool // the handler ran and its response was committed
-	claim    server.Claim
+	claim    engine.Claim
 }
 
 // serve runs one request as the middleware will in transactional mode.
-func serve(ctx context.Context, s *pgstore.Store, id server.ID, fp string, handler func(context.Context) (*server.Response, error)) (o outcome, err error) {
+func serve(ctx context.Context, s *pgstore.Store, id engine.ID, fp string, handler func(context.Context) (*engine.Response, error)) (o outcome, err error) {
 	c, err := s.Claim(ctx, id, fp, time.Minute, time.Hour)
-	if err != nil || c.Status != server.Acquired {
+	if err != nil || c.Status != engine.Acquired {
 		return outcome{claim: c}, err
 	}
-	resp, err := func() (resp *server.Response, err error) {
+	resp, err := func() (resp *engine.Response, err error) {
 		defer func() {
 			if v := recover(); v != nil {
 				err = fmt.Errorf("handler panicked: %v", v)
@@ -106,8 +106,8 @@ func TestTxInterrupted(t *testing.T) {
 		pool   *pgxpool.Pool
 		store  *pgstore.Store
 		orders string
-		id     server.ID
-		token  server.Token
+		id     engine.ID
+		token  engine.Token
 		bound  context.Context // the handler's context
 		ctx    context.Context // the test's, which the end of the transaction does not cancel
 	}
@@ -116,49 +116,49 @@ func TestTxInterrupted(t *testing.T) {
 		opts []pgstore.Option
 		// handler runs after the order was written, in the handler's
 		// place, then interrupt plays the middleware's part.
-		handler   func(t *testing.T, e env) (*server.Response, error)
-		interrupt func(t *testing.T, e env, resp *server.Response, err error)
+		handler   func(t *testing.T, e env) (*engine.Response, error)
+		interrupt func(t *testing.T, e env, resp *engine.Response, err error)
 	}{
 		{
 			name:    "handler fails, middleware releases",
-			handler: func(*testing.T, env) (*server.Response, error) { return nil, errors.New("payment declined") },
-			interrupt: func(t *testing.T, e env, _ *server.Response, err error) {
+			handler: func(*testing.T, env) (*engine.Response, error) { return nil, errors.New("payment declined") },
+			interrupt: func(t *testing.T, e env, _ *engine.Response, err error) {
 				require.Error(t, err)
 				require.NoError(t, e.store.Release(context.Background(), e.id, e.token))
 			},
 		},
 		{
 			name: "handler's context canceled during a statement",
-			handler: func(t *testing.T, e env) (*server.Response, error) {
+			handler: func(t *testing.T, e env) (*engine.Response, error) {
 				ctx, cancel := context.WithTimeout(e.bound, 50*time.Millisecond)
 				defer cancel()
 				tx, _ := pgstore.TxFromContext(ctx)
 				_, err := tx.Exec(ctx, "SELECT pg_sleep(10)")
 				return nil, err
 			},
-			interrupt: func(t *testing.T, e env, _ *server.Response, err error) {
+			interrupt: func(t *testing.T, e env, _ *engine.Response, err error) {
 				require.ErrorIs(t, err, context.DeadlineExceeded)
 				require.NoError(t, e.store.Release(context.Background(), e.id, e.token))
 			},
 		},
 		{
 			name: "handler's context canceled, error ignored, middleware completes",
-			handler: func(t *testing.T, e env) (*server.Response, error) {
+			handler: func(t *testing.T, e env) (*engine.Response, error) {
 				ctx, cancel := context.WithTimeout(e.bound, 50*time.Millisecond)
 				defer cancel()
 				tx, _ := pgstore.TxFromContext(ctx)
 				tx.Exec(ctx, "SELECT pg_sleep(10)")
 				return created(`{"careless":true}`), nil
 			},
-			interrupt: func(t *testing.T, e env, resp *server.Response, _ error) {
+			interrupt: func(t *testing.T, e env, resp *engine.Response, _ error) {
 				err := e.store.Complete(context.Background(), e.id, e.token, resp, time.Hour)
 				require.ErrorIs(t, err, pgstore.ErrRolledBack)
-				require.ErrorIs(t, err, server.ErrNotCommitted, "the middleware must answer 503")
+				require.ErrorIs(t, err, engine.ErrNotCommitted, "the middleware must answer 503")
 			},
 		},
 		{
 			name: "handler panics, middleware recovers and releases",
-			handler: func(t *testing.T, e env) (resp *server.Response, err error) {
+			handler: func(t *testing.T, e env) (resp *engine.Response, err error) {
 				defer func() {
 					if v := recover(); v != nil {
 						err = fmt.Errorf("recovered: %v", v)
@@ -166,14 +166,14 @@ func TestTxInterrupted(t *testing.T) {
 				}()
 				panic("handler bug")
 			},
-			interrupt: func(t *testing.T, e env, _ *server.Response, err error) {
+			interrupt: func(t *testing.T, e env, _ *engine.Response, err error) {
 				require.ErrorContains(t, err, "handler bug")
 				require.NoError(t, e.store.Release(context.Background(), e.id, e.token))
 			},
 		},
 		{
 			name: "backend terminated before completion",
-			handler: func(t *testing.T, e env) (*server.Response, error) {
+			handler: func(t *testing.T, e env) (*engine.Response, error) {
 				tx, _ := pgstore.TxFromContext(e.bound)
 				pid := tx.Conn().PgConn().PID()
 				_, err := e.pool.Exec(e.ctx, "SELECT pg_terminate_backend($1)", int64(pid))
@@ -181,49 +181,49 @@ func TestTxInterrupted(t *testing.T) {
 				waitForBackendGone(t, e.ctx, e.pool, pid)
 				return created(`{"id":1}`), nil
 			},
-			interrupt: func(t *testing.T, e env, resp *server.Response, _ error) {
+			interrupt: func(t *testing.T, e env, resp *engine.Response, _ error) {
 				err := e.store.Complete(context.Background(), e.id, e.token, resp, time.Hour)
 				require.ErrorIs(t, err, pgstore.ErrRolledBack)
-				require.ErrorIs(t, err, server.ErrNotCommitted, "the middleware must answer 503")
-				assert.NotErrorIs(t, err, server.ErrLeaseLost)
+				require.ErrorIs(t, err, engine.ErrNotCommitted, "the middleware must answer 503")
+				assert.NotErrorIs(t, err, engine.ErrLeaseLost)
 			},
 		},
 		{
 			name: "a failed statement, error ignored, middleware completes",
-			handler: func(t *testing.T, e env) (*server.Response, error) {
+			handler: func(t *testing.T, e env) (*engine.Response, error) {
 				// amount violates the orders table's CHECK: the
 				// transaction is aborted.
 				require.Error(t, placeOrder(e.bound, e.orders, e.id.Key, -1))
 				return created(`{"careless":true}`), nil
 			},
-			interrupt: func(t *testing.T, e env, resp *server.Response, _ error) {
+			interrupt: func(t *testing.T, e env, resp *engine.Response, _ error) {
 				err := e.store.Complete(context.Background(), e.id, e.token, resp, time.Hour)
 				require.ErrorIs(t, err, pgstore.ErrRolledBack)
-				require.ErrorIs(t, err, server.ErrNotCommitted, "the middleware must answer 503")
+				require.ErrorIs(t, err, engine.ErrNotCommitted, "the middleware must answer 503")
 			},
 		},
 		{
 			name: "transaction left idle, server ends it",
 			opts: []pgstore.Option{pgstore.WithIdleTimeout(500 * time.Millisecond)},
-			handler: func(t *testing.T, e env) (*server.Response, error) {
+			handler: func(t *testing.T, e env) (*engine.Response, error) {
 				tx, _ := pgstore.TxFromContext(e.bound)
 				waitForBackendGone(t, e.ctx, e.pool, tx.Conn().PgConn().PID())
 				return created(`{"id":1}`), nil
 			},
-			interrupt: func(t *testing.T, e env, resp *server.Response, _ error) {
+			interrupt: func(t *testing.T, e env, resp *engine.Response, _ error) {
 				err := e.store.Complete(context.Background(), e.id, e.token, resp, time.Hour)
 				require.ErrorIs(t, err, pgstore.ErrRolledBack)
-				require.ErrorIs(t, err, server.ErrNotCommitted, "the middleware must answer 503")
+				require.ErrorIs(t, err, engine.ErrNotCommitted, "the middleware must answer 503")
 			},
 		},
 		{
 			name:    "store closed before completion",
-			handler: func(*testing.T, env) (*server.Response, error) { return created(`{"id":1}`), nil },
-			interrupt: func(t *testing.T, e env, resp *server.Response, _ error) {
+			handler: func(*testing.T, env) (*engine.Response, error) { return created(`{"id":1}`), nil },
+			interrupt: func(t *testing.T, e env, resp *engine.Response, _ error) {
 				require.NoError(t, e.store.Close())
-				assert.ErrorIs(t, context.Cause(e.bound), server.ErrLeaseLost, "the handler's context after Close")
+				assert.ErrorIs(t, context.Cause(e.bound), engine.ErrLeaseLost, "the handler's context after Close")
 				err := e.store.Complete(context.Background(), e.id, e.token, resp, time.Hour)
-				require.ErrorIs(t, err, server.ErrLeaseLost)
+				require.ErrorIs(t, err, engine.ErrLeaseLost)
 			},
 		},
 	} {
@@ -236,7 +236,7 @@ func TestTxInterrupted(t *testing.T) {
 
 			c, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
 			require.NoError(t, err)
-			require.Equal(t, server.Acquired, c.Status)
+			require.Equal(t, engine.Acquired, c.Status)
 			e := env{pool: pool, store: s, orders: orders, id: id, token: c.Token, bound: s.Bind(ctx, id, c.Token), ctx: ctx}
 			require.NoError(t, placeOrder(e.bound, orders, id.Key, 100))
 			assert.Zero(t, countOrders(t, ctx, pool, orders, id.Key), "order visible before completion")
@@ -248,7 +248,7 @@ func TestTxInterrupted(t *testing.T) {
 			retry, err := pgstore.New(pool, pgstore.WithTable(table), pgstore.WithTransactions())
 			require.NoError(t, err)
 			defer retry.Close()
-			o, err := serve(ctx, retry, id, "fp", func(ctx context.Context) (*server.Response, error) {
+			o, err := serve(ctx, retry, id, "fp", func(ctx context.Context) (*engine.Response, error) {
 				return created(`{"id":1}`), placeOrder(ctx, orders, id.Key, 100)
 			})
 			require.NoError(t, err)
@@ -258,7 +258,7 @@ func TestTxInterrupted(t *testing.T) {
 			// And every later retry replays it.
 			replay, err := retry.Claim(ctx, id, "fp", time.Minute, time.Hour)
 			require.NoError(t, err)
-			require.Equal(t, server.Completed, replay.Status)
+			require.Equal(t, engine.Completed, replay.Status)
 			assert.Equal(t, []byte(`{"id":1}`), replay.Response.Body)
 			assert.Equal(t, 1, countOrders(t, ctx, pool, orders, id.Key), "orders after the replay")
 		})
@@ -283,7 +283,7 @@ func TestTxDuplicateWaitsThenReplays(t *testing.T) {
 
 	r := <-dup
 	require.NoError(t, r.err)
-	require.Equal(t, server.Completed, r.c.Status)
+	require.Equal(t, engine.Completed, r.c.Status)
 	assert.Equal(t, want.Body, r.c.Response.Body)
 	assert.Equal(t, want.Header, r.c.Response.Header)
 	assert.Equal(t, 1, countOrders(t, ctx, pool, orders, id.Key))
@@ -305,7 +305,7 @@ func TestTxDuplicateAcquiresAfterRollback(t *testing.T) {
 
 	r := <-dup
 	require.NoError(t, r.err)
-	require.Equal(t, server.Acquired, r.c.Status)
+	require.Equal(t, engine.Acquired, r.c.Status)
 	assert.Greater(t, r.c.Token, tok)
 	require.NoError(t, placeOrder(s.Bind(ctx, id, r.c.Token), orders, id.Key, 100))
 	require.NoError(t, s.Complete(ctx, id, r.c.Token, created(`{}`), time.Hour))
@@ -326,7 +326,7 @@ func TestTxLockTimeout(t *testing.T) {
 	c, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
 	elapsed := time.Since(start)
 	require.NoError(t, err)
-	require.Equal(t, server.InFlight, c.Status)
+	require.Equal(t, engine.InFlight, c.Status)
 	assert.Equal(t, lockTimeout, c.RetryAfter)
 	assert.Equal(t, "fp", c.Fingerprint)
 	assert.GreaterOrEqual(t, elapsed, lockTimeout, "Claim returned before the lock timeout")
@@ -351,7 +351,7 @@ func TestTxLockTimeoutWithinDeadline(t *testing.T) {
 	c, err := s.Claim(claimCtx, id, "fp", time.Minute, time.Hour)
 	elapsed := time.Since(start)
 	require.NoError(t, err, "Claim within its context's %v (after %v)", timeout, elapsed)
-	assert.Equal(t, server.InFlight, c.Status)
+	assert.Equal(t, engine.InFlight, c.Status)
 	assert.GreaterOrEqual(t, elapsed, timeout/2-10*time.Millisecond, "Claim returned before half its context's time")
 	require.NoError(t, s.Complete(ctx, id, tok, created(`{}`), time.Hour), "the original completes")
 }
@@ -375,7 +375,7 @@ func TestTxConcurrentRequests(t *testing.T) {
 		for range requests {
 			wg.Go(func() {
 				<-start
-				o, err := serve(ctx, s, id, "fp", func(ctx context.Context) (*server.Response, error) {
+				o, err := serve(ctx, s, id, "fp", func(ctx context.Context) (*engine.Response, error) {
 					return created(`{"id":1}`), placeOrder(ctx, orders, id.Key, 100)
 				})
 				mu.Lock()
@@ -385,7 +385,7 @@ func TestTxConcurrentRequests(t *testing.T) {
 					t.Errorf("request error = %v", err)
 				case o.executed:
 					executed++
-				case o.claim.Status == server.Completed:
+				case o.claim.Status == engine.Completed:
 					replayed++
 					assert.Equal(t, []byte(`{"id":1}`), o.claim.Response.Body)
 				default:
@@ -409,10 +409,10 @@ func TestTxLeaseContract(t *testing.T) {
 
 	tok := acquire(t, ctx, s, id, "fp")
 	assert.NoError(t, s.Extend(ctx, id, tok, time.Minute), "Extend of an open lease")
-	for _, stale := range []server.Token{tok - 1, tok + 1} {
-		assert.ErrorIs(t, s.Complete(ctx, id, stale, created(`{}`), time.Hour), server.ErrLeaseLost)
-		assert.ErrorIs(t, s.Release(ctx, id, stale), server.ErrLeaseLost)
-		assert.ErrorIs(t, s.Extend(ctx, id, stale, time.Minute), server.ErrLeaseLost)
+	for _, stale := range []engine.Token{tok - 1, tok + 1} {
+		assert.ErrorIs(t, s.Complete(ctx, id, stale, created(`{}`), time.Hour), engine.ErrLeaseLost)
+		assert.ErrorIs(t, s.Release(ctx, id, stale), engine.ErrLeaseLost)
+		assert.ErrorIs(t, s.Extend(ctx, id, stale, time.Minute), engine.ErrLeaseLost)
 	}
 	canceled, cancel := context.WithCancel(ctx)
 	cancel()
@@ -424,15 +424,15 @@ func TestTxLeaseContract(t *testing.T) {
 
 	// The canceled calls left the lease open.
 	require.NoError(t, s.Release(ctx, id, tok))
-	assert.ErrorIs(t, s.Release(ctx, id, tok), server.ErrLeaseLost, "second Release")
-	assert.ErrorIs(t, s.Extend(ctx, id, tok, time.Minute), server.ErrLeaseLost, "Extend after Release")
+	assert.ErrorIs(t, s.Release(ctx, id, tok), engine.ErrLeaseLost, "second Release")
+	assert.ErrorIs(t, s.Extend(ctx, id, tok, time.Minute), engine.ErrLeaseLost, "Extend after Release")
 	next := acquire(t, ctx, s, id, "other")
 	assert.Greater(t, next, tok)
 	require.NoError(t, s.Complete(ctx, id, next, created(`{}`), time.Hour))
-	assert.ErrorIs(t, s.Complete(ctx, id, next, created(`{}`), time.Hour), server.ErrLeaseLost, "second Complete")
+	assert.ErrorIs(t, s.Complete(ctx, id, next, created(`{}`), time.Hour), engine.ErrLeaseLost, "second Complete")
 	c, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
 	require.NoError(t, err)
-	assert.Equal(t, server.Completed, c.Status)
+	assert.Equal(t, engine.Completed, c.Status)
 	assert.Equal(t, "other", c.Fingerprint)
 }
 
@@ -466,11 +466,11 @@ func TestTxOwnedByStore(t *testing.T) {
 }
 
 type claimResult struct {
-	c   server.Claim
+	c   engine.Claim
 	err error
 }
 
-func claimAsync(ctx context.Context, s server.Store, id server.ID, fp string) <-chan claimResult {
+func claimAsync(ctx context.Context, s engine.Store, id engine.ID, fp string) <-chan claimResult {
 	ch := make(chan claimResult, 1)
 	go func() {
 		c, err := s.Claim(ctx, id, fp, time.Minute, time.Hour)
@@ -518,16 +518,16 @@ func TestTxEndedByServer(t *testing.T) {
 
 			tc.end(t, ctx, pool, pid)
 			waitForBackendGone(t, ctx, pool, pid)
-			assert.ErrorIs(t, s.Extend(ctx, id, tok, time.Minute), server.ErrLeaseLost, "Extend once the transaction ended")
+			assert.ErrorIs(t, s.Extend(ctx, id, tok, time.Minute), engine.ErrLeaseLost, "Extend once the transaction ended")
 			select {
 			case <-bound.Done():
-				assert.ErrorIs(t, context.Cause(bound), server.ErrLeaseLost, "bound context's cause")
+				assert.ErrorIs(t, context.Cause(bound), engine.ErrLeaseLost, "bound context's cause")
 			case <-time.After(10 * time.Second):
 				t.Errorf("bound context not done 10 s after the transaction ended")
 			}
 			err := s.Complete(ctx, id, tok, created(`{}`), time.Hour)
 			assert.ErrorIs(t, err, pgstore.ErrRolledBack)
-			assert.ErrorIs(t, err, server.ErrNotCommitted)
+			assert.ErrorIs(t, err, engine.ErrNotCommitted)
 			assert.Zero(t, countOrders(t, ctx, pool, orders, id.Key))
 		})
 	}

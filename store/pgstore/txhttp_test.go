@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/server"
 	"github.com/idemkit/idempotency/store/pgstore"
 )
@@ -63,7 +64,7 @@ func TestTxDuplicateWithShortLease(t *testing.T) {
 	const lease = 2 * time.Second
 	require.Less(t, lease, pgstore.DefaultLockTimeout+pgstore.DefaultLockTimeout/9,
 		"the lease must make the Claim's timeout shorter than the lock timeout")
-	mw, err := server.New(s, server.WithLease(lease))
+	mw, err := server.New(s, server.WithConfig(engine.Config{Lease: lease}))
 	require.NoError(t, err)
 	var (
 		once     sync.Once
@@ -162,7 +163,7 @@ func TestTxHandlerToldWhenServerEndsTransaction(t *testing.T) {
 
 	select {
 	case cause := <-cancelled:
-		assert.ErrorIs(t, cause, server.ErrLeaseLost, "the first handler's context's cause")
+		assert.ErrorIs(t, cause, engine.ErrLeaseLost, "the first handler's context's cause")
 	case <-time.After(10 * time.Second):
 		t.Errorf("the first handler's context is not done 10 s after its transaction ended")
 		letFirstProceed()

@@ -11,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/internal/testkit/servicetest"
-	"github.com/idemkit/idempotency/server"
 )
 
 // TestReplayWritesNoWAL checks a property of the design: a replay, Claim on
@@ -52,12 +52,12 @@ func TestReplayWritesNoWAL(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	id := server.ID{Scope: "wal", Key: "replayed"}
+	id := engine.ID{Scope: "wal", Key: "replayed"}
 	c, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
-	if err != nil || c.Status != server.Acquired {
+	if err != nil || c.Status != engine.Acquired {
 		t.Fatalf("Claim = %v, %v; want acquired", c.Status, err)
 	}
-	resp := &server.Response{Status: http.StatusCreated, Header: http.Header{"Location": {"/orders/1"}}, Body: []byte(`{"id":1}`)}
+	resp := &engine.Response{Status: http.StatusCreated, Header: http.Header{"Location": {"/orders/1"}}, Body: []byte(`{"id":1}`)}
 	if err := s.Complete(ctx, id, c.Token, resp, time.Hour); err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +65,7 @@ func TestReplayWritesNoWAL(t *testing.T) {
 	replay := func() {
 		t.Helper()
 		c, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
-		if err != nil || c.Status != server.Completed {
+		if err != nil || c.Status != engine.Completed {
 			t.Fatalf("replay Claim = %v, %v; want completed", c.Status, err)
 		}
 	}
@@ -114,9 +114,9 @@ func TestReplayWritesNoWAL(t *testing.T) {
 	}
 	// The sequence was not touched either: the next lease's token follows
 	// the first one's directly.
-	next := server.ID{Scope: "wal", Key: "next"}
+	next := engine.ID{Scope: "wal", Key: "next"}
 	c2, err := s.Claim(ctx, next, "fp", time.Minute, time.Hour)
-	if err != nil || c2.Status != server.Acquired {
+	if err != nil || c2.Status != engine.Acquired {
 		t.Fatalf("Claim = %v, %v; want acquired", c2.Status, err)
 	}
 	if c2.Token != c.Token+1 {

@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/store/redisstore"
 	"github.com/idemkit/idempotency/store/storetest"
 )
@@ -47,16 +47,16 @@ func TestDocumentedACL(t *testing.T) {
 	c := aclUser(t, p, "idempotency", storeACL)
 	s, err := redisstore.New(c)
 	require.NoError(t, err)
-	storetest.Run(t, func(*testing.T) server.Store { return s })
+	storetest.Run(t, func(*testing.T) engine.Store { return s })
 
 	ctx := context.Background()
-	id := server.ID{Key: "acl"}
+	id := engine.ID{Key: "acl"}
 	cl, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
 	require.NoError(t, err)
 	_, err = s.Lookup(ctx, id)
 	require.NoError(t, err)
-	require.NoError(t, s.Resolve(ctx, id, &server.Response{Status: http.StatusOK}, time.Hour))
-	assert.ErrorIs(t, s.Complete(ctx, id, cl.Token, &server.Response{Status: http.StatusOK}, time.Hour), server.ErrLeaseLost)
+	require.NoError(t, s.Resolve(ctx, id, &engine.Response{Status: http.StatusOK}, time.Hour))
+	assert.ErrorIs(t, s.Complete(ctx, id, cl.Token, &engine.Response{Status: http.StatusOK}, time.Hour), engine.ErrLeaseLost)
 	assert.NoError(t, s.Check(ctx))
 }
 
@@ -77,7 +77,7 @@ func TestPermissionRefused(t *testing.T) {
 			c := aclUser(t, p, strings.ReplaceAll(tc.name, " ", "-"), tc.rules)
 			s, err := redisstore.New(c)
 			require.NoError(t, err)
-			_, err = s.Claim(context.Background(), server.ID{Key: tc.name}, "fp", time.Minute, time.Hour)
+			_, err = s.Claim(context.Background(), engine.ID{Key: tc.name}, "fp", time.Minute, time.Hour)
 			require.Error(t, err)
 			assert.NotErrorIs(t, err, redisstore.ErrCorruptRecord)
 			var rerr redis.Error
@@ -100,7 +100,7 @@ func TestRedisWithoutFunctions(t *testing.T) {
 	t.Cleanup(func() { c.Close() })
 	s, err := redisstore.New(c)
 	require.NoError(t, err)
-	_, err = s.Claim(context.Background(), server.ID{Key: "k"}, "fp", time.Minute, time.Hour)
+	_, err = s.Claim(context.Background(), engine.ID{Key: "k"}, "fp", time.Minute, time.Hour)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "Redis 7.0 or later")
 }

@@ -12,7 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/store/redisstore"
 )
 
@@ -54,21 +54,21 @@ func benchStore(b *testing.B) (*redisstore.Store, *roundTrips) {
 	}
 	// Load the functions before counting.
 	ctx := context.Background()
-	id := server.ID{Key: "warm-up"}
+	id := engine.ID{Key: "warm-up"}
 	cl, err := s.Claim(ctx, id, "fp", time.Minute, time.Minute)
 	if err != nil {
 		b.Fatal(err)
 	}
 	s.Extend(ctx, id, cl.Token, time.Minute)
-	s.Complete(ctx, id, cl.Token, &server.Response{Status: http.StatusOK}, time.Minute)
+	s.Complete(ctx, id, cl.Token, &engine.Response{Status: http.StatusOK}, time.Minute)
 	s.Release(ctx, id, cl.Token)
 	counter := &roundTrips{}
 	c.AddHook(counter)
 	return s, counter
 }
 
-func benchResponse() *server.Response {
-	return &server.Response{
+func benchResponse() *engine.Response {
+	return &engine.Response{
 		Status: http.StatusCreated,
 		Header: http.Header{"Content-Type": {"application/json"}, "Location": {"/orders/1"}},
 		Body:   make([]byte, 1024),
@@ -97,9 +97,9 @@ func BenchmarkClaimComplete(b *testing.B) {
 	runParallel(b, counter, func(g int64, pb *testing.PB) {
 		prefix := strconv.FormatInt(g, 10) + "-"
 		for i := 0; pb.Next(); i++ {
-			id := server.ID{Scope: "bench", Key: prefix + strconv.Itoa(i)}
+			id := engine.ID{Scope: "bench", Key: prefix + strconv.Itoa(i)}
 			c, err := s.Claim(ctx, id, "fp", time.Minute, time.Minute)
-			if err != nil || c.Status != server.Acquired {
+			if err != nil || c.Status != engine.Acquired {
 				b.Errorf("Claim = %v, %v; want acquired", c.Status, err)
 				return
 			}
@@ -115,7 +115,7 @@ func BenchmarkClaimComplete(b *testing.B) {
 func BenchmarkReplay(b *testing.B) {
 	s, counter := benchStore(b)
 	ctx := context.Background()
-	id := server.ID{Scope: "bench", Key: "replayed"}
+	id := engine.ID{Scope: "bench", Key: "replayed"}
 	c, err := s.Claim(ctx, id, "fp", time.Minute, time.Minute)
 	if err != nil {
 		b.Fatal(err)
@@ -126,7 +126,7 @@ func BenchmarkReplay(b *testing.B) {
 	runParallel(b, counter, func(_ int64, pb *testing.PB) {
 		for pb.Next() {
 			c, err := s.Claim(ctx, id, "fp", time.Minute, time.Minute)
-			if err != nil || c.Status != server.Completed {
+			if err != nil || c.Status != engine.Completed {
 				b.Errorf("Claim = %v, %v; want completed", c.Status, err)
 				return
 			}
@@ -176,9 +176,9 @@ func BenchmarkReplicaAck(b *testing.B) {
 			runParallel(b, counter, func(g int64, pb *testing.PB) {
 				prefix := strconv.FormatInt(g, 10) + "-"
 				for i := 0; pb.Next(); i++ {
-					id := server.ID{Scope: "bench", Key: prefix + strconv.Itoa(i)}
+					id := engine.ID{Scope: "bench", Key: prefix + strconv.Itoa(i)}
 					cl, err := s.Claim(ctx, id, "fp", time.Minute, time.Minute)
-					if err != nil || cl.Status != server.Acquired {
+					if err != nil || cl.Status != engine.Acquired {
 						b.Errorf("Claim = %v, %v; want acquired", cl.Status, err)
 						return
 					}

@@ -12,7 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/store/redisstore"
 	"github.com/idemkit/idempotency/store/storetest"
 )
@@ -65,7 +65,7 @@ func TestCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	storetest.Run(t, func(*testing.T) server.Store { return s })
+	storetest.Run(t, func(*testing.T) engine.Store { return s })
 
 	// Enough keys to land on every master, each taken through a claim and a
 	// completion on its own node.
@@ -73,12 +73,12 @@ func TestCluster(t *testing.T) {
 	spread := func(scope string) {
 		t.Helper()
 		for i := range 64 {
-			id := server.ID{Scope: scope, Key: string(rune('A' + i))}
+			id := engine.ID{Scope: scope, Key: string(rune('A' + i))}
 			cl, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
-			if err != nil || cl.Status != server.Acquired {
+			if err != nil || cl.Status != engine.Acquired {
 				t.Fatalf("Claim(%q) = %v, %v; want acquired", id, cl.Status, err)
 			}
-			if err := s.Complete(ctx, id, cl.Token, &server.Response{Status: 200}, time.Hour); err != nil {
+			if err := s.Complete(ctx, id, cl.Token, &engine.Response{Status: 200}, time.Hour); err != nil {
 				t.Fatalf("Complete(%q) error = %v", id, err)
 			}
 		}

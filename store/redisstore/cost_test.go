@@ -11,7 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/store/redisstore"
 )
 
@@ -193,7 +193,7 @@ func measureServerCost(t testing.TB, n, rounds int) serverCost {
 
 	// Warm up: whatever the store loads into the server, it loads now. The
 	// record written gives the plain commands values of the same sizes.
-	warm := server.ID{Scope: "warm", Key: "up"}
+	warm := engine.ID{Scope: "warm", Key: "up"}
 	cl, err := s.Claim(ctx, warm, fp, lease, ttl)
 	if err != nil {
 		t.Fatal(err)
@@ -226,7 +226,7 @@ func measureServerCost(t testing.TB, n, rounds int) serverCost {
 	if b, ok := t.(*testing.B); ok {
 		b.ResetTimer()
 	}
-	id := func(i int) server.ID { return server.ID{Scope: "tenant-0123456789", Key: "order-" + strconv.Itoa(i)} }
+	id := func(i int) engine.ID { return engine.ID{Scope: "tenant-0123456789", Key: "order-" + strconv.Itoa(i)} }
 	plainKey := func(i int) string { return "plain:" + s.RecordKey(id(i)) }
 	floorKey := func(i int) string { return "floor:" + s.RecordKey(id(i)) }
 	for r := range rounds {
@@ -238,7 +238,7 @@ func measureServerCost(t testing.TB, n, rounds int) serverCost {
 		}{
 			{&rc.storeFirst, func(i int) error {
 				cl, err := s.Claim(ctx, id(i), fp, lease, ttl)
-				if err != nil || cl.Status != server.Acquired {
+				if err != nil || cl.Status != engine.Acquired {
 					return fmt.Errorf("Claim = %v, %v; want acquired", cl.Status, err)
 				}
 				return s.Complete(ctx, id(i), cl.Token, resp, ttl)
@@ -260,7 +260,7 @@ func measureServerCost(t testing.TB, n, rounds int) serverCost {
 			}},
 			{&rc.storeReplay, func(i int) error {
 				cl, err := s.Claim(ctx, id(i), fp, lease, ttl)
-				if err != nil || cl.Status != server.Completed || len(cl.Response.Body) != len(resp.Body) {
+				if err != nil || cl.Status != engine.Completed || len(cl.Response.Body) != len(resp.Body) {
 					return fmt.Errorf("Claim = %v, %v; want the completed response", cl.Status, err)
 				}
 				return nil

@@ -12,8 +12,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/internal/testkit/servicetest"
-	"github.com/idemkit/idempotency/server"
 )
 
 // The functions read the records' headers themselves: whatever a record
@@ -33,7 +33,7 @@ func TestDamagedRecordsThroughFunctions(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	id := server.ID{Key: "damaged"}
+	id := engine.ID{Key: "damaged"}
 	key := s.RecordKey(id)
 	t.Cleanup(func() { c.Del(context.Background(), key) })
 
@@ -57,31 +57,31 @@ func TestDamagedRecordsThroughFunctions(t *testing.T) {
 		switch {
 		case err == nil:
 			seen["nil"]++
-		case errors.Is(err, server.ErrLeaseLost):
+		case errors.Is(err, engine.ErrLeaseLost):
 			seen["ErrLeaseLost"]++
 		case errors.Is(err, ErrCorruptRecord):
 			seen["ErrCorruptRecord"]++
-		case errors.Is(err, server.ErrNotFound) && (op == "Lookup" || strings.HasPrefix(op, "Resolve")):
+		case errors.Is(err, engine.ErrNotFound) && (op == "Lookup" || strings.HasPrefix(op, "Resolve")):
 			seen["ErrNotFound"]++
 		default:
 			t.Fatalf("%s on %q error = %v, want nil, ErrLeaseLost, ErrNotFound or ErrCorruptRecord", op, value, err)
 		}
 	}
 	for _, value := range damaged {
-		token := server.Token(1)
+		token := engine.Token(1)
 		if len(value) >= 10 {
-			token = server.Token(binary.BigEndian.Uint64([]byte(value[2:10])))
+			token = engine.Token(binary.BigEndian.Uint64([]byte(value[2:10])))
 		}
 		for _, op := range []struct {
 			name string
 			call func() error
 		}{
 			{"Claim", func() error { _, err := s.Claim(ctx, id, "fp", time.Minute, time.Minute); return err }},
-			{"Complete", func() error { return s.Complete(ctx, id, token, &server.Response{Status: http.StatusOK}, time.Minute) }},
+			{"Complete", func() error { return s.Complete(ctx, id, token, &engine.Response{Status: http.StatusOK}, time.Minute) }},
 			{"Release", func() error { return s.Release(ctx, id, token) }},
 			{"Extend", func() error { return s.Extend(ctx, id, token, time.Minute) }},
 			{"Lookup", func() error { _, err := s.Lookup(ctx, id); return err }},
-			{"Resolve", func() error { return s.Resolve(ctx, id, &server.Response{Status: http.StatusOK}, time.Minute) }},
+			{"Resolve", func() error { return s.Resolve(ctx, id, &engine.Response{Status: http.StatusOK}, time.Minute) }},
 			{"Resolve(nil)", func() error { return s.Resolve(ctx, id, nil, time.Minute) }},
 		} {
 			if err := c.Set(ctx, key, value, time.Minute).Err(); err != nil {

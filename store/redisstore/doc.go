@@ -1,4 +1,4 @@
-// Package redisstore is an engine.Store (server.Store) kept in Redis, through go-redis v9:
+// Package redisstore is an engine.Store (engine.Store) kept in Redis, through go-redis v9:
 // for an API that runs as several processes, on a standalone Redis, behind
 // Sentinel, or on a Redis Cluster.
 //
@@ -26,7 +26,7 @@
 // ends (version 1 holds the end as a time, judged by the Redis server's
 // clock, TIME; version 2 by its expiry, as version 3) and is then taken over
 // into version 3; a released one passes its token on. Complete, Release and
-// Extend answer server.ErrLeaseLost on them, since only an earlier release
+// Extend answer engine.ErrLeaseLost on them, since only an earlier release
 // can hold their leases. Earlier releases do not read version 3: while both
 // run against one Redis, as in a rolling upgrade, an instance of the earlier
 // release answers 503 (a store error) for a key that this release wrote,
@@ -45,7 +45,7 @@
 // told of the same lost holders; only a release by the holder that created
 // the record makes the key new again.
 //
-// Store.Lookup and Store.Resolve (server.Inspector) let an operator read a
+// Store.Lookup and Store.Resolve (engine.Inspector) let an operator read a
 // record (state, fingerprint, token, abandoned holders, first claim, lease
 // end, expiry, response) and settle it: Resolve with a response records the
 // request as done; with nil it releases the record, so that the next request
@@ -195,11 +195,12 @@
 //
 // # Monitoring
 //
-// What the middleware did with each request it tells its observer
-// (server.WithObserver). How many records a Redis holds, and how many bytes
-// they take, is a few commands, to run when the metrics are collected (from
-// an idemotel.StoreSize, for example), not by a poller of its own; and on
-// one instance, since the instances share the records. On a Redis, or a
+// What the middleware did with each request it tells its observer (the
+// Observer of engine.Config, given to a door with WithConfig). How many
+// records a Redis holds, and how many bytes they take, is a few commands,
+// to run when the metrics are collected (from the function given to
+// idemotel.RegisterStoreSize, for example), not by a poller of its own; and
+// on one instance, since the instances share the records. On a Redis, or a
 // database number, that holds only the Store's records:
 //
 //	DBSIZE
@@ -260,12 +261,12 @@
 //
 // # Errors
 //
-// Errors other than server.ErrLeaseLost are store errors: Redis unreachable,
+// Errors other than engine.ErrLeaseLost are store errors: Redis unreachable,
 // a function failed or could not be loaded, a permission refused, a record
 // corrupt. They start with "redisstore:" and hold no password: the package
 // logs nothing but what Open found and never formats the client's options.
 //
-// Complete fails with an error wrapping server.ErrNotStorable when Redis
+// Complete fails with an error wrapping engine.ErrNotStorable when Redis
 // will never take the record, so that the middleware records the request as
 // done without its body: a record above 512 MiB (Redis's largest string),
 // one above the server's proto-max-bulk-len (Redis answers "Protocol error:

@@ -10,7 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/store/redisstore"
 )
 
@@ -31,20 +31,20 @@ func ExampleNew() {
 
 	// What the middleware does with it, by hand.
 	ctx := context.Background()
-	id := server.ID{Scope: "tenant-42", Key: "9f6c1a4e-order-7"}
+	id := engine.ID{Scope: "tenant-42", Key: "9f6c1a4e-order-7"}
 	claim, err := store.Claim(ctx, id, "sha256 of the request", 30*time.Second, 24*time.Hour)
 	if err != nil {
 		log.Fatal(err) // Redis unreachable: answer 503, run nothing
 	}
 	switch claim.Status {
-	case server.Acquired:
-		resp := &server.Response{Status: http.StatusCreated, Body: []byte(`{"order":7}`)}
+	case engine.Acquired:
+		resp := &engine.Response{Status: http.StatusCreated, Body: []byte(`{"order":7}`)}
 		if err := store.Complete(ctx, id, claim.Token, resp, 24*time.Hour); err != nil {
 			log.Print(err)
 		}
-	case server.InFlight:
+	case engine.InFlight:
 		fmt.Println("in flight; retry after", claim.RetryAfter)
-	case server.Completed:
+	case engine.Completed:
 		fmt.Println("replay", claim.Response.Status)
 	}
 }
@@ -73,9 +73,9 @@ func ExampleStore_RecordKey() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println(store.RecordKey(server.ID{Scope: "tenant-42", Key: "order-7"}))
-	fmt.Println(store.RecordKey(server.ID{Scope: "a:b", Key: "c"}))
-	fmt.Println(store.RecordKey(server.ID{Scope: "a", Key: "b:c"}))
+	fmt.Println(store.RecordKey(engine.ID{Scope: "tenant-42", Key: "order-7"}))
+	fmt.Println(store.RecordKey(engine.ID{Scope: "a:b", Key: "c"}))
+	fmt.Println(store.RecordKey(engine.ID{Scope: "a", Key: "b:c"}))
 	// Output:
 	// idempotency:9:tenant-42:order-7
 	// idempotency:3:a:b:c
@@ -119,9 +119,9 @@ func ExampleStore_Resolve() {
 		log.Fatal(err)
 	}
 	ctx := context.Background()
-	id := server.ID{Scope: "tenant-42", Key: "order-7"}
+	id := engine.ID{Scope: "tenant-42", Key: "order-7"}
 	rec, err := store.Lookup(ctx, id)
-	if errors.Is(err, server.ErrNotFound) {
+	if errors.Is(err, engine.ErrNotFound) {
 		fmt.Println("no record: the next request runs")
 		return
 	}
@@ -130,7 +130,7 @@ func ExampleStore_Resolve() {
 	}
 	fmt.Printf("completed %v, %d holders abandoned it, first claimed %v\n", rec.Completed, rec.Abandoned, rec.Created)
 	if !rec.Completed {
-		done := &server.Response{Status: http.StatusCreated, Body: []byte(`{"order":7}`)}
+		done := &engine.Response{Status: http.StatusCreated, Body: []byte(`{"order":7}`)}
 		if err := store.Resolve(ctx, id, done, 24*time.Hour); err != nil {
 			log.Fatal(err)
 		}

@@ -8,19 +8,19 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/internal/testkit/servicetest"
-	"github.com/idemkit/idempotency/server"
 )
 
 func TestFingerprintsBounded(t *testing.T) {
 	f := newFingerprints()
 	for i := range maxFingerprints + 10 {
-		f.put(leaseKey{"k", server.Token(i)}, leaseFacts{fingerprint: "fp"})
+		f.put(leaseKey{"k", engine.Token(i)}, leaseFacts{fingerprint: "fp"})
 		if n := len(f.m); n > maxFingerprints {
 			t.Fatalf("after %d leases, %d remembered, want at most %d", i+1, n, maxFingerprints)
 		}
 	}
-	last := leaseKey{"k", server.Token(maxFingerprints + 9)}
+	last := leaseKey{"k", engine.Token(maxFingerprints + 9)}
 	if facts, ok := f.take(last); !ok || facts.fingerprint != "fp" {
 		t.Errorf("take(the last lease) = %+v, %v; want %q, true", facts, ok, "fp")
 	}
@@ -45,20 +45,20 @@ func TestCompleteWithAWrongHint(t *testing.T) {
 	}
 	ctx := context.Background()
 	for _, hint := range []string{"", "fp-other", "fp-longer-than-the-record's", "f"} {
-		id := server.ID{Key: hint}
+		id := engine.ID{Key: hint}
 		cl, err := s.Claim(ctx, id, "fp-right", time.Minute, time.Minute)
-		if err != nil || cl.Status != server.Acquired {
+		if err != nil || cl.Status != engine.Acquired {
 			t.Fatalf("Claim = %v, %v; want acquired", cl.Status, err)
 		}
 		key := s.RecordKey(id)
 		t.Cleanup(func() { c.Del(context.Background(), key) })
 		s.fps.put(leaseKey{key, cl.Token}, leaseFacts{fingerprint: hint, abandoned: 3, created: 1})
-		want := &server.Response{Status: http.StatusCreated, Body: []byte("body")}
+		want := &engine.Response{Status: http.StatusCreated, Body: []byte("body")}
 		if err := s.Complete(ctx, id, cl.Token, want, time.Minute); err != nil {
 			t.Fatalf("Complete with the hint %q error = %v", hint, err)
 		}
 		got, err := s.Claim(ctx, id, "x", time.Minute, time.Minute)
-		if err != nil || got.Status != server.Completed || got.Fingerprint != "fp-right" || string(got.Response.Body) != "body" {
+		if err != nil || got.Status != engine.Completed || got.Fingerprint != "fp-right" || string(got.Response.Body) != "body" {
 			t.Errorf("with the hint %q, Claim = %+v, %v; want completed %q with the body", hint, got, err, "fp-right")
 		}
 		// The record's own facts, not the wrong hint's.

@@ -15,7 +15,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/store/redisstore"
 )
 
@@ -57,9 +57,9 @@ func TestFunctionsReloaded(t *testing.T) {
 	c.AddHook(counter)
 	reloaded := []string{"fcall", "function", "fcall"}
 
-	id := server.ID{Key: "order-1"}
+	id := engine.ID{Key: "order-1"}
 	cl, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
-	if err != nil || cl.Status != server.Acquired {
+	if err != nil || cl.Status != engine.Acquired {
 		t.Fatalf("first Claim = %v, %v; want acquired", cl.Status, err)
 	}
 	if got := counter.take(); !slices.Equal(got, reloaded) {
@@ -73,7 +73,7 @@ func TestFunctionsReloaded(t *testing.T) {
 	if err := admin.FunctionFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Complete(ctx, id, cl.Token, &server.Response{Status: http.StatusCreated}, time.Hour); err != nil {
+	if err := s.Complete(ctx, id, cl.Token, &engine.Response{Status: http.StatusCreated}, time.Hour); err != nil {
 		t.Fatalf("Complete after FUNCTION FLUSH error = %v", err)
 	}
 	if got := counter.take(); !slices.Equal(got, reloaded) {
@@ -82,7 +82,7 @@ func TestFunctionsReloaded(t *testing.T) {
 	if got := libraries(t, admin); !slices.Equal(got, libs) {
 		t.Errorf("after FUNCTION FLUSH and a call, server holds %q, want %q", got, libs)
 	}
-	if cl, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour); err != nil || cl.Status != server.Completed {
+	if cl, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour); err != nil || cl.Status != engine.Completed {
 		t.Errorf("Claim after Complete = %v, %v; want completed", cl.Status, err)
 	}
 	if got := counter.take(); !slices.Equal(got, []string{"fcall"}) {
@@ -96,7 +96,7 @@ func TestFunctionsReloaded(t *testing.T) {
 		t.Fatalf("restarting redis-server on port %d: %v", p.Port, err)
 	}
 	cl, err = s.Claim(ctx, id, "fp", time.Minute, time.Hour)
-	if err != nil || cl.Status != server.Acquired {
+	if err != nil || cl.Status != engine.Acquired {
 		t.Fatalf("Claim after a restart = %v, %v; want acquired", cl.Status, err)
 	}
 	if err := s.Release(ctx, id, cl.Token); err != nil {
@@ -126,9 +126,9 @@ func TestFailoverToServerWithoutFunctions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	id := server.ID{Scope: "tenant", Key: "order-7"}
+	id := engine.ID{Scope: "tenant", Key: "order-7"}
 	cl, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
-	if err != nil || cl.Status != server.Acquired {
+	if err != nil || cl.Status != engine.Acquired {
 		t.Fatalf("Claim = %v, %v; want acquired", cl.Status, err)
 	}
 
@@ -150,11 +150,11 @@ func TestFailoverToServerWithoutFunctions(t *testing.T) {
 	addr.Store(newMaster.Addr)
 	oldMaster.Kill()
 
-	if err := s.Complete(ctx, id, cl.Token, &server.Response{Status: http.StatusCreated, Body: []byte("7")}, time.Hour); err != nil {
+	if err := s.Complete(ctx, id, cl.Token, &engine.Response{Status: http.StatusCreated, Body: []byte("7")}, time.Hour); err != nil {
 		t.Fatalf("Complete after the failover error = %v", err)
 	}
 	got, err := s.Claim(ctx, id, "other", time.Minute, time.Hour)
-	if err != nil || got.Status != server.Completed || got.Fingerprint != "fp" || string(got.Response.Body) != "7" {
+	if err != nil || got.Status != engine.Completed || got.Fingerprint != "fp" || string(got.Response.Body) != "7" {
 		t.Fatalf("Claim after the failover = %+v, %v; want the completed response", got, err)
 	}
 	if libs := libraries(t, replica); len(libs) != 1 {
@@ -175,7 +175,7 @@ func TestOneLibraryPerRelease(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.Claim(ctx, server.ID{Key: "k"}, "fp", time.Minute, time.Hour); err != nil {
+		if _, err := s.Claim(ctx, engine.ID{Key: "k"}, "fp", time.Minute, time.Hour); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -208,8 +208,8 @@ func TestFunctionsRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = s.Claim(ctx, server.ID{Key: "k"}, "fp", time.Minute, time.Hour)
-	if err == nil || errors.Is(err, server.ErrLeaseLost) || !strings.HasPrefix(err.Error(), "redisstore: claim: ") {
+	_, err = s.Claim(ctx, engine.ID{Key: "k"}, "fp", time.Minute, time.Hour)
+	if err == nil || errors.Is(err, engine.ErrLeaseLost) || !strings.HasPrefix(err.Error(), "redisstore: claim: ") {
 		t.Errorf("Claim without FUNCTION LOAD rights error = %v, want a store error", err)
 	}
 	if got := counter.take(); !slices.Equal(got, []string{"fcall", "function"}) {
@@ -237,8 +237,8 @@ func TestConcurrentFirstCalls(t *testing.T) {
 	for i := range callers {
 		wg.Go(func() {
 			<-start
-			cl, err := s.Claim(ctx, server.ID{Key: strconv.Itoa(i)}, "fp", time.Minute, time.Hour)
-			if err == nil && cl.Status != server.Acquired {
+			cl, err := s.Claim(ctx, engine.ID{Key: strconv.Itoa(i)}, "fp", time.Minute, time.Hour)
+			if err == nil && cl.Status != engine.Acquired {
 				err = errors.New("status " + cl.Status.String())
 			}
 			errs <- err

@@ -8,21 +8,20 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/idemkit/idempotency/server"
 )
 
 // waitLeaseEnd polls Claim with another fingerprint until the lease of id has
 // run out: the in-flight answer's RetryAfter is then 0.
-func waitLeaseEnd(t *testing.T, claim func() (server.Claim, error)) {
+func waitLeaseEnd(t *testing.T, claim func() (engine.Claim, error)) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		c, err := claim()
 		require.NoError(t, err)
-		if c.Status != server.InFlight || c.RetryAfter == 0 {
+		if c.Status != engine.InFlight || c.RetryAfter == 0 {
 			return
 		}
 		if time.Now().After(deadline) {
@@ -38,17 +37,17 @@ func TestClaimAbandoned(t *testing.T) {
 	t.Parallel()
 	s, _ := sharedStore(t)
 	ctx := context.Background()
-	id := server.ID{Scope: "t", Key: "abandoned"}
+	id := engine.ID{Scope: "t", Key: "abandoned"}
 	const lease = 30 * time.Millisecond
 
-	var tokens []server.Token
+	var tokens []engine.Token
 	for want := range 3 {
 		if want > 0 {
-			waitLeaseEnd(t, func() (server.Claim, error) { return s.Claim(ctx, id, "other", lease, time.Minute) })
+			waitLeaseEnd(t, func() (engine.Claim, error) { return s.Claim(ctx, id, "other", lease, time.Minute) })
 		}
 		c, err := s.Claim(ctx, id, "fp", lease, time.Minute)
 		require.NoError(t, err)
-		require.Equal(t, server.Acquired, c.Status, "claim %d", want)
+		require.Equal(t, engine.Acquired, c.Status, "claim %d", want)
 		assert.Equal(t, want, c.Abandoned, "claim %d: Abandoned", want)
 		if len(tokens) > 0 {
 			assert.Greater(t, c.Token, tokens[len(tokens)-1], "a takeover's token")
@@ -57,8 +56,8 @@ func TestClaimAbandoned(t *testing.T) {
 	}
 	// The earlier holders' tokens are refused.
 	for _, tok := range tokens[:2] {
-		err := s.Complete(ctx, id, tok, &server.Response{Status: http.StatusOK}, time.Minute)
-		assert.ErrorIs(t, err, server.ErrLeaseLost)
+		err := s.Complete(ctx, id, tok, &engine.Response{Status: http.StatusOK}, time.Minute)
+		assert.ErrorIs(t, err, engine.ErrLeaseLost)
 	}
 	r, err := s.Lookup(ctx, id)
 	require.NoError(t, err)
@@ -67,21 +66,21 @@ func TestClaimAbandoned(t *testing.T) {
 	require.NoError(t, s.Release(ctx, id, tokens[2]))
 	c, err := s.Claim(ctx, id, "fp", time.Minute, time.Minute)
 	require.NoError(t, err)
-	assert.Equal(t, server.Acquired, c.Status)
+	assert.Equal(t, engine.Acquired, c.Status)
 	// A release by a holder that took the record over keeps the count of
 	// the holders lost before it.
 	assert.Equal(t, 2, c.Abandoned, "Abandoned after a release")
 	assert.Greater(t, c.Token, tokens[2], "the token after a release")
 
 	// The completed record keeps the count of the lease that completed it.
-	id2 := server.ID{Scope: "t", Key: "abandoned-then-completed"}
+	id2 := engine.ID{Scope: "t", Key: "abandoned-then-completed"}
 	_, err = s.Claim(ctx, id2, "fp", lease, time.Minute)
 	require.NoError(t, err)
-	waitLeaseEnd(t, func() (server.Claim, error) { return s.Claim(ctx, id2, "other", lease, time.Minute) })
+	waitLeaseEnd(t, func() (engine.Claim, error) { return s.Claim(ctx, id2, "other", lease, time.Minute) })
 	c, err = s.Claim(ctx, id2, "fp", time.Minute, time.Minute)
 	require.NoError(t, err)
 	require.Equal(t, 1, c.Abandoned)
-	require.NoError(t, s.Complete(ctx, id2, c.Token, &server.Response{Status: http.StatusCreated}, time.Minute))
+	require.NoError(t, s.Complete(ctx, id2, c.Token, &engine.Response{Status: http.StatusCreated}, time.Minute))
 	r, err = s.Lookup(ctx, id2)
 	require.NoError(t, err)
 	assert.True(t, r.Completed)
@@ -93,10 +92,10 @@ func TestLookup(t *testing.T) {
 	s, _ := sharedStore(t)
 	ctx := context.Background()
 
-	_, err := s.Lookup(ctx, server.ID{Key: "never"})
-	assert.ErrorIs(t, err, server.ErrNotFound, "a key never claimed")
+	_, err := s.Lookup(ctx, engine.ID{Key: "never"})
+	assert.ErrorIs(t, err, engine.ErrNotFound, "a key never claimed")
 
-	id := server.ID{Scope: "tenant", Key: "lookup"}
+	id := engine.ID{Scope: "tenant", Key: "lookup"}
 	before := time.Now()
 	c, err := s.Claim(ctx, id, "fp-1", time.Minute, time.Hour)
 	require.NoError(t, err)
@@ -113,7 +112,7 @@ func TestLookup(t *testing.T) {
 	assert.WithinDuration(t, r.Created.Add(time.Minute), r.LeaseEnds, 2*time.Second, "LeaseEnds")
 	assert.WithinDuration(t, r.LeaseEnds.Add(time.Hour), r.Expires, 2*time.Second, "Expires: the TTL after the lease")
 
-	resp := &server.Response{Status: http.StatusCreated, Header: http.Header{"Location": {"/o/1"}}, Body: []byte("{}")}
+	resp := &engine.Response{Status: http.StatusCreated, Header: http.Header{"Location": {"/o/1"}}, Body: []byte("{}")}
 	require.NoError(t, s.Complete(ctx, id, c.Token, resp, 2*time.Hour))
 	r, err = s.Lookup(ctx, id)
 	require.NoError(t, err)
@@ -127,39 +126,39 @@ func TestLookup(t *testing.T) {
 	assert.WithinDuration(t, before, r.Created, 2*time.Second, "Created after Complete")
 
 	// Released: not found.
-	id3 := server.ID{Key: "released"}
+	id3 := engine.ID{Key: "released"}
 	c, err = s.Claim(ctx, id3, "fp", time.Minute, time.Hour)
 	require.NoError(t, err)
 	require.NoError(t, s.Release(ctx, id3, c.Token))
 	_, err = s.Lookup(ctx, id3)
-	assert.ErrorIs(t, err, server.ErrNotFound, "a released record")
+	assert.ErrorIs(t, err, engine.ErrNotFound, "a released record")
 }
 
 func TestResolve(t *testing.T) {
 	t.Parallel()
 	s, _ := sharedStore(t)
 	ctx := context.Background()
-	resp := &server.Response{Status: http.StatusCreated, Body: []byte("settled")}
+	resp := &engine.Response{Status: http.StatusCreated, Body: []byte("settled")}
 
-	err := s.Resolve(ctx, server.ID{Key: "never"}, resp, time.Hour)
-	assert.ErrorIs(t, err, server.ErrNotFound)
+	err := s.Resolve(ctx, engine.ID{Key: "never"}, resp, time.Hour)
+	assert.ErrorIs(t, err, engine.ErrNotFound)
 
 	t.Run("with a response", func(t *testing.T) {
-		id := server.ID{Key: "resolve-response"}
+		id := engine.ID{Key: "resolve-response"}
 		c, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
 		require.NoError(t, err)
 		require.NoError(t, s.Resolve(ctx, id, resp, time.Hour))
 		// The holder is refused, its effect recorded as resp.
 		for name, call := range map[string]func() error{
-			"Complete": func() error { return s.Complete(ctx, id, c.Token, &server.Response{Status: 500}, time.Hour) },
+			"Complete": func() error { return s.Complete(ctx, id, c.Token, &engine.Response{Status: 500}, time.Hour) },
 			"Extend":   func() error { return s.Extend(ctx, id, c.Token, time.Minute) },
 			"Release":  func() error { return s.Release(ctx, id, c.Token) },
 		} {
-			assert.ErrorIs(t, call(), server.ErrLeaseLost, name)
+			assert.ErrorIs(t, call(), engine.ErrLeaseLost, name)
 		}
 		got, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
 		require.NoError(t, err)
-		require.Equal(t, server.Completed, got.Status)
+		require.Equal(t, engine.Completed, got.Status)
 		assert.Equal(t, "fp", got.Fingerprint)
 		assert.Equal(t, resp.Body, got.Response.Body)
 		r, err := s.Lookup(ctx, id)
@@ -168,25 +167,25 @@ func TestResolve(t *testing.T) {
 		assert.False(t, r.Created.IsZero(), "Created kept")
 	})
 	t.Run("nil", func(t *testing.T) {
-		id := server.ID{Key: "resolve-nil"}
+		id := engine.ID{Key: "resolve-nil"}
 		c, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
 		require.NoError(t, err)
 		require.NoError(t, s.Resolve(ctx, id, nil, time.Hour))
 		_, err = s.Lookup(ctx, id)
-		assert.ErrorIs(t, err, server.ErrNotFound)
-		assert.ErrorIs(t, s.Complete(ctx, id, c.Token, resp, time.Hour), server.ErrLeaseLost)
-		assert.ErrorIs(t, s.Resolve(ctx, id, nil, time.Hour), server.ErrNotFound, "resolving it again")
+		assert.ErrorIs(t, err, engine.ErrNotFound)
+		assert.ErrorIs(t, s.Complete(ctx, id, c.Token, resp, time.Hour), engine.ErrLeaseLost)
+		assert.ErrorIs(t, s.Resolve(ctx, id, nil, time.Hour), engine.ErrNotFound, "resolving it again")
 		next, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
 		require.NoError(t, err)
-		assert.Equal(t, server.Acquired, next.Status)
+		assert.Equal(t, engine.Acquired, next.Status)
 		assert.Equal(t, 0, next.Abandoned)
 		assert.Greater(t, next.Token, c.Token)
 	})
 	t.Run("completed", func(t *testing.T) {
-		id := server.ID{Key: "resolve-completed"}
+		id := engine.ID{Key: "resolve-completed"}
 		c, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
 		require.NoError(t, err)
-		require.NoError(t, s.Complete(ctx, id, c.Token, &server.Response{Status: 200}, time.Hour))
+		require.NoError(t, s.Complete(ctx, id, c.Token, &engine.Response{Status: 200}, time.Hour))
 		require.NoError(t, s.Resolve(ctx, id, resp, time.Hour))
 		got, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
 		require.NoError(t, err)
@@ -211,28 +210,28 @@ func TestExtremeDurations(t *testing.T) {
 		{"0", 0, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			id := server.ID{Key: "extreme-" + tc.name}
+			id := engine.ID{Key: "extreme-" + tc.name}
 			c, err := s.Claim(ctx, id, "fp", tc.lease, tc.ttl)
 			require.NoError(t, err)
-			require.Equal(t, server.Acquired, c.Status)
+			require.Equal(t, engine.Acquired, c.Status)
 			err = s.Extend(ctx, id, c.Token, tc.lease)
-			if err != nil && !errors.Is(err, server.ErrLeaseLost) {
+			if err != nil && !errors.Is(err, engine.ErrLeaseLost) {
 				t.Fatalf("Extend error = %v", err)
 			}
 			if tc.lease == math.MaxInt64 {
 				require.NoError(t, err, "Extend of a lease that cannot have ended")
 				dup, err := s.Claim(ctx, id, "fp", tc.lease, tc.ttl)
 				require.NoError(t, err)
-				assert.Equal(t, server.InFlight, dup.Status, "a duplicate during a MaxInt64 lease")
+				assert.Equal(t, engine.InFlight, dup.Status, "a duplicate during a MaxInt64 lease")
 			}
-			err = s.Complete(ctx, id, c.Token, &server.Response{Status: 200}, tc.ttl)
+			err = s.Complete(ctx, id, c.Token, &engine.Response{Status: 200}, tc.ttl)
 			if tc.lease == math.MaxInt64 {
 				require.NoError(t, err)
 			}
 			if tc.ttl == math.MaxInt64 && err == nil {
 				got, err := s.Claim(ctx, id, "fp", tc.lease, tc.ttl)
 				require.NoError(t, err)
-				assert.Equal(t, server.Completed, got.Status, "a replay with a MaxInt64 TTL")
+				assert.Equal(t, engine.Completed, got.Status, "a replay with a MaxInt64 TTL")
 			}
 		})
 	}

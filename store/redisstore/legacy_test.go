@@ -8,13 +8,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 )
 
 // version1 builds a record in the previous layout (version 1), as earlier
 // releases wrote it: the end of the lease in µs by the server's clock, the
 // nonce after it, then the fingerprint and the encoded response.
-func version1(state byte, token server.Token, leaseEnd int64, fp string, response []byte) string {
+func version1(state byte, token engine.Token, leaseEnd int64, fp string, response []byte) string {
 	b := []byte{1, state}
 	b = binary.BigEndian.AppendUint64(b, uint64(token))
 	b = binary.BigEndian.AppendUint64(b, uint64(leaseEnd))
@@ -27,7 +27,7 @@ func version1(state byte, token server.Token, leaseEnd int64, fp string, respons
 // version1Response is a response as version 1 encoded it, its header names
 // in no particular order: 201, Location: /orders/1, Content-Type:
 // application/json, {"id":1}.
-func version1Response() ([]byte, *server.Response) {
+func version1Response() ([]byte, *engine.Response) {
 	body := `{"id":1}`
 	b := []byte{0, 201, 0, 0, 0, 0, byte(len(body))}
 	b = append(b, 2, 2) // names, values
@@ -37,7 +37,7 @@ func version1Response() ([]byte, *server.Response) {
 		b = append(b, 1, byte(len(h[1])))
 		b = append(b, h[1]...)
 	}
-	return append(b, body...), &server.Response{
+	return append(b, body...), &engine.Response{
 		Status: http.StatusCreated,
 		Header: http.Header{"Location": {"/orders/1"}, "Content-Type": {"application/json"}},
 		Body:   []byte(body),
@@ -59,24 +59,24 @@ func TestVersion1Records(t *testing.T) {
 	}
 	// A token ahead of every clock, so that the next one can only be larger
 	// by coming from it.
-	ahead := server.Token(now.Add(time.Hour).UnixMicro())
+	ahead := engine.Token(now.Add(time.Hour).UnixMicro())
 	encoded, want := version1Response()
-	write := func(name, value string) server.ID {
+	write := func(name, value string) engine.ID {
 		t.Helper()
-		id := server.ID{Scope: "version-1", Key: name}
+		id := engine.ID{Scope: "version-1", Key: name}
 		if err := c.Set(ctx, s.RecordKey(id), value, time.Hour).Err(); err != nil {
 			t.Fatal(err)
 		}
 		return id
 	}
-	lost := func(id server.ID, token server.Token) {
+	lost := func(id engine.ID, token engine.Token) {
 		t.Helper()
 		for op, err := range map[string]error{
 			"Extend":   s.Extend(ctx, id, token, time.Minute),
 			"Release":  s.Release(ctx, id, token),
-			"Complete": s.Complete(ctx, id, token, &server.Response{Status: http.StatusOK}, time.Hour),
+			"Complete": s.Complete(ctx, id, token, &engine.Response{Status: http.StatusOK}, time.Hour),
 		} {
-			if !errors.Is(err, server.ErrLeaseLost) {
+			if !errors.Is(err, engine.ErrLeaseLost) {
 				t.Errorf("%s of a version 1 record error = %v, want ErrLeaseLost", op, err)
 			}
 		}
@@ -85,7 +85,7 @@ func TestVersion1Records(t *testing.T) {
 	t.Run("completed", func(t *testing.T) {
 		id := write("completed", version1(2, ahead, 0, "fp-1", encoded))
 		got, err := s.Claim(ctx, id, "fp-2", time.Minute, time.Hour)
-		if err != nil || got.Status != server.Completed || got.Fingerprint != "fp-1" {
+		if err != nil || got.Status != engine.Completed || got.Fingerprint != "fp-1" {
 			t.Fatalf("Claim = %v %q, %v; want completed %q", got.Status, got.Fingerprint, err, "fp-1")
 		}
 		if got.Response.Status != want.Status || string(got.Response.Body) != string(want.Body) ||
@@ -99,7 +99,7 @@ func TestVersion1Records(t *testing.T) {
 		id := write("in-flight", version1(1, ahead, now.Add(time.Minute).UnixMicro(), "fp-1", nil))
 		for _, fp := range []string{"fp-1", "fp-2"} {
 			got, err := s.Claim(ctx, id, fp, time.Minute, time.Hour)
-			if err != nil || got.Status != server.InFlight || got.Fingerprint != "fp-1" {
+			if err != nil || got.Status != engine.InFlight || got.Fingerprint != "fp-1" {
 				t.Fatalf("Claim(%q) = %v %q, %v; want in flight %q", fp, got.Status, got.Fingerprint, err, "fp-1")
 			}
 			if got.RetryAfter < 50*time.Second || got.RetryAfter > time.Minute {
@@ -111,11 +111,11 @@ func TestVersion1Records(t *testing.T) {
 	t.Run("lease expired", func(t *testing.T) {
 		id := write("expired", version1(1, ahead, now.Add(-time.Second).UnixMicro(), "fp-1", nil))
 		got, err := s.Claim(ctx, id, "fp-2", time.Minute, time.Hour)
-		if err != nil || got.Status != server.InFlight || got.Fingerprint != "fp-1" || got.RetryAfter != 0 {
+		if err != nil || got.Status != engine.InFlight || got.Fingerprint != "fp-1" || got.RetryAfter != 0 {
 			t.Fatalf("Claim with another fingerprint = %+v, %v; want in flight %q, RetryAfter 0", got, err, "fp-1")
 		}
 		got, err = s.Claim(ctx, id, "fp-1", time.Minute, time.Hour)
-		if err != nil || got.Status != server.Acquired || got.Token != ahead+1 {
+		if err != nil || got.Status != engine.Acquired || got.Token != ahead+1 {
 			t.Fatalf("Claim = %v %d, %v; want acquired with %d", got.Status, got.Token, err, ahead+1)
 		}
 		if v, err := c.GetRange(ctx, s.RecordKey(id), 0, 0).Result(); err != nil || v != "\x03" {
@@ -132,7 +132,7 @@ func TestVersion1Records(t *testing.T) {
 		id := write("released", version1(3, ahead, 0, "", nil))
 		lost(id, ahead)
 		got, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
-		if err != nil || got.Status != server.Acquired || got.Token != ahead+1 {
+		if err != nil || got.Status != engine.Acquired || got.Token != ahead+1 {
 			t.Fatalf("Claim = %v %d, %v; want acquired with %d", got.Status, got.Token, err, ahead+1)
 		}
 	})
@@ -141,7 +141,7 @@ func TestVersion1Records(t *testing.T) {
 // version2 builds a record in the layout of the release before this one
 // (version 2): a header of 30 bytes, with the lease's slack, and no
 // abandoned count or time.
-func version2(state byte, token server.Token, slack int64, fp string, response []byte) string {
+func version2(state byte, token engine.Token, slack int64, fp string, response []byte) string {
 	b := []byte{2, state}
 	b = binary.BigEndian.AppendUint64(b, uint64(token))
 	b = append(b, "nonce-v2"...)
@@ -160,10 +160,10 @@ func TestVersion2Records(t *testing.T) {
 	ctx := context.Background()
 	s, c := sharedStore(t)
 	// Ahead of every clock, and exact in Lua's numbers (below 2^53).
-	const ahead = server.Token(1 << 52)
-	write := func(name, value string, ttl time.Duration) server.ID {
+	const ahead = engine.Token(1 << 52)
+	write := func(name, value string, ttl time.Duration) engine.ID {
 		t.Helper()
-		id := server.ID{Scope: "version-2", Key: name}
+		id := engine.ID{Scope: "version-2", Key: name}
 		if err := c.Set(ctx, s.RecordKey(id), value, ttl).Err(); err != nil {
 			t.Fatal(err)
 		}
@@ -174,11 +174,11 @@ func TestVersion2Records(t *testing.T) {
 	encoded := append([]byte{0, 201, 0, 0, 0, 0, byte(len(body)), 1, 1, 8}, "Location"...)
 	encoded = append(append(encoded, 1, 9), "/orders/1"...)
 	encoded = append(encoded, body...)
-	want := &server.Response{Status: http.StatusCreated, Header: http.Header{"Location": {"/orders/1"}}, Body: []byte(body)}
+	want := &engine.Response{Status: http.StatusCreated, Header: http.Header{"Location": {"/orders/1"}}, Body: []byte(body)}
 
 	id := write("completed", version2(2, ahead, 0, "fp-2", encoded), time.Hour)
 	got, err := s.Claim(ctx, id, "fp-2", time.Minute, time.Hour)
-	if err != nil || got.Status != server.Completed || string(got.Response.Body) != string(want.Body) {
+	if err != nil || got.Status != engine.Completed || string(got.Response.Body) != string(want.Body) {
 		t.Errorf("Claim of a completed version 2 record = %+v, %v; want the replay", got, err)
 	}
 	if r, err := s.Lookup(ctx, id); err != nil || !r.Completed || r.Fingerprint != "fp-2" || !r.Created.IsZero() {
@@ -188,7 +188,7 @@ func TestVersion2Records(t *testing.T) {
 	// In flight, its lease over: the record outlives it by an hour.
 	id = write("expired", version2(1, ahead, int64(time.Hour/time.Millisecond), "fp-2", nil), time.Hour)
 	got, err = s.Claim(ctx, id, "fp-2", time.Minute, time.Hour)
-	if err != nil || got.Status != server.Acquired || got.Token != ahead+1 || got.Abandoned != 1 {
+	if err != nil || got.Status != engine.Acquired || got.Token != ahead+1 || got.Abandoned != 1 {
 		t.Fatalf("Claim = %+v, %v; want acquired with %d, Abandoned 1", got, err, ahead+1)
 	}
 	if v, err := c.GetRange(ctx, s.RecordKey(id), 0, 0).Result(); err != nil || v != "\x03" {
@@ -200,7 +200,7 @@ func TestVersion2Records(t *testing.T) {
 
 	id = write("released", version2(3, ahead, 0, "", nil), time.Hour)
 	got, err = s.Claim(ctx, id, "fp-2", time.Minute, time.Hour)
-	if err != nil || got.Status != server.Acquired || got.Token != ahead+1 || got.Abandoned != 0 {
+	if err != nil || got.Status != engine.Acquired || got.Token != ahead+1 || got.Abandoned != 0 {
 		t.Errorf("Claim of a released version 2 record = %+v, %v; want acquired with %d, Abandoned 0", got, err, ahead+1)
 	}
 }

@@ -14,7 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/store/redisstore"
 )
 
@@ -146,7 +146,7 @@ func TestLossyConnection(t *testing.T) {
 	// error, on in flight (wait for the lease), and on a completion whose
 	// outcome is unknown.
 	order := func(i int) error {
-		id := server.ID{Scope: "lossy", Key: strconv.Itoa(i)}
+		id := engine.ID{Scope: "lossy", Key: strconv.Itoa(i)}
 		for ctx.Err() == nil {
 			cl, err := s.Claim(ctx, id, "fp", lease, time.Hour)
 			if err != nil {
@@ -154,12 +154,12 @@ func TestLossyConnection(t *testing.T) {
 				continue
 			}
 			switch cl.Status {
-			case server.Completed:
+			case engine.Completed:
 				if string(cl.Response.Body) != id.Key {
 					return errors.New("order " + id.Key + " replayed " + string(cl.Response.Body))
 				}
 				return nil
-			case server.InFlight:
+			case engine.InFlight:
 				// Our own claim, whose every reply was lost: wait out
 				// its lease, as a client honouring Retry-After would.
 				waits.Add(1)
@@ -170,10 +170,10 @@ func TestLossyConnection(t *testing.T) {
 				continue
 			}
 			executions[i].Add(1)
-			resp := &server.Response{Status: 201, Body: []byte(id.Key)}
+			resp := &engine.Response{Status: 201, Body: []byte(id.Key)}
 			for ctx.Err() == nil {
 				err := s.Complete(ctx, id, cl.Token, resp, time.Hour)
-				if err == nil || errors.Is(err, server.ErrLeaseLost) {
+				if err == nil || errors.Is(err, engine.ErrLeaseLost) {
 					break // done, or done by an attempt whose reply was lost
 				}
 				doneErrs.Add(1)

@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/store/redisstore"
 )
 
@@ -98,16 +98,16 @@ func migrate(t *testing.T, ctx context.Context, c *redis.ClusterClient, s, acked
 	t.Helper()
 	refused := func(when string) {
 		t.Helper()
-		id := server.ID{Key: "acked-" + when}
+		id := engine.ID{Key: "acked-" + when}
 		_, err := acked.Claim(ctx, id, "fp", time.Minute, time.Hour)
 		require.ErrorIs(t, err, redisstore.ErrNotReplicated, "a claim WithReplicaAck %s", when)
 		_, err = s.Lookup(ctx, id)
-		require.ErrorIs(t, err, server.ErrNotFound, "the refused claim %s is released", when)
+		require.ErrorIs(t, err, engine.ErrNotFound, "the refused claim %s is released", when)
 	}
-	before := server.ID{Key: "before"}
+	before := engine.ID{Key: "before"}
 	cl, err := s.Claim(ctx, before, "fp", time.Minute, time.Hour)
 	require.NoError(t, err)
-	require.NoError(t, s.Complete(ctx, before, cl.Token, &server.Response{Status: http.StatusCreated}, time.Hour))
+	require.NoError(t, s.Complete(ctx, before, cl.Token, &engine.Response{Status: http.StatusCreated}, time.Hour))
 
 	slot, err := c.ClusterKeySlot(ctx, s.RecordKey(before)).Result()
 	require.NoError(t, err)
@@ -134,14 +134,14 @@ func migrate(t *testing.T, ctx context.Context, c *redis.ClusterClient, s, acked
 
 	// Mid-migration: a new key is on the target (ASK), an old one on the
 	// source.
-	during := server.ID{Key: "during"}
+	during := engine.ID{Key: "during"}
 	cl, err = s.Claim(ctx, during, "fp", time.Minute, time.Hour)
 	require.NoError(t, err, "a new key while its slot migrates")
-	require.Equal(t, server.Acquired, cl.Status)
-	require.NoError(t, s.Complete(ctx, during, cl.Token, &server.Response{Status: http.StatusCreated}, time.Hour))
+	require.Equal(t, engine.Acquired, cl.Status)
+	require.NoError(t, s.Complete(ctx, during, cl.Token, &engine.Response{Status: http.StatusCreated}, time.Hour))
 	got, err := s.Claim(ctx, before, "fp", time.Minute, time.Hour)
 	require.NoError(t, err, "an old key while its slot migrates")
-	assert.Equal(t, server.Completed, got.Status)
+	assert.Equal(t, engine.Completed, got.Status)
 	require.NoError(t, target.FunctionFlush(ctx).Err())
 	refused("during the migration")
 
@@ -157,18 +157,18 @@ func migrate(t *testing.T, ctx context.Context, c *redis.ClusterClient, s, acked
 	}
 
 	// After: MOVED to the target, which has the records.
-	for _, id := range []server.ID{before, during} {
+	for _, id := range []engine.ID{before, during} {
 		got, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
 		require.NoError(t, err, "%s after the migration", id.Key)
-		assert.Equal(t, server.Completed, got.Status, id.Key)
+		assert.Equal(t, engine.Completed, got.Status, id.Key)
 	}
 	require.NoError(t, target.FunctionFlush(ctx).Err())
 	refused("after the migration")
 	require.NoError(t, target.FunctionFlush(ctx).Err())
-	after := server.ID{Key: "after"}
+	after := engine.ID{Key: "after"}
 	cl, err = s.Claim(ctx, after, "fp", time.Minute, time.Hour)
 	require.NoError(t, err)
-	assert.Equal(t, server.Acquired, cl.Status)
+	assert.Equal(t, engine.Acquired, cl.Status)
 }
 
 func splitAddr(t *testing.T, addr string) (string, string) {

@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/store/redisstore"
 )
 
@@ -30,12 +30,12 @@ func TestMonitoringCommandsDocumented(t *testing.T) {
 func fill(t *testing.T, ctx context.Context, s *redisstore.Store, keys ...string) {
 	t.Helper()
 	for _, key := range keys {
-		id := server.ID{Scope: "monitoring", Key: key}
+		id := engine.ID{Scope: "monitoring", Key: key}
 		c, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
 		require.NoError(t, err)
-		require.NoError(t, s.Complete(ctx, id, c.Token, &server.Response{Status: 201, Body: []byte(`{"id":1}`)}, time.Hour))
+		require.NoError(t, s.Complete(ctx, id, c.Token, &engine.Response{Status: 201, Body: []byte(`{"id":1}`)}, time.Hour))
 	}
-	id := server.ID{Scope: "monitoring", Key: "released"}
+	id := engine.ID{Scope: "monitoring", Key: "released"}
 	c, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
 	require.NoError(t, err)
 	require.NoError(t, s.Release(ctx, id, c.Token))

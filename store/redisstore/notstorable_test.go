@@ -11,13 +11,13 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/store/redisstore"
 )
 
 // A response larger than the server accepts in one argument
 // (proto-max-bulk-len) is refused every time: Complete says so with
-// server.ErrNotStorable, and the lease is still held, so that the middleware
+// engine.ErrNotStorable, and the lease is still held, so that the middleware
 // can record the request as done without the body.
 func TestCompleteNotStorable(t *testing.T) {
 	t.Parallel()
@@ -28,26 +28,26 @@ func TestCompleteNotStorable(t *testing.T) {
 	s, err := redisstore.New(c)
 	require.NoError(t, err)
 	ctx := context.Background()
-	id := server.ID{Key: "large"}
+	id := engine.ID{Key: "large"}
 	cl, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
 	require.NoError(t, err)
 
-	large := &server.Response{Status: http.StatusCreated, Body: bytes.Repeat([]byte("x"), 1536<<10)}
+	large := &engine.Response{Status: http.StatusCreated, Body: bytes.Repeat([]byte("x"), 1536<<10)}
 	err = s.Complete(ctx, id, cl.Token, large, time.Hour)
 	require.Error(t, err)
-	assert.ErrorIs(t, err, server.ErrNotStorable)
+	assert.ErrorIs(t, err, engine.ErrNotStorable)
 	// Nothing was written, and the lease holds: the record without its body
 	// is stored by the same holder.
-	omitted := &server.Response{Status: http.StatusCreated, BodyOmitted: true}
+	omitted := &engine.Response{Status: http.StatusCreated, BodyOmitted: true}
 	require.NoError(t, s.Complete(ctx, id, cl.Token, omitted, time.Hour))
 	got, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
 	require.NoError(t, err)
-	require.Equal(t, server.Completed, got.Status)
+	require.Equal(t, engine.Completed, got.Status)
 	assert.True(t, got.Response.BodyOmitted)
 
 	// A failure another try may mend is not ErrNotStorable.
 	p.Kill()
-	err = s.Complete(ctx, server.ID{Key: "down"}, 1, &server.Response{Status: http.StatusOK}, time.Hour)
+	err = s.Complete(ctx, engine.ID{Key: "down"}, 1, &engine.Response{Status: http.StatusOK}, time.Hour)
 	require.Error(t, err)
-	assert.NotErrorIs(t, err, server.ErrNotStorable)
+	assert.NotErrorIs(t, err, engine.ErrNotStorable)
 }

@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/store/redisstore"
 )
 
@@ -39,5 +39,5 @@ func TestNewNamesEveryInvalidOption(t *testing.T) {
 	s, err = redisstore.New(client, redisstore.WithLogger(slog.New(slog.DiscardHandler)),
 		redisstore.WithPrefix("t:"), redisstore.WithStrictEviction(), redisstore.WithReplicaAck(1, time.Nanosecond))
 	require.NoError(t, err)
-	assert.True(t, strings.HasPrefix(s.RecordKey(server.ID{Key: "k"}), "t:"), "RecordKey = %q, want the prefix t:", s.RecordKey(server.ID{Key: "k"}))
+	assert.True(t, strings.HasPrefix(s.RecordKey(engine.ID{Key: "k"}), "t:"), "RecordKey = %q, want the prefix t:", s.RecordKey(engine.ID{Key: "k"}))
 }

@@ -11,7 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/store/redisstore"
 )
 
@@ -29,7 +29,7 @@ func outageStore(t *testing.T, contextTimeout bool) (*redisProcess, *redisstore.
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Claim(context.Background(), server.ID{Key: "before"}, "fp", time.Minute, time.Hour); err != nil {
+	if _, err := s.Claim(context.Background(), engine.ID{Key: "before"}, "fp", time.Minute, time.Hour); err != nil {
 		t.Fatalf("Claim while Redis is up error = %v", err)
 	}
 	return p, s
@@ -42,7 +42,7 @@ func checkOutageError(t *testing.T, op string, err error, took, deadline time.Du
 	if err == nil {
 		t.Fatalf("%s while Redis is down error = nil, want a store error", op)
 	}
-	if errors.Is(err, server.ErrLeaseLost) {
+	if errors.Is(err, engine.ErrLeaseLost) {
 		t.Errorf("%s error = %v, want a store error, not ErrLeaseLost", op, err)
 	}
 	if !strings.HasPrefix(err.Error(), "redisstore: ") {
@@ -68,14 +68,14 @@ func TestRedisDown(t *testing.T) {
 	const deadline = time.Second
 	for op, call := range map[string]func(context.Context) error{
 		"Claim": func(ctx context.Context) error {
-			_, err := s.Claim(ctx, server.ID{Key: "during"}, "fp", time.Minute, time.Hour)
+			_, err := s.Claim(ctx, engine.ID{Key: "during"}, "fp", time.Minute, time.Hour)
 			return err
 		},
 		"Complete": func(ctx context.Context) error {
-			return s.Complete(ctx, server.ID{Key: "before"}, 1, &server.Response{Status: 200}, time.Hour)
+			return s.Complete(ctx, engine.ID{Key: "before"}, 1, &engine.Response{Status: 200}, time.Hour)
 		},
-		"Release": func(ctx context.Context) error { return s.Release(ctx, server.ID{Key: "before"}, 1) },
-		"Extend":  func(ctx context.Context) error { return s.Extend(ctx, server.ID{Key: "before"}, 1, time.Minute) },
+		"Release": func(ctx context.Context) error { return s.Release(ctx, engine.ID{Key: "before"}, 1) },
+		"Extend":  func(ctx context.Context) error { return s.Extend(ctx, engine.ID{Key: "before"}, 1, time.Minute) },
 	} {
 		t.Run(op, func(t *testing.T) {
 			t.Parallel()
@@ -106,7 +106,7 @@ func TestRedisHung(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), deadline)
 			defer cancel()
 			start := time.Now()
-			_, err := s.Claim(ctx, server.ID{Key: "during"}, "fp", time.Minute, time.Hour)
+			_, err := s.Claim(ctx, engine.ID{Key: "during"}, "fp", time.Minute, time.Hour)
 			checkOutageError(t, "Claim", err, time.Since(start), deadline)
 			if !errors.Is(err, context.DeadlineExceeded) {
 				t.Errorf("Claim error = %v, want context.DeadlineExceeded", err)

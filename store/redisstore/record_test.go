@@ -9,12 +9,12 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 )
 
 // sampleRecords returns valid records of both versions in every state.
 func sampleRecords() []record {
-	const token = server.Token(1796000000000000)
+	const token = engine.Token(1796000000000000)
 	return []record{
 		{version: recordVersion, state: stateInFlight, token: token, nonce: 7, slack: 3_540_000, fingerprint: "fp\x00\xff"},
 		{version: recordVersion, state: stateInFlight, token: 1, fingerprint: ""},
@@ -22,13 +22,13 @@ func sampleRecords() []record {
 		{version: v2Version, state: stateInFlight, token: token, nonce: 7, slack: 60_000, fingerprint: "fp"},
 		{version: v2Version, state: stateReleased, token: token, nonce: 2},
 		{version: v2Version, state: stateCompleted, token: token, nonce: 9, fingerprint: "fp",
-			response: &server.Response{Status: http.StatusCreated, Header: http.Header{"A": {"b"}}, Body: []byte("x")}},
+			response: &engine.Response{Status: http.StatusCreated, Header: http.Header{"A": {"b"}}, Body: []byte("x")}},
 		{version: recordVersion, state: stateReleased, token: token, nonce: 1 << 63},
 		{version: recordVersion, state: stateCompleted, token: token, nonce: 9, fingerprint: "fp",
-			response: &server.Response{Status: http.StatusNoContent}},
+			response: &engine.Response{Status: http.StatusNoContent}},
 		{version: recordVersion, state: stateCompleted, token: token, fingerprint: string(make([]byte, 32)),
-			response: &server.Response{Status: http.StatusCreated, Header: http.Header{"Location": {"/x"}}, BodyOmitted: true}},
-		{version: recordVersion, state: stateCompleted, token: token, nonce: 3, fingerprint: "fp", response: &server.Response{
+			response: &engine.Response{Status: http.StatusCreated, Header: http.Header{"Location": {"/x"}}, BodyOmitted: true}},
+		{version: recordVersion, state: stateCompleted, token: token, nonce: 3, fingerprint: "fp", response: &engine.Response{
 			Status: 299,
 			Header: http.Header{
 				"X-Binary": {"\x00\x01\xff", ""},
@@ -40,7 +40,7 @@ func sampleRecords() []record {
 		}},
 		{version: legacyVersion, state: stateInFlight, token: token, leaseEnd: 1796000060000000, nonce: 5, fingerprint: "fp"},
 		{version: legacyVersion, state: stateReleased, token: token, nonce: 6},
-		{version: legacyVersion, state: stateCompleted, token: token, nonce: 8, fingerprint: "fp", response: &server.Response{
+		{version: legacyVersion, state: stateCompleted, token: token, nonce: 8, fingerprint: "fp", response: &engine.Response{
 			Status: http.StatusOK, Header: http.Header{"A": {"b", "c"}, "Content-Type": {"text/plain"}}, Body: []byte("body"),
 		}},
 	}
@@ -130,10 +130,10 @@ func TestDecodedValuesDoNotShare(t *testing.T) {
 
 func TestEncodeRefuses(t *testing.T) {
 	for _, r := range []record{
-		{version: recordVersion, state: stateCompleted, response: &server.Response{Status: -1}},
-		{version: recordVersion, state: stateCompleted, response: &server.Response{Status: 1 << 16}},
+		{version: recordVersion, state: stateCompleted, response: &engine.Response{Status: -1}},
+		{version: recordVersion, state: stateCompleted, response: &engine.Response{Status: 1 << 16}},
 		{version: recordVersion, state: stateCompleted},
-		{version: recordVersion, state: stateInFlight, response: &server.Response{Status: 200}},
+		{version: recordVersion, state: stateInFlight, response: &engine.Response{Status: 200}},
 		{version: 4, state: stateInFlight},
 	} {
 		if _, err := encodeRecord(r); err == nil {
@@ -260,7 +260,7 @@ func FuzzRecordRoundTrip(f *testing.F) {
 	f.Add(uint8(5), int64(-1), uint64(1<<63), int64(-5), "\x00\xff", uint16(65535), false, "a", "\x00", "a", "\xff", []byte{0})
 	f.Fuzz(func(t *testing.T, kind uint8, token int64, nonce uint64, n int64, fp string, status uint16, omitted bool,
 		name1, value1, name2, value2 string, body []byte) {
-		want := record{token: server.Token(token), nonce: nonce, fingerprint: fp}
+		want := record{token: engine.Token(token), nonce: nonce, fingerprint: fp}
 		want.version = []byte{recordVersion, legacyVersion, v2Version}[kind%3]
 		want.state = stateInFlight + kind/3%3
 		switch want.version {
@@ -276,7 +276,7 @@ func FuzzRecordRoundTrip(f *testing.F) {
 			h := http.Header{}
 			h[name1] = append(h[name1], value1)
 			h[name2] = append(h[name2], value2, value1)
-			want.response = &server.Response{Status: int(status), Header: h, Body: body, BodyOmitted: omitted}
+			want.response = &engine.Response{Status: int(status), Header: h, Body: body, BodyOmitted: omitted}
 		}
 		enc := mustEncode(t, want)
 		got, err := decodeRecord(string(enc))
@@ -291,13 +291,13 @@ func FuzzRecordRoundTrip(f *testing.F) {
 
 func TestRecordKey(t *testing.T) {
 	for _, tc := range []struct {
-		id   server.ID
+		id   engine.ID
 		want string
 	}{
-		{server.ID{}, "p:0::"},
-		{server.ID{Scope: "a:b", Key: "c"}, "p:3:a:b:c"},
-		{server.ID{Scope: "a", Key: "b:c"}, "p:1:a:b:c"},
-		{server.ID{Scope: "tenant-0123456789", Key: "k"}, "p:17:tenant-0123456789:k"},
+		{engine.ID{}, "p:0::"},
+		{engine.ID{Scope: "a:b", Key: "c"}, "p:3:a:b:c"},
+		{engine.ID{Scope: "a", Key: "b:c"}, "p:1:a:b:c"},
+		{engine.ID{Scope: "tenant-0123456789", Key: "k"}, "p:17:tenant-0123456789:k"},
 	} {
 		if got := recordKey("p:", tc.id); got != tc.want {
 			t.Errorf("recordKey(%q) = %q, want %q", tc.id, got, tc.want)

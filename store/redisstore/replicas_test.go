@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/server"
 	"github.com/idemkit/idempotency/store/redisstore"
 )
@@ -73,8 +74,9 @@ func pause(t *testing.T, p *redisProcess) (resume func()) {
 // ackedServer serves POST / through the middleware on a Store of master
 // WithReplicaAck(1, wait), under RefuseAbandoned, with a fixed scope and
 // fingerprint, so that the test can claim its keys as another process
-// would; the handler counts its runs.
-func ackedServer(t *testing.T, master *redisProcess, wait time.Duration, opts ...server.Option) (url string, acked, plain *redisstore.Store, runs *atomic.Int64) {
+// would; the handler counts its runs. Its lease is lease, the default
+// when 0.
+func ackedServer(t *testing.T, master *redisProcess, wait, lease time.Duration) (url string, acked, plain *redisstore.Store, runs *atomic.Int64) {
 	t.Helper()
 	mc := redis.NewClient(&redis.Options{Addr: master.Addr, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { mc.Close() })
@@ -84,12 +86,11 @@ func ackedServer(t *testing.T, master *redisProcess, wait time.Duration, opts ..
 	plain, err = redisstore.New(mc)
 	require.NoError(t, err)
 	runs = new(atomic.Int64)
-	mw, err := server.New(acked, append([]server.Option{
-		server.WithAbandoned(server.RefuseAbandoned),
+	mw, err := server.New(acked,
+		server.WithConfig(engine.Config{Lease: lease, Abandoned: engine.RefuseAbandoned, Logger: slog.New(slog.DiscardHandler)}),
 		server.WithScope(func(*http.Request) (string, error) { return "acme", nil }),
 		server.WithFingerprint(func(*http.Request, []byte) (string, error) { return "order", nil }),
-		server.WithLogger(slog.New(slog.DiscardHandler)),
-	}, opts...)...)
+	)
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -114,7 +115,7 @@ func postOrder(t *testing.T, url, key string) (int, string) {
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
 	resp.Body.Close()
-	return resp.StatusCode, resp.Header.Get(server.HeaderOutcome)
+	return resp.StatusCode, resp.Header.Get(engine.HeaderOutcome)
 }
 
 // TestReplicaAckKeepsAbandoned: a takeover of a lost holder whose claim the
@@ -125,11 +126,11 @@ func postOrder(t *testing.T, url, key string) (int, string) {
 func TestReplicaAckKeepsAbandoned(t *testing.T) {
 	t.Parallel()
 	master, replica := startReplicated(t)
-	url, _, plain, runs := ackedServer(t, master, 200*time.Millisecond)
+	url, _, plain, runs := ackedServer(t, master, 200*time.Millisecond, 0)
 	// The holder, lost: its process died after its claim.
-	c, err := plain.Claim(context.Background(), server.ID{Scope: "acme", Key: "k"}, "order", 300*time.Millisecond, time.Hour)
+	c, err := plain.Claim(context.Background(), engine.ID{Scope: "acme", Key: "k"}, "order", 300*time.Millisecond, time.Hour)
 	require.NoError(t, err)
-	require.Equal(t, server.Acquired, c.Status)
+	require.Equal(t, engine.Acquired, c.Status)
 
 	resume := pause(t, replica)
 	deadline := time.Now().Add(10 * time.Second)
@@ -159,7 +160,7 @@ func TestReplicaAckWaitLongerThanClaim(t *testing.T) {
 	t.Parallel()
 	master, replica := startReplicated(t)
 	const lease = 2 * time.Second
-	url, _, plain, runs := ackedServer(t, master, 5*time.Second, server.WithLease(lease))
+	url, _, plain, runs := ackedServer(t, master, 5*time.Second, lease)
 
 	resume := pause(t, replica)
 	status, _ := postOrder(t, url, "k")
@@ -172,8 +173,8 @@ func TestReplicaAckWaitLongerThanClaim(t *testing.T) {
 	// answer took.
 	end := time.Now().Add(lease)
 	for time.Now().Before(end) {
-		r, err := plain.Lookup(context.Background(), server.ID{Scope: "acme", Key: "k"})
-		if errors.Is(err, server.ErrNotFound) {
+		r, err := plain.Lookup(context.Background(), engine.ID{Scope: "acme", Key: "k"})
+		if errors.Is(err, engine.ErrNotFound) {
 			break // released: nothing to wait for
 		}
 		require.NoError(t, err)
@@ -231,48 +232,48 @@ func TestReplicaAck(t *testing.T) {
 	require.NoError(t, err)
 	ctx := context.Background()
 
-	id := server.ID{Key: "acked"}
+	id := engine.ID{Key: "acked"}
 	c, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
 	require.NoError(t, err)
-	require.Equal(t, server.Acquired, c.Status)
+	require.Equal(t, engine.Acquired, c.Status)
 	onReplica := func() string {
 		v, err := rc.Get(ctx, s.RecordKey(id)).Result()
 		require.NoError(t, err, "the record on the replica")
 		return v
 	}
 	assert.Equal(t, byte(1), onReplica()[1], "the replica's record is in flight")
-	require.NoError(t, s.Complete(ctx, id, c.Token, &server.Response{Status: http.StatusCreated}, time.Hour))
+	require.NoError(t, s.Complete(ctx, id, c.Token, &engine.Response{Status: http.StatusCreated}, time.Hour))
 	assert.Equal(t, byte(2), onReplica()[1], "the replica's record is completed")
 	// A replay wrote nothing and waits for nothing.
 	got, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
 	require.NoError(t, err)
-	assert.Equal(t, server.Completed, got.Status)
+	assert.Equal(t, engine.Completed, got.Status)
 
 	// A claim taken before the replica went, completed after.
-	early := server.ID{Key: "early"}
+	early := engine.ID{Key: "early"}
 	ec, err := s.Claim(ctx, early, "fp", time.Minute, time.Hour)
 	require.NoError(t, err)
 
 	replica.Kill()
-	lone := server.ID{Key: "alone"}
+	lone := engine.ID{Key: "alone"}
 	_, err = s.Claim(ctx, lone, "fp", time.Minute, time.Hour)
 	require.ErrorIs(t, err, redisstore.ErrNotReplicated)
 	_, err = s.Lookup(ctx, lone)
-	assert.ErrorIs(t, err, server.ErrNotFound, "the unacknowledged claim is released")
+	assert.ErrorIs(t, err, engine.ErrNotFound, "the unacknowledged claim is released")
 	// So the next claim takes it, and fails the same way while alone.
 	_, err = s.Claim(ctx, lone, "fp", time.Minute, time.Hour)
 	assert.ErrorIs(t, err, redisstore.ErrNotReplicated)
 
-	err = s.Complete(ctx, early, ec.Token, &server.Response{Status: http.StatusCreated}, time.Hour)
+	err = s.Complete(ctx, early, ec.Token, &engine.Response{Status: http.StatusCreated}, time.Hour)
 	assert.ErrorIs(t, err, redisstore.ErrNotReplicated)
-	assert.NotErrorIs(t, err, server.ErrNotStorable)
+	assert.NotErrorIs(t, err, engine.ErrNotStorable)
 
 	// Without the option, the same master answers.
 	plain, err := redisstore.New(mc)
 	require.NoError(t, err)
-	c, err = plain.Claim(ctx, server.ID{Key: "plain"}, "fp", time.Minute, time.Hour)
+	c, err = plain.Claim(ctx, engine.ID{Key: "plain"}, "fp", time.Minute, time.Hour)
 	require.NoError(t, err)
-	assert.Equal(t, server.Acquired, c.Status)
+	assert.Equal(t, engine.Acquired, c.Status)
 }
 
 // min-replicas-to-write, the server's companion: a master without the
@@ -286,7 +287,7 @@ func TestMinReplicasToWrite(t *testing.T) {
 	t.Cleanup(func() { c.Close() })
 	s, err := redisstore.New(c)
 	require.NoError(t, err)
-	_, err = s.Claim(context.Background(), server.ID{Key: "alone"}, "fp", time.Minute, time.Hour)
+	_, err = s.Claim(context.Background(), engine.ID{Key: "alone"}, "fp", time.Minute, time.Hour)
 	require.Error(t, err)
 	assert.NotErrorIs(t, err, redisstore.ErrCorruptRecord)
 	assert.Contains(t, err.Error(), "NOREPLICAS")

@@ -14,7 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/store/redisstore"
 	"github.com/idemkit/idempotency/store/storetest"
 )
@@ -22,7 +22,7 @@ import (
 func TestConformance(t *testing.T) {
 	t.Parallel()
 	s, _ := sharedStore(t)
-	storetest.Run(t, func(*testing.T) server.Store { return s })
+	storetest.Run(t, func(*testing.T) engine.Store { return s })
 }
 
 func TestNewNilClient(t *testing.T) {
@@ -49,7 +49,7 @@ func TestConcurrentClaimersAcrossStores(t *testing.T) {
 	}
 	const claimers, rounds = 64, 20
 	for round := range rounds {
-		id := server.ID{Scope: "tenant", Key: "order-" + string(rune('a'+round))}
+		id := engine.ID{Scope: "tenant", Key: "order-" + string(rune('a'+round))}
 		var (
 			wg      sync.WaitGroup
 			start   = make(chan struct{})
@@ -65,11 +65,11 @@ func TestConcurrentClaimersAcrossStores(t *testing.T) {
 				switch {
 				case err != nil:
 					errs <- err
-				case c.Status == server.Acquired:
+				case c.Status == engine.Acquired:
 					winners.Add(1)
 					winner.Store(int32(i % 2))
 					token.Store(int64(c.Token))
-				case c.Status != server.InFlight:
+				case c.Status != engine.InFlight:
 					errs <- errors.New("status " + c.Status.String())
 				}
 			})
@@ -84,12 +84,12 @@ func TestConcurrentClaimersAcrossStores(t *testing.T) {
 			t.Fatalf("round %d: %d of %d claimers acquired, want exactly 1", round, n, claimers)
 		}
 		w := winner.Load()
-		want := &server.Response{Status: http.StatusCreated, Body: []byte(id.Key)}
-		if err := stores[w].Complete(ctx, id, server.Token(token.Load()), want, time.Hour); err != nil {
+		want := &engine.Response{Status: http.StatusCreated, Body: []byte(id.Key)}
+		if err := stores[w].Complete(ctx, id, engine.Token(token.Load()), want, time.Hour); err != nil {
 			t.Fatalf("round %d: Complete error = %v", round, err)
 		}
 		c, err := stores[1-w].Claim(ctx, id, "fp", time.Minute, time.Hour)
-		if err != nil || c.Status != server.Completed || string(c.Response.Body) != id.Key {
+		if err != nil || c.Status != engine.Completed || string(c.Response.Body) != id.Key {
 			t.Fatalf("round %d: Claim on the other Store = %v, %v; want the completed response", round, c.Status, err)
 		}
 	}
@@ -138,20 +138,20 @@ func TestOneRoundTripPerOperation(t *testing.T) {
 	s, c := sharedStore(t)
 	// The first call on a server without the functions is FCALL, FUNCTION
 	// LOAD and FCALL again: do that before counting.
-	warm := server.ID{Key: "warm-up"}
+	warm := engine.ID{Key: "warm-up"}
 	if cl, err := s.Claim(ctx, warm, "fp", time.Minute, time.Hour); err != nil {
 		t.Fatal(err)
 	} else {
 		s.Extend(ctx, warm, cl.Token, time.Minute)
 		s.Release(ctx, warm, cl.Token)
-		s.Complete(ctx, warm, cl.Token, &server.Response{Status: 200}, time.Hour)
+		s.Complete(ctx, warm, cl.Token, &engine.Response{Status: 200}, time.Hour)
 	}
 	counter := &commandCounter{}
 	c.AddHook(counter)
 
-	id := server.ID{Scope: "s", Key: "k"}
-	var tok server.Token
-	resp := &server.Response{Status: http.StatusCreated, Header: http.Header{"Location": {"/orders/1"}}, Body: []byte("{}")}
+	id := engine.ID{Scope: "s", Key: "k"}
+	var tok engine.Token
+	resp := &engine.Response{Status: http.StatusCreated, Header: http.Header{"Location": {"/orders/1"}}, Body: []byte("{}")}
 	for _, op := range []struct {
 		name string
 		fn   func() error
@@ -165,7 +165,7 @@ func TestOneRoundTripPerOperation(t *testing.T) {
 		{"Extend", func() error { return s.Extend(ctx, id, tok, time.Minute) }},
 		{"Release", func() error { return s.Release(ctx, id, tok) }},
 		{"Release (lease lost)", func() error {
-			if err := s.Release(ctx, id, tok); !errors.Is(err, server.ErrLeaseLost) {
+			if err := s.Release(ctx, id, tok); !errors.Is(err, engine.ErrLeaseLost) {
 				return err
 			}
 			return nil
@@ -215,9 +215,9 @@ func TestRepeatedCallsRecogniseThemselves(t *testing.T) {
 	s, c := sharedStore(t)
 	c.AddHook(repeater{})
 
-	id := server.ID{Key: "repeated"}
+	id := engine.ID{Key: "repeated"}
 	cl, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
-	if err != nil || cl.Status != server.Acquired {
+	if err != nil || cl.Status != engine.Acquired {
 		t.Fatalf("repeated Claim = %v, %v; want acquired", cl.Status, err)
 	}
 	if err := s.Extend(ctx, id, cl.Token, time.Minute); err != nil {
@@ -227,21 +227,21 @@ func TestRepeatedCallsRecogniseThemselves(t *testing.T) {
 		t.Fatalf("repeated Release error = %v", err)
 	}
 	cl2, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
-	if err != nil || cl2.Status != server.Acquired || cl2.Token <= cl.Token {
+	if err != nil || cl2.Status != engine.Acquired || cl2.Token <= cl.Token {
 		t.Fatalf("repeated Claim after Release = %v %d, %v; want acquired with a token > %d", cl2.Status, cl2.Token, err, cl.Token)
 	}
-	if err := s.Complete(ctx, id, cl2.Token, &server.Response{Status: http.StatusOK}, time.Hour); err != nil {
+	if err := s.Complete(ctx, id, cl2.Token, &engine.Response{Status: http.StatusOK}, time.Hour); err != nil {
 		t.Fatalf("repeated Complete error = %v", err)
 	}
 	// Distinct calls are still told apart.
-	if err := s.Complete(ctx, id, cl2.Token, &server.Response{Status: http.StatusOK}, time.Hour); !errors.Is(err, server.ErrLeaseLost) {
+	if err := s.Complete(ctx, id, cl2.Token, &engine.Response{Status: http.StatusOK}, time.Hour); !errors.Is(err, engine.ErrLeaseLost) {
 		t.Errorf("second Complete error = %v, want ErrLeaseLost", err)
 	}
-	other := server.ID{Key: "repeated-other"}
+	other := engine.ID{Key: "repeated-other"}
 	if _, err := s.Claim(ctx, other, "fp", time.Minute, time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	if cl, err := s.Claim(ctx, other, "fp", time.Minute, time.Hour); err != nil || cl.Status != server.InFlight {
+	if cl, err := s.Claim(ctx, other, "fp", time.Minute, time.Hour); err != nil || cl.Status != engine.InFlight {
 		t.Errorf("second Claim = %v, %v; want in flight", cl.Status, err)
 	}
 }
@@ -254,12 +254,12 @@ func TestCorruptRecord(t *testing.T) {
 	s, c := sharedStore(t)
 
 	// A real completed record, to truncate.
-	done := server.ID{Key: "completed"}
+	done := engine.ID{Key: "completed"}
 	cl, err := s.Claim(ctx, done, "fp", time.Minute, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp := &server.Response{Status: http.StatusCreated, Header: http.Header{"Location": {"/orders/1"}}, Body: []byte(`{"id":1}`)}
+	resp := &engine.Response{Status: http.StatusCreated, Header: http.Header{"Location": {"/orders/1"}}, Body: []byte(`{"id":1}`)}
 	if err := s.Complete(ctx, done, cl.Token, resp, time.Hour); err != nil {
 		t.Fatal(err)
 	}
@@ -298,7 +298,7 @@ func TestCorruptRecord(t *testing.T) {
 		{"a list", func(key string) error { return c.RPush(ctx, key, "x").Err() }, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			id := server.ID{Scope: "corrupt", Key: tc.name}
+			id := engine.ID{Scope: "corrupt", Key: tc.name}
 			if err := tc.write(s.RecordKey(id)); err != nil {
 				t.Fatal(err)
 			}
@@ -306,7 +306,7 @@ func TestCorruptRecord(t *testing.T) {
 			if !errors.Is(err, redisstore.ErrCorruptRecord) {
 				t.Fatalf("Claim = %v, %v; want ErrCorruptRecord", cl.Status, err)
 			}
-			if errors.Is(err, server.ErrLeaseLost) || cl.Response != nil || cl.Status != 0 {
+			if errors.Is(err, engine.ErrLeaseLost) || cl.Response != nil || cl.Status != 0 {
 				t.Errorf("Claim = %+v, %v; want nothing but a store error", cl, err)
 			}
 			if !strings.HasPrefix(err.Error(), "redisstore: claim: ") {
@@ -354,10 +354,10 @@ func TestRecordKeyInjective(t *testing.T) {
 		words = append(words, next...)
 		frontier = next
 	}
-	seen := make(map[string]server.ID, len(words)*len(words))
+	seen := make(map[string]engine.ID, len(words)*len(words))
 	for _, scope := range words {
 		for _, key := range words {
-			id := server.ID{Scope: scope, Key: key}
+			id := engine.ID{Scope: scope, Key: key}
 			k := s.RecordKey(id)
 			if prev, dup := seen[k]; dup {
 				t.Fatalf("RecordKey(%q) = RecordKey(%q) = %q", id, prev, k)
@@ -372,7 +372,7 @@ func TestLookalikeIDsAreSeparate(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	s, _ := sharedStore(t)
-	for _, pair := range [][2]server.ID{
+	for _, pair := range [][2]engine.ID{
 		{{Scope: "a:b", Key: "c"}, {Scope: "a", Key: "b:c"}},
 		{{Scope: "", Key: "1:a:b"}, {Scope: "1:a", Key: "b"}},
 		{{Scope: "10", Key: ""}, {Scope: "1", Key: "0"}},
@@ -385,10 +385,10 @@ func TestLookalikeIDsAreSeparate(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := s.Complete(ctx, a, cl.Token, &server.Response{Status: http.StatusOK}, time.Hour); err != nil {
+		if err := s.Complete(ctx, a, cl.Token, &engine.Response{Status: http.StatusOK}, time.Hour); err != nil {
 			t.Fatal(err)
 		}
-		if cl, err := s.Claim(ctx, b, "fp", time.Minute, time.Hour); err != nil || cl.Status != server.Acquired {
+		if cl, err := s.Claim(ctx, b, "fp", time.Minute, time.Hour); err != nil || cl.Status != engine.Acquired {
 			t.Errorf("Claim(%q) after completing %q = %v, %v; want acquired", b, a, cl.Status, err)
 		}
 	}
@@ -401,7 +401,7 @@ func TestRecordTTL(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	s, c := sharedStore(t)
-	id := server.ID{Key: "ttl"}
+	id := engine.ID{Key: "ttl"}
 	key := s.RecordKey(id)
 	pttl := func(op string, lo, hi time.Duration) {
 		t.Helper()
@@ -435,7 +435,7 @@ func TestRecordTTL(t *testing.T) {
 		t.Fatal(err)
 	}
 	pttl("Claim with a lease longer than the TTL", 179*time.Minute, 3*time.Hour)
-	if err := s.Complete(ctx, id, cl.Token, &server.Response{Status: http.StatusOK}, 5*time.Minute); err != nil {
+	if err := s.Complete(ctx, id, cl.Token, &engine.Response{Status: http.StatusOK}, 5*time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	pttl("Complete", 4*time.Minute, 5*time.Minute)
@@ -448,13 +448,13 @@ func TestTokenOutrunsALateClock(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	s, c := sharedStore(t)
-	id := server.ID{Key: "late-clock"}
+	id := engine.ID{Key: "late-clock"}
 	key := s.RecordKey(id)
 	cl, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ahead := cl.Token + server.Token(time.Hour/time.Microsecond)
+	ahead := cl.Token + engine.Token(time.Hour/time.Microsecond)
 	rec, err := c.Get(ctx, key).Bytes()
 	if err != nil {
 		t.Fatal(err)
@@ -467,7 +467,7 @@ func TestTokenOutrunsALateClock(t *testing.T) {
 		t.Fatalf("Release with the rewritten token error = %v", err)
 	}
 	cl, err = s.Claim(ctx, id, "fp", time.Minute, time.Hour)
-	if err != nil || cl.Status != server.Acquired {
+	if err != nil || cl.Status != engine.Acquired {
 		t.Fatalf("Claim after Release = %v, %v; want acquired", cl.Status, err)
 	}
 	if cl.Token != ahead+1 {
@@ -478,11 +478,11 @@ func TestTokenOutrunsALateClock(t *testing.T) {
 func TestZeroStore(t *testing.T) {
 	var s redisstore.Store
 	ctx := context.Background()
-	id := server.ID{Key: "k"}
+	id := engine.ID{Key: "k"}
 	if _, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour); err == nil {
 		t.Error("Claim on the zero Store error = nil, want an error")
 	}
-	if err := s.Complete(ctx, id, 1, &server.Response{Status: 200}, time.Hour); err == nil {
+	if err := s.Complete(ctx, id, 1, &engine.Response{Status: 200}, time.Hour); err == nil {
 		t.Error("Complete on the zero Store error = nil, want an error")
 	}
 	if err := s.Release(ctx, id, 1); err == nil {
@@ -508,22 +508,22 @@ func TestCompleteByAnotherStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	id := server.ID{Scope: "s", Key: "k"}
+	id := engine.ID{Scope: "s", Key: "k"}
 	cl, err := a.Claim(ctx, id, "fp\x00\xff", time.Minute, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := &server.Response{Status: http.StatusCreated, Header: http.Header{"Location": {"/orders/1"}}, Body: []byte(`{"id":1}`)}
+	want := &engine.Response{Status: http.StatusCreated, Header: http.Header{"Location": {"/orders/1"}}, Body: []byte(`{"id":1}`)}
 	if err := b.Complete(ctx, id, cl.Token, want, time.Hour); err != nil {
 		t.Fatalf("Complete by the other Store error = %v", err)
 	}
 	got, err := a.Claim(ctx, id, "other", time.Minute, time.Hour)
-	if err != nil || got.Status != server.Completed || got.Fingerprint != "fp\x00\xff" ||
+	if err != nil || got.Status != engine.Completed || got.Fingerprint != "fp\x00\xff" ||
 		string(got.Response.Body) != `{"id":1}` || http.Header(got.Response.Header).Get("Location") != "/orders/1" {
 		t.Errorf("Claim = %+v, %v; want the completed response and fingerprint", got, err)
 	}
 	// The Store that granted the lease completes nothing twice.
-	if err := a.Complete(ctx, id, cl.Token, want, time.Hour); !errors.Is(err, server.ErrLeaseLost) {
+	if err := a.Complete(ctx, id, cl.Token, want, time.Hour); !errors.Is(err, engine.ErrLeaseLost) {
 		t.Errorf("Complete by the granting Store after the other's error = %v, want ErrLeaseLost", err)
 	}
 }

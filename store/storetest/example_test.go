@@ -6,7 +6,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/store/memstore"
 	"github.com/idemkit/idempotency/store/redisstore"
 	"github.com/idemkit/idempotency/store/storetest"
@@ -20,7 +20,7 @@ import (
 func ExampleRun() {
 	// In memstore_test.go:
 	TestConformance := func(t *testing.T) {
-		storetest.Run(t, func(t *testing.T) server.Store {
+		storetest.Run(t, func(t *testing.T) engine.Store {
 			s, err := memstore.New()
 			if err != nil {
 				t.Fatal(err)
@@ -53,7 +53,7 @@ func ExampleRun_sharedStore() {
 		if err != nil {
 			t.Fatal(err)
 		}
-		storetest.Run(t, func(*testing.T) server.Store { return store })
+		storetest.Run(t, func(*testing.T) engine.Store { return store })
 	}
 	_ = TestConformance
 }

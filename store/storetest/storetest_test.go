@@ -14,13 +14,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/store/memstore"
 	"github.com/idemkit/idempotency/store/storetest"
 )
 
 func TestMemstore(t *testing.T) {
-	storetest.Run(t, func(t *testing.T) server.Store {
+	storetest.Run(t, func(t *testing.T) engine.Store {
 		s, err := memstore.New()
 		if err != nil {
 			t.Fatal(err)
@@ -33,55 +33,55 @@ func TestMemstore(t *testing.T) {
 // brokenStores are deliberately wrong Stores, each with the subtests of the
 // suite that must catch it.
 var brokenStores = map[string]struct {
-	store    func(*memstore.Store) server.Store
+	store    func(*memstore.Store) engine.Store
 	mustFail []string
 }{
 	"ignores-tokens": {
-		store:    func(m *memstore.Store) server.Store { return ignoresTokens{m} },
+		store:    func(m *memstore.Store) engine.Store { return ignoresTokens{m} },
 		mustFail: []string{"StaleTokenRefused", "LeaseExpiryAndTakeover"},
 	},
 	"check-then-insert": {
-		store:    func(m *memstore.Store) server.Store { return &checkThenInsert{Store: m, held: map[server.ID]bool{}} },
+		store:    func(m *memstore.Store) engine.Store { return &checkThenInsert{Store: m, held: map[engine.ID]bool{}} },
 		mustFail: []string{"ConcurrentClaimers"},
 	},
 	"text-only": {
-		store:    func(m *memstore.Store) server.Store { return textOnly{m} },
+		store:    func(m *memstore.Store) engine.Store { return textOnly{m} },
 		mustFail: []string{"BinaryRoundTrip", "LargeBody"},
 	},
 	"never-abandoned": {
-		store:    func(m *memstore.Store) server.Store { return neverAbandoned{m} },
+		store:    func(m *memstore.Store) engine.Store { return neverAbandoned{m} },
 		mustFail: []string{"TakeoverCountsAbandoned", "ExtendKeepsAbandoned", "TinyDurations"},
 	},
 	"release-expires-lease": {
-		store:    func(m *memstore.Store) server.Store { return releaseExpiresLease{m} },
+		store:    func(m *memstore.Store) engine.Store { return releaseExpiresLease{m} },
 		mustFail: []string{"AbandonedZeroWhenNew", "ReleaseKeepsAbandoned"},
 	},
 	"release-forgets-abandoned": {
-		store:    func(m *memstore.Store) server.Store { return releaseForgetsAbandoned{m} },
+		store:    func(m *memstore.Store) engine.Store { return releaseForgetsAbandoned{m} },
 		mustFail: []string{"ReleaseKeepsAbandoned"},
 	},
 	"record-dies-with-lease": {
-		store:    func(m *memstore.Store) server.Store { return recordDiesWithLease{m} },
+		store:    func(m *memstore.Store) engine.Store { return recordDiesWithLease{m} },
 		mustFail: []string{"RecordOutlivesLease"},
 	},
 	"overflows": {
-		store:    func(m *memstore.Store) server.Store { return overflows{m} },
+		store:    func(m *memstore.Store) engine.Store { return overflows{m} },
 		mustFail: []string{"MaxTTL", "MaxLease"},
 	},
 	"sub-millisecond-is-forever": {
-		store:    func(m *memstore.Store) server.Store { return subMillisecondForever{m} },
+		store:    func(m *memstore.Store) engine.Store { return subMillisecondForever{m} },
 		mustFail: []string{"TinyDurations"},
 	},
 	"not-found-unwrapped": {
-		store:    func(m *memstore.Store) server.Store { return notFoundUnwrapped{m} },
+		store:    func(m *memstore.Store) engine.Store { return notFoundUnwrapped{m} },
 		mustFail: []string{"LookupNotFound", "ResolveNotFound"},
 	},
 	"resolve-by-token": {
-		store:    func(m *memstore.Store) server.Store { return resolveByToken{m} },
+		store:    func(m *memstore.Store) engine.Store { return resolveByToken{m} },
 		mustFail: []string{"ResolveWithResponse", "ResolveForget"},
 	},
 	"times-without-epoch": {
-		store:    func(m *memstore.Store) server.Store { return timesWithoutEpoch{m, time.Now()} },
+		store:    func(m *memstore.Store) engine.Store { return timesWithoutEpoch{m, time.Now()} },
 		mustFail: []string{"LookupInFlight", "LookupCompleted"},
 	},
 }
@@ -117,7 +117,7 @@ func TestBrokenStore(t *testing.T) {
 	if name == "" {
 		return
 	}
-	storetest.Run(t, func(t *testing.T) server.Store {
+	storetest.Run(t, func(t *testing.T) engine.Store {
 		m, err := memstore.New()
 		if err != nil {
 			t.Fatal(err)
@@ -130,20 +130,20 @@ func TestBrokenStore(t *testing.T) {
 // ignoresTokens completes, releases and extends whatever the token.
 type ignoresTokens struct{ *memstore.Store }
 
-func (s ignoresTokens) Complete(ctx context.Context, id server.ID, _ server.Token, resp *server.Response, ttl time.Duration) error {
+func (s ignoresTokens) Complete(ctx context.Context, id engine.ID, _ engine.Token, resp *engine.Response, ttl time.Duration) error {
 	c, err := s.Store.Claim(ctx, id, "", time.Nanosecond, ttl)
 	if err != nil {
 		return err
 	}
-	if c.Status == server.Acquired {
+	if c.Status == engine.Acquired {
 		return s.Store.Complete(ctx, id, c.Token, resp, ttl)
 	}
 	return nil
 }
 
-func (s ignoresTokens) Release(context.Context, server.ID, server.Token) error { return nil }
+func (s ignoresTokens) Release(context.Context, engine.ID, engine.Token) error { return nil }
 
-func (s ignoresTokens) Extend(context.Context, server.ID, server.Token, time.Duration) error {
+func (s ignoresTokens) Extend(context.Context, engine.ID, engine.Token, time.Duration) error {
 	return nil
 }
 
@@ -152,10 +152,10 @@ func (s ignoresTokens) Extend(context.Context, server.ID, server.Token, time.Dur
 type checkThenInsert struct {
 	*memstore.Store
 	mu   sync.Mutex
-	held map[server.ID]bool
+	held map[engine.ID]bool
 }
 
-func (s *checkThenInsert) Claim(ctx context.Context, id server.ID, fp string, lease, ttl time.Duration) (server.Claim, error) {
+func (s *checkThenInsert) Claim(ctx context.Context, id engine.ID, fp string, lease, ttl time.Duration) (engine.Claim, error) {
 	s.mu.Lock()
 	seen := s.held[id]
 	s.mu.Unlock()
@@ -167,8 +167,8 @@ func (s *checkThenInsert) Claim(ctx context.Context, id server.ID, fp string, le
 	s.held[id] = true
 	s.mu.Unlock()
 	c, err := s.Store.Claim(ctx, id, fp, lease, ttl)
-	if err == nil && c.Status == server.InFlight {
-		c = server.Claim{Status: server.Acquired, Token: 1}
+	if err == nil && c.Status == engine.InFlight {
+		c = engine.Claim{Status: engine.Acquired, Token: 1}
 	}
 	return c, err
 }
@@ -177,7 +177,7 @@ func (s *checkThenInsert) Claim(ctx context.Context, id server.ID, fp string, le
 // used a text column would.
 type textOnly struct{ *memstore.Store }
 
-func (s textOnly) Complete(ctx context.Context, id server.ID, tok server.Token, resp *server.Response, ttl time.Duration) error {
+func (s textOnly) Complete(ctx context.Context, id engine.ID, tok engine.Token, resp *engine.Response, ttl time.Duration) error {
 	r := *resp
 	r.Body = []byte(strings.ToValidUTF8(string(resp.Body), "?"))
 	r.Header = http.Header(resp.Header).Clone()
@@ -192,7 +192,7 @@ func (s textOnly) Complete(ctx context.Context, id server.ID, tok server.Token, 
 // neverAbandoned reports every acquired claim as a new record's.
 type neverAbandoned struct{ *memstore.Store }
 
-func (s neverAbandoned) Claim(ctx context.Context, id server.ID, fp string, lease, ttl time.Duration) (server.Claim, error) {
+func (s neverAbandoned) Claim(ctx context.Context, id engine.ID, fp string, lease, ttl time.Duration) (engine.Claim, error) {
 	c, err := s.Store.Claim(ctx, id, fp, lease, ttl)
 	c.Abandoned = 0
 	return c, err
@@ -202,7 +202,7 @@ func (s neverAbandoned) Claim(ctx context.Context, id server.ID, fp string, leas
 // record, so that the next claim counts the releaser as abandoned.
 type releaseExpiresLease struct{ *memstore.Store }
 
-func (s releaseExpiresLease) Release(ctx context.Context, id server.ID, tok server.Token) error {
+func (s releaseExpiresLease) Release(ctx context.Context, id engine.ID, tok engine.Token) error {
 	return s.Store.Extend(ctx, id, tok, time.Nanosecond)
 }
 
@@ -210,11 +210,11 @@ func (s releaseExpiresLease) Release(ctx context.Context, id server.ID, tok serv
 // takeover that gives the key back forgets the holders lost before it.
 type releaseForgetsAbandoned struct{ *memstore.Store }
 
-func (s releaseForgetsAbandoned) Release(ctx context.Context, id server.ID, tok server.Token) error {
+func (s releaseForgetsAbandoned) Release(ctx context.Context, id engine.ID, tok engine.Token) error {
 	if err := s.Store.Release(ctx, id, tok); err != nil {
 		return err
 	}
-	if err := s.Store.Resolve(ctx, id, nil, 0); err != nil && !errors.Is(err, server.ErrNotFound) {
+	if err := s.Store.Resolve(ctx, id, nil, 0); err != nil && !errors.Is(err, engine.ErrNotFound) {
 		return err
 	}
 	return nil
@@ -225,7 +225,7 @@ func (s releaseForgetsAbandoned) Release(ctx context.Context, id server.ID, tok 
 // the TTL is no longer than the lease.
 type recordDiesWithLease struct{ *memstore.Store }
 
-func (s recordDiesWithLease) Claim(ctx context.Context, id server.ID, fp string, lease, ttl time.Duration) (server.Claim, error) {
+func (s recordDiesWithLease) Claim(ctx context.Context, id engine.ID, fp string, lease, ttl time.Duration) (engine.Claim, error) {
 	return s.Store.Claim(ctx, id, fp, lease, time.Nanosecond)
 }
 
@@ -242,15 +242,15 @@ func wrapped(d time.Duration) time.Duration {
 	return d
 }
 
-func (s overflows) Claim(ctx context.Context, id server.ID, fp string, lease, ttl time.Duration) (server.Claim, error) {
+func (s overflows) Claim(ctx context.Context, id engine.ID, fp string, lease, ttl time.Duration) (engine.Claim, error) {
 	return s.Store.Claim(ctx, id, fp, wrapped(lease), wrapped(ttl))
 }
 
-func (s overflows) Complete(ctx context.Context, id server.ID, tok server.Token, resp *server.Response, ttl time.Duration) error {
+func (s overflows) Complete(ctx context.Context, id engine.ID, tok engine.Token, resp *engine.Response, ttl time.Duration) error {
 	return s.Store.Complete(ctx, id, tok, resp, wrapped(ttl))
 }
 
-func (s overflows) Extend(ctx context.Context, id server.ID, tok server.Token, lease time.Duration) error {
+func (s overflows) Extend(ctx context.Context, id engine.ID, tok engine.Token, lease time.Duration) error {
 	return s.Store.Extend(ctx, id, tok, wrapped(lease))
 }
 
@@ -265,15 +265,15 @@ func roundToForever(d time.Duration) time.Duration {
 	return d
 }
 
-func (s subMillisecondForever) Claim(ctx context.Context, id server.ID, fp string, lease, ttl time.Duration) (server.Claim, error) {
+func (s subMillisecondForever) Claim(ctx context.Context, id engine.ID, fp string, lease, ttl time.Duration) (engine.Claim, error) {
 	return s.Store.Claim(ctx, id, fp, roundToForever(lease), roundToForever(ttl))
 }
 
-func (s subMillisecondForever) Complete(ctx context.Context, id server.ID, tok server.Token, resp *server.Response, ttl time.Duration) error {
+func (s subMillisecondForever) Complete(ctx context.Context, id engine.ID, tok engine.Token, resp *engine.Response, ttl time.Duration) error {
 	return s.Store.Complete(ctx, id, tok, resp, roundToForever(ttl))
 }
 
-func (s subMillisecondForever) Extend(ctx context.Context, id server.ID, tok server.Token, lease time.Duration) error {
+func (s subMillisecondForever) Extend(ctx context.Context, id engine.ID, tok engine.Token, lease time.Duration) error {
 	return s.Store.Extend(ctx, id, tok, roundToForever(lease))
 }
 
@@ -281,18 +281,18 @@ func (s subMillisecondForever) Extend(ctx context.Context, id server.ID, tok ser
 type notFoundUnwrapped struct{ *memstore.Store }
 
 func unwrapNotFound(err error) error {
-	if errors.Is(err, server.ErrNotFound) {
+	if errors.Is(err, engine.ErrNotFound) {
 		return errors.New("no such record")
 	}
 	return err
 }
 
-func (s notFoundUnwrapped) Lookup(ctx context.Context, id server.ID) (server.Record, error) {
+func (s notFoundUnwrapped) Lookup(ctx context.Context, id engine.ID) (engine.Record, error) {
 	r, err := s.Store.Lookup(ctx, id)
 	return r, unwrapNotFound(err)
 }
 
-func (s notFoundUnwrapped) Resolve(ctx context.Context, id server.ID, resp *server.Response, ttl time.Duration) error {
+func (s notFoundUnwrapped) Resolve(ctx context.Context, id engine.ID, resp *engine.Response, ttl time.Duration) error {
 	return unwrapNotFound(s.Store.Resolve(ctx, id, resp, ttl))
 }
 
@@ -301,7 +301,7 @@ func (s notFoundUnwrapped) Resolve(ctx context.Context, id server.ID, resp *serv
 // completed record, and ending the lease leaves the holder's token valid.
 type resolveByToken struct{ *memstore.Store }
 
-func (s resolveByToken) Resolve(ctx context.Context, id server.ID, resp *server.Response, ttl time.Duration) error {
+func (s resolveByToken) Resolve(ctx context.Context, id engine.ID, resp *engine.Response, ttl time.Duration) error {
 	r, err := s.Store.Lookup(ctx, id)
 	if err != nil {
 		return err
@@ -319,7 +319,7 @@ type timesWithoutEpoch struct {
 	start time.Time
 }
 
-func (s timesWithoutEpoch) Lookup(ctx context.Context, id server.ID) (server.Record, error) {
+func (s timesWithoutEpoch) Lookup(ctx context.Context, id engine.ID) (engine.Record, error) {
 	r, err := s.Store.Lookup(ctx, id)
 	for _, t := range []*time.Time{&r.Created, &r.LeaseEnds, &r.Expires} {
 		if !t.IsZero() {

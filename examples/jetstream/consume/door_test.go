@@ -15,17 +15,15 @@ import (
 )
 
 // onceDoor makes processes that run the effect through once.Do on their own
-// Runner, over store: a process that dies leaves its record as it was.
-func onceDoor(store engine.Store, opts ...once.Option) func(consume.Func) (process, error) {
+// Runner, over store: a process that dies leaves its record as it was. policy
+// is what a takeover of an abandoned key gets.
+func onceDoor(store engine.Store, policy engine.AbandonedPolicy) func(consume.Func) (process, error) {
 	return func(effect consume.Func) (process, error) {
 		cut := &cutStore{inner: store}
-		r, err := once.New(cut, append([]once.Option{
-			once.WithLease(lease),
-			once.WithTTL(10 * time.Minute),
-			once.WithStoreTimeout(5 * time.Second),
-			// Every death leaves a claim that the engine warns about.
-			once.WithLogger(slog.New(slog.DiscardHandler)),
-		}, opts...)...)
+		r, err := once.New(cut, once.WithConfig(engine.Config{
+			Lease: lease, TTL: 10 * time.Minute, StoreTimeout: 5 * time.Second, Abandoned: policy,
+			Logger: slog.New(slog.DiscardHandler),
+		}))
 		if err != nil {
 			return process{}, err
 		}
@@ -44,9 +42,9 @@ func onceDoor(store engine.Store, opts ...once.Option) func(consume.Func) (proce
 // onceDoorRefusing is onceDoor, with RefuseAbandoned when refuse is set.
 func onceDoorRefusing(store engine.Store, refuse bool) func(consume.Func) (process, error) {
 	if refuse {
-		return onceDoor(store, once.WithAbandoned(engine.RefuseAbandoned))
+		return onceDoor(store, engine.RefuseAbandoned)
 	}
-	return onceDoor(store)
+	return onceDoor(store, engine.RerunAbandoned)
 }
 
 // TestExactlyOnce: see testExactlyOnce.
@@ -83,7 +81,33 @@ func TestDecideOnce(t *testing.T) {
 	if runs != 1 {
 		t.Errorf("runs = %d, want 1", runs)
 	}
-	err = fmt.Errorf("x: %w", &once.Error{Kind: engine.ErrInFlight, RetryAfter: 3 * time.Second})
+	// A refusal in flight, from a Runner whose RetryAfter is 3 s while
+	// another call holds the key.
+	held, err := once.New(teststores.Memory(t), once.WithConfig(engine.Config{RetryAfter: 3 * time.Second}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = held.Shutdown(context.Background()) })
+	entered, release := make(chan struct{}), make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		_, err := once.Do(context.Background(), held, id, nil, func(context.Context) (int, error) {
+			close(entered)
+			<-release
+			return 1, nil
+		})
+		done <- err
+	}()
+	<-entered
+	_, inFlight := once.Do(context.Background(), held, id, nil, func(context.Context) (int, error) { return 2, nil })
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(inFlight, engine.ErrInFlight) {
+		t.Fatalf("second call: %v, want in flight", inFlight)
+	}
+	err = fmt.Errorf("x: %w", inFlight)
 	if d := h.Decide(context.Background(), err); d.Action != consume.Nak || d.Delay != 3*time.Second {
 		t.Errorf("Decide(in flight for 3s) = %v after %v, want nak after 3s", d.Action, d.Delay)
 	}

@@ -21,7 +21,7 @@ import (
 // newOnce returns a Runner on store, shut down when t ends.
 func newOnce(t *testing.T, store engine.Store, opts ...once.Option) *once.Runner {
 	t.Helper()
-	r, err := once.New(store, append([]once.Option{once.WithLogger(slog.New(slog.DiscardHandler))}, opts...)...)
+	r, err := once.New(store, append([]once.Option{once.WithConfig(engine.Config{Logger: slog.New(slog.DiscardHandler)})}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,7 +10,7 @@ import (
 )
 
 // Once returns a Func that runs effect through r: at most once per message
-// ID while its record lives (once.WithTTL), with the message's data as the
+// ID while its record lives (engine.Config.TTL), with the message's data as the
 // input that once fingerprints, so that an ID reused for other data is
 // refused. effect gets the lease in its context (engine.LeaseFromContext):
 // when Abandoned > 0 an earlier holder was lost, possibly after the effect,
@@ -33,7 +33,7 @@ func stored(err error) bool { return errors.Is(err, once.ErrPermanent) }
 func omitted(err error) bool { return errors.Is(err, once.ErrResultOmitted) }
 
 // invalidKey reports whether once refused the message ID (empty, or longer
-// than once.MaxKeyLen).
+// than 255 bytes).
 func invalidKey(err error) bool { return errors.Is(err, once.ErrInvalidKey) }
 
 // retryAfter returns when once said to try again (in flight, store

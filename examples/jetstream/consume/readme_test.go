@@ -17,24 +17,26 @@ import (
 
 // TestInFlightNakDelay: a message refused as in flight is asked for again
 // after the larger of WithRetryDelay and the refusal's RetryAfter, which is
-// the shorter of once's WithRetryAfter and the holder's lease left: with
+// the shorter of once's RetryAfter (engine.Config) and the holder's lease left: with
 // the defaults, 1 s, however long the holder's lease has left (the README's
 // table says so).
 func TestInFlightNakDelay(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
-		once      []once.Option
+		once      engine.Config // Lease is set to 30 s
 		consume   []consume.Option
 		wantDelay time.Duration
 	}{
-		{"defaults", nil, nil, time.Second},
-		{"no retry delay", nil, []consume.Option{consume.WithRetryDelay(0)}, time.Second},
-		{"a longer retry delay", nil, []consume.Option{consume.WithRetryDelay(5 * time.Second)}, 5 * time.Second},
+		{"defaults", engine.Config{}, nil, time.Second},
+		{"no retry delay", engine.Config{}, []consume.Option{consume.WithRetryDelay(0)}, time.Second},
+		{"a longer retry delay", engine.Config{}, []consume.Option{consume.WithRetryDelay(5 * time.Second)}, 5 * time.Second},
 		// The lease left, 30 s at most, caps once's RetryAfter.
-		{"a RetryAfter longer than the lease", []once.Option{once.WithRetryAfter(time.Hour)}, nil, 30 * time.Second},
+		{"a RetryAfter longer than the lease", engine.Config{RetryAfter: time.Hour}, nil, 30 * time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r, err := once.New(teststores.Memory(t), append([]once.Option{once.WithLease(30 * time.Second)}, tc.once...)...)
+			cfg := tc.once
+			cfg.Lease = 30 * time.Second
+			r, err := once.New(teststores.Memory(t), once.WithConfig(cfg))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -41,6 +41,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/server"
 )
 
@@ -54,7 +55,7 @@ func main() {
 
 // newHandler wires the API: recovery and authentication for every route, the
 // idempotency middleware for the route that creates orders.
-func newHandler(store server.Store, book *book, accounts map[string]string) (http.Handler, error) {
+func newHandler(store engine.Store, book *book, accounts map[string]string) (http.Handler, error) {
 	mw, err := server.New(store, server.WithScope(scope))
 	if err != nil {
 		return nil, err

@@ -27,7 +27,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/store/memstore"
 )
 
@@ -132,7 +132,7 @@ func (req orderRequest) validate() error {
 // run serves the API that newHandler makes, on an in-memory store, until
 // SIGINT (Ctrl-C) or SIGTERM; then it shuts down, waiting up to 10 seconds
 // for the requests in flight.
-func run(addr string, newHandler func(store server.Store, b *book, accounts map[string]string) (http.Handler, error)) error {
+func run(addr string, newHandler func(store engine.Store, b *book, accounts map[string]string) (http.Handler, error)) error {
 	store, err := memstore.New()
 	if err != nil {
 		return err

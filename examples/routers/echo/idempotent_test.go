@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/server"
 	"github.com/idemkit/idempotency/store/memstore"
 )
@@ -101,7 +102,7 @@ func TestAdapterHandsOverTheRequest(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		lease, ok := server.LeaseFromContext(c.Request().Context())
+		lease, ok := engine.LeaseFromContext(c.Request().Context())
 		if !ok {
 			return errors.New("no lease")
 		}

@@ -33,7 +33,7 @@ import (
 // to it.
 //
 // Handlers should take their context from c.Request.Context(), not from c:
-// the lease (server.LeaseFromContext), the transaction of pgstore's
+// the lease (engine.LeaseFromContext), the transaction of pgstore's
 // transactional mode (pgstore.TxFromContext) and the cancellation that
 // follows a lost lease are in the request's context, which *gin.Context
 // reaches only when the engine's ContextWithFallback is set.

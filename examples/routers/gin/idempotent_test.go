@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/server"
 	"github.com/idemkit/idempotency/store/memstore"
 )
@@ -105,7 +106,7 @@ func TestAdapterHandsOverTheRequest(t *testing.T) {
 			c.Status(http.StatusInternalServerError)
 			return
 		}
-		lease, ok := server.LeaseFromContext(c.Request.Context())
+		lease, ok := engine.LeaseFromContext(c.Request.Context())
 		if !ok {
 			c.String(http.StatusInternalServerError, "no lease")
 			return
@@ -127,7 +128,7 @@ func TestAdapterLeaseThroughGinContext(t *testing.T) {
 	r := gin.New()
 	r.ContextWithFallback = true
 	r.POST("/r", idempotent(mw), func(c *gin.Context) {
-		lease, ok := server.LeaseFromContext(c)
+		lease, ok := engine.LeaseFromContext(c)
 		c.String(http.StatusCreated, "%s %v", lease.Key, ok)
 	})
 	srv := httptest.NewServer(r)

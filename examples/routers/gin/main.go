@@ -47,6 +47,7 @@ import (
 
 	"github.com/gin-gonic/gin"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/server"
 )
 
@@ -60,7 +61,7 @@ func main() {
 
 // newHandler wires the API: recovery and authentication for every route, the
 // idempotency middleware for the route that creates orders.
-func newHandler(store server.Store, book *book, accounts map[string]string) (http.Handler, error) {
+func newHandler(store engine.Store, book *book, accounts map[string]string) (http.Handler, error) {
 	mw, err := server.New(store, server.WithScope(scope))
 	if err != nil {
 		return nil, err

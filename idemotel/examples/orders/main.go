@@ -35,6 +35,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/idemotel"
 	"github.com/idemkit/idempotency/server"
 	"github.com/idemkit/idempotency/store/memstore"
@@ -83,7 +84,9 @@ func run(ctx context.Context, c config, out io.Writer) (summary, error) {
 		return summary{}, err
 	}
 	defer store.Close()
-	reg, err := idemotel.RegisterStoreSize(idemotel.SizeOf(store), idemotel.WithMeterProvider(mp))
+	reg, err := idemotel.RegisterStoreSize(func(context.Context) (int64, int64, error) {
+		return int64(store.Len()), store.Bytes(), nil
+	}, idemotel.WithMeterProvider(mp))
 	if err != nil {
 		return summary{}, err
 	}
@@ -100,12 +103,12 @@ func run(ctx context.Context, c config, out io.Writer) (summary, error) {
 
 // submit starts the API on store, submits the orders through a lossy transport and
 // prints what happened.
-func submit(ctx context.Context, c config, store server.Store, mp *sdkmetric.MeterProvider, out io.Writer) (summary, error) {
+func submit(ctx context.Context, c config, store engine.Store, mp *sdkmetric.MeterProvider, out io.Writer) (summary, error) {
 	serverObserver, err := idemotel.ServerObserver(idemotel.WithMeterProvider(mp))
 	if err != nil {
 		return summary{}, err
 	}
-	mw, err := server.New(store, server.WithObserver(serverObserver))
+	mw, err := server.New(store, server.WithConfig(engine.Config{Observer: serverObserver}))
 	if err != nil {
 		return summary{}, err
 	}

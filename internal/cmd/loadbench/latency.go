@@ -6,7 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 )
 
 // histogram counts durations in log-linear buckets, 16 to each power of two
@@ -85,16 +85,16 @@ func (s latencySummary) percentile(p float64) time.Duration {
 // timedStore is a Store that records how long each Claim takes, and counts
 // the claims that acquired.
 type timedStore struct {
-	server.Store
+	engine.Store
 	claims   *histogram
 	acquired atomic.Int64
 }
 
-func (t *timedStore) Claim(ctx context.Context, id server.ID, fingerprint string, lease, ttl time.Duration) (server.Claim, error) {
+func (t *timedStore) Claim(ctx context.Context, id engine.ID, fingerprint string, lease, ttl time.Duration) (engine.Claim, error) {
 	start := time.Now()
 	c, err := t.Store.Claim(ctx, id, fingerprint, lease, ttl)
 	t.claims.record(time.Since(start))
-	if err == nil && c.Status == server.Acquired {
+	if err == nil && c.Status == engine.Acquired {
 		t.acquired.Add(1)
 	}
 	return c, err
@@ -104,17 +104,17 @@ func (t *timedStore) Claim(ctx context.Context, id server.ID, fingerprint string
 // as it treats the store itself.
 type timedBinder struct {
 	*timedStore
-	binder server.Binder
+	binder engine.Binder
 }
 
-func (t timedBinder) Bind(ctx context.Context, id server.ID, token server.Token) context.Context {
+func (t timedBinder) Bind(ctx context.Context, id engine.ID, token engine.Token) context.Context {
 	return t.binder.Bind(ctx, id, token)
 }
 
 // timed wraps s; the Store it returns is a Binder if s is one.
-func timed(s server.Store) (server.Store, *timedStore) {
+func timed(s engine.Store) (engine.Store, *timedStore) {
 	t := &timedStore{Store: s, claims: &histogram{}}
-	if b, ok := s.(server.Binder); ok {
+	if b, ok := s.(engine.Binder); ok {
 		return timedBinder{t, b}, t
 	}
 	return t, t

@@ -6,8 +6,8 @@ import (
 	"runtime"
 	"time"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/internal/cmd/benchreport"
-	"github.com/idemkit/idempotency/server"
 	"github.com/idemkit/idempotency/store/memstore"
 )
 
@@ -73,7 +73,7 @@ func prefillMemory(ctx context.Context, s *memstore.Store, n int, ttl time.Durat
 func prefillMemoryUntil(ctx context.Context, s *memstore.Store, n int, ttl func() time.Duration) error {
 	for i := 1; i <= n; i++ {
 		resp, fp := storedResponse(), string(make([]byte, 32))
-		id := server.ID{Key: prefillKey(i)}
+		id := engine.ID{Key: prefillKey(i)}
 		d := ttl()
 		c, err := s.Claim(ctx, id, fp, d, d)
 		if err != nil {

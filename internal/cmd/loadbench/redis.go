@@ -14,8 +14,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/internal/cmd/benchreport"
-	"github.com/idemkit/idempotency/server"
 	"github.com/idemkit/idempotency/store/redisstore"
 )
 
@@ -102,7 +102,7 @@ func (r *redisBench) name() string { return benchreport.Redis }
 
 // recordKey returns the Redis key of key's record, in the scope of a
 // request without credentials.
-func (r *redisBench) recordKey(key string) string { return r.store.RecordKey(server.ID{Key: key}) }
+func (r *redisBench) recordKey(key string) string { return r.store.RecordKey(engine.ID{Key: key}) }
 
 // copyRecords stores copies of the replayed key's record under the keys
 // prefill-(from) to prefill-(to), expiring after ttl (after the template's

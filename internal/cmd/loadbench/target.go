@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/internal/cmd/benchreport"
 	"github.com/idemkit/idempotency/server"
 )
@@ -67,7 +68,7 @@ type storeBench interface {
 
 // newMiddleware returns the middleware on store in front of the handler, as
 // an application would set it up: the default options.
-func newMiddleware(store server.Store) (http.Handler, error) {
+func newMiddleware(store engine.Store) (http.Handler, error) {
 	mw, err := server.New(store)
 	if err != nil {
 		return nil, err
@@ -93,8 +94,8 @@ func seedReplay(h http.Handler, key string) error {
 // storedResponse is what the middleware stores for the handler's answer,
 // for stores filled without going through it: a copy of its own, as the
 // middleware keeps.
-func storedResponse() *server.Response {
-	return &server.Response{
+func storedResponse() *engine.Response {
+	return &engine.Response{
 		Status: http.StatusCreated,
 		Header: http.Header{"Content-Type": {"application/json"}},
 		Body:   bytes.Clone(respBody),

@@ -12,10 +12,10 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/internal/testkit/faultnet"
 	"github.com/idemkit/idempotency/internal/testkit/faultrun"
 	"github.com/idemkit/idempotency/internal/testkit/faultstore"
-	"github.com/idemkit/idempotency/server"
 	"github.com/idemkit/idempotency/store/memstore"
 )
 
@@ -25,14 +25,14 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // it, every retry runs again. The runs must see it.
 type forgetful struct{ token atomic.Int64 }
 
-func (f *forgetful) Claim(context.Context, server.ID, string, time.Duration, time.Duration) (server.Claim, error) {
-	return server.Claim{Status: server.Acquired, Token: server.Token(f.token.Add(1))}, nil
+func (f *forgetful) Claim(context.Context, engine.ID, string, time.Duration, time.Duration) (engine.Claim, error) {
+	return engine.Claim{Status: engine.Acquired, Token: engine.Token(f.token.Add(1))}, nil
 }
-func (*forgetful) Complete(context.Context, server.ID, server.Token, *server.Response, time.Duration) error {
+func (*forgetful) Complete(context.Context, engine.ID, engine.Token, *engine.Response, time.Duration) error {
 	return nil
 }
-func (*forgetful) Release(context.Context, server.ID, server.Token) error { return nil }
-func (*forgetful) Extend(context.Context, server.ID, server.Token, time.Duration) error {
+func (*forgetful) Release(context.Context, engine.ID, engine.Token) error { return nil }
+func (*forgetful) Extend(context.Context, engine.ID, engine.Token, time.Duration) error {
 	return nil
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/anishathalye/porcupine"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/internal/testkit/faultnet"
 	"github.com/idemkit/idempotency/server"
 )
@@ -155,7 +156,7 @@ func result(resp *http.Response, body []byte) Result {
 // lossy proxy in front of the Orders API behind the middleware on store, and
 // records every attempt. Check the history with porcupine and Model, and
 // with History.Problems.
-func RecordHistory(ctx context.Context, store server.Store, cfg HistoryConfig) (*History, error) {
+func RecordHistory(ctx context.Context, store engine.Store, cfg HistoryConfig) (*History, error) {
 	cfg = cfg.withDefaults()
 	api := NewOrders()
 	api.Work = cfg.Work

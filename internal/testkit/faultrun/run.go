@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/internal/testkit/faultnet"
 	"github.com/idemkit/idempotency/server"
 )
@@ -94,8 +95,12 @@ type Config struct {
 	ResumeAfter time.Duration
 	Settle      time.Duration
 
+	// Lease is the middleware's lease: the engine's default (1 min) when 0.
+	Lease time.Duration
+
 	// ClientOptions come after the run's own (the HTTP client and the
-	// attempt timeout); ServerOptions after the store timeout.
+	// attempt timeout); ServerOptions after the engine's configuration
+	// (the store timeout, the lease and the run's logger).
 	ClientOptions []idempotency.Option
 	ServerOptions []server.Option
 
@@ -186,7 +191,7 @@ type runner struct {
 // once more, and must be answered with a replay of the response its caller
 // got. The report says what came of it; an error means the run could not
 // be made, not that it found a problem (see Report.Problems).
-func Run(ctx context.Context, store server.Store, link StoreLink, cfg Config) (*Report, error) {
+func Run(ctx context.Context, store engine.Store, link StoreLink, cfg Config) (*Report, error) {
 	cfg, err := cfg.withDefaults(link)
 	if err != nil {
 		return nil, err
@@ -196,8 +201,7 @@ func Run(ctx context.Context, store server.Store, link StoreLink, cfg Config) (*
 	log := &serverLog{}
 	logged := newLogCounter()
 	mw, err := server.New(store, append([]server.Option{
-		server.WithStoreTimeout(cfg.StoreTimeout),
-		server.WithLogger(slog.New(logged)),
+		server.WithConfig(engine.Config{StoreTimeout: cfg.StoreTimeout, Lease: cfg.Lease, Logger: slog.New(logged)}),
 	}, cfg.ServerOptions...)...)
 	if err != nil {
 		return nil, fmt.Errorf("faultrun: %w", err)

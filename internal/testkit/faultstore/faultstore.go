@@ -1,4 +1,4 @@
-// Package faultstore wraps a server.Store so that tests can make any of its
+// Package faultstore wraps a engine.Store so that tests can make any of its
 // operations fail, hang or slow down, and count the calls. It is for tests of
 // what the middleware does when its store misbehaves.
 package faultstore
@@ -9,13 +9,13 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 )
 
 // Op names one of the Store's operations.
 type Op int
 
-// The operations of a server.Store.
+// The operations of a engine.Store.
 const (
 	Claim Op = iota
 	Complete
@@ -61,10 +61,10 @@ func (f Fault) none() bool {
 	return f.Delay == 0 && !f.Hang && f.Err == nil && f.ErrAfter == nil
 }
 
-// Store is a server.Store that injects faults into an inner Store. Its
+// Store is a engine.Store that injects faults into an inner Store. Its
 // methods are safe for concurrent use.
 type Store struct {
-	inner server.Store
+	inner engine.Store
 
 	mu     sync.Mutex
 	faults [numOps]Fault
@@ -72,10 +72,10 @@ type Store struct {
 	hit    [numOps]int // calls the fault applied to
 }
 
-var _ server.Store = (*Store)(nil)
+var _ engine.Store = (*Store)(nil)
 
 // New wraps inner, with no faults set.
-func New(inner server.Store) *Store { return &Store{inner: inner} }
+func New(inner engine.Store) *Store { return &Store{inner: inner} }
 
 // Set makes op's calls suffer f from now on, replacing any fault set before.
 func (s *Store) Set(op Op, f Fault) {
@@ -141,30 +141,30 @@ func (s *Store) do(ctx context.Context, op Op, call func() error) error {
 	return err
 }
 
-// Claim implements server.Store.
-func (s *Store) Claim(ctx context.Context, id server.ID, fingerprint string, lease, ttl time.Duration) (server.Claim, error) {
-	var c server.Claim
+// Claim implements engine.Store.
+func (s *Store) Claim(ctx context.Context, id engine.ID, fingerprint string, lease, ttl time.Duration) (engine.Claim, error) {
+	var c engine.Claim
 	err := s.do(ctx, Claim, func() (err error) {
 		c, err = s.inner.Claim(ctx, id, fingerprint, lease, ttl)
 		return err
 	})
 	if err != nil {
-		return server.Claim{}, err
+		return engine.Claim{}, err
 	}
 	return c, nil
 }
 
-// Complete implements server.Store.
-func (s *Store) Complete(ctx context.Context, id server.ID, token server.Token, resp *server.Response, ttl time.Duration) error {
+// Complete implements engine.Store.
+func (s *Store) Complete(ctx context.Context, id engine.ID, token engine.Token, resp *engine.Response, ttl time.Duration) error {
 	return s.do(ctx, Complete, func() error { return s.inner.Complete(ctx, id, token, resp, ttl) })
 }
 
-// Release implements server.Store.
-func (s *Store) Release(ctx context.Context, id server.ID, token server.Token) error {
+// Release implements engine.Store.
+func (s *Store) Release(ctx context.Context, id engine.ID, token engine.Token) error {
 	return s.do(ctx, Release, func() error { return s.inner.Release(ctx, id, token) })
 }
 
-// Extend implements server.Store.
-func (s *Store) Extend(ctx context.Context, id server.ID, token server.Token, lease time.Duration) error {
+// Extend implements engine.Store.
+func (s *Store) Extend(ctx context.Context, id engine.ID, token engine.Token, lease time.Duration) error {
 	return s.do(ctx, Extend, func() error { return s.inner.Extend(ctx, id, token, lease) })
 }

@@ -16,8 +16,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/internal/testkit/servicetest"
-	"github.com/idemkit/idempotency/server"
 	"github.com/idemkit/idempotency/store/memstore"
 	"github.com/idemkit/idempotency/store/pgstore"
 	"github.com/idemkit/idempotency/store/redisstore"
@@ -26,15 +26,15 @@ import (
 // Kind names a store and makes one for a test.
 type Kind struct {
 	Name string
-	New  func(t testing.TB) server.Store
+	New  func(t testing.TB) engine.Store
 }
 
 // All returns every kind of store: memory, postgres, redis.
 func All() []Kind {
 	return []Kind{
-		{"memory", func(t testing.TB) server.Store { return Memory(t) }},
-		{"postgres", func(t testing.TB) server.Store { return Postgres(t) }},
-		{"redis", func(t testing.TB) server.Store { return Redis(t) }},
+		{"memory", func(t testing.TB) engine.Store { return Memory(t) }},
+		{"postgres", func(t testing.TB) engine.Store { return Postgres(t) }},
+		{"redis", func(t testing.TB) engine.Store { return Redis(t) }},
 	}
 }
 

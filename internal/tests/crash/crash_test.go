@@ -24,11 +24,11 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/internal/testkit/clienttest"
 	"github.com/idemkit/idempotency/internal/testkit/testproc"
 	"github.com/idemkit/idempotency/internal/testkit/teststores"
 	"github.com/idemkit/idempotency/internal/wire"
-	"github.com/idemkit/idempotency/server"
 )
 
 var long = flag.Bool("crash.long", false, "run the long crash runs (thousands of orders, dozens of crashes), for the figures")
@@ -460,22 +460,22 @@ func outcomeUnknown(status int, body []byte) bool {
 // policy cannot see takeovers without it.
 func requireAbandonedReported(t *testing.T, kind string) {
 	t.Helper()
-	var store server.Store
+	var store engine.Store
 	if kind == "redis-lease" {
 		store = teststores.Redis(t)
 	} else {
 		store = teststores.Postgres(t)
 	}
 	ctx := context.Background()
-	id := server.ID{Key: "probe"}
+	id := engine.ID{Key: "probe"}
 	c, err := store.Claim(ctx, id, "fp", 10*time.Millisecond, time.Minute)
 	require.NoError(t, err)
-	require.Equal(t, server.Acquired, c.Status)
+	require.Equal(t, engine.Acquired, c.Status)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		c, err = store.Claim(ctx, id, "fp", 10*time.Millisecond, time.Minute)
 		require.NoError(t, err)
-		if c.Status == server.Acquired {
+		if c.Status == engine.Acquired {
 			if c.Abandoned == 0 {
 				t.Skipf("%s does not report Claim.Abandoned on a takeover: the refuse policy needs it", kind)
 			}

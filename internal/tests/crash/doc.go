@@ -5,7 +5,7 @@
 // the database, the orders that ran twice and those left half done.
 //
 // TestCrash has the killed API write the orders itself, in each store and
-// mode, with either policy for an abandoned claim (server.WithAbandoned).
+// mode, with either policy for an abandoned claim (engine.Config.Abandoned).
 // TestDownstreamCrash has it send each order, through an idempotency.Client,
 // to a second orders service behind the middleware, which writes it: with
 // the handler's request context the client derives the downstream key from

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/internal/testkit/testproc"
 	"github.com/idemkit/idempotency/internal/testkit/teststores"
 	"github.com/idemkit/idempotency/server"
@@ -90,7 +91,7 @@ type ordersService struct {
 func startOrdersService(t *testing.T, r *crashRun) *ordersService {
 	store, err := memstore.New()
 	require.NoError(t, err)
-	mw, err := server.New(store, server.WithLease(10*time.Second), server.WithTTL(time.Hour))
+	mw, err := server.New(store, server.WithConfig(engine.Config{Lease: 10 * time.Second, TTL: time.Hour}))
 	require.NoError(t, err)
 	// A pool of its own, as large as the killed server's callers.
 	s := &ordersService{pool: teststores.PostgresPool(t, 16),

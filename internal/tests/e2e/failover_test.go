@@ -26,6 +26,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/internal/testkit/clienttest"
 	"github.com/idemkit/idempotency/internal/testkit/servicetest"
 	"github.com/idemkit/idempotency/server"
@@ -308,8 +309,7 @@ func runFailover(t *testing.T, cl *failoverCluster, tc failoverCase, before int)
 	})
 	// A lease longer than the failover, shorter than the default so that
 	// a record whose completion was lost is taken over within the test.
-	mw, err := server.New(store, server.WithLease(5*time.Second),
-		server.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	mw, err := server.New(store, server.WithConfig(engine.Config{Lease: 5 * time.Second, Logger: slog.New(slog.NewTextHandler(&logs, nil))}))
 	require.NoError(t, err)
 	srv := startServer(t, mw.Handler(svc))
 
@@ -410,12 +410,12 @@ func runFailover(t *testing.T, cl *failoverCluster, tc failoverCase, before int)
 
 	t.Logf("%d orders answered %v after the kill", count(), time.Since(killed).Round(time.Millisecond))
 	// Which records survived, before anything is sent again.
-	slotCheck, err := rc.ClusterKeySlot(ctx, store.RecordKey(server.ID{Key: "key-fo-0"})).Result()
+	slotCheck, err := rc.ClusterKeySlot(ctx, store.RecordKey(engine.ID{Key: "key-fo-0"})).Result()
 	require.NoError(t, err)
-	require.Equal(t, int64(failoverSlot(store.RecordKey(server.ID{Key: "key-fo-0"}))), slotCheck, "the test's slot of a key")
+	require.Equal(t, int64(failoverSlot(store.RecordKey(engine.ID{Key: "key-fo-0"}))), slotCheck, "the test's slot of a key")
 	onFailed := map[int]bool{}
 	for i, at := range answered {
-		key := store.RecordKey(server.ID{Key: "key-fo-" + strconv.Itoa(i)})
+		key := store.RecordKey(engine.ID{Key: "key-fo-" + strconv.Itoa(i)})
 		slot := failoverSlot(key)
 		failed := slot <= slotsOf[0][1]
 		onFailed[i] = failed

@@ -10,7 +10,6 @@ import (
 
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/internal/testkit/faultrun"
-	"github.com/idemkit/idempotency/server"
 )
 
 // faultRun is the network of the issue: a fifth of the responses dropped
@@ -45,7 +44,7 @@ func faultRun(windows ...faultrun.Window) faultrun.Config {
 		// that is sure to come before any retry can take the key over
 		// only while the outage (2s at most here) and the store timeout
 		// (1s) are shorter than the lease.
-		cfg.ServerOptions = []server.Option{server.WithLease(4 * time.Second)}
+		cfg.Lease = 4 * time.Second
 	}
 	return cfg
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/internal/testkit/teststores"
 	"github.com/idemkit/idempotency/server"
 )
@@ -19,14 +20,14 @@ import (
 // middleware and its own connections, on one shared store: concurrent
 // identical requests spread over both run once.
 func TestTwoInstances(t *testing.T) {
-	pairs := map[string]func(t *testing.T) (server.Store, server.Store){
-		"postgres": func(t *testing.T) (server.Store, server.Store) {
+	pairs := map[string]func(t *testing.T) (engine.Store, engine.Store){
+		"postgres": func(t *testing.T) (engine.Store, engine.Store) {
 			table := teststores.UniqueName(t, "idempotency_two_")
 			a := teststores.PostgresOn(t, teststores.PostgresPool(t, 32), table)
 			b := teststores.PostgresOn(t, teststores.PostgresPool(t, 32), table)
 			return a, b
 		},
-		"redis": func(t *testing.T) (server.Store, server.Store) {
+		"redis": func(t *testing.T) (engine.Store, engine.Store) {
 			prefix := teststores.UniqueName(t, "idempotency-two:") + ":"
 			a := teststores.RedisOn(t, teststores.RedisClient(t), prefix)
 			b := teststores.RedisOn(t, teststores.RedisClient(t), prefix)
@@ -47,7 +48,7 @@ func TestTwoInstances(t *testing.T) {
 				io.WriteString(w, "order "+string(rune('0'+n)))
 			})
 			var urls []string
-			for _, s := range []server.Store{storeA, storeB} {
+			for _, s := range []engine.Store{storeA, storeB} {
 				mw, err := server.New(s)
 				require.NoError(t, err)
 				urls = append(urls, startServer(t, mw.Handler(h)).URL)

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/internal/testkit/faultnet"
 	"github.com/idemkit/idempotency/server"
 )
@@ -39,7 +40,7 @@ func TestCompleteAfterOutage(t *testing.T) {
 				w.WriteHeader(http.StatusCreated)
 				io.WriteString(w, "order "+string(rune('0'+n)))
 			})
-			mw, err := server.New(s.store, server.WithStoreTimeout(300*time.Millisecond), server.WithLease(time.Second))
+			mw, err := server.New(s.store, server.WithConfig(engine.Config{StoreTimeout: 300 * time.Millisecond, Lease: time.Second}))
 			require.NoError(t, err)
 			srv := startServer(t, mw.Handler(h))
 			proxy := startProxy(t, srv.URL, faultnet.Config{Decide: func(n int64, _ *http.Request) faultnet.Fault {
@@ -107,13 +108,12 @@ func TestReleaseAfterOutage(t *testing.T) {
 					http.Error(w, "try again", http.StatusServiceUnavailable)
 					return
 				}
-				lease, _ := server.LeaseFromContext(r.Context())
+				lease, _ := engine.LeaseFromContext(r.Context())
 				abandoned.Store(int64(lease.Abandoned))
 				w.WriteHeader(http.StatusCreated)
 				io.WriteString(w, "order 2")
 			})
-			mw, err := server.New(s.store, server.WithStoreTimeout(300*time.Millisecond), server.WithLease(2*time.Second),
-				server.WithAbandoned(server.RefuseAbandoned))
+			mw, err := server.New(s.store, server.WithConfig(engine.Config{StoreTimeout: 300 * time.Millisecond, Lease: 2 * time.Second, Abandoned: engine.RefuseAbandoned}))
 			require.NoError(t, err)
 			t.Cleanup(func() { // after the server's Close
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -129,7 +129,7 @@ func TestReleaseAfterOutage(t *testing.T) {
 				require.NoError(t, err)
 				defer resp.Body.Close()
 				b, _ := io.ReadAll(resp.Body)
-				return resp.StatusCode, resp.Header.Get(server.HeaderOutcome), string(b)
+				return resp.StatusCode, resp.Header.Get(engine.HeaderOutcome), string(b)
 			}
 
 			status, _, _ := send()

@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/internal/testkit/clienttest"
 	"github.com/idemkit/idempotency/internal/testkit/servicetest"
 	"github.com/idemkit/idempotency/server"
@@ -129,8 +130,7 @@ func runSwitchover(t *testing.T, p *sentinelPair, ack time.Duration, before int)
 	svc := newFailoverOrders()
 	var logs failoverLog
 	logs.b = &strings.Builder{}
-	mw, err := server.New(store, server.WithLease(5*time.Second),
-		server.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	mw, err := server.New(store, server.WithConfig(engine.Config{Lease: 5 * time.Second, Logger: slog.New(slog.NewTextHandler(&logs, nil))}))
 	require.NoError(t, err)
 	srv := startServer(t, mw.Handler(svc))
 	counts := &failoverAnswers{}
@@ -209,7 +209,7 @@ func runSwitchover(t *testing.T, p *sentinelPair, ack time.Duration, before int)
 	res.failures = int(failures.Load())
 
 	for i := range answered {
-		n, err := p.replica.c.Exists(ctx, store.RecordKey(server.ID{Key: "key-fo-" + strconv.Itoa(i)})).Result()
+		n, err := p.replica.c.Exists(ctx, store.RecordKey(engine.ID{Key: "key-fo-" + strconv.Itoa(i)})).Result()
 		require.NoError(t, err)
 		if n == 0 {
 			res.lost++

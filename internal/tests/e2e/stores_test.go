@@ -11,19 +11,19 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/internal/testkit/faultnet"
 	"github.com/idemkit/idempotency/internal/testkit/faultrun"
 	"github.com/idemkit/idempotency/internal/testkit/faultstore"
 	"github.com/idemkit/idempotency/internal/testkit/servicetest"
 	"github.com/idemkit/idempotency/internal/testkit/teststores"
-	"github.com/idemkit/idempotency/server"
 	"github.com/idemkit/idempotency/store/pgstore"
 	"github.com/idemkit/idempotency/store/redisstore"
 )
 
 // linkedStore is a store whose link from the middleware the test controls.
 type linkedStore struct {
-	store server.Store
+	store engine.Store
 	link  faultrun.StoreLink
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/internal/testkit/teststores"
 	"github.com/idemkit/idempotency/server"
 )
@@ -72,7 +73,7 @@ func targets(t *testing.T, cfg func(*http.Server), opts ...server.Option) map[st
 		return len(keys)
 	}}
 
-	for name, s := range map[string]server.Store{"memory": mem, "postgres": pg, "redis": rs} {
+	for name, s := range map[string]engine.Store{"memory": mem, "postgres": pg, "redis": rs} {
 		tg := out[name]
 		mw, err := server.New(s, append([]server.Option{server.WithMaxBody(maxBody)}, opts...)...)
 		require.NoError(t, err)

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/server"
 	"github.com/idemkit/idempotency/store/memstore"
 	"github.com/idemkit/idempotency/store/pgstore"
@@ -20,7 +21,7 @@ import (
 
 // middleware returns the middleware on store, at its default options, in
 // front of the handler, as an application would set it up.
-func middleware(store server.Store) (http.Handler, error) {
+func middleware(store engine.Store) (http.Handler, error) {
 	mw, err := server.New(store)
 	if err != nil {
 		return nil, err

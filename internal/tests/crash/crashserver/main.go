@@ -18,15 +18,15 @@
 //
 // With -abandoned refuse, a retry that takes over an order whose holder was
 // killed is not run again: it gets the final "outcome unknown" answer
-// (server.RefuseAbandoned).
+// (engine.RefuseAbandoned).
 //
-// -ttl is the middleware's TTL (server.WithTTL) and -lease its lease
-// (server.WithLease); with -lease 0 the lease is the middleware's default:
+// -ttl is the middleware's TTL (engine.Config.TTL) and -lease its lease
+// (engine.Config.Lease); with -lease 0 the lease is the middleware's default:
 // a minute, or the TTL when that is shorter.
 //
 // With -takeover find, a run that took an order over from a killed holder
 // (Lease.Abandoned > 0) looks for the order that holder may have written
-// and answers with it if it is there, as ExampleLease_Abandoned does;
+// and answers with it if it is there, as Example_takeover does;
 // with fail-once, the first such run of each order in the process answers
 // 503 without looking (it cannot tell yet: the key is released), and the
 // runs after it look. With rerun (the default) a takeover writes the order
@@ -70,6 +70,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idempotency"
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/server"
 	"github.com/idemkit/idempotency/store/memstore"
 	"github.com/idemkit/idempotency/store/pgstore"
@@ -86,18 +87,18 @@ func main() {
 	takeover := flag.String("takeover", "rerun", "what a run that took an order over from a killed holder does: rerun, find (its order, first) or fail-once (answer 503 once, then find)")
 	step := flag.Duration("step", 5*time.Millisecond, "pause before each line")
 	after := flag.Duration("after", 10*time.Millisecond, "pause between the last write and the answer")
-	abandoned := flag.String("abandoned", "rerun", "what a retry after an abandoned lease gets: rerun or refuse (server.WithAbandoned)")
+	abandoned := flag.String("abandoned", "rerun", "what a retry after an abandoned lease gets: rerun or refuse (engine.Config.Abandoned)")
 	downURL := flag.String("downstream", "", "URL of the service that writes the orders; empty: write them here")
 	keys := flag.String("downstream-keys", "derived", "keys of the downstream calls: derived (from the incoming key) or random")
 	flag.Parse()
 	if *records == "" || *orders == "" {
 		log.Fatal("crashserver: -records and -orders are required")
 	}
-	policy := server.RerunAbandoned
+	policy := engine.RerunAbandoned
 	switch *abandoned {
 	case "rerun":
 	case "refuse":
-		policy = server.RefuseAbandoned
+		policy = engine.RefuseAbandoned
 	default:
 		log.Fatalf("crashserver: -abandoned %q: want rerun or refuse", *abandoned)
 	}
@@ -123,11 +124,9 @@ func main() {
 		}
 		down = &downstream{client: c, url: *downURL, random: *keys == "random"}
 	}
-	opts := []server.Option{server.WithTTL(*ttl), server.WithAbandoned(policy)}
-	if *lease > 0 {
-		opts = append(opts, server.WithLease(*lease))
-	}
-	if err := run(*addr, *kind, *records, *orders, *takeover, *step, *after, opts, down); err != nil {
+	// A lease of 0 is the default one.
+	cfg := engine.Config{TTL: *ttl, Lease: *lease, Abandoned: policy}
+	if err := run(*addr, *kind, *records, *orders, *takeover, *step, *after, cfg, down); err != nil {
 		log.Fatal(err)
 	}
 }
@@ -139,7 +138,7 @@ func env(name, def string) string {
 	return def
 }
 
-func run(addr, kind, records, orders, takeover string, step, after time.Duration, opts []server.Option, down *downstream) error {
+func run(addr, kind, records, orders, takeover string, step, after time.Duration, engineCfg engine.Config, down *downstream) error {
 	ctx := context.Background()
 	cfg, err := pgxpool.ParseConfig(env("IDEMPOTENCY_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"))
 	if err != nil {
@@ -152,7 +151,7 @@ func run(addr, kind, records, orders, takeover string, step, after time.Duration
 	}
 	defer pool.Close()
 
-	var store server.Store
+	var store engine.Store
 	transactional := false
 	switch kind {
 	case "pg-tx", "pg-lease":
@@ -195,7 +194,8 @@ func run(addr, kind, records, orders, takeover string, step, after time.Duration
 		return fmt.Errorf("crashserver: unknown store %q", kind)
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	mw, err := server.New(store, append(opts, server.WithLogger(logger))...)
+	engineCfg.Logger = logger
+	mw, err := server.New(store, server.WithConfig(engineCfg))
 	if err != nil {
 		return err
 	}
@@ -254,7 +254,7 @@ func (a *api) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := r.Context()
-	if lease, _ := server.LeaseFromContext(ctx); lease.Abandoned > 0 && a.takeover != "rerun" && a.downstream == nil {
+	if lease, _ := engine.LeaseFromContext(ctx); lease.Abandoned > 0 && a.takeover != "rerun" && a.downstream == nil {
 		if _, failed := a.failed.LoadOrStore(in.Ref, true); !failed && a.takeover == "fail-once" {
 			http.Error(w, "cannot tell yet whether the order was written", http.StatusServiceUnavailable)
 			return

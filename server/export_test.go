@@ -1,0 +1,4 @@
+package server
+
+// CredentialHeaders are the headers CredentialScope hashes, for the tests.
+var CredentialHeaders = credentialHeaders[:]

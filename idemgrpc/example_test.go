@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log"
 	"net"
 
 	"google.golang.org/grpc"
@@ -13,6 +14,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/idemgrpc"
 	"github.com/idemkit/idempotency/store/memstore"
 )
@@ -40,6 +42,84 @@ func authenticate(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler
 		return nil, status.Error(codes.Unauthenticated, "unknown token")
 	}
 	return handler(context.WithValue(ctx, principalKey{}, accounts[auth[0]]), req)
+}
+
+// accountFrom returns the account that authenticate put in the context.
+func accountFrom(ctx context.Context) (string, error) {
+	account, ok := ctx.Value(principalKey{}).(string)
+	if !ok {
+		return "", errors.New("unauthenticated")
+	}
+	return account, nil
+}
+
+// The server and the client, over a loopback connection. The first call
+// runs the handler; a later call that sends the same key again (a process
+// that stored the key with its operation, say) gets the stored answer.
+func ExampleNewServer() {
+	ctx := context.Background()
+	store, err := memstore.New() // or pgstore, redisstore: any engine.Store
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+
+	// Server. Keys belong to the principal your authentication found, not
+	// to its token, which a retry may carry refreshed.
+	guard, err := idemgrpc.NewServer(store, idemgrpc.WithScope(
+		func(ctx context.Context, _ string) (string, error) {
+			return accountFrom(ctx) // set by your auth interceptor
+		}))
+	if err != nil {
+		log.Fatal(err)
+	}
+	// Your interceptors first (gRPC chains them in the order of its options),
+	// then the guard's interceptors, and the codec and stats handler through
+	// which it fingerprints each request's bytes as the client sent them.
+	srv := grpc.NewServer(append([]grpc.ServerOption{grpc.ChainUnaryInterceptor(authenticate)},
+		guard.ServerOptions()...)...)
+	svc := &orders{}
+	testgrpc.RegisterTestServiceServer(srv, svc)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer guard.Shutdown(ctx) // after the server stopped: waits for answers sent before they were stored
+	go srv.Serve(ln)
+	defer srv.GracefulStop()
+
+	// Client.
+	ci, err := idemgrpc.UnaryClientInterceptor(idemgrpc.WithMaxAttempts(4))
+	if err != nil {
+		log.Fatal(err)
+	}
+	creds := grpc.WithTransportCredentials(insecure.NewCredentials()) // TLS in production
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithChainUnaryInterceptor(ci), creds)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+	client := testgrpc.NewTestServiceClient(conn)
+
+	ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer token-1")
+	req := &testgrpc.SimpleRequest{Payload: &testgrpc.Payload{Body: []byte("42")}}
+	var rep idemgrpc.Report
+	resp, err := client.UnaryCall(ctx, req, idemgrpc.WithReport(&rep))
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("%s; attempts %d, replayed %v\n", resp.GetUsername(), rep.Attempts, rep.Replayed)
+
+	// The same key again: the interceptor keeps a key the caller set.
+	again := idempotency.ContextWithKey(ctx, rep.Key)
+	resp, err = client.UnaryCall(again, req, idemgrpc.WithReport(&rep))
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("%s; attempts %d, replayed %v\n", resp.GetUsername(), rep.Attempts, rep.Replayed)
+	// Output:
+	// order 42, run 1; attempts 1, replayed false
+	// order 42, run 1; attempts 1, replayed true
 }
 
 // A server protected by the idempotency Server, and a client whose calls

@@ -17,8 +17,9 @@
 //
 // The middleware: idempotency.server.requests counts the protected requests
 // by idempotency.outcome (executed, replayed, in_flight, mismatch, rejected,
-// unavailable, released, not_stored, unprotected, client_gone),
-// http.response.status_code and error.type (the status, for a 5xx);
+// unavailable, outcome_unknown, released, not_stored, unprotected,
+// client_gone), http.response.status_code and error.type (the status, for a
+// 5xx);
 // idempotency.server.active_claims counts the keys claimed by requests still
 // running; idempotency.server.store.duration and
 // idempotency.server.handler.duration measure the store operations (by

@@ -3,6 +3,7 @@ package idemtest_test
 import (
 	"context"
 	"fmt"
+	"log"
 	"net/http"
 	"sync/atomic"
 	"time"
@@ -160,4 +161,78 @@ func ExampleTarget_keyLengths() {
 	// malformed-key fail
 	// Answered with a server error, which tells a client to retry a request that can never succeed: the empty key (500), the 37-byte key (500), the 35-byte key (500).
 	// policy: keys required, sent bare; keys of exactly 36 bytes; release after 5xx advisory
+}
+
+// ordersApp stands for the application under test: an orders endpoint
+// behind the server package's middleware, which fails when asked to by
+// X-Test-Fail.
+type ordersApp struct {
+	store *memstore.Store
+	mw    *server.Middleware
+}
+
+func newOrdersApp() (*ordersApp, error) {
+	store, err := memstore.New()
+	if err != nil {
+		return nil, err
+	}
+	mw, err := server.New(store)
+	if err != nil {
+		store.Close()
+		return nil, err
+	}
+	return &ordersApp{store: store, mw: mw}, nil
+}
+
+// Routes returns the application's handler.
+func (a *ordersApp) Routes() http.Handler {
+	var created atomic.Int64
+	return a.mw.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Test-Fail") != "" {
+			http.Error(w, "induced failure", http.StatusInternalServerError)
+			return
+		}
+		time.Sleep(100 * time.Millisecond) // the work, long enough for the concurrent check
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"order":%d}`, created.Add(1))
+	}))
+}
+
+// Close stops the application.
+func (a *ordersApp) Close() {
+	a.mw.Shutdown(context.Background())
+	a.store.Close()
+}
+
+// What a Go test of an application does: Check its handler, served on a
+// loopback port for the duration of the check, and fail on the report's
+// error. In a test, ctx is t.Context(), and the two failures are t.Fatal
+// and t.Error.
+func ExampleCheck_goTest() {
+	app, err := newOrdersApp()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer app.Close()
+
+	ctx := context.Background() // in a test: t.Context()
+	report, err := idemtest.Check(ctx, idemtest.Target{
+		Handler:          app.Routes(), // or URL: "https://staging.example.com"
+		Path:             "/orders",
+		Header:           http.Header{"Authorization": {"Bearer test-alice"}, "Content-Type": {"application/json"}},
+		Body:             idemtest.BodyTemplate(`{"sku":"A1","note":"{{variant}}"}`),
+		SecondCredential: http.Header{"Authorization": {"Bearer test-bob"}},
+		FailHeader:       http.Header{"X-Test-Fail": {"1"}},
+		Policy:           idemtest.Policy{Release5xx: true}, // a retry after our 5xx runs again
+	})
+	if err != nil {
+		log.Fatal(err) // t.Fatal: the target itself is unusable: no URL, a bad header, unreachable...
+	}
+	if err := report.Err(); err != nil {
+		fmt.Println(err) // t.Error: every failed check, with the evidence
+	}
+	fmt.Println(report.Summary())
+	// Output:
+	// 11 passed, 0 failed, 1 not applicable
 }

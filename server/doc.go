@@ -53,8 +53,8 @@
 // message at most once a second, so that an outage does not flood the log.
 //
 // An engine.Config.Observer receives an [engine.Event] for every protected request (executed,
-// replayed, in flight, mismatch, rejected, unavailable, released, not
-// stored, unprotected, client gone) with the time the claim, the handler and
+// replayed, in flight, mismatch, rejected, unavailable, outcome unknown,
+// released, not stored, unprotected, client gone) with the time the claim, the handler and
 // the store write took, one when a claim acquires its key, and one for
 // every lease renewal or loss: what metrics and traces are made of (the
 // module github.com/idemkit/idempotency/idemotel turns them into

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"log"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -40,6 +41,65 @@ func post(url, secret, id, body string) {
 	defer resp.Body.Close()
 	io.Copy(io.Discard, resp.Body)
 	fmt.Println(resp.StatusCode, "replayed:", resp.Header.Get("Idempotent-Replayed") == "true")
+}
+
+// postStripe sends body to url as Stripe delivers an event: signed with
+// secret in Stripe-Signature, over the timestamp and the body. It prints
+// the answer.
+func postStripe(url, secret, body string) {
+	t := strconv.FormatInt(time.Now().Unix(), 10)
+	mac := hmac.New(sha256.New, []byte(secret))
+	mac.Write([]byte(t + "." + body))
+	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Stripe-Signature", "t="+t+",v1="+hex.EncodeToString(mac.Sum(nil)))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer resp.Body.Close()
+	io.Copy(io.Discard, resp.Body)
+	fmt.Println(resp.StatusCode, "replayed:", resp.Header.Get("Idempotent-Replayed") == "true")
+}
+
+// A receiver of Stripe's events on a mux: Stripe delivers an event again
+// when its first answer was lost, and the handler runs once. The records
+// are in memory here; a service with several instances shares them in
+// pgstore or redisstore.
+func ExampleStripe() {
+	secret := "whsec_4eC39HqLyjWDarjtT1zdp7dc" // os.Getenv("STRIPE_WEBHOOK_SECRET")
+	store, err := memstore.New()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+	rc, err := webhook.New(store, webhook.Stripe(secret),
+		webhook.WithEndpoint("billing"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer rc.Shutdown(context.Background())
+
+	var paid atomic.Int32
+	onEvent := func(w http.ResponseWriter, r *http.Request) {
+		paid.Add(1) // mark the invoice paid; a 2xx is kept, an error released
+	}
+	mux := http.NewServeMux()
+	mux.Handle("POST /hooks/stripe", rc.Handler(http.HandlerFunc(onEvent)))
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+
+	event := `{"id":"evt_1PqRsT","type":"invoice.paid"}`
+	postStripe(srv.URL+"/hooks/stripe", secret, event)
+	postStripe(srv.URL+"/hooks/stripe", secret, event) // Stripe's retry
+	postStripe(srv.URL+"/hooks/stripe", "whsec_forged", event)
+	fmt.Println("invoices paid:", paid.Load())
+	// Output:
+	// 200 replayed: false
+	// 200 replayed: true
+	// 401 replayed: false
+	// invoices paid: 1
 }
 
 // A receiver of Standard Webhooks deliveries: the sender delivers the same

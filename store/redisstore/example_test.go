@@ -11,8 +11,37 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idempotency/engine"
+	"github.com/idemkit/idempotency/server"
 	"github.com/idemkit/idempotency/store/redisstore"
 )
+
+// createOrder stands for the application's handler.
+func createOrder(w http.ResponseWriter, _ *http.Request) {
+	w.WriteHeader(http.StatusCreated)
+}
+
+// What a program that starts does: Open checks that Redis will not evict the
+// records, and, strict, refuses to start on one that may. It needs a Redis,
+// so it is compiled, not run.
+func ExampleOpen_standalone() {
+	ctx := context.Background()
+	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379", ContextTimeoutEnabled: true})
+	defer client.Close()
+	store, err := redisstore.Open(ctx, client, redisstore.WithStrictEviction())
+	if err != nil {
+		log.Fatal(err) // an evicting Redis, or one that cannot be read
+	}
+	mw, err := server.New(store)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer mw.Shutdown(ctx)
+	mux := http.NewServeMux()
+	mux.Handle("POST /orders", mw.Handler(http.HandlerFunc(createOrder)))
+	if err := http.ListenAndServe(":8080", mux); err != nil {
+		log.Print(err)
+	}
+}
 
 // A Store on a standalone Redis. The client is the caller's: close it when
 // done with the Store.

@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 )
 
 // ratioRound is how many operations of each kind a round of
@@ -56,11 +56,11 @@ func BenchmarkBackendCPURatio(b *testing.B) {
 		}
 		wg.Wait()
 	}
-	id := server.ID{Scope: "bench", Key: "replayed"}
+	id := engine.ID{Scope: "bench", Key: "replayed"}
 	tok := acquire(b, ctx, s, id, "fp")
 	require.NoError(b, s.Complete(ctx, id, tok, benchResponse(), time.Hour))
 	plain := createPlainTable(b, ctx, pool)
-	runPlain := func(b *testing.B, ctx context.Context, _ server.Store, pool *pgxpool.Pool, _, key string) {
+	runPlain := func(b *testing.B, ctx context.Context, _ engine.Store, pool *pgxpool.Pool, _, key string) {
 		runMinimalPlain(b, ctx, pool, plain, key)
 	}
 	kinds := []benchOp{runFirst, runMinimal, runPlain, runReplay, runSelect}
@@ -129,7 +129,7 @@ func runMinimalPlain(b *testing.B, ctx context.Context, pool *pgxpool.Pool, tabl
 
 // runSelect reads the columns of the replayed row that a replay returns, in
 // a plain SELECT.
-func runSelect(b *testing.B, ctx context.Context, _ server.Store, pool *pgxpool.Pool, table, _ string) {
+func runSelect(b *testing.B, ctx context.Context, _ engine.Store, pool *pgxpool.Pool, table, _ string) {
 	var (
 		state             string
 		fp, headers, body []byte

@@ -215,7 +215,7 @@ func BenchmarkReplayClientOptions(b *testing.B) {
 				b.Fatal(err)
 			}
 			ctx := context.Background()
-			id := server.ID{Scope: "bench", Key: "replayed"}
+			id := engine.ID{Scope: "bench", Key: "replayed"}
 			cl, err := s.Claim(ctx, id, "fp", time.Minute, time.Minute)
 			if err != nil {
 				b.Fatal(err)
@@ -230,7 +230,7 @@ func BenchmarkReplayClientOptions(b *testing.B) {
 					ctx, cancel := context.WithTimeout(ctx, time.Second)
 					c, err := s.Claim(ctx, id, "fp", time.Minute, time.Minute)
 					cancel()
-					if err != nil || c.Status != server.Completed {
+					if err != nil || c.Status != engine.Completed {
 						b.Errorf("Claim = %v, %v; want completed", c.Status, err)
 						return
 					}

@@ -235,7 +235,7 @@ func measureServerCost(t testing.TB, n, rounds int) serverCost {
 	for r := range rounds {
 		lo, hi := r*n/rounds, (r+1)*n/rounds
 		rc := roundCost{ops: hi - lo}
-		tokens := make([]server.Token, hi-lo)
+		tokens := make([]engine.Token, hi-lo)
 		for _, phase := range []struct {
 			cost *phaseCost
 			op   func(i int) error

@@ -13,7 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemkit/idempotency/server"
+	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/store/redisstore"
 )
 
@@ -86,10 +86,10 @@ func TestNoGoroutinePerCall(t *testing.T) {
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			id := server.ID{Scope: "s", Key: "k"}
+			id := engine.ID{Scope: "s", Key: "k"}
 			for range 2 { // the function's path, then the command's
 				cl, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
-				if err != nil || cl.Status != server.Acquired {
+				if err != nil || cl.Status != engine.Acquired {
 					t.Fatalf("Claim = %v, %v; want acquired", cl.Status, err)
 				}
 				if err := s.Extend(ctx, id, cl.Token, time.Minute); err != nil {
@@ -101,13 +101,13 @@ func TestNoGoroutinePerCall(t *testing.T) {
 				id.Key += "-next"
 			}
 			cl, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
-			if err != nil || cl.Status != server.Acquired {
+			if err != nil || cl.Status != engine.Acquired {
 				t.Fatalf("Claim = %v, %v; want acquired", cl.Status, err)
 			}
-			if err := s.Complete(ctx, id, cl.Token, &server.Response{Status: http.StatusOK}, time.Hour); err != nil {
+			if err := s.Complete(ctx, id, cl.Token, &engine.Response{Status: http.StatusOK}, time.Hour); err != nil {
 				t.Fatalf("Complete error = %v", err)
 			}
-			if cl, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour); err != nil || cl.Status != server.Completed {
+			if cl, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour); err != nil || cl.Status != engine.Completed {
 				t.Fatalf("Claim = %v, %v; want completed", cl.Status, err)
 			}
 			w.mu.Lock()

@@ -31,11 +31,6 @@ type Lease struct {
 	Abandoned int
 }
 
-// Attempt is the number of this run of the request: 1, or 1 more than the
-// holders abandoned before it. Holders that released the key (after a 5xx
-// or a panic) are not counted.
-func (l Lease) Attempt() int { return l.Abandoned + 1 }
-
 type leaseKey struct{}
 
 // LeaseFromContext returns the lease of the work that ctx belongs to, if a

@@ -81,7 +81,7 @@ func TestAttackClaimAnswerLost(t *testing.T) {
 		var runs atomic.Int32
 		fn := func(ctx context.Context) (int, error) {
 			l, _ := engine.LeaseFromContext(ctx)
-			assert.Equal(t, 2, l.Attempt())
+			assert.Equal(t, 1, l.Abandoned)
 			return int(runs.Add(1)), nil
 		}
 		_, err := once.Do(context.Background(), r, id("lost-1"), nil, fn)

@@ -327,7 +327,7 @@ func TestAbandoned(t *testing.T) {
 		for {
 			_, err := once.Do(ctx, r, id("ab-1"), nil, func(ctx context.Context) (int, error) {
 				l, _ := engine.LeaseFromContext(ctx)
-				attempt = l.Attempt()
+				attempt = l.Abandoned + 1
 				return 1, nil
 			})
 			if errors.Is(err, engine.ErrInFlight) {

@@ -59,12 +59,12 @@ func Example_takeover() {
 		defer mu.Unlock()
 		if lease.Abandoned > 0 {
 			if n, ok := orders[lease.ID]; ok {
-				fmt.Fprintf(w, "order %d (found, attempt %d)", n, lease.Attempt())
+				fmt.Fprintf(w, "order %d (found, attempt %d)", n, lease.Abandoned+1)
 				return
 			}
 		}
 		orders[lease.ID] = next
-		fmt.Fprintf(w, "order %d (created, attempt %d)", next, lease.Attempt())
+		fmt.Fprintf(w, "order %d (created, attempt %d)", next, lease.Abandoned+1)
 		next++
 	}))
 	srv := httptest.NewServer(h)

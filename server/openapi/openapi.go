@@ -23,7 +23,19 @@
 // Its responses are named by status: IdempotencyBadRequest (400),
 // IdempotencyConflict (409), IdempotencyBodyTooLarge (413),
 // IdempotencyKeyMismatch (422) and IdempotencyUnavailable (503); each is one
-// or more of the Problems.
+// or more of these problems (status, code, the type's fragment after
+// "https://pkg.go.dev/github.com/idemkit/idempotency/server#", and whether
+// the answer carries Retry-After):
+//
+//	400 key_missing            ErrMissingKey
+//	400 key_invalid            ErrInvalidKey (key_too_long: the same type)
+//	400 request_unidentified   ErrUnidentified
+//	400 body_unreadable        ErrBodyUnreadable
+//	409 in_flight              ErrInFlight          Retry-After
+//	409 outcome_unknown        ErrOutcomeUnknown
+//	413 body_too_large         ErrBodyTooLarge
+//	422 key_mismatch           ErrKeyMismatch
+//	503 store_unavailable      ErrStoreUnavailable  Retry-After
 package openapi
 
 import (
@@ -50,9 +62,9 @@ const version = "3.0.3"
 // the first and the last is not a space.
 const KeyPattern = `^(?:[!#-~](?:[ -~]{0,253}[!-~])?|"(?:[!#-\[\]-~]|\\["\\])(?:(?:[ !#-\[\]-~]|\\["\\]){0,253}(?:[!#-\[\]-~]|\\["\\]))?")$`
 
-// Problem is one answer that the middleware writes itself: an RFC 9457
+// problem is one answer that the middleware writes itself: an RFC 9457
 // problem document with a stable type and code.
-type Problem struct {
+type problem struct {
 	// Name is the problem's name in the fragment's components.
 	Name string
 	// Status is the HTTP status it is answered with.
@@ -68,10 +80,10 @@ type Problem struct {
 	Description string
 }
 
-// Problems returns the answers the middleware writes itself, in the order
+// problems returns the answers the middleware writes itself, in the order
 // of their statuses.
-func Problems() []Problem {
-	return []Problem{
+func problems() []problem {
+	return []problem{
 		{"IdempotencyKeyMissing", http.StatusBadRequest, wire.ProblemBase + "ErrMissingKey", []string{wire.CodeKeyMissing}, false,
 			"The request has no " + server.HeaderKey + " header, and the operation requires one. Send the request again with a key."},
 		{"IdempotencyKeyInvalid", http.StatusBadRequest, wire.ProblemBase + "ErrInvalidKey", []string{wire.CodeKeyInvalid, wire.CodeKeyTooLong}, false,
@@ -94,8 +106,8 @@ func Problems() []Problem {
 }
 
 // The names of the fragment's responses, by status: the 400, 409, 413, 422
-// and 503 answers of the middleware, each one of the Problems (the package
-// documentation lists them).
+// and 503 answers of the middleware, each one of the problems the package
+// documentation lists.
 const (
 	responseBadRequest  = "IdempotencyBadRequest"
 	responseConflict    = "IdempotencyConflict"
@@ -175,8 +187,8 @@ func document() map[string]any {
 		},
 	}
 	responses := object{}
-	byStatus := map[int][]Problem{}
-	for _, p := range Problems() {
+	byStatus := map[int][]problem{}
+	for _, p := range problems() {
 		props := object{
 			"type":   object{"type": "string", "enum": []string{p.Type}},
 			"status": object{"type": "integer", "enum": []int{p.Status}},

@@ -9,17 +9,17 @@ import (
 
 // Defaults of the options.
 const (
-	// DefaultLockTimeout bounds how long, in transactional mode, a Claim
+	// defaultLockTimeout bounds how long, in transactional mode, a Claim
 	// waits for a concurrent transaction holding the same key.
-	DefaultLockTimeout = 2 * time.Second
-	// DefaultIdleTimeout is how long, in transactional mode, a transaction
+	defaultLockTimeout = 2 * time.Second
+	// defaultIdleTimeout is how long, in transactional mode, a transaction
 	// may sit idle before PostgreSQL ends its session and rolls it back.
-	DefaultIdleTimeout = time.Minute
-	// MinIdleTimeout is the shortest idle timeout [WithIdleTimeout] sets.
-	MinIdleTimeout = 100 * time.Millisecond
-	// DefaultSweepBatch is the number of records that one statement of a
+	defaultIdleTimeout = time.Minute
+	// minIdleTimeout is the shortest idle timeout [WithIdleTimeout] sets.
+	minIdleTimeout = 100 * time.Millisecond
+	// defaultSweepBatch is the number of records that one statement of a
 	// sweep deletes, when [WithSweeper] is given no batch.
-	DefaultSweepBatch = 1000
+	defaultSweepBatch = 1000
 )
 
 // Option configures a Store. New refuses an invalid one (a nil Option
@@ -44,10 +44,10 @@ func (c *config) refuse(format string, args ...any) {
 
 func newConfig(opts []Option) (config, error) {
 	c := config{
-		table:       DefaultTable,
-		lockTimeout: DefaultLockTimeout,
-		idleTimeout: DefaultIdleTimeout,
-		sweepBatch:  DefaultSweepBatch,
+		table:       defaultTable,
+		lockTimeout: defaultLockTimeout,
+		idleTimeout: defaultIdleTimeout,
+		sweepBatch:  defaultSweepBatch,
 	}
 	for i, o := range opts {
 		if o == nil {
@@ -73,7 +73,7 @@ func newConfig(opts []Option) (config, error) {
 		return c, err
 	}
 	if c.idleTimeout > 0 {
-		c.idleTimeout = max(c.idleTimeout, MinIdleTimeout)
+		c.idleTimeout = max(c.idleTimeout, minIdleTimeout)
 	}
 	if c.logger == nil {
 		c.logger = slog.New(slog.DiscardHandler)
@@ -82,7 +82,7 @@ func newConfig(opts []Option) (config, error) {
 }
 
 // WithTable names the table that holds the records, "table" or
-// "schema.table", instead of [DefaultTable]. Each part must be a plain
+// "schema.table", instead of "idempotency_records". Each part must be a plain
 // identifier (letters, digits and underscores, not starting with a digit);
 // it is quoted, so it is used exactly as given, case included. The table's
 // token sequence and sweep index are named after it, with the suffixes
@@ -109,7 +109,7 @@ func WithTransactions() Option {
 // it ends as a lock timeout (InFlight) rather than a statement timeout or a
 // deadline (a failure): behind the middleware, whose Claims have less than
 // the lease, a duplicate is answered 409 whatever the lease. The default is
-// [DefaultLockTimeout]; it is ignored in lease mode.
+// 2 s; it is ignored in lease mode.
 func WithLockTimeout(d time.Duration) Option {
 	return func(c *config) { c.lockTimeout = d }
 }
@@ -119,9 +119,10 @@ func WithLockTimeout(d time.Duration) Option {
 // (by a handler that hangs, or a caller that never completes or releases its
 // claim) has its session ended by the server, which rolls it back and frees
 // the key. Zero leaves the session's own setting (PostgreSQL's default is no
-// timeout). A positive one is taken as at least [MinIdleTimeout], since a
+// timeout). A positive one is taken as at least 100 ms, since a
 // shorter one would end transactions between the Store's own statements,
-// and at most 24 days (math.MaxInt32 milliseconds, PostgreSQL's maximum). The default is [DefaultIdleTimeout]; it is ignored in lease mode.
+// and at most 24 days (math.MaxInt32 milliseconds, PostgreSQL's maximum).
+// The default is 1 min; it is ignored in lease mode.
 func WithIdleTimeout(d time.Duration) Option {
 	return func(c *config) { c.idleTimeout = d }
 }
@@ -129,7 +130,7 @@ func WithIdleTimeout(d time.Duration) Option {
 // WithSweeper starts a background sweeper that calls [Store.Sweep] every interval,
 // deleting expired records batch at a time, until [Store.Close]. An interval under
 // a millisecond is taken as a millisecond. A batch below 1 means
-// [DefaultSweepBatch]. There is no sweeper by default: a team may prefer
+// 1000. There is no sweeper by default: a team may prefer
 // to sweep from one scheduled job rather than from every instance, and an
 // expired record is taken over by the next Claim of its key anyway.
 func WithSweeper(interval time.Duration, batch int) Option {

@@ -12,14 +12,14 @@ import (
 //go:embed schema.sql
 var schemaTemplate string
 
-// DefaultTable is the table a Store uses unless WithTable names another.
-const DefaultTable = "idempotency_records"
+// defaultTable is the table a Store uses unless WithTable names another.
+const defaultTable = "idempotency_records"
 
-// MigrateLockKey is the key of the transaction-level advisory lock
+// migrateLockKey is the key of the transaction-level advisory lock
 // (pg_advisory_xact_lock) that Migrate holds while it applies the schema, so
 // that instances starting together apply it one at a time. A team that runs
 // its own migrations alongside Migrate can take the same lock.
-const MigrateLockKey int64 = 0x69646d6b70677374 // "idmkpgst"
+const migrateLockKey int64 = 0x69646d6b70677374 // "idmkpgst"
 
 // The sequence and the index take their names from the table's.
 const (
@@ -106,7 +106,7 @@ func (n names) schema() string {
 }
 
 // Schema returns the SQL that Migrate applies for the given table (see
-// DefaultTable and WithTable), for teams that run their own migrations. It
+// "idempotency_records" or the table WithTable names), for teams that run their own migrations. It
 // is idempotent and creates the table, the sequence of its fencing tokens and
 // the index that serves the sweep; the package's README.md describes each
 // column.
@@ -126,7 +126,7 @@ func Schema(table string) (string, error) {
 // table wait while it reads the table: on a large one, create it first with
 // CREATE INDEX CONCURRENTLY) and drops the first versions' index on
 // expires_at. It is safe to call from several instances at once: it applies
-// the schema in one transaction that holds the advisory lock MigrateLockKey,
+// the schema in one transaction that holds the advisory lock 0x69646d6b70677374 ("idmkpgst"),
 // so the instances take turns and all but the first find everything in
 // place.
 //
@@ -142,7 +142,7 @@ func (s *Store) Migrate(ctx context.Context) error {
 		return fmt.Errorf("pgstore: migrate: %w", err)
 	}
 	defer rollback(ctx, tx) // after a successful Commit, this does nothing
-	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", s.coldMode, MigrateLockKey); err != nil {
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", s.coldMode, migrateLockKey); err != nil {
 		return fmt.Errorf("pgstore: migrate: %w", err)
 	}
 	var exists bool

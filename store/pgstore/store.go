@@ -18,10 +18,6 @@ import (
 	"github.com/idemkit/idempotency/engine"
 )
 
-// ErrClosed is returned, wrapped, by Claim after Close. It is
-// engine.ErrStoreClosed, so that the middleware stops trying.
-var ErrClosed = engine.ErrStoreClosed
-
 const (
 	// maxClaimAttempts bounds how often Claim runs its statement again when
 	// a concurrent claimer changed the record under it. Each attempt that
@@ -84,7 +80,7 @@ var (
 )
 
 // New returns a Store that keeps its records in a table of the database that
-// pool connects to: DefaultTable, or the one named by WithTable. It does no
+// pool connects to: "idempotency_records", or the one named by WithTable. It does no
 // I/O: call Migrate, or apply Schema, before the first Claim. The pool stays
 // the caller's: Close does not close it.
 //
@@ -156,7 +152,7 @@ func beginSQL(lockTimeout, idleTimeout time.Duration) string {
 // Close stops the background sweeper, if any, and waits for it to end; in
 // transactional mode it rolls back the transactions still open, so call it
 // once the server has stopped serving. After Close, Claim fails with
-// ErrClosed; Complete, Release and Extend still work on the leases of lease
+// engine.ErrStoreClosed; Complete, Release and Extend still work on the leases of lease
 // mode, so that requests finishing during a shutdown are recorded. Close is
 // idempotent and always returns nil.
 func (s *Store) Close() error {
@@ -202,7 +198,7 @@ func (s *Store) Claim(ctx context.Context, id engine.ID, fingerprint string, lea
 		return engine.Claim{}, fmt.Errorf("pgstore: claim: %w", err)
 	}
 	if s.closed.Load() {
-		return engine.Claim{}, fmt.Errorf("pgstore: claim: %w", ErrClosed)
+		return engine.Claim{}, fmt.Errorf("pgstore: claim: %w", engine.ErrStoreClosed)
 	}
 	var (
 		c   engine.Claim

@@ -256,7 +256,7 @@ func TestClaimAfterClose(t *testing.T) {
 	require.NoError(t, s.Close())
 	require.NoError(t, s.Close(), "second Close")
 	_, err := s.Claim(ctx, scopeID("after-close"), "fp", time.Minute, time.Hour)
-	assert.ErrorIs(t, err, pgstore.ErrClosed)
+	assert.ErrorIs(t, err, engine.ErrStoreClosed)
 	// A request that was running during the shutdown is still recorded.
 	assert.NoError(t, s.Complete(ctx, id, tok, created(`{}`), time.Hour))
 }
@@ -295,5 +295,5 @@ func TestDocumentedSchema(t *testing.T) {
 	schema, err := pgstore.Schema(pgstore.DefaultTable)
 	require.NoError(t, err)
 	want := "```sql\n" + strings.TrimSpace(schema) + "\n```"
-	assert.Contains(t, string(readme), want, "README.md does not show Schema(DefaultTable)")
+	assert.Contains(t, string(readme), want, "README.md does not show Schema(defaultTable)")
 }

@@ -7,7 +7,7 @@ import (
 )
 
 // Sweep deletes the records that have expired, batch at a time (a batch below
-// 1 means DefaultSweepBatch), until a statement finds fewer than batch to
+// 1 means 1000), until a statement finds fewer than batch to
 // delete, and returns how many it deleted. Each batch is one short statement
 // and transaction, which locks only the rows it deletes and skips those that
 // are locked, so a sweep of a million rows never makes a Claim wait for more
@@ -18,7 +18,7 @@ import (
 // let WithSweeper call it.
 func (s *Store) Sweep(ctx context.Context, batch int) (deleted int, err error) {
 	if batch < 1 {
-		batch = DefaultSweepBatch
+		batch = defaultSweepBatch
 	}
 	for {
 		tag, err := s.pool.Exec(ctx, s.stmts().sweep, s.coldMode, batch)

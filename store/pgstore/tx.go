@@ -75,7 +75,7 @@ func (s *Store) claimTx(ctx context.Context, id engine.ID, fingerprint string, l
 	if s.closed.Load() {
 		s.mu.Unlock()
 		rollback(ctx, tx)
-		return engine.Claim{}, ErrClosed
+		return engine.Claim{}, engine.ErrStoreClosed
 	}
 	s.txs[txKey{id, c.Token}] = &openTx{tx: tx, backend: b}
 	if !s.watching {

@@ -60,7 +60,7 @@ func postAsync(ctx context.Context, c *http.Client, url, key string) <-chan post
 func TestTxDuplicateWithShortLease(t *testing.T) {
 	ctx := testContext(t)
 	pool := newPool(t)
-	s, _ := newStore(t, pool, pgstore.WithTransactions()) // DefaultLockTimeout
+	s, _ := newStore(t, pool, pgstore.WithTransactions()) // defaultLockTimeout
 	const lease = 2 * time.Second
 	require.Less(t, lease, pgstore.DefaultLockTimeout+pgstore.DefaultLockTimeout/9,
 		"the lease must make the Claim's timeout shorter than the lock timeout")

@@ -4,7 +4,7 @@
 //
 // # Data layout
 //
-// A record is one Redis string under one key: the prefix (DefaultPrefix
+// A record is one Redis string under one key: the prefix ("idempotency:"
 // unless WithPrefix says otherwise), the scope's length in decimal, ":", the
 // scope, ":", the key. The length makes the encoding injective, whatever bytes
 // scope and key hold. Store.RecordKey returns it.
@@ -212,7 +212,7 @@
 // DBSIZE is the number of records, and used_memory in the reply of INFO
 // memory the bytes the server takes for them with its own overhead
 // (used_memory_dataset leaves out most of it). On a Redis shared with other
-// data, the records are the keys under the Store's prefix (DefaultPrefix
+// data, the records are the keys under the Store's prefix ("idempotency:"
 // here):
 //
 //	SCAN 0 MATCH idempotency:* COUNT 1000

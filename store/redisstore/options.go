@@ -24,7 +24,7 @@ func (c *config) refuse(format string, args ...any) {
 }
 
 func newConfig(opts []Option) (config, error) {
-	c := config{prefix: DefaultPrefix}
+	c := config{prefix: defaultPrefix}
 	for i, o := range opts {
 		if o == nil {
 			c.refuse("option %d is nil", i)
@@ -35,7 +35,7 @@ func newConfig(opts []Option) (config, error) {
 	return c, errors.Join(c.invalid...)
 }
 
-// WithPrefix sets the prefix of every key the Store writes, [DefaultPrefix]
+// WithPrefix sets the prefix of every key the Store writes, "idempotency:"
 // by default, so that a Redis can hold other data, or the records of several
 // APIs, side by side. Stores that share records must share the prefix. A
 // prefix with a Cluster hash tag ("{idem}:") puts every record on one node.

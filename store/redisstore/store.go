@@ -17,8 +17,8 @@ import (
 	"github.com/idemkit/idempotency/engine"
 )
 
-// DefaultPrefix is the key prefix of a Store made without [WithPrefix].
-const DefaultPrefix = "idempotency:"
+// defaultPrefix is the key prefix of a Store made without [WithPrefix].
+const defaultPrefix = "idempotency:"
 
 // Store is a engine.Store kept in Redis. Create one with New; it is safe for
 // concurrent use, and any number of Stores, in any number of processes, share

@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -288,12 +289,22 @@ func testRun(t *testing.T, store string) {
 				}
 				continue
 			}
+			// A first execution: the claim and the completion; on
+			// PostgreSQL the claim is a SELECT that finds nothing, then the
+			// INSERT. A replay: one read.
 			want := 2.0
+			if store == benchreport.Postgres {
+				want = 3
+			}
 			if kind == benchreport.KindReplay {
 				want = 1
 			}
 			if m.RoundTrips == nil || *m.RoundTrips < want || *m.RoundTrips > want*1.1 {
-				t.Errorf("%s, %d records: %v round trips, want %v (within 10%%)", kind, n, m.RoundTrips, want)
+				got := "none"
+				if m.RoundTrips != nil {
+					got = strconv.FormatFloat(*m.RoundTrips, 'f', 3, 64)
+				}
+				t.Errorf("%s, %d records: %s round trips, want %v (within 10%%)", kind, n, got, want)
 			}
 			if m.StoreCPU == nil || *m.StoreCPU <= 0 {
 				t.Errorf("%s, %d records: store CPU %v, want some", kind, n, m.StoreCPU)

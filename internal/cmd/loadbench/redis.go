@@ -210,7 +210,9 @@ func (r *redisBench) meters() meters {
 }
 
 // fcalls returns how many function calls the server ran, from INFO
-// commandstats: the store's every operation is one FCALL.
+// commandstats. A claim of a new key or of a completed one is a plain
+// SET, not a function call: a first execution makes one (the completion),
+// a replay none.
 func (r *redisBench) fcalls(ctx context.Context) (int64, bool) {
 	info, err := r.admin.Info(ctx, "commandstats").Result()
 	if err != nil {

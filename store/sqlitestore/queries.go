@@ -1,5 +1,10 @@
 package sqlitestore
 
+import (
+	"context"
+	"database/sql"
+)
+
 // table is the one table of the store's records, in the file that Open
 // opens; tokens come from its AUTOINCREMENT sequence (sqlite_sequence),
 // which never hands out a number twice, deleted rows included.
@@ -111,3 +116,38 @@ WHERE scope = ?1 AND key = ?2 AND expires_at > ?3`
 
 // forgetSQL deletes a live record. Parameters: ?1 scope, ?2 key, ?3 now.
 const forgetSQL = `DELETE FROM ` + table + ` WHERE scope = ?1 AND key = ?2 AND expires_at > ?3`
+
+// stmts are the Store's statements, prepared once by Open: database/sql
+// prepares each again on every connection that runs it, not at every call,
+// and Close closes them.
+type stmts struct {
+	read, claim, complete, completeTx, release, releaseBack, extend, sweep, resolve, forget *sql.Stmt
+}
+
+func prepare(ctx context.Context, db *sql.DB) (stmts, error) {
+	var st stmts
+	for _, p := range []struct {
+		st    **sql.Stmt
+		query string
+	}{
+		{&st.read, readSQL}, {&st.claim, claimSQL}, {&st.complete, completeSQL}, {&st.completeTx, completeTxSQL},
+		{&st.release, releaseSQL}, {&st.releaseBack, releaseBackSQL}, {&st.extend, extendSQL}, {&st.sweep, sweepSQL},
+		{&st.resolve, resolveSQL}, {&st.forget, forgetSQL},
+	} {
+		var err error
+		if *p.st, err = db.PrepareContext(ctx, p.query); err != nil {
+			st.close()
+			return stmts{}, err
+		}
+	}
+	return st, nil
+}
+
+// close closes the statements that are prepared.
+func (st *stmts) close() {
+	for _, s := range []*sql.Stmt{st.read, st.claim, st.complete, st.completeTx, st.release, st.releaseBack, st.extend, st.sweep, st.resolve, st.forget} {
+		if s != nil {
+			s.Close()
+		}
+	}
+}

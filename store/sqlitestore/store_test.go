@@ -107,6 +107,7 @@ func TestClosed(t *testing.T) {
 func TestTokensAfterDelete(t *testing.T) {
 	ctx := context.Background()
 	s := open(t, filepath.Join(t.TempDir(), "records.db"))
+	sqlitestore.FirstSwept(s)
 	id := engine.ID{Key: "k"}
 	last := engine.Token(0)
 	for i := range 3 {
@@ -127,6 +128,7 @@ func TestTokensAfterDelete(t *testing.T) {
 func TestSweep(t *testing.T) {
 	ctx := context.Background()
 	s := open(t, filepath.Join(t.TempDir(), "records.db"))
+	sqlitestore.FirstSwept(s) // the sweeper's, which would take some of these
 	for i := range 25 {
 		id := engine.ID{Key: fmt.Sprint("short-", i)}
 		c, err := s.Claim(ctx, id, "fp", time.Minute, time.Millisecond)

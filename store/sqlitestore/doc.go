@@ -24,8 +24,11 @@
 // record that expired, or whose lease expired with the same fingerprint,
 // counting the lost holder in Claim.Abandoned; a record that is neither is
 // left alone, and Claim reads again. Complete, Release and Extend are one
-// statement each, conditional on the token. A sweeper deletes expired
-// records every minute, in batches of a thousand, until Close.
+// statement each, conditional on the token (a Complete after the lease
+// ended, two). A sweeper deletes expired records every minute, in batches
+// of a thousand, until Close; a record completed within its lease is
+// deleted at most a lease after it expired, so that its Complete writes no
+// index (see BENCHMARKS.md).
 //
 // # Durability: synchronous NORMAL or FULL
 //

@@ -249,8 +249,9 @@ func (s *store) claimOnce(ctx context.Context, id engine.ID, fingerprint string,
 	return s.take(ctx, s.st.claim, id, fingerprint, lease, ttl)
 }
 
-// Complete stores the response in one statement; in transactional mode in
-// the lease's transaction, which it then commits.
+// Complete stores the response in one statement, within the lease (two
+// after it: see completeSQL); in transactional mode in the lease's
+// transaction, which it then commits.
 func (s *store) Complete(ctx context.Context, id engine.ID, token engine.Token, resp *engine.Response, ttl time.Duration) error {
 	if err := s.begin(ctx, "complete"); err != nil {
 		return err
@@ -266,8 +267,11 @@ func (s *store) Complete(ctx context.Context, id engine.ID, token engine.Token, 
 		return s.completeTx(ctx, id, token, resp, headers, ttl)
 	}
 	now := s.now()
-	n, err := s.exec(ctx, s.st.complete, int64(token), []byte(id.Scope), []byte(id.Key), now,
-		now+sqlrecord.Micros(ttl), resp.Status, headers, body(resp), resp.BodyOmitted)
+	args := []any{int64(token), []byte(id.Scope), []byte(id.Key), now, now + sqlrecord.Micros(ttl), resp.Status, headers, body(resp), resp.BodyOmitted}
+	n, err := s.exec(ctx, s.st.complete, args...)
+	if err == nil && n == 0 {
+		n, err = s.exec(ctx, s.st.completeLate, args...)
+	}
 	return result("complete", n, err)
 }
 

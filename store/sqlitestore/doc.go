@@ -13,9 +13,10 @@
 // Open opens the file in WAL mode, so that readers never wait for the
 // writer, and creates the table idempotency_records in it if it is missing.
 // Every time the Store compares or stores comes from the machine's clock, in
-// microseconds. Tokens come from the table's AUTOINCREMENT sequence, which
-// never hands out a number twice, so a token is larger than every one given
-// before for its key, after a release or a sweep too.
+// microseconds. Tokens are the table's rowids, which SQLite hands out in
+// increasing order while the row with the largest stays, and the Store
+// never deletes that one: a token is larger than every one given before
+// for its key, after a release or a sweep too.
 //
 // A Claim reads the record first, without a lock: a replay, or a request in
 // flight, is answered by that read alone, and writes nothing. Otherwise the

@@ -32,7 +32,8 @@ func (s *store) Lookup(ctx context.Context, id engine.ID) (engine.Record, error)
 
 // Resolve implements engine.Inspector, in one statement: with resp it
 // records the request as done with resp, and the holder of a lease in
-// flight is refused from then on; with resp nil it deletes the record.
+// flight is refused from then on; with resp nil the record expires at
+// once, so that the next request with the key runs.
 func (s *store) Resolve(ctx context.Context, id engine.ID, resp *engine.Response, ttl time.Duration) error {
 	if err := s.begin(ctx, "resolve"); err != nil {
 		return err

@@ -6,8 +6,14 @@ import (
 )
 
 // table is the one table of the store's records, in the file that Open
-// opens; tokens come from its AUTOINCREMENT sequence (sqlite_sequence),
-// which never hands out a number twice, deleted rows included.
+// opens. Tokens are its rowids: SQLite gives a new row one more than the
+// largest rowid in the table, so they never go back as long as the row with
+// the largest is never deleted (https://www.sqlite.org/autoinc.html), and
+// no statement deletes it: a Release or an operator's forgetting expires a
+// record, and the sweeper deletes expired records other than that one. A
+// takeover gives the row a new rowid too (excluded.token), the largest.
+// Unlike AUTOINCREMENT, this writes no sequence table (sqlite_sequence) at
+// each claim; a file whose table has AUTOINCREMENT works the same.
 const table = "idempotency_records"
 
 // schemaSQL creates the table and its index if they are missing. Every time
@@ -23,7 +29,7 @@ const table = "idempotency_records"
 // after it expired. A statement that moves expires_at later moves sweep_at
 // with it.
 const schemaSQL = `CREATE TABLE IF NOT EXISTS ` + table + ` (
-	token INTEGER PRIMARY KEY AUTOINCREMENT,
+	token INTEGER PRIMARY KEY,
 	scope BLOB NOT NULL,
 	key BLOB NOT NULL,
 	fingerprint BLOB NOT NULL,
@@ -98,8 +104,10 @@ const completeTxSQL = `UPDATE ` + table + ` SET completed = 1, lease_until = ?4,
 	status = ?6, headers = ?7, body = ?8, body_omitted = ?9
 WHERE token = ?1 AND scope = ?2 AND key = ?3 AND completed = 0`
 
-// releaseSQL deletes a record that the holder's claim created.
-const releaseSQL = `DELETE FROM ` + table + ` WHERE ` + held + ` AND abandoned <= 0`
+// releaseSQL makes a record that the holder's claim created expire now, so
+// that the key is new again, and lets the sweeper delete it.
+const releaseSQL = `UPDATE ` + table + ` SET lease_until = min(lease_until, ?4), expires_at = ?4, sweep_at = ?4
+WHERE ` + held + ` AND abandoned <= 0`
 
 // releaseBackSQL puts a record that the holder's claim took over from lost
 // holders back as the claim found it: its lease ended, one lost holder
@@ -123,9 +131,11 @@ const extendSQL = `UPDATE ` + table + ` SET lease_until = ?5,
 	sweep_at = max(sweep_at, expires_at, ?5 + (expires_at - lease_until))
 WHERE ` + held
 
-// sweepSQL deletes at most ?2 records expired at ?1.
+// sweepSQL deletes at most ?2 records expired at ?1, never the one with the
+// largest token.
 const sweepSQL = `DELETE FROM ` + table + ` WHERE token IN (
-	SELECT token FROM ` + table + ` WHERE sweep_at <= ?1 AND expires_at <= ?1 LIMIT ?2)`
+	SELECT token FROM ` + table + ` WHERE sweep_at <= ?1 AND expires_at <= ?1
+		AND token < (SELECT max(token) FROM ` + table + `) LIMIT ?2)`
 
 // resolveSQL records a live record as done with the operator's response,
 // whatever its state and lease. Parameters: ?1 scope, ?2 key, ?3 now,
@@ -134,8 +144,10 @@ const resolveSQL = `UPDATE ` + table + ` SET completed = 1, lease_until = min(le
 	status = ?5, headers = ?6, body = ?7, body_omitted = ?8
 WHERE scope = ?1 AND key = ?2 AND expires_at > ?3`
 
-// forgetSQL deletes a live record. Parameters: ?1 scope, ?2 key, ?3 now.
-const forgetSQL = `DELETE FROM ` + table + ` WHERE scope = ?1 AND key = ?2 AND expires_at > ?3`
+// forgetSQL makes a live record expire now, and lets the sweeper delete it.
+// Parameters: ?1 scope, ?2 key, ?3 now.
+const forgetSQL = `UPDATE ` + table + ` SET lease_until = min(lease_until, ?3), expires_at = ?3, sweep_at = ?3
+WHERE scope = ?1 AND key = ?2 AND expires_at > ?3`
 
 // stmts are the Store's statements, prepared once by Open: database/sql
 // prepares each again on every connection that runs it, not at every call,

@@ -275,7 +275,8 @@ func (s *store) Complete(ctx context.Context, id engine.ID, token engine.Token, 
 	return result("complete", n, err)
 }
 
-// Release deletes a record that the holder's claim created; one that the
+// Release makes a record that the holder's claim created expire, so that
+// the key is new again; one that the
 // claim took over from lost holders goes back to how the claim found it,
 // with a new token. In transactional mode it rolls the lease's transaction
 // back.

@@ -102,29 +102,53 @@ func TestClosed(t *testing.T) {
 	assert.ErrorIs(t, s.Complete(ctx, id, tok, created(`{}`), time.Hour), engine.ErrStoreClosed)
 }
 
-// Tokens never go back, even after the record with the largest was
-// deleted: released, or swept.
+// Tokens never go back: released, forgotten or swept, a key's next token
+// is larger, and the sweeper never deletes the record with the largest
+// token, whose rowid the next would otherwise take again.
 func TestTokensAfterDelete(t *testing.T) {
 	ctx := context.Background()
 	s := open(t, filepath.Join(t.TempDir(), "records.db"))
 	sqlitestore.FirstSwept(s)
 	id := engine.ID{Key: "k"}
+	count := func(where string, args ...any) int {
+		var n int
+		require.NoError(t, s.DB().QueryRowContext(ctx, "SELECT count(*) FROM idempotency_records WHERE "+where, args...).Scan(&n))
+		return n
+	}
 	last := engine.Token(0)
-	for i := range 3 {
-		// The sweeper may delete the completed record once its claim's
+	for i := range 4 {
+		// The sweeper may delete a completed record once its claim's
 		// expiry, the lease's end, has passed.
 		c, err := s.Claim(ctx, id, "fp", time.Second, time.Nanosecond)
 		require.NoError(t, err)
 		require.Equal(t, engine.Acquired, c.Status)
 		require.Greater(t, c.Token, last, "token %d", i)
 		last = c.Token
-		if i == 0 {
+		switch i {
+		case 0:
 			require.NoError(t, s.Release(ctx, id, c.Token))
-			continue
+		case 1:
+			require.NoError(t, s.Resolve(ctx, id, nil, 0))
+		case 2:
+			require.NoError(t, s.Complete(ctx, id, c.Token, created(`{}`), time.Nanosecond))
+			other := engine.ID{Key: "other"} // now the largest token
+			c, err := s.Claim(ctx, other, "fp", time.Second, time.Nanosecond)
+			require.NoError(t, err)
+			require.NoError(t, s.Complete(ctx, other, c.Token, created(`{}`), time.Nanosecond))
+			require.Eventually(t, func() bool {
+				sqlitestore.Sweep(ctx, s, 10)
+				return count("key = ?", []byte("k")) == 0
+			}, 5*time.Second, time.Millisecond)
 		}
-		require.NoError(t, s.Complete(ctx, id, c.Token, created(`{}`), time.Nanosecond))
-		require.Eventually(t, func() bool { return sqlitestore.Sweep(ctx, s, 10) == 1 }, 5*time.Second, time.Millisecond)
 	}
+	require.NoError(t, s.Complete(ctx, id, last, created(`{}`), time.Nanosecond))
+	require.Eventually(t, func() bool {
+		sqlitestore.Sweep(ctx, s, 10)
+		return count("TRUE") == 1 && count("sweep_at <= ?", time.Now().UnixMicro()) == 1
+	}, 5*time.Second, time.Millisecond)
+
+	assert.Zero(t, sqlitestore.Sweep(ctx, s, 10), "records swept")
+	assert.Equal(t, 1, count("token = ?", int64(last)), "the record left is the last one claimed")
 }
 
 func TestSweep(t *testing.T) {
@@ -133,7 +157,7 @@ func TestSweep(t *testing.T) {
 	sqlitestore.FirstSwept(s) // the sweeper's, which would take some of these
 	for i := range 25 {
 		id := engine.ID{Key: fmt.Sprint("short-", i)}
-		c, err := s.Claim(ctx, id, "fp", time.Millisecond, time.Millisecond)
+		c, err := s.Claim(ctx, id, "fp", time.Second, time.Millisecond) // swept a second on
 		require.NoError(t, err)
 		require.NoError(t, s.Complete(ctx, id, c.Token, created(`{}`), time.Millisecond))
 	}

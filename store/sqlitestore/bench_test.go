@@ -16,8 +16,9 @@ import (
 // BenchmarkStatements compares, in one file and one run, the store's first
 // execution (Claim of a new key, then Complete) and replay (Claim of a
 // completed key) with the minimal statements that do the same on a table of
-// the same columns: an INSERT and an UPDATE, and a SELECT. With synchronous
-// NORMAL (the default) and FULL.
+// the same columns: an INSERT and an UPDATE, and a SELECT, each run as an
+// application writes it ("minimal") and prepared once ("prepared"), as the
+// Store's statements are. With synchronous NORMAL (the default) and FULL.
 //
 //	go test ./store/sqlitestore -run '^$' -bench BenchmarkStatements -benchtime 2000x -count 5
 func BenchmarkStatements(b *testing.B) {
@@ -54,22 +55,24 @@ func BenchmarkStatements(b *testing.B) {
 				}
 			}
 		})
-		b.Run(tc.name+"/first/minimal", func(b *testing.B) {
-			b.ReportAllocs()
-			run++
-			for i := range b.N {
-				key := []byte(fmt.Sprint(run, "-", i))
-				now := time.Now().UnixMicro()
-				if _, err := db.ExecContext(ctx, "INSERT INTO minimal (scope, key, fingerprint, token, lease_until, expires_at) VALUES (?, ?, ?, ?, ?, ?)",
-					[]byte("bench"), key, []byte("fp"), i, now+60e6, now+3600e6); err != nil {
-					b.Fatal(err)
+		for _, v := range variants {
+			insert := v.statement(b, db, "INSERT INTO minimal (scope, key, fingerprint, token, lease_until, expires_at) VALUES (?, ?, ?, ?, ?, ?)")
+			update := v.statement(b, db, "UPDATE minimal SET status = ?, headers = ?, body = ?, expires_at = ? WHERE scope = ? AND key = ? AND token = ?")
+			b.Run(tc.name+"/first/"+v.name, func(b *testing.B) {
+				b.ReportAllocs()
+				run++
+				for i := range b.N {
+					key := []byte(fmt.Sprint(run, "-", i))
+					now := time.Now().UnixMicro()
+					if err := insert.exec(ctx, []byte("bench"), key, []byte("fp"), i, now+60e6, now+3600e6); err != nil {
+						b.Fatal(err)
+					}
+					if err := update.exec(ctx, resp.Status, headers, resp.Body, now+3600e6, []byte("bench"), key, i); err != nil {
+						b.Fatal(err)
+					}
 				}
-				if _, err := db.ExecContext(ctx, "UPDATE minimal SET status = ?, headers = ?, body = ?, expires_at = ? WHERE scope = ? AND key = ? AND token = ?",
-					resp.Status, headers, resp.Body, now+3600e6, []byte("bench"), key, i); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
+			})
+		}
 		replayID := engine.ID{Scope: "bench", Key: "replayed"}
 		c, err := s.Claim(ctx, replayID, "fp", time.Minute, time.Hour)
 		if err != nil {
@@ -90,21 +93,70 @@ func BenchmarkStatements(b *testing.B) {
 				}
 			}
 		})
-		b.Run(tc.name+"/replay/minimal", func(b *testing.B) {
-			b.ReportAllocs()
-			for range b.N {
-				var (
-					fp, h, body []byte
-					status      sql.NullInt64
-				)
-				if err := db.QueryRowContext(ctx, "SELECT fingerprint, status, headers, body FROM minimal WHERE scope = ? AND key = ?",
-					[]byte("bench"), []byte("replayed")).Scan(&fp, &status, &h, &body); err != nil {
-					b.Fatal(err)
+		for _, v := range variants {
+			sel := v.statement(b, db, "SELECT fingerprint, status, headers, body FROM minimal WHERE scope = ? AND key = ?")
+			b.Run(tc.name+"/replay/"+v.name, func(b *testing.B) {
+				b.ReportAllocs()
+				for range b.N {
+					var (
+						fp, h, body []byte
+						status      sql.NullInt64
+					)
+					if err := sel.queryRow(ctx, []byte("bench"), []byte("replayed")).Scan(&fp, &status, &h, &body); err != nil {
+						b.Fatal(err)
+					}
+					if _, err := sqlrecord.DecodeHeader(h); err != nil {
+						b.Fatal(err)
+					}
 				}
-				if _, err := sqlrecord.DecodeHeader(h); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
+			})
+		}
 	}
+}
+
+// variants are the two ways the minimal statements run: "minimal", as an
+// application writes them (db.ExecContext, which the driver parses, or
+// prepares and closes, at every call), and "prepared", prepared once, as
+// the Store's statements are.
+var variants = []variant{{"minimal", false}, {"prepared", true}}
+
+type variant struct {
+	name     string
+	prepared bool
+}
+
+// statement is query on db, prepared if the variant is.
+func (v variant) statement(b *testing.B, db *sql.DB, query string) statement {
+	if !v.prepared {
+		return statement{db: db, query: query}
+	}
+	st, err := db.Prepare(query)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { st.Close() })
+	return statement{db: db, query: query, st: st}
+}
+
+type statement struct {
+	db    *sql.DB
+	query string
+	st    *sql.Stmt
+}
+
+func (s statement) exec(ctx context.Context, args ...any) error {
+	var err error
+	if s.st != nil {
+		_, err = s.st.ExecContext(ctx, args...)
+	} else {
+		_, err = s.db.ExecContext(ctx, s.query, args...)
+	}
+	return err
+}
+
+func (s statement) queryRow(ctx context.Context, args ...any) *sql.Row {
+	if s.st != nil {
+		return s.st.QueryRowContext(ctx, args...)
+	}
+	return s.db.QueryRowContext(ctx, s.query, args...)
 }

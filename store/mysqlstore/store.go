@@ -153,8 +153,8 @@ func (s *store) read(ctx context.Context, tx *sql.Tx, id engine.ID) (seen, error
 // take runs claimSQL for the row that the read saw: ok is false when it
 // changed nothing.
 func (s *store) take(ctx context.Context, tx *sql.Tx, id engine.ID, fingerprint string, lease, ttl time.Duration, v seen) (engine.Claim, bool, error) {
-	res, err := s.p.exec(ctx, tx, s.q.claim, []byte(id.Scope), []byte(id.Key), []byte(fingerprint),
-		sqlrecord.Micros(lease), sqlrecord.Micros(sqlrecord.AddDur(lease, ttl)), v.version)
+	res, err := s.p.exec(ctx, tx, s.q.claim, s.q.claimArgs([]byte(id.Scope), []byte(id.Key), []byte(fingerprint),
+		sqlrecord.Micros(lease), sqlrecord.Micros(sqlrecord.AddDur(lease, ttl)), v.version)...)
 	if err != nil {
 		return engine.Claim{}, false, err
 	}

@@ -47,9 +47,9 @@ func TestClaimOutcome(t *testing.T) {
 			db := teststores.MySQLDB(t, foundRows)
 			table := teststores.UniqueName(t, "mysqlstore_t_")
 			teststores.MySQLOn(t, db, table)
-			q := strings.NewReplacer("{{table}}", "`"+table+"`", "{{now}}", mysqlstore.NowUS).Replace(mysqlstore.ClaimSQL)
+			q, args := mysqlstore.ClaimStatement(table)
 			claim := func(version int64, lease time.Duration) (id, n int64) {
-				res, err := db.ExecContext(ctx, q, []byte("s"), []byte("k"), []byte("fp"), lease.Microseconds(), (lease + time.Hour).Microseconds(), version)
+				res, err := db.ExecContext(ctx, q, args([]byte("s"), []byte("k"), []byte("fp"), lease.Microseconds(), (lease+time.Hour).Microseconds(), version)...)
 				require.NoError(t, err)
 				id, err = res.LastInsertId()
 				require.NoError(t, err)

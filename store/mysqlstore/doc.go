@@ -35,20 +35,21 @@
 //
 // # Versions
 //
-// The statements need MySQL 8.0.19 or later, or MariaDB 10.3 or later (10.2.4
+// The statements need MySQL 8.0 or later, or MariaDB 10.3 or later (10.2.4
 // persists the tables' counters, 10.3 is the oldest still maintained;
-// tested on MariaDB 10.11), with InnoDB. The claim names its parameters
-// through a derived table (INSERT … SELECT … FROM (SELECT ? AS fp, …) AS p
-// ON DUPLICATE KEY UPDATE fingerprint = p.fp), which both accept: not
+// tested on MariaDB 10.11), with InnoDB. The claim's UPDATE clause names
+// its parameters again (ON DUPLICATE KEY UPDATE fingerprint = IF(…,
+// CAST(? AS BINARY), …)), which every version accepts: not
 // VALUES(fingerprint), which MySQL deprecates from 8.0.20 and warns about,
 // nor a row alias (VALUES (…) AS new), which MySQL added in 8.0.19 and
-// MariaDB lacks. MySQL (and MariaDB by default) evaluates the assignments
-// of an UPDATE left to right, each seeing the ones before; the claim's
-// condition reads only the version, assigned last, so that it holds with
-// MariaDB's SIMULTANEOUS_ASSIGNMENT mode too. With statement-based binary
-// logging, MySQL marks INSERT … SELECT … ON DUPLICATE KEY UPDATE unsafe and
-// logs it by row (MIXED) or warns (STATEMENT): use ROW or MIXED, the
-// default since MySQL 5.7.7.
+// MariaDB lacks, nor a derived table of the parameters, which costs a
+// temporary table at every claim. MySQL (and MariaDB by default) evaluates
+// the assignments of an UPDATE left to right, each seeing the ones before;
+// the claim's condition reads only the version, assigned last, so that it
+// holds with MariaDB's SIMULTANEOUS_ASSIGNMENT mode too. Use ROW or MIXED
+// binary logging, the default since MySQL 5.7.7: the claim reads the
+// server's clock and sets LAST_INSERT_ID, which row-based logging
+// replicates as the row it wrote.
 //
 // Tokens are the server's clock in microseconds times 1024 for a new record,
 // and, for a takeover, one more than the row's, or that, whichever is

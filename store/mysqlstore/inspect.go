@@ -19,7 +19,8 @@ func (s *store) Lookup(ctx context.Context, id engine.ID) (engine.Record, error)
 		r            sqlrecord.Row
 		now, version int64
 	)
-	err := r.Scan(s.db.QueryRowContext(ctx, s.q.lookup, []byte(id.Scope), []byte(id.Key)), &now, &version)
+	err := s.p.queryRow(ctx, nil, func(row *sql.Row) error { return r.Scan(row, &now, &version) },
+		s.q.lookup, []byte(id.Scope), []byte(id.Key))
 	if errors.Is(err, sql.ErrNoRows) {
 		return engine.Record{}, fmt.Errorf("mysqlstore: lookup: %w", engine.ErrNotFound)
 	}
@@ -43,12 +44,12 @@ func (s *store) Resolve(ctx context.Context, id engine.ID, resp *engine.Response
 		err error
 	)
 	if resp == nil {
-		n, err = exec(ctx, s.db, s.q.forget, []byte(id.Scope), []byte(id.Key))
+		n, err = s.exec(ctx, nil, s.q.forget, []byte(id.Scope), []byte(id.Key))
 	} else {
 		if err := sqlrecord.CheckStatus(resp); err != nil {
 			return fmt.Errorf("mysqlstore: resolve: %w", err)
 		}
-		n, err = exec(ctx, s.db, s.q.resolve, sqlrecord.Micros(ttl), resp.Status, sqlrecord.EncodeHeader(resp.Header),
+		n, err = s.exec(ctx, nil, s.q.resolve, sqlrecord.Micros(ttl), resp.Status, sqlrecord.EncodeHeader(resp.Header),
 			body(resp), resp.BodyOmitted, []byte(id.Scope), []byte(id.Key))
 	}
 	switch {

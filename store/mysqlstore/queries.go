@@ -1,6 +1,9 @@
 package mysqlstore
 
-import "strings"
+import (
+	"regexp"
+	"strings"
+)
 
 // nowUS is the server's clock in microseconds since the Unix epoch, in UTC
 // whatever the session's time zone. UTC_TIMESTAMP(6) is the statement's
@@ -11,15 +14,20 @@ const nowUS = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6
 
 // queries are a Store's statements, written once for its table.
 type queries struct {
+	// claimOrder are claim's parameters, in their order.
+	claimOrder []claimParam
+
 	schema, read, claim, complete, completeTx, releaseBack, release, extend, sweep, lookup, resolve, forget string
 }
 
 func newQueries(table string) queries {
 	r := strings.NewReplacer("{{table}}", table, "{{now}}", nowUS)
+	claim, order := placeholders(r.Replace(claimSQL))
 	return queries{
+		claimOrder:  order,
 		schema:      r.Replace(schemaSQL),
 		read:        r.Replace(readSQL),
-		claim:       r.Replace(claimSQL),
+		claim:       claim,
 		complete:    r.Replace(completeSQL + heldSQL),
 		completeTx:  r.Replace(completeSQL + heldTxSQL),
 		releaseBack: r.Replace(releaseBackSQL),
@@ -63,17 +71,22 @@ FROM {{table}} WHERE scope = ? AND ` + "`key`" + ` = ?`
 
 // claimSQL is the claim and the takeover in one statement: INSERT … ON
 // DUPLICATE KEY UPDATE, with every assignment conditional on "the row is
-// still the one the Claim read" (version = p.seen). Claim writes only after
+// still the one the Claim read" (version = :seen). Claim writes only after
 // its read found no record, or one that may be taken over (it expired, or
 // its lease did with the same fingerprint); every statement that changes a
 // row changes its version, and time only moves forward, so a row with the
 // version read may still be taken over.
 //
-// The parameters come in once, as the columns of the derived table p, which
-// the UPDATE clause names: MySQL 8.0.19 and later and MariaDB both accept
-// that, where VALUES() is deprecated in MySQL 8.0.20 and a row alias
-// (VALUES … AS new) is unknown to MariaDB. CAST(? AS BINARY) keeps the
-// bytes of scope, key and fingerprint from the connection's character set.
+// The UPDATE clause names the parameters again rather than the row that
+// the INSERT proposed: VALUES() is deprecated in MySQL 8.0.20 and a row
+// alias (VALUES … AS new) is unknown to MariaDB, and a derived table of
+// the parameters (INSERT … SELECT … FROM (SELECT ? …) AS p), which both
+// accept, costs the server a temporary table at every claim. So the
+// statement names its parameters (:scope, :key, :fp, :lease, :life,
+// :seen), and newQueries turns each mention into a placeholder (see
+// claimArgs). The clock ({{now}}) is the statement's start at every
+// mention. CAST(? AS BINARY) keeps the bytes of scope, key and fingerprint
+// from the connection's character set.
 //
 // The server tells the client what happened without another statement:
 // LAST_INSERT_ID(expr) sets the insert ID that the OK packet carries. The
@@ -96,29 +109,75 @@ FROM {{table}} WHERE scope = ? AND ` + "`key`" + ` = ?`
 // which each sees the row as it was): the condition reads version alone,
 // which comes last, and abandoned and created_at, which read expires_at,
 // come before it.
-//
-// Parameters: scope, key, fingerprint, lease (µs), the record's life (µs:
-// the lease and then the time to live), the version the read saw (-1: none).
 const claimSQL = `INSERT INTO {{table}} (scope, ` + "`key`" + `, fingerprint, completed, token, version, abandoned, created_at, lease_until, expires_at)
-SELECT p.scope, p.k, p.fp, FALSE, LAST_INSERT_ID(p.now * 1024), 0, 0, p.now, p.now + p.lease, p.now + p.life
-FROM (SELECT CAST(? AS BINARY) AS scope, CAST(? AS BINARY) AS k, CAST(? AS BINARY) AS fp, ? AS lease, ? AS life, ? AS seen,
-	{{now}} AS now) AS p
-WHERE TRUE
+VALUES (CAST(:scope AS BINARY), CAST(:key AS BINARY), CAST(:fp AS BINARY), FALSE, LAST_INSERT_ID({{now}} * 1024), 0, 0,
+	{{now}}, {{now}} + :lease, {{now}} + :life)
 ON DUPLICATE KEY UPDATE
-	abandoned = IF(` + same + `, IF({{table}}.expires_at <= p.now, 0, LEAST({{table}}.abandoned, 2147483646) + 1), {{table}}.abandoned),
-	created_at = IF(` + same + `, IF({{table}}.expires_at <= p.now, p.now, {{table}}.created_at), {{table}}.created_at),
+	abandoned = IF(` + same + `, IF({{table}}.expires_at <= {{now}}, 0, LEAST({{table}}.abandoned, 2147483646) + 1), {{table}}.abandoned),
+	created_at = IF(` + same + `, IF({{table}}.expires_at <= {{now}}, {{now}}, {{table}}.created_at), {{table}}.created_at),
 	status = IF(` + same + `, NULL, {{table}}.status),
 	headers = IF(` + same + `, NULL, {{table}}.headers),
 	body = IF(` + same + `, NULL, {{table}}.body),
 	body_omitted = IF(` + same + `, FALSE, {{table}}.body_omitted),
-	fingerprint = IF(` + same + `, p.fp, {{table}}.fingerprint),
+	fingerprint = IF(` + same + `, CAST(:fp AS BINARY), {{table}}.fingerprint),
 	completed = IF(` + same + `, FALSE, {{table}}.completed),
-	expires_at = IF(` + same + `, p.now + p.life, {{table}}.expires_at),
-	lease_until = IF(` + same + `, p.now + p.lease, {{table}}.lease_until),
-	token = IF(` + same + `, LAST_INSERT_ID(GREATEST({{table}}.token + 1, p.now * 1024)), {{table}}.token + LAST_INSERT_ID(0)),
+	expires_at = IF(` + same + `, {{now}} + :life, {{table}}.expires_at),
+	lease_until = IF(` + same + `, {{now}} + :lease, {{table}}.lease_until),
+	token = IF(` + same + `, LAST_INSERT_ID(GREATEST({{table}}.token + 1, {{now}} * 1024)), {{table}}.token + LAST_INSERT_ID(0)),
 	version = IF(` + same + `, {{table}}.version + 1, {{table}}.version)`
 
-const same = `{{table}}.version = p.seen`
+const same = `{{table}}.version = :seen`
+
+// claimParam is a parameter of claimSQL.
+type claimParam int
+
+const (
+	pScope claimParam = iota
+	pKey
+	pFP
+	pLease
+	pLife
+	pSeen
+)
+
+// claimParamRE matches a mention of a parameter in claimSQL.
+var claimParamRE = regexp.MustCompile(`:(scope|key|fp|lease|life|seen)\b`)
+
+// placeholders replaces every mention of a parameter in query with a
+// placeholder, and returns the parameters in their order.
+func placeholders(query string) (string, []claimParam) {
+	names := map[string]claimParam{":scope": pScope, ":key": pKey, ":fp": pFP, ":lease": pLease, ":life": pLife, ":seen": pSeen}
+	var order []claimParam
+	query = claimParamRE.ReplaceAllStringFunc(query, func(m string) string {
+		order = append(order, names[m])
+		return "?"
+	})
+	return query, order
+}
+
+// claimArgs are the arguments of the claim statement: scope, key and
+// fingerprint, the lease and the record's life (the lease and then the
+// time to live) in microseconds, and the version the Claim read (-1: none).
+func (q queries) claimArgs(scope, key, fp []byte, lease, life, seen int64) []any {
+	args := make([]any, len(q.claimOrder))
+	for i, p := range q.claimOrder {
+		switch p {
+		case pScope:
+			args[i] = scope
+		case pKey:
+			args[i] = key
+		case pFP:
+			args[i] = fp
+		case pLease:
+			args[i] = lease
+		case pLife:
+			args[i] = life
+		case pSeen:
+			args[i] = seen
+		}
+	}
+	return args
+}
 
 // completeSQL stores the response. Parameters: time to live (µs), status,
 // headers, body, body omitted, then heldSQL's.

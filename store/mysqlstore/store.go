@@ -25,13 +25,14 @@ type Store interface {
 	engine.Binder
 	// Migrate creates the table if it is missing.
 	Migrate(ctx context.Context) error
-	// Close stops the sweeper and rolls back the transactions of
-	// transactional mode still open; call it once the server has stopped
+	// Close stops the sweeper, rolls back the transactions of
+	// transactional mode still open, and closes the statements the Store
+	// prepared on the database; call it once the server has stopped
 	// serving. After Close, Claim fails with an error wrapping
 	// engine.ErrStoreClosed; Complete, Release and Extend still work in
-	// lease mode, so that requests finishing during a shutdown are
-	// recorded. The database stays the caller's. Close is idempotent and
-	// returns nil.
+	// lease mode, unprepared, so that requests finishing during a shutdown
+	// are recorded. The database stays the caller's. Close is idempotent
+	// and returns nil.
 	Close() error
 }
 
@@ -59,6 +60,7 @@ var (
 type store struct {
 	db            *sql.DB
 	q             queries
+	p             *prepared
 	transactional bool
 	txs           sqlrecord.Txs
 
@@ -93,7 +95,7 @@ func New(db *sql.DB, opts ...Option) (Store, error) {
 		}
 		quoted += "`" + part + "`"
 	}
-	s := &store{db: db, q: newQueries(quoted), transactional: c.transactional}
+	s := &store{db: db, q: newQueries(quoted), p: &prepared{db: db}, transactional: c.transactional}
 	ctx, cancel := context.WithCancel(context.Background())
 	s.stopSweep, s.sweepDone = cancel, make(chan struct{})
 	go s.sweepLoop(ctx)
@@ -122,13 +124,9 @@ func (s *store) Close() error {
 		s.stopSweep()
 		<-s.sweepDone
 		s.txs.CloseAll()
+		s.p.close()
 	})
 	return nil
-}
-
-type querier interface {
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 }
 
 // seen is what a Claim read: the record, if found, its version and the
@@ -139,10 +137,12 @@ type seen struct {
 	now, version int64
 }
 
-// read reads the record of id, live or not, and the server's clock.
-func (s *store) read(ctx context.Context, q querier, id engine.ID) (seen, error) {
+// read reads the record of id, live or not, and the server's clock; in tx
+// unless it is nil.
+func (s *store) read(ctx context.Context, tx *sql.Tx, id engine.ID) (seen, error) {
 	var v seen
-	err := v.row.Scan(q.QueryRowContext(ctx, s.q.read, []byte(id.Scope), []byte(id.Key)), &v.now, &v.version)
+	err := s.p.queryRow(ctx, tx, func(r *sql.Row) error { return v.row.Scan(r, &v.now, &v.version) },
+		s.q.read, []byte(id.Scope), []byte(id.Key))
 	if errors.Is(err, sql.ErrNoRows) {
 		return seen{version: -1}, nil
 	}
@@ -152,9 +152,9 @@ func (s *store) read(ctx context.Context, q querier, id engine.ID) (seen, error)
 
 // take runs claimSQL for the row that the read saw: ok is false when it
 // changed nothing.
-func (s *store) take(ctx context.Context, q querier, id engine.ID, fingerprint string, lease, ttl time.Duration, v seen) (engine.Claim, bool, error) {
-	res, err := q.ExecContext(ctx, s.q.claim, []byte(id.Scope), []byte(id.Key), []byte(fingerprint),
-		sqlrecord.Micros(lease), sqlrecord.Micros(sqlrecord.AddDur(lease, ttl)), v.version)
+func (s *store) take(ctx context.Context, tx *sql.Tx, id engine.ID, fingerprint string, lease, ttl time.Duration, v seen) (engine.Claim, bool, error) {
+	res, err := s.p.exec(ctx, tx, s.q.claim, s.q.claimArgs([]byte(id.Scope), []byte(id.Key), []byte(fingerprint),
+		sqlrecord.Micros(lease), sqlrecord.Micros(sqlrecord.AddDur(lease, ttl)), v.version)...)
 	if err != nil {
 		return engine.Claim{}, false, err
 	}
@@ -215,7 +215,7 @@ func (s *store) Claim(ctx context.Context, id engine.ID, fingerprint string, lea
 	if s.transactional {
 		c, err = s.claimTx(ctx, id, fingerprint, lease, ttl)
 	} else {
-		c, err = s.claim(ctx, s.db, id, fingerprint, lease, ttl)
+		c, err = s.claim(ctx, nil, id, fingerprint, lease, ttl)
 	}
 	if err != nil {
 		return engine.Claim{}, fmt.Errorf("mysqlstore: claim: %w", err)
@@ -223,9 +223,9 @@ func (s *store) Claim(ctx context.Context, id engine.ID, fingerprint string, lea
 	return c, nil
 }
 
-func (s *store) claim(ctx context.Context, q querier, id engine.ID, fingerprint string, lease, ttl time.Duration) (engine.Claim, error) {
+func (s *store) claim(ctx context.Context, tx *sql.Tx, id engine.ID, fingerprint string, lease, ttl time.Duration) (engine.Claim, error) {
 	for range maxClaimAttempts {
-		v, err := s.read(ctx, q, id)
+		v, err := s.read(ctx, tx, id)
 		if err != nil {
 			return engine.Claim{}, err
 		}
@@ -233,7 +233,7 @@ func (s *store) claim(ctx context.Context, q querier, id engine.ID, fingerprint 
 		if err != nil || d == sqlrecord.Answer {
 			return c, err
 		}
-		c, ok, err := s.take(ctx, q, id, fingerprint, lease, ttl, v)
+		c, ok, err := s.take(ctx, tx, id, fingerprint, lease, ttl, v)
 		if err != nil || ok {
 			return c, err
 		}
@@ -258,7 +258,7 @@ func (s *store) Complete(ctx context.Context, id engine.ID, token engine.Token, 
 	if s.transactional {
 		return s.completeTx(ctx, id, token, args)
 	}
-	n, err := exec(ctx, s.db, s.q.complete, args...)
+	n, err := s.exec(ctx, nil, s.q.complete, args...)
 	return result("complete", n, err)
 }
 
@@ -275,9 +275,9 @@ func (s *store) Release(ctx context.Context, id engine.ID, token engine.Token) e
 		return s.releaseTx(id, token)
 	}
 	args := []any{[]byte(id.Scope), []byte(id.Key), int64(token)}
-	n, err := exec(ctx, s.db, s.q.release, args...)
+	n, err := s.exec(ctx, nil, s.q.release, args...)
 	if err == nil && n == 0 {
-		n, err = exec(ctx, s.db, s.q.releaseBack, args...)
+		n, err = s.exec(ctx, nil, s.q.releaseBack, args...)
 	}
 	return result("release", n, err)
 }
@@ -296,13 +296,14 @@ func (s *store) Extend(ctx context.Context, id engine.ID, token engine.Token, le
 		return nil
 	}
 	us := sqlrecord.Micros(lease)
-	n, err := exec(ctx, s.db, s.q.extend, us, us, []byte(id.Scope), []byte(id.Key), int64(token))
+	n, err := s.exec(ctx, nil, s.q.extend, us, us, []byte(id.Scope), []byte(id.Key), int64(token))
 	return result("extend", n, err)
 }
 
-// exec runs a statement and returns how many rows it changed.
-func exec(ctx context.Context, q querier, query string, args ...any) (int64, error) {
-	r, err := q.ExecContext(ctx, query, args...)
+// exec runs a statement, in tx unless it is nil, and returns how many rows
+// it changed.
+func (s *store) exec(ctx context.Context, tx *sql.Tx, query string, args ...any) (int64, error) {
+	r, err := s.p.exec(ctx, tx, query, args...)
 	if err != nil {
 		return 0, err
 	}
@@ -372,7 +373,7 @@ func (s *store) sweepLoop(ctx context.Context) {
 func (s *store) sweep(ctx context.Context, batch int) int64 {
 	var total int64
 	for ctx.Err() == nil {
-		n, err := exec(ctx, s.db, s.q.sweep, batch)
+		n, err := s.exec(ctx, nil, s.q.sweep, batch)
 		total += n
 		if err != nil || n < int64(batch) {
 			break

@@ -47,9 +47,9 @@ func TestClaimOutcome(t *testing.T) {
 			db := teststores.MySQLDB(t, foundRows)
 			table := teststores.UniqueName(t, "mysqlstore_t_")
 			teststores.MySQLOn(t, db, table)
-			q := strings.NewReplacer("{{table}}", "`"+table+"`", "{{now}}", mysqlstore.NowUS).Replace(mysqlstore.ClaimSQL)
+			q, args := mysqlstore.ClaimStatement(table)
 			claim := func(version int64, lease time.Duration) (id, n int64) {
-				res, err := db.ExecContext(ctx, q, []byte("s"), []byte("k"), []byte("fp"), lease.Microseconds(), (lease + time.Hour).Microseconds(), version)
+				res, err := db.ExecContext(ctx, q, args([]byte("s"), []byte("k"), []byte("fp"), lease.Microseconds(), (lease+time.Hour).Microseconds(), version)...)
 				require.NoError(t, err)
 				id, err = res.LastInsertId()
 				require.NoError(t, err)
@@ -139,4 +139,81 @@ func TestTokensAfterRelease(t *testing.T) {
 			require.NoError(t, s.Resolve(ctx, id, nil, 0))
 		}
 	}
+}
+
+// What each operation sends, counted by the server on the one connection
+// of the database: a first execution is three statements (the read, the
+// claim and the Complete), two of which write a row, and a replay is one
+// read, which writes none; once prepared, no statement is prepared again.
+func TestStatements(t *testing.T) {
+	ctx := context.Background()
+	db := teststores.MySQLDB(t, false)
+	db.SetMaxOpenConns(1)
+	s := teststores.MySQLOn(t, db, teststores.UniqueName(t, "mysqlstore_t_"))
+	counters := []string{"Com_stmt_prepare", "Com_stmt_execute", "Handler_write", "Handler_update", "Handler_delete"}
+	status := func() map[string]int64 {
+		m := map[string]int64{}
+		rows, err := db.QueryContext(ctx, "SHOW SESSION STATUS WHERE Variable_name IN ('"+strings.Join(counters, "', '")+"')")
+		require.NoError(t, err)
+		defer rows.Close()
+		for rows.Next() {
+			var (
+				k string
+				v int64
+			)
+			require.NoError(t, rows.Scan(&k, &v))
+			m[k] = v
+		}
+		require.NoError(t, rows.Err())
+		require.Len(t, m, len(counters))
+		return m
+	}
+	delta := func(f func()) map[string]int64 {
+		before := status()
+		f()
+		after := status()
+		for k := range after {
+			after[k] -= before[k]
+		}
+		return after
+	}
+	first := func(id engine.ID) {
+		c, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
+		require.NoError(t, err)
+		require.Equal(t, engine.Acquired, c.Status)
+		require.NoError(t, s.Complete(ctx, id, c.Token, created(`{}`), time.Hour))
+	}
+	first(engine.ID{Key: "warm"}) // prepares the statements
+	assert.Equal(t, map[string]int64{"Com_stmt_prepare": 0, "Com_stmt_execute": 3, "Handler_write": 1, "Handler_update": 1, "Handler_delete": 0},
+		delta(func() { first(engine.ID{Key: "new"}) }), "first execution")
+	assert.Equal(t, map[string]int64{"Com_stmt_prepare": 0, "Com_stmt_execute": 1, "Handler_write": 0, "Handler_update": 0, "Handler_delete": 0},
+		delta(func() {
+			c, err := s.Claim(ctx, engine.ID{Key: "new"}, "fp", time.Minute, time.Hour)
+			require.NoError(t, err)
+			require.Equal(t, engine.Completed, c.Status)
+		}), "replay")
+}
+
+// After Close, Claim is refused, and a request that claimed before it
+// still completes, with the statements sent unprepared.
+func TestClose(t *testing.T) {
+	ctx := context.Background()
+	s := teststores.MySQL(t)
+	done, extended, released := engine.ID{Key: "done"}, engine.ID{Key: "extended"}, engine.ID{Key: "released"}
+	tokens := map[engine.ID]engine.Token{}
+	for _, id := range []engine.ID{done, extended, released} {
+		c, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
+		require.NoError(t, err)
+		tokens[id] = c.Token
+	}
+	require.NoError(t, s.Close())
+	_, err := s.Claim(ctx, engine.ID{Key: "late"}, "fp", time.Minute, time.Hour)
+	require.ErrorIs(t, err, engine.ErrStoreClosed)
+	require.NoError(t, s.Extend(ctx, extended, tokens[extended], time.Minute))
+	require.NoError(t, s.Release(ctx, released, tokens[released]))
+	require.NoError(t, s.Complete(ctx, done, tokens[done], created(`{"id":1}`), time.Hour))
+	require.ErrorIs(t, s.Complete(ctx, done, tokens[done], created(`{"id":1}`), time.Hour), engine.ErrLeaseLost)
+	rec, err := s.Lookup(ctx, done)
+	require.NoError(t, err)
+	assert.Equal(t, `{"id":1}`, string(rec.Response.Body))
 }

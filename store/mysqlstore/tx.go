@@ -38,7 +38,7 @@ func (s *store) Bind(ctx context.Context, id engine.ID, token engine.Token) cont
 // lockWait for the transaction's life. A replay is answered by a read
 // outside any transaction.
 func (s *store) claimTx(ctx context.Context, id engine.ID, fingerprint string, lease, ttl time.Duration) (engine.Claim, error) {
-	v, err := s.read(ctx, s.db, id)
+	v, err := s.read(ctx, nil, id)
 	if err != nil {
 		return engine.Claim{}, err
 	}
@@ -101,7 +101,7 @@ func (s *store) completeTx(ctx context.Context, id engine.ID, token engine.Token
 	// The transaction must end, committed or rolled back, whatever the
 	// store's context.
 	ctx = context.WithoutCancel(ctx)
-	n, err := exec(ctx, o.Tx, s.q.completeTx, args...)
+	n, err := s.exec(ctx, o.Tx, s.q.completeTx, args...)
 	if err == nil && n == 0 {
 		err = engine.ErrLeaseLost
 	}

@@ -13,9 +13,10 @@
 // Open opens the file in WAL mode, so that readers never wait for the
 // writer, and creates the table idempotency_records in it if it is missing.
 // Every time the Store compares or stores comes from the machine's clock, in
-// microseconds. Tokens come from the table's AUTOINCREMENT sequence, which
-// never hands out a number twice, so a token is larger than every one given
-// before for its key, after a release or a sweep too.
+// microseconds. Tokens are the table's rowids, which SQLite hands out in
+// increasing order while the row with the largest stays, and the Store
+// never deletes that one: a token is larger than every one given before
+// for its key, after a release or a sweep too.
 //
 // A Claim reads the record first, without a lock: a replay, or a request in
 // flight, is answered by that read alone, and writes nothing. Otherwise the
@@ -24,8 +25,11 @@
 // record that expired, or whose lease expired with the same fingerprint,
 // counting the lost holder in Claim.Abandoned; a record that is neither is
 // left alone, and Claim reads again. Complete, Release and Extend are one
-// statement each, conditional on the token. A sweeper deletes expired
-// records every minute, in batches of a thousand, until Close.
+// statement each, conditional on the token (a Complete after the lease
+// ended, two). A sweeper deletes expired records every minute, in batches
+// of a thousand, until Close; a record completed within its lease is
+// deleted at most a lease after it expired, so that its Complete writes no
+// index (see BENCHMARKS.md).
 //
 // # Durability: synchronous NORMAL or FULL
 //

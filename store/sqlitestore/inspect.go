@@ -16,7 +16,7 @@ func (s *store) Lookup(ctx context.Context, id engine.ID) (engine.Record, error)
 	if err := s.begin(ctx, "lookup"); err != nil {
 		return engine.Record{}, err
 	}
-	r, found, err := read(ctx, s.db, id)
+	r, found, err := s.read(ctx, id)
 	if err != nil {
 		return engine.Record{}, fmt.Errorf("sqlitestore: lookup: %w", err)
 	}
@@ -32,7 +32,8 @@ func (s *store) Lookup(ctx context.Context, id engine.ID) (engine.Record, error)
 
 // Resolve implements engine.Inspector, in one statement: with resp it
 // records the request as done with resp, and the holder of a lease in
-// flight is refused from then on; with resp nil it deletes the record.
+// flight is refused from then on; with resp nil the record expires at
+// once, so that the next request with the key runs.
 func (s *store) Resolve(ctx context.Context, id engine.ID, resp *engine.Response, ttl time.Duration) error {
 	if err := s.begin(ctx, "resolve"); err != nil {
 		return err
@@ -43,13 +44,13 @@ func (s *store) Resolve(ctx context.Context, id engine.ID, resp *engine.Response
 		err error
 	)
 	if resp == nil {
-		n, err = s.exec(ctx, forgetSQL, []byte(id.Scope), []byte(id.Key), now)
+		n, err = s.exec(ctx, s.st.forget, []byte(id.Scope), []byte(id.Key), now)
 	} else {
 		headers := sqlrecord.EncodeHeader(resp.Header)
 		if err := storable(resp, headers); err != nil {
 			return fmt.Errorf("sqlitestore: resolve: %w", err)
 		}
-		n, err = s.exec(ctx, resolveSQL, []byte(id.Scope), []byte(id.Key), now, now+sqlrecord.Micros(ttl),
+		n, err = s.exec(ctx, s.st.resolve, []byte(id.Scope), []byte(id.Key), now, now+sqlrecord.Micros(ttl),
 			resp.Status, headers, body(resp), resp.BodyOmitted)
 	}
 	switch {

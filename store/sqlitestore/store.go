@@ -57,6 +57,7 @@ var errContended = errors.New("record changed under every attempt")
 
 type store struct {
 	db            *sql.DB
+	st            stmts
 	transactional bool
 	// write admits one writer of this process at a time: SQLite has one
 	// writer per file, and a writer that waits here, in order, does not
@@ -73,6 +74,8 @@ type store struct {
 	closeErr  error
 	stopSweep context.CancelFunc
 	sweepDone chan struct{}
+	// firstSwept is closed when the sweep that Open starts has ended.
+	firstSwept chan struct{}
 }
 
 var _ Store = (*store)(nil)
@@ -104,14 +107,20 @@ func Open(ctx context.Context, path string, opts ...Option) (Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("sqlitestore: open: %w", err)
 	}
+	st, err := prepare(ctx, db)
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("sqlitestore: open: %w", err)
+	}
 	s := &store{
 		db:            db,
+		st:            st,
 		transactional: c.transactional,
 		write:         make(chan struct{}, 1),
 		now:           func() int64 { return time.Now().UnixMicro() },
 	}
 	sweepCtx, cancel := context.WithCancel(context.Background())
-	s.stopSweep, s.sweepDone = cancel, make(chan struct{})
+	s.stopSweep, s.sweepDone, s.firstSwept = cancel, make(chan struct{}), make(chan struct{})
 	go s.sweepLoop(sweepCtx)
 	return s, nil
 }
@@ -124,6 +133,7 @@ func (s *store) Close() error {
 		s.stopSweep()
 		<-s.sweepDone
 		s.txs.CloseAll()
+		s.st.close()
 		s.closeErr = s.db.Close()
 	})
 	return s.closeErr
@@ -154,36 +164,32 @@ func (s *store) unlock() { <-s.write }
 
 // exec runs a statement that writes, in this process's turn, and returns
 // how many rows it changed.
-func (s *store) exec(ctx context.Context, query string, args ...any) (int64, error) {
+func (s *store) exec(ctx context.Context, st *sql.Stmt, args ...any) (int64, error) {
 	if err := s.lock(ctx); err != nil {
 		return 0, err
 	}
 	defer s.unlock()
-	r, err := s.db.ExecContext(ctx, query, args...)
+	r, err := st.ExecContext(ctx, args...)
 	if err != nil {
 		return 0, err
 	}
 	return r.RowsAffected()
 }
 
-type querier interface {
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-}
-
 // read reads the record of id, live or not.
-func read(ctx context.Context, q querier, id engine.ID) (r sqlrecord.Row, found bool, err error) {
-	err = r.Scan(q.QueryRowContext(ctx, readSQL, []byte(id.Scope), []byte(id.Key)))
+func (s *store) read(ctx context.Context, id engine.ID) (r sqlrecord.Row, found bool, err error) {
+	err = r.Scan(s.st.read.QueryRowContext(ctx, []byte(id.Scope), []byte(id.Key)))
 	if errors.Is(err, sql.ErrNoRows) {
 		return sqlrecord.Row{}, false, nil
 	}
 	return r, err == nil, err
 }
 
-// take runs claimSQL: ok is false when the record could not be claimed.
-func (s *store) take(ctx context.Context, q querier, id engine.ID, fingerprint string, lease, ttl time.Duration) (c engine.Claim, ok bool, err error) {
+// take runs claimSQL, st: ok is false when the record could not be claimed.
+func (s *store) take(ctx context.Context, st *sql.Stmt, id engine.ID, fingerprint string, lease, ttl time.Duration) (c engine.Claim, ok bool, err error) {
 	now := s.now()
 	var abandoned int64
-	err = q.QueryRowContext(ctx, claimSQL, []byte(id.Scope), []byte(id.Key), []byte(fingerprint), now,
+	err = st.QueryRowContext(ctx, []byte(id.Scope), []byte(id.Key), []byte(fingerprint), now,
 		now+sqlrecord.Micros(lease), now+sqlrecord.Micros(sqlrecord.AddDur(lease, ttl))).Scan(&c.Token, &abandoned)
 	if errors.Is(err, sql.ErrNoRows) {
 		return engine.Claim{}, false, nil
@@ -208,7 +214,7 @@ func (s *store) Claim(ctx context.Context, id engine.ID, fingerprint string, lea
 		return engine.Claim{}, err
 	}
 	for range maxClaimAttempts {
-		r, found, err := read(ctx, s.db, id)
+		r, found, err := s.read(ctx, id)
 		if err != nil {
 			return engine.Claim{}, fmt.Errorf("sqlitestore: claim: %w", err)
 		}
@@ -240,11 +246,12 @@ func (s *store) claimOnce(ctx context.Context, id engine.ID, fingerprint string,
 		return engine.Claim{}, false, err
 	}
 	defer s.unlock()
-	return s.take(ctx, s.db, id, fingerprint, lease, ttl)
+	return s.take(ctx, s.st.claim, id, fingerprint, lease, ttl)
 }
 
-// Complete stores the response in one statement; in transactional mode in
-// the lease's transaction, which it then commits.
+// Complete stores the response in one statement, within the lease (two
+// after it: see completeSQL); in transactional mode in the lease's
+// transaction, which it then commits.
 func (s *store) Complete(ctx context.Context, id engine.ID, token engine.Token, resp *engine.Response, ttl time.Duration) error {
 	if err := s.begin(ctx, "complete"); err != nil {
 		return err
@@ -260,12 +267,16 @@ func (s *store) Complete(ctx context.Context, id engine.ID, token engine.Token, 
 		return s.completeTx(ctx, id, token, resp, headers, ttl)
 	}
 	now := s.now()
-	n, err := s.exec(ctx, completeSQL, int64(token), []byte(id.Scope), []byte(id.Key), now,
-		now+sqlrecord.Micros(ttl), resp.Status, headers, body(resp), resp.BodyOmitted)
+	args := []any{int64(token), []byte(id.Scope), []byte(id.Key), now, now + sqlrecord.Micros(ttl), resp.Status, headers, body(resp), resp.BodyOmitted}
+	n, err := s.exec(ctx, s.st.complete, args...)
+	if err == nil && n == 0 {
+		n, err = s.exec(ctx, s.st.completeLate, args...)
+	}
 	return result("complete", n, err)
 }
 
-// Release deletes a record that the holder's claim created; one that the
+// Release makes a record that the holder's claim created expire, so that
+// the key is new again; one that the
 // claim took over from lost holders goes back to how the claim found it,
 // with a new token. In transactional mode it rolls the lease's transaction
 // back.
@@ -277,9 +288,9 @@ func (s *store) Release(ctx context.Context, id engine.ID, token engine.Token) e
 		return s.releaseTx(id, token)
 	}
 	now := s.now()
-	n, err := s.exec(ctx, releaseSQL, int64(token), []byte(id.Scope), []byte(id.Key), now)
+	n, err := s.exec(ctx, s.st.release, int64(token), []byte(id.Scope), []byte(id.Key), now)
 	if err == nil && n == 0 {
-		n, err = s.exec(ctx, releaseBackSQL, int64(token), []byte(id.Scope), []byte(id.Key), now)
+		n, err = s.exec(ctx, s.st.releaseBack, int64(token), []byte(id.Scope), []byte(id.Key), now)
 	}
 	return result("release", n, err)
 }
@@ -298,7 +309,7 @@ func (s *store) Extend(ctx context.Context, id engine.ID, token engine.Token, le
 		return nil
 	}
 	now := s.now()
-	n, err := s.exec(ctx, extendSQL, int64(token), []byte(id.Scope), []byte(id.Key), now, now+sqlrecord.Micros(lease))
+	n, err := s.exec(ctx, s.st.extend, int64(token), []byte(id.Scope), []byte(id.Key), now, now+sqlrecord.Micros(lease))
 	return result("extend", n, err)
 }
 
@@ -346,8 +357,11 @@ func (s *store) sweepLoop(ctx context.Context) {
 	defer close(s.sweepDone)
 	t := time.NewTicker(sweepInterval)
 	defer t.Stop()
-	for {
+	for first := true; ; first = false {
 		s.sweep(ctx, sweepBatch)
+		if first {
+			close(s.firstSwept)
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -361,7 +375,7 @@ func (s *store) sweepLoop(ctx context.Context) {
 func (s *store) sweep(ctx context.Context, batch int) int64 {
 	var total int64
 	for ctx.Err() == nil {
-		n, err := s.exec(ctx, sweepSQL, s.now(), batch)
+		n, err := s.exec(ctx, s.st.sweep, s.now(), batch)
 		total += n
 		if err != nil || n < int64(batch) {
 			break

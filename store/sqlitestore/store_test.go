@@ -102,34 +102,62 @@ func TestClosed(t *testing.T) {
 	assert.ErrorIs(t, s.Complete(ctx, id, tok, created(`{}`), time.Hour), engine.ErrStoreClosed)
 }
 
-// Tokens never go back, even after the record with the largest was
-// deleted: released, or swept.
+// Tokens never go back: released, forgotten or swept, a key's next token
+// is larger, and the sweeper never deletes the record with the largest
+// token, whose rowid the next would otherwise take again.
 func TestTokensAfterDelete(t *testing.T) {
 	ctx := context.Background()
 	s := open(t, filepath.Join(t.TempDir(), "records.db"))
+	sqlitestore.FirstSwept(s)
 	id := engine.ID{Key: "k"}
+	count := func(where string, args ...any) int {
+		var n int
+		require.NoError(t, s.DB().QueryRowContext(ctx, "SELECT count(*) FROM idempotency_records WHERE "+where, args...).Scan(&n))
+		return n
+	}
 	last := engine.Token(0)
-	for i := range 3 {
-		c, err := s.Claim(ctx, id, "fp", time.Minute, time.Nanosecond)
+	for i := range 4 {
+		// The sweeper may delete a completed record once its claim's
+		// expiry, the lease's end, has passed.
+		c, err := s.Claim(ctx, id, "fp", time.Second, time.Nanosecond)
 		require.NoError(t, err)
 		require.Equal(t, engine.Acquired, c.Status)
 		require.Greater(t, c.Token, last, "token %d", i)
 		last = c.Token
-		if i == 0 {
+		switch i {
+		case 0:
 			require.NoError(t, s.Release(ctx, id, c.Token))
-			continue
+		case 1:
+			require.NoError(t, s.Resolve(ctx, id, nil, 0))
+		case 2:
+			require.NoError(t, s.Complete(ctx, id, c.Token, created(`{}`), time.Nanosecond))
+			other := engine.ID{Key: "other"} // now the largest token
+			c, err := s.Claim(ctx, other, "fp", time.Second, time.Nanosecond)
+			require.NoError(t, err)
+			require.NoError(t, s.Complete(ctx, other, c.Token, created(`{}`), time.Nanosecond))
+			require.Eventually(t, func() bool {
+				sqlitestore.Sweep(ctx, s, 10)
+				return count("key = ?", []byte("k")) == 0
+			}, 5*time.Second, time.Millisecond)
 		}
-		require.NoError(t, s.Complete(ctx, id, c.Token, created(`{}`), time.Nanosecond))
-		require.Eventually(t, func() bool { return sqlitestore.Sweep(ctx, s, 10) == 1 }, 5*time.Second, time.Millisecond)
 	}
+	require.NoError(t, s.Complete(ctx, id, last, created(`{}`), time.Nanosecond))
+	require.Eventually(t, func() bool {
+		sqlitestore.Sweep(ctx, s, 10)
+		return count("TRUE") == 1 && count("sweep_at <= ?", time.Now().UnixMicro()) == 1
+	}, 5*time.Second, time.Millisecond)
+
+	assert.Zero(t, sqlitestore.Sweep(ctx, s, 10), "records swept")
+	assert.Equal(t, 1, count("token = ?", int64(last)), "the record left is the last one claimed")
 }
 
 func TestSweep(t *testing.T) {
 	ctx := context.Background()
 	s := open(t, filepath.Join(t.TempDir(), "records.db"))
+	sqlitestore.FirstSwept(s) // the sweeper's, which would take some of these
 	for i := range 25 {
 		id := engine.ID{Key: fmt.Sprint("short-", i)}
-		c, err := s.Claim(ctx, id, "fp", time.Minute, time.Millisecond)
+		c, err := s.Claim(ctx, id, "fp", time.Second, time.Millisecond) // swept a second on
 		require.NoError(t, err)
 		require.NoError(t, s.Complete(ctx, id, c.Token, created(`{}`), time.Millisecond))
 	}
@@ -259,4 +287,48 @@ func TestTwoProcesses(t *testing.T) {
 		assert.Equal(t, 1, n, "key %s acquired %d times", k, n)
 	}
 	t.Logf("acquired by the first process: %d, by the second: %d", len(strings.Fields(string(outs[0])))/2, len(strings.Fields(string(outs[1])))/2)
+}
+
+// The sweeper never deletes a live record: whatever moves a record's expiry
+// later (a Complete after the lease ended, an Extend, a Resolve) moves the
+// time from which it may be swept (sweep_at) with it. A Complete within the
+// lease leaves sweep_at, which is then at most a lease past the expiry.
+func TestSweepAt(t *testing.T) {
+	ctx := context.Background()
+	s := open(t, filepath.Join(t.TempDir(), "records.db"))
+	sqlitestore.FirstSwept(s)
+	late, extended, resolved, early := engine.ID{Key: "late"}, engine.ID{Key: "extended"}, engine.ID{Key: "resolved"}, engine.ID{Key: "early"}
+	lateTok := acquire(t, s, late, time.Millisecond)
+	extendedTok := acquire(t, s, extended, time.Millisecond)
+	acquire(t, s, resolved, time.Millisecond)
+	require.NoError(t, s.Complete(ctx, early, acquire(t, s, early, time.Hour), created(`{}`), time.Minute))
+	start := time.Now()
+	require.Eventually(t, func() bool { return time.Since(start) > 2*time.Millisecond }, time.Second, time.Millisecond) // the leases end
+	require.NoError(t, s.Complete(ctx, late, lateTok, created(`{}`), 3*time.Hour))
+	require.NoError(t, s.Extend(ctx, extended, extendedTok, 3*time.Hour))
+	require.NoError(t, s.Resolve(ctx, resolved, created(`{}`), 3*time.Hour))
+
+	rows, err := s.DB().QueryContext(ctx, "SELECT key, expires_at, sweep_at FROM idempotency_records")
+	require.NoError(t, err)
+	defer rows.Close()
+	got := map[string][2]int64{}
+	for rows.Next() {
+		var (
+			key              []byte
+			expires, sweepAt int64
+		)
+		require.NoError(t, rows.Scan(&key, &expires, &sweepAt))
+		got[string(key)] = [2]int64{expires, sweepAt}
+	}
+	require.NoError(t, rows.Err())
+	require.Len(t, got, 4)
+	for key, g := range got {
+		assert.LessOrEqual(t, g[0], g[1], "%s: expires_at after sweep_at", key)
+	}
+	hour := time.Hour.Microseconds()
+	assert.Greater(t, got["early"][1]-got["early"][0], hour-time.Minute.Microseconds(), "early: sweep_at is the claim's expiry")
+	for _, key := range []string{"late", "extended", "resolved"} {
+		assert.Greater(t, got[key][1], time.Now().UnixMicro()+2*hour, "%s: sweep_at", key)
+	}
+	assert.Zero(t, sqlitestore.Sweep(ctx, s, 10), "records swept")
 }

@@ -51,7 +51,7 @@ func (s *store) claimTx(ctx context.Context, id engine.ID, fingerprint string, l
 	if err != nil {
 		return engine.Claim{}, false, err
 	}
-	c, ok, err = s.take(ctx, tx, id, fingerprint, lease, ttl)
+	c, ok, err = s.take(ctx, tx.StmtContext(ctx, s.st.claim), id, fingerprint, lease, ttl)
 	if err != nil || !ok {
 		tx.Rollback()
 		return c, ok, err
@@ -76,7 +76,8 @@ func (s *store) completeTx(ctx context.Context, id engine.ID, token engine.Token
 	// The store's context ends with the store timeout; the transaction
 	// must end either way, committed or rolled back.
 	now := s.now()
-	r, err := o.Tx.ExecContext(context.WithoutCancel(ctx), completeTxSQL, int64(token), []byte(id.Scope), []byte(id.Key), now,
+	ctx = context.WithoutCancel(ctx)
+	r, err := o.Tx.StmtContext(ctx, s.st.completeTx).ExecContext(ctx, int64(token), []byte(id.Scope), []byte(id.Key), now,
 		now+sqlrecord.Micros(ttl), resp.Status, headers, body(resp), resp.BodyOmitted)
 	var n int64
 	if err == nil {

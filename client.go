@@ -222,6 +222,9 @@ func (cfg *config) keyFor(req *http.Request, method string, d *dialect) (request
 	if !cfg.keyedMethod(method) {
 		return requestKey{}, nil
 	}
+	if err := d.strayKey(req.Header); err != nil {
+		return requestKey{}, err
+	}
 	var k requestKey
 	if v, ok := keyFromContext(req.Context()); ok {
 		if err := keyfield.Validate(v.key); err != nil {

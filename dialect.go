@@ -37,7 +37,10 @@ type Dialect struct {
 	// OASIS Repeatable Requests: the Client sends with it
 	// Repeatability-First-Sent, the time of the operation's first attempt
 	// (an HTTP-date, in UTC), the same on every retry; a key carried by
-	// ContextWithKey carries that time too, when given.
+	// ContextWithKey carries that time too, when given. A request for
+	// which the Client would make a key, but whose header holds one under
+	// Idempotency-Key while Header is another name, is refused
+	// (ErrInvalidKey) rather than sent with two different keys.
 	Header string
 
 	// Key, if set, checks a key against the API's rules (its length, its
@@ -166,6 +169,20 @@ func validHeaderName(name string) bool {
 		}
 	}
 	return true
+}
+
+// strayKey returns an error if h, the header of a request for which the
+// Client is about to make a key, holds one under this module's key header
+// while d sends keys under another: the request would carry two different
+// keys, and the API would ignore the one that the caller meant.
+func (d *dialect) strayKey(h http.Header) error {
+	if d.header == defaultDialect.header {
+		return nil
+	}
+	if _, n, _ := callerKey(h, defaultDialect.header); n > 0 {
+		return fmt.Errorf("%w: the request has a key in %s, but its Dialect sends keys in %s", ErrInvalidKey, defaultDialect.header, d.header)
+	}
+	return nil
 }
 
 // wireKey returns key as d sends it.

@@ -1,0 +1,399 @@
+package idempotency_test
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idempotency"
+)
+
+// headerLog records the header of every request it serves, and answers
+// each with the next of its handlers (the last one for all after them).
+type headerLog struct {
+	steps []http.HandlerFunc
+
+	mu   sync.Mutex
+	seen []http.Header
+}
+
+func (h *headerLog) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	io.Copy(io.Discard, r.Body)
+	h.mu.Lock()
+	h.seen = append(h.seen, r.Header.Clone())
+	step := h.steps[min(len(h.seen), len(h.steps))-1]
+	h.mu.Unlock()
+	step(w, r)
+}
+
+func (h *headerLog) headers() []http.Header {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]http.Header(nil), h.seen...)
+}
+
+// values returns, for each request served, the values of name.
+func (h *headerLog) values(name string) [][]string {
+	var out [][]string
+	for _, hd := range h.headers() {
+		out = append(out, hd.Values(name))
+	}
+	return out
+}
+
+func dialectOf(d idempotency.Dialect) idempotency.Option {
+	return idempotency.WithDialect(func(*http.Request) idempotency.Dialect { return d })
+}
+
+// TestDialectKeyForms: a Key function's form of a key that could not be
+// sent as it is (empty, with a line break or other control character,
+// non-ASCII, too long) or an error refuses the request before any attempt.
+func TestDialectKeyForms(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		key  func(string) (string, error)
+		ok   bool
+	}{
+		{"empty", func(string) (string, error) { return "", nil }, false},
+		{"CRLF injection", func(k string) (string, error) { return k + "\r\nX-Injected: 1", nil }, false},
+		{"LF", func(k string) (string, error) { return k + "\nX-Injected: 1", nil }, false},
+		{"NUL", func(k string) (string, error) { return k + "\x00", nil }, false},
+		{"tab", func(k string) (string, error) { return k + "\t", nil }, false},
+		{"DEL", func(k string) (string, error) { return k + "\x7f", nil }, false},
+		{"non-ASCII", func(k string) (string, error) { return k + "é", nil }, false},
+		{"1025 bytes", func(string) (string, error) { return strings.Repeat("k", 1025), nil }, false},
+		{"an error", func(string) (string, error) { return "", errors.New("too long for us") }, false},
+		{"an error and a form", func(k string) (string, error) { return k, errors.New("no") }, false},
+		{"1024 bytes", func(string) (string, error) { return strings.Repeat("k", 1024), nil }, true},
+		{"a prefix", func(k string) (string, error) { return "ord_" + k, nil }, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := &headerLog{steps: []http.HandlerFunc{status(http.StatusCreated)}}
+			srv := newServer(t, h)
+			c := newClient(t, srv, dialectOf(idempotency.Dialect{Header: "X-Key", Key: tc.key}))
+			resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
+			if !tc.ok {
+				assert.Nil(t, resp)
+				require.ErrorIs(t, err, idempotency.ErrInvalidKey)
+				assert.Empty(t, h.headers(), "requests sent")
+				return
+			}
+			require.NoError(t, err)
+			resp.Body.Close()
+			want, _ := tc.key(outcome(t, resp).Key)
+			assert.Equal(t, [][]string{{want}}, h.values("X-Key"))
+			assert.Empty(t, h.values("X-Injected")[0])
+		})
+	}
+}
+
+// TestDialectKeyUnstable: a Key function that gives another form on each
+// call is called once per call to Do, so that every attempt of one
+// operation sends the same key.
+func TestDialectKeyUnstable(t *testing.T) {
+	var n atomic.Int64
+	h := &headerLog{steps: []http.HandlerFunc{status(503), status(503), status(http.StatusCreated)}}
+	srv := newServer(t, h)
+	c := newClient(t, srv, dialectOf(idempotency.Dialect{Header: "X-Key", Key: func(k string) (string, error) {
+		return k + "-" + string(rune('a'+n.Add(1))), nil
+	}}))
+	resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
+	require.NoError(t, err)
+	resp.Body.Close()
+	got := h.values("X-Key")
+	require.Len(t, got, 3)
+	assert.Equal(t, [][]string{got[0], got[0], got[0]}, got)
+	assert.EqualValues(t, 1, n.Load(), "Key calls")
+}
+
+// TestDialectChooserOncePerCall: the chooser is asked once per call to Do,
+// whatever it answers on later calls: the key header cannot change between
+// the attempts of one operation.
+func TestDialectChooserOncePerCall(t *testing.T) {
+	var n atomic.Int64
+	h := &headerLog{steps: []http.HandlerFunc{status(503), status(503), status(http.StatusCreated)}}
+	srv := newServer(t, h)
+	c := newClient(t, srv, idempotency.WithDialect(func(*http.Request) idempotency.Dialect {
+		if n.Add(1)%2 == 1 {
+			return idempotency.Dialect{Header: "X-Odd"}
+		}
+		return idempotency.Dialect{Header: "X-Even"}
+	}))
+	resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
+	require.NoError(t, err)
+	resp.Body.Close()
+	key := outcome(t, resp).Key
+	assert.Equal(t, [][]string{{key}, {key}, {key}}, h.values("X-Odd"))
+	assert.Equal(t, [][]string{nil, nil, nil}, h.values("X-Even"))
+	assert.Equal(t, [][]string{nil, nil, nil}, h.values(hdrKey))
+	assert.EqualValues(t, 1, n.Load(), "chooser calls")
+}
+
+// TestDialectChooserPanics: a chooser that panics refuses the request,
+// closes its body, sends nothing.
+func TestDialectChooserPanics(t *testing.T) {
+	h := &headerLog{steps: []http.HandlerFunc{status(http.StatusCreated)}}
+	srv := newServer(t, h)
+	var logged bytes.Buffer
+	c := newClient(t, srv,
+		idempotency.WithLogger(slog.New(slog.NewTextHandler(&logged, nil))),
+		idempotency.WithDialect(func(*http.Request) idempotency.Dialect { panic("chooser bug") }))
+	body := &closeTracker{Reader: strings.NewReader("x")}
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL, body)
+	require.NoError(t, err)
+	resp, err := c.Do(req)
+	assert.Nil(t, resp)
+	require.Error(t, err)
+	assert.True(t, strings.HasPrefix(err.Error(), "idempotency: "), "%q", err)
+	assert.True(t, body.closed.Load())
+	assert.Empty(t, h.headers())
+	assert.Contains(t, logged.String(), "chooser bug")
+
+	// Through StandardClient too.
+	body = &closeTracker{Reader: strings.NewReader("x")}
+	req, err = http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL, body)
+	require.NoError(t, err)
+	resp, err = c.StandardClient().Do(req)
+	assert.Nil(t, resp)
+	require.Error(t, err)
+	assert.True(t, body.closed.Load())
+	assert.Empty(t, h.headers())
+}
+
+// TestDialectBadHeaderNames: a Dialect whose Header is not a header name
+// is refused.
+func TestDialectBadHeaderNames(t *testing.T) {
+	h := &headerLog{steps: []http.HandlerFunc{status(http.StatusCreated)}}
+	srv := newServer(t, h)
+	for _, name := range []string{"X Key", "X-Key\r\nX-Injected", "X-Kéy", "X-Key:", "(key)"} {
+		c := newClient(t, srv, dialectOf(idempotency.Dialect{Header: name}))
+		_, err := c.Do(post(t, t.Context(), srv.URL, "x"))
+		assert.ErrorIs(t, err, idempotency.ErrInvalidKey, "%q", name)
+	}
+	assert.Empty(t, h.headers())
+}
+
+// answerFunc is a Dialect's Answer.
+type answerFunc = func(*http.Response, []byte) (idempotency.EventKind, time.Duration, error)
+
+// TestDialectAnswerPanics: an Answer that panics says nothing: the
+// response is judged by the policy alone, and returned.
+func TestDialectAnswerPanics(t *testing.T) {
+	h := &headerLog{steps: []http.HandlerFunc{status(503), status(http.StatusCreated)}}
+	srv := newServer(t, h)
+	c := newClient(t, srv, dialectOf(idempotency.Dialect{Header: "X-Key", Answer: func(*http.Response, []byte) (idempotency.EventKind, time.Duration, error) {
+		panic("answer bug")
+	}}))
+	resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
+	require.NoError(t, err)
+	assert.Equal(t, "status 201", readAll(t, resp))
+	o := outcome(t, resp)
+	assert.Equal(t, 2, o.Attempts)
+	assert.False(t, o.Replayed)
+	assert.NoError(t, o.Stopped)
+}
+
+// TestDialectAnswerOddResults: kinds and errors that an Answer is not
+// documented to return are ignored.
+func TestDialectAnswerOddResults(t *testing.T) {
+	h := &headerLog{steps: []http.HandlerFunc{status(400)}}
+	srv := newServer(t, h)
+	c := newClient(t, srv, dialectOf(idempotency.Dialect{Header: "X-Key", Answer: func(*http.Response, []byte) (idempotency.EventKind, time.Duration, error) {
+		return idempotency.EventGaveUp, -time.Hour, errors.New("some other error")
+	}}))
+	resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
+	require.NoError(t, err)
+	resp.Body.Close()
+	o := outcome(t, resp)
+	assert.Equal(t, 1, o.Attempts)
+	assert.NoError(t, o.Stopped)
+	assert.Equal(t, idempotency.EventCompleted, o.Kind)
+	assert.False(t, o.Honoured)
+}
+
+// inFlightDialect answers every 409 as in flight, asking for wait.
+func inFlightDialect(wait time.Duration) idempotency.Option {
+	return dialectOf(idempotency.Dialect{Header: "X-Key", Answer: func(resp *http.Response, _ []byte) (idempotency.EventKind, time.Duration, error) {
+		if resp.StatusCode == http.StatusConflict {
+			return idempotency.EventRetried, wait, nil
+		}
+		return 0, 0, nil
+	}})
+}
+
+// TestDialectInFlightWaits: the wait after an in-flight answer is the
+// response's Retry-After when usable, else the Dialect's, never more than
+// WithMaxRetryAfter; with WithMaxRetryAfter(0), the backoff.
+func TestDialectInFlightWaits(t *testing.T) {
+	date := func(d time.Duration) string { return time.Now().Add(d).UTC().Format(http.TimeFormat) }
+	for _, tc := range []struct {
+		name       string
+		retryAfter string
+		dialect    time.Duration
+		max        time.Duration
+		want       func(time.Duration) bool
+	}{
+		{"Retry-After 0", "0", time.Hour, time.Second, func(w time.Duration) bool { return w == 0 }},
+		{"Retry-After negative: the dialect's", "-5", 40 * time.Millisecond, time.Second, func(w time.Duration) bool { return w == 40*time.Millisecond }},
+		{"Retry-After huge", "99999999999999999999999", 0, 30 * time.Millisecond, func(w time.Duration) bool { return w == 30*time.Millisecond }},
+		{"Retry-After a past date", date(-time.Hour), time.Hour, time.Second, func(w time.Duration) bool { return w == 0 }},
+		{"Retry-After a future date", date(time.Hour), 0, 25 * time.Millisecond, func(w time.Duration) bool { return w == 25*time.Millisecond }},
+		{"Retry-After garbage: the dialect's", "soon", 40 * time.Millisecond, time.Second, func(w time.Duration) bool { return w == 40*time.Millisecond }},
+		{"the dialect's, huge", "", 1 << 62, 35 * time.Millisecond, func(w time.Duration) bool { return w == 35*time.Millisecond }},
+		{"the dialect's, negative: backoff", "", -time.Hour, time.Second, func(w time.Duration) bool { return w >= 0 && w <= 5*time.Millisecond }},
+		{"max 0: backoff", "3", time.Hour, 0, func(w time.Duration) bool { return w >= 0 && w <= 5*time.Millisecond }},
+		{"max 1ns", "3", time.Hour, 1, func(w time.Duration) bool { return w == 1 }},
+		{"max 1ns, the dialect's", "", time.Hour, 1, func(w time.Duration) bool { return w == 1 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			conflict := func(w http.ResponseWriter, _ *http.Request) {
+				if tc.retryAfter != "" {
+					w.Header().Set("Retry-After", tc.retryAfter)
+				}
+				w.WriteHeader(http.StatusConflict)
+			}
+			h := &headerLog{steps: []http.HandlerFunc{conflict, status(http.StatusCreated)}}
+			srv := newServer(t, h)
+			var r retries
+			c := newClient(t, srv, inFlightDialect(tc.dialect), idempotency.WithMaxRetryAfter(tc.max), idempotency.WithObserver(r.hook))
+			resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
+			require.NoError(t, err)
+			resp.Body.Close()
+			assert.Equal(t, http.StatusCreated, resp.StatusCode)
+			ev := r.all()
+			require.Len(t, ev, 1)
+			assert.True(t, tc.want(ev[0].Wait), "wait %v", ev[0].Wait)
+			vs := h.values("X-Key")
+			assert.Equal(t, vs[0], vs[1], "the same key")
+		})
+	}
+}
+
+// TestDialectCallerKeyUnderAnotherHeader: a key that the caller put under
+// Idempotency-Key, for a Dialect whose key header is another, is refused
+// before any attempt: the Client would otherwise send it beside a second
+// key of its own, and the API would deduplicate on the Client's random
+// one, not the caller's. A request with a key under the Dialect's header
+// too, or of a method that gets no key, is the caller's to send.
+func TestDialectCallerKeyUnderAnotherHeader(t *testing.T) {
+	h := &headerLog{steps: []http.HandlerFunc{status(http.StatusCreated)}}
+	srv := newServer(t, h)
+	c := newClient(t, srv, dialectOf(idempotency.Dialect{Header: "PayPal-Request-Id"}))
+	for _, name := range []string{hdrKey, "idempotency-key"} {
+		req := post(t, t.Context(), srv.URL, "x")
+		req.Header[name] = []string{"order-42"}
+		resp, err := c.Do(req)
+		assert.Nil(t, resp)
+		assert.ErrorIs(t, err, idempotency.ErrInvalidKey, name)
+	}
+	assert.Empty(t, h.headers(), "requests sent")
+
+	req := post(t, t.Context(), srv.URL, "x")
+	req.Header.Set(hdrKey, "order-42")
+	req.Header.Set("PayPal-Request-Id", "order-42")
+	resp, err := c.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	req, err = http.NewRequestWithContext(t.Context(), http.MethodPut, srv.URL, strings.NewReader("x"))
+	require.NoError(t, err)
+	req.Header.Set(hdrKey, "order-42")
+	resp, err = c.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, [][]string{{"order-42"}, {"order-42"}}, h.values(hdrKey))
+	assert.Equal(t, [][]string{{"order-42"}, nil}, h.values("PayPal-Request-Id"))
+}
+
+// TestDialectCallerKeyTwoSpellings: a key under the dialect's header in two
+// spellings is refused, as under the zero Dialect's.
+func TestDialectCallerKeyTwoSpellings(t *testing.T) {
+	h := &headerLog{steps: []http.HandlerFunc{status(http.StatusCreated)}}
+	srv := newServer(t, h)
+	c := newClient(t, srv, dialectOf(idempotency.Dialect{Header: "PayPal-Request-Id"}))
+	req := post(t, t.Context(), srv.URL, "x")
+	req.Header["PayPal-Request-Id"] = []string{"a"}
+	req.Header["paypal-request-id"] = []string{"b"}
+	_, err := c.Do(req)
+	assert.ErrorIs(t, err, idempotency.ErrInvalidKey)
+	assert.Empty(t, h.headers())
+}
+
+// TestDialectCallerKeyChecked: a caller's key is checked with the
+// dialect's Key, which may refuse it, and sent as it is.
+func TestDialectCallerKeyChecked(t *testing.T) {
+	h := &headerLog{steps: []http.HandlerFunc{status(http.StatusCreated)}}
+	srv := newServer(t, h)
+	c := newClient(t, srv, dialectOf(idempotency.Dialect{Header: "X-Key", Key: func(k string) (string, error) {
+		if len(k) > 8 {
+			return "", errors.New("too long")
+		}
+		return "rewritten-" + k, nil
+	}}))
+	req := post(t, t.Context(), srv.URL, "x")
+	req.Header.Set("X-Key", "123456789")
+	_, err := c.Do(req)
+	assert.ErrorIs(t, err, idempotency.ErrInvalidKey)
+	req = post(t, t.Context(), srv.URL, "x")
+	req.Header.Set("x-key", "1234")
+	resp, err := c.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, [][]string{{"1234"}}, h.values("X-Key"))
+}
+
+const (
+	oasisID    = "Repeatability-Request-ID"
+	oasisFirst = "Repeatability-First-Sent"
+)
+
+func oasis() idempotency.Option { return dialectOf(idempotency.Dialect{Header: oasisID}) }
+
+// bodyAnswer is a Dialect whose Answer records the bodies it is given.
+type bodyAnswer struct {
+	mu     sync.Mutex
+	bodies [][]byte
+}
+
+func (b *bodyAnswer) option() idempotency.Option {
+	return dialectOf(idempotency.Dialect{Header: "X-Key", Answer: func(resp *http.Response, body []byte) (idempotency.EventKind, time.Duration, error) {
+		b.mu.Lock()
+		b.bodies = append(b.bodies, append([]byte(nil), body...))
+		b.mu.Unlock()
+		if strings.Contains(string(body), `"in_use"`) {
+			return idempotency.EventRetried, 0, nil
+		}
+		if strings.Contains(string(body), `"reused"`) {
+			return 0, 0, idempotency.ErrKeyMismatch
+		}
+		return 0, 0, nil
+	}})
+}
+
+// TestDialectAnswerHugeBody: Answer gets the first 4 KiB of a large body,
+// and the caller all of it.
+func TestDialectAnswerHugeBody(t *testing.T) {
+	big := `{"error":"reused","pad":"` + strings.Repeat("x", 1<<20) + `"}`
+	h := &headerLog{steps: []http.HandlerFunc{func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusBadRequest)
+		io.WriteString(w, big)
+	}}}
+	srv := newServer(t, h)
+	var b bodyAnswer
+	c := newClient(t, srv, b.option())
+	resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
+	require.NoError(t, err)
+	assert.Equal(t, big, readAll(t, resp))
+	require.Len(t, b.bodies, 1)
+	assert.Equal(t, big[:4096], string(b.bodies[0]))
+	assert.ErrorIs(t, outcome(t, resp).Stopped, idempotency.ErrKeyMismatch)
+}

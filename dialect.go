@@ -37,7 +37,10 @@ type Dialect struct {
 	// OASIS Repeatable Requests: the Client sends with it
 	// Repeatability-First-Sent, the time of the operation's first attempt
 	// (an HTTP-date, in UTC), the same on every retry; a key carried by
-	// ContextWithKey carries that time too, when given. A request for
+	// ContextWithKey carries that time too, when given. A
+	// Repeatability-First-Sent that the caller put in the request's header
+	// (one value, in any letter case) is sent instead, as it is, whoever
+	// made the key. A request for
 	// which the Client would make a key, but whose header holds one under
 	// Idempotency-Key while Header is another name, is refused
 	// (ErrInvalidKey) rather than sent with two different keys.

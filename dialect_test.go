@@ -2,6 +2,7 @@ package idempotency_test
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"log/slog"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -357,6 +359,107 @@ const (
 )
 
 func oasis() idempotency.Option { return dialectOf(idempotency.Dialect{Header: oasisID}) }
+
+// TestDialectOASISFirstSent: Repeatability-First-Sent is the same on every
+// attempt of an operation: the call's start, the time ContextWithKey
+// carries, or the caller's own header, which the Client never replaces.
+func TestDialectOASISFirstSent(t *testing.T) {
+	retry := []http.HandlerFunc{status(503), status(503), status(http.StatusCreated)}
+	sendWith := func(t *testing.T, ctx context.Context, header http.Header) (*headerLog, idempotency.Outcome) {
+		t.Helper()
+		h := &headerLog{steps: retry}
+		srv := newServer(t, h)
+		req := post(t, ctx, srv.URL, "x")
+		for k, vs := range header {
+			req.Header[k] = vs
+		}
+		resp, err := newClient(t, srv, oasis()).Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return h, outcome(t, resp)
+	}
+	fixed := func(t *testing.T, h *headerLog, want string) {
+		t.Helper()
+		got := h.values(oasisFirst)
+		require.Len(t, got, 3)
+		for i, vs := range got {
+			assert.Equal(t, []string{want}, vs, "attempt %d", i+1)
+		}
+	}
+	t.Run("the call's start", func(t *testing.T) {
+		before := time.Now().Truncate(time.Second)
+		h, _ := sendWith(t, t.Context(), nil)
+		first := h.values(oasisFirst)[0][0]
+		at, err := http.ParseTime(first)
+		require.NoError(t, err)
+		assert.False(t, at.Before(before))
+		fixed(t, h, first)
+	})
+	t.Run("ContextWithKey without a time", func(t *testing.T) {
+		before := time.Now().Truncate(time.Second)
+		h, o := sendWith(t, idempotency.ContextWithKey(t.Context(), uuid.NewString()), nil)
+		first := h.values(oasisFirst)[0][0]
+		at, err := http.ParseTime(first)
+		require.NoError(t, err)
+		assert.False(t, at.Before(before))
+		fixed(t, h, first)
+		assert.Equal(t, [][]string{{o.Key}, {o.Key}, {o.Key}}, h.values(oasisID))
+	})
+	t.Run("ContextWithKey with a time, in another zone", func(t *testing.T) {
+		at := time.Date(2026, 3, 1, 10, 0, 0, 0, time.FixedZone("X", 3600))
+		h, _ := sendWith(t, idempotency.ContextWithKey(t.Context(), uuid.NewString(), at), nil)
+		fixed(t, h, "Sun, 01 Mar 2026 09:00:00 GMT")
+	})
+	t.Run("ContextWithKey with a time in the future", func(t *testing.T) {
+		at := time.Now().Add(time.Hour)
+		h, _ := sendWith(t, idempotency.ContextWithKey(t.Context(), uuid.NewString(), at), nil)
+		fixed(t, h, at.UTC().Format(http.TimeFormat))
+	})
+	t.Run("the caller's header with a key from the context", func(t *testing.T) {
+		first := "Sun, 01 Mar 2026 09:00:00 GMT"
+		h, _ := sendWith(t, idempotency.ContextWithKey(t.Context(), uuid.NewString()), http.Header{oasisFirst: {first}})
+		fixed(t, h, first)
+	})
+	t.Run("the caller's header in another case with a key from the context", func(t *testing.T) {
+		first := "Sun, 01 Mar 2026 09:00:00 GMT"
+		h, _ := sendWith(t, idempotency.ContextWithKey(t.Context(), uuid.NewString(), time.Now()), http.Header{"repeatability-first-sent": {first}})
+		fixed(t, h, first)
+	})
+	t.Run("the caller's key and header", func(t *testing.T) {
+		first := "Sun, 01 Mar 2026 09:00:00 GMT"
+		h, _ := sendWith(t, t.Context(), http.Header{"repeatability-request-id": {"k-1"}, "repeatability-first-sent": {first}})
+		fixed(t, h, first)
+		assert.Equal(t, [][]string{{"k-1"}, {"k-1"}, {"k-1"}}, h.values(oasisID))
+	})
+	t.Run("the caller's key without a time", func(t *testing.T) {
+		h, _ := sendWith(t, t.Context(), http.Header{oasisID: {"k-1"}})
+		fixed(t, h, h.values(oasisFirst)[0][0])
+	})
+}
+
+// TestDialectOASISFirstSentTwice: two first-sent times in the caller's
+// header are refused, as two keys are, whoever makes the key.
+func TestDialectOASISFirstSentTwice(t *testing.T) {
+	h := &headerLog{steps: []http.HandlerFunc{status(http.StatusCreated)}}
+	srv := newServer(t, h)
+	c := newClient(t, srv, oasis())
+	for _, hd := range []http.Header{
+		{oasisID: {"k-1"}, oasisFirst: {"Sun, 01 Mar 2026 09:00:00 GMT", "Sun, 01 Mar 2026 09:01:00 GMT"}},
+		{oasisFirst: {"Sun, 01 Mar 2026 09:00:00 GMT"}, "repeatability-first-sent": {"Sun, 01 Mar 2026 09:01:00 GMT"}},
+	} {
+		body := &closeTracker{Reader: strings.NewReader("x")}
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL, body)
+		require.NoError(t, err)
+		for k, vs := range hd {
+			req.Header[k] = vs
+		}
+		resp, err := c.Do(req)
+		assert.Nil(t, resp)
+		assert.ErrorIs(t, err, idempotency.ErrInvalidKey)
+		assert.True(t, body.closed.Load(), "request body closed")
+	}
+	assert.Empty(t, h.headers(), "requests sent")
+}
 
 // bodyAnswer is a Dialect whose Answer records the bodies it is given.
 type bodyAnswer struct {

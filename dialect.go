@@ -66,7 +66,9 @@ type Dialect struct {
 	// body stays whole for the caller. Answer returns:
 	//
 	//   - kind: EventReplayed for a response that the API marks as the
-	//     replay of an earlier attempt (Outcome.Replayed);
+	//     replay of an earlier attempt (Outcome.Replayed), which is not
+	//     retried, whatever its status, since another attempt with the key
+	//     would get it again;
 	//     EventCompleted for one that shows that the API took the key,
 	//     without telling whether it ran the request or replayed it
 	//     (Outcome.Honoured); EventRetried for the API's answer that a
@@ -74,7 +76,8 @@ type Dialect struct {
 	//     retries (within its limits), after wait if wait is not 0 and
 	//     the response has no Retry-After; or 0 when the response says
 	//     nothing of the key.
-	//   - final: the API's final answer, never retried: ErrKeyMismatch
+	//   - final: the API's final answer, never retried, and never a
+	//     replay (it overrules kind EventReplayed): ErrKeyMismatch
 	//     when it refuses the key because it came with another request
 	//     (changed payload), ErrOutcomeUnknown when it will not run the
 	//     request again and cannot say whether it ran; or nil.
@@ -239,10 +242,12 @@ func (c *call) readVendor(resp *http.Response) {
 	case EventRetried:
 		c.acked, c.inFlight, c.inFlightWait = true, true, max(wait, 0)
 	}
+	// A final answer is a refusal: not the replay of an earlier attempt,
+	// whatever the response's markers say.
 	if errors.Is(final, ErrKeyMismatch) {
-		c.final, c.acked, c.inFlight = hint.KeyMismatch, true, false
+		c.final, c.acked, c.inFlight, c.replayed = hint.KeyMismatch, true, false, false
 	} else if errors.Is(final, ErrOutcomeUnknown) {
-		c.final, c.acked, c.inFlight = hint.OutcomeUnknown, true, false
+		c.final, c.acked, c.inFlight, c.replayed = hint.OutcomeUnknown, true, false, false
 	}
 }
 

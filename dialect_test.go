@@ -223,6 +223,65 @@ func TestDialectAnswerOddResults(t *testing.T) {
 	assert.False(t, o.Honoured)
 }
 
+// TestDialectReplayedRefusal: an answer that an Answer marks both as a
+// replay and as a final refusal is the refusal: Outcome says it stopped
+// with ErrKeyMismatch, and does not call it a replay of the operation.
+func TestDialectReplayedRefusal(t *testing.T) {
+	for _, final := range []error{idempotency.ErrKeyMismatch, idempotency.ErrOutcomeUnknown} {
+		h := &headerLog{steps: []http.HandlerFunc{status(400)}}
+		srv := newServer(t, h)
+		var events []idempotency.Event
+		c := newClient(t, srv,
+			idempotency.WithObserver(func(_ context.Context, e idempotency.Event) { events = append(events, e) }),
+			dialectOf(idempotency.Dialect{Header: "X-Key", Answer: func(*http.Response, []byte) (idempotency.EventKind, time.Duration, error) {
+				return idempotency.EventReplayed, 0, final
+			}}))
+		resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
+		require.NoError(t, err)
+		resp.Body.Close()
+		o := outcome(t, resp)
+		assert.ErrorIs(t, o.Stopped, final)
+		assert.False(t, o.Replayed, "%v: Replayed", final)
+		assert.Equal(t, idempotency.EventCompleted, o.Kind, "%v: Kind", final)
+		assert.True(t, o.Honoured)
+		require.Len(t, events, 1)
+		assert.Equal(t, idempotency.EventCompleted, events[0].Kind, "%v: event", final)
+		assert.False(t, events[0].Replayed, "%v: event Replayed", final)
+	}
+}
+
+// TestDialectReplayedError: a replay of an error status, which another
+// attempt with the key would only get again (Stripe replays a stored 500),
+// is what is returned.
+func TestDialectReplayedError(t *testing.T) {
+	h := &headerLog{steps: []http.HandlerFunc{status(http.StatusInternalServerError, "Replayed", "true")}}
+	srv := newServer(t, h)
+	c := newClient(t, srv, dialectOf(idempotency.Dialect{Header: "X-Key", Answer: func(resp *http.Response, _ []byte) (idempotency.EventKind, time.Duration, error) {
+		if resp.Header.Get("Replayed") == "true" {
+			return idempotency.EventReplayed, 0, nil
+		}
+		return 0, 0, nil
+	}}))
+	resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
+	require.NoError(t, err)
+	resp.Body.Close()
+	o := outcome(t, resp)
+	assert.Equal(t, 1, o.Attempts)
+	assert.True(t, o.Replayed)
+	assert.Equal(t, idempotency.EventReplayed, o.Kind)
+	assert.NoError(t, o.Stopped)
+
+	// The zero Dialect's marker alike.
+	h = &headerLog{steps: []http.HandlerFunc{status(http.StatusServiceUnavailable, hdrReplayed, "true")}}
+	srv = newServer(t, h)
+	resp, err = newClient(t, srv).Do(post(t, t.Context(), srv.URL, "x"))
+	require.NoError(t, err)
+	resp.Body.Close()
+	o = outcome(t, resp)
+	assert.Equal(t, 1, o.Attempts)
+	assert.Equal(t, idempotency.EventReplayed, o.Kind)
+}
+
 // inFlightDialect answers every 409 as in flight, asking for wait.
 func inFlightDialect(wait time.Duration) idempotency.Option {
 	return dialectOf(idempotency.Dialect{Header: "X-Key", Answer: func(resp *http.Response, _ []byte) (idempotency.EventKind, time.Duration, error) {

@@ -2,12 +2,14 @@ package idempotency
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/textproto"
+	"strings"
 	"time"
 
 	"github.com/idemkit/idempotency/internal/hint"
@@ -62,8 +64,9 @@ type Dialect struct {
 
 	// Answer, if set, reads what a response says about its key, in place
 	// of the zero Dialect's reading. body is the start of the response
-	// body, up to 4 KiB, for a status of 400 or more (nil otherwise); the
-	// body stays whole for the caller. Answer returns:
+	// body, up to 4 KiB (decompressed, if the response's Content-Encoding
+	// is gzip), for a status of 400 or more (nil otherwise); the body
+	// stays whole, as it came, for the caller. Answer returns:
 	//
 	//   - kind: EventReplayed for a response that the API marks as the
 	//     replay of an earlier attempt (Outcome.Replayed), which is not
@@ -228,7 +231,7 @@ var errNoAnswer = errors.New("no answer")
 func (c *call) readVendor(resp *http.Response) {
 	var body []byte
 	if resp.StatusCode >= 400 {
-		body = peek(resp, c.drainBound())
+		body = decoded(resp.Header, peek(resp, c.drainBound()))
 	}
 	kind, wait, final := c.callAnswer(resp, body)
 	if final == errNoAnswer {
@@ -301,3 +304,25 @@ func peek(resp *http.Response, bound time.Duration) []byte {
 }
 
 const maxPeek = 4 << 10
+
+// decoded returns the start of a response body, raw, as Answer reads it:
+// decompressed, up to maxPeek bytes, if the header h says that it is
+// gzip, as it stays when the caller asked for it with Accept-Encoding
+// (net/http decompresses, and drops the header, only when it asked).
+func decoded(h http.Header, raw []byte) []byte {
+	if len(raw) == 0 {
+		return raw
+	}
+	switch strings.ToLower(strings.TrimSpace(h.Get("Content-Encoding"))) {
+	case "gzip", "x-gzip":
+	default:
+		return raw
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(raw))
+	if err != nil {
+		return nil
+	}
+	// A start cut short gives what it holds.
+	out, _ := io.ReadAll(io.LimitReader(zr, maxPeek))
+	return out
+}

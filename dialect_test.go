@@ -2,6 +2,7 @@ package idempotency_test
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"errors"
 	"io"
@@ -558,4 +559,39 @@ func TestDialectAnswerHugeBody(t *testing.T) {
 	require.Len(t, b.bodies, 1)
 	assert.Equal(t, big[:4096], string(b.bodies[0]))
 	assert.ErrorIs(t, outcome(t, resp).Stopped, idempotency.ErrKeyMismatch)
+}
+
+// TestDialectAnswerGzipBody: a response body compressed with gzip, which
+// the Transport leaves compressed when the caller asked for it, reaches
+// Answer decompressed (its start, when the compressed body is longer than
+// what is read of it), and the caller as it came.
+func TestDialectAnswerGzipBody(t *testing.T) {
+	for _, doc := range []string{
+		`{"error":"reused"}`,
+		`{"error":"reused","pad":"` + strings.Repeat(uuid.NewString(), 1000) + `"}`,
+	} {
+		var zipped bytes.Buffer
+		zw := gzip.NewWriter(&zipped)
+		zw.Write([]byte(doc))
+		zw.Close()
+		h := &headerLog{steps: []http.HandlerFunc{func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Encoding", "gzip")
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusBadRequest)
+			w.Write(zipped.Bytes())
+		}}}
+		srv := newServer(t, h)
+		var b bodyAnswer
+		c := newClient(t, srv, b.option())
+		req := post(t, t.Context(), srv.URL, "x")
+		req.Header.Set("Accept-Encoding", "gzip")
+		resp, err := c.Do(req)
+		require.NoError(t, err)
+		assert.Equal(t, zipped.String(), readAll(t, resp))
+		require.Len(t, b.bodies, 1)
+		got := string(b.bodies[0])
+		assert.LessOrEqual(t, len(got), 4096)
+		assert.True(t, len(got) >= min(len(doc), 100) && strings.HasPrefix(doc, got), "Answer's body: %.40q", got)
+		assert.ErrorIs(t, outcome(t, resp).Stopped, idempotency.ErrKeyMismatch)
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/textproto"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/idemkit/idempotency/internal/hint"
@@ -65,8 +66,10 @@ type Dialect struct {
 	// Answer, if set, reads what a response says about its key, in place
 	// of the zero Dialect's reading. body is the start of the response
 	// body, up to 4 KiB (decompressed, if the response's Content-Encoding
-	// is gzip), for a status of 400 or more (nil otherwise); the body
-	// stays whole, as it came, for the caller. Answer returns:
+	// is gzip), for a status of 400 or more (nil otherwise): what arrives
+	// within 250 ms (or the attempt timeout, if shorter). The body stays
+	// whole, as it came, for the caller, however long it takes. Answer
+	// returns:
 	//
 	//   - kind: EventReplayed for a response that the API marks as the
 	//     replay of an earlier attempt (Outcome.Replayed), which is not
@@ -264,43 +267,97 @@ func (c *call) callAnswer(resp *http.Response, body []byte) (kind EventKind, wai
 	return c.d.answer(resp, body)
 }
 
-// peekBody holds a response body whose start was read.
+// peekBody is a response body whose start is read, for Answer, by a
+// goroutine of its own, which the body owns: it ends when it has read
+// maxPeek bytes or the body's end, or when the body is closed. The
+// body's reader gets every byte, however long the start took: the wait
+// for Answer is bounded, the body is not cut for it.
 type peekBody struct {
-	r io.Reader
-	c io.Closer
+	body io.ReadCloser
+
+	mu   sync.Mutex
+	buf  []byte // what the goroutine read, guarded by mu until done
+	err  error  // its last read's error, read after done
+	done chan struct{}
+
+	rest io.Reader // after done: buf's remainder, then body
 }
 
-func (b *peekBody) Read(p []byte) (int, error) { return b.r.Read(p) }
-func (b *peekBody) Close() error               { return b.c.Close() }
+func (b *peekBody) fill() {
+	defer close(b.done)
+	var chunk [512]byte
+	for {
+		b.mu.Lock()
+		n := maxPeek - len(b.buf)
+		b.mu.Unlock()
+		if n <= 0 {
+			return
+		}
+		m, err := b.body.Read(chunk[:min(n, len(chunk))])
+		b.mu.Lock()
+		b.buf = append(b.buf, chunk[:m]...)
+		b.mu.Unlock()
+		if err != nil {
+			b.err = err
+			return
+		}
+	}
+}
 
-// peek reads up to 4 KiB of resp's body, within bound, and leaves the body
-// whole for the caller.
+// start returns a copy of what has been read so far.
+func (b *peekBody) start() []byte {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]byte(nil), b.buf...)
+}
+
+func (b *peekBody) Read(p []byte) (int, error) {
+	if b.rest == nil {
+		<-b.done
+		var tail io.Reader = b.body
+		if b.err != nil {
+			// The body's end, or its error: given after the bytes.
+			tail = errReader{b.err}
+		}
+		b.rest = io.MultiReader(bytes.NewReader(b.buf), tail)
+	}
+	return b.rest.Read(p)
+}
+
+// Close closes the body, which ends the goroutine's read, and waits for
+// the goroutine.
+func (b *peekBody) Close() error {
+	err := b.body.Close()
+	<-b.done
+	return err
+}
+
+type errReader struct{ err error }
+
+func (r errReader) Read([]byte) (int, error) { return 0, r.err }
+
+// peek returns the start of resp's body, up to maxPeek bytes, as much of
+// it as arrives within bound (all of it if bound is not positive), and
+// leaves the body whole for the caller.
 func peek(resp *http.Response, bound time.Duration) []byte {
-	body := resp.Body
-	if body == nil || body == http.NoBody {
+	if resp.Body == nil || resp.Body == http.NoBody {
 		return nil
 	}
-	var stop func() bool
-	if bound > 0 {
-		stop = time.AfterFunc(bound, func() { body.Close() }).Stop
+	b := &peekBody{body: resp.Body, done: make(chan struct{})}
+	resp.Body = b
+	go b.fill()
+	if bound <= 0 {
+		<-b.done
+		return b.buf
 	}
-	buf := make([]byte, 0, 512)
-	lr := io.LimitReader(body, maxPeek)
-	for len(buf) < maxPeek {
-		if len(buf) == cap(buf) {
-			buf = append(buf, 0)[:len(buf)]
-		}
-		n, err := lr.Read(buf[len(buf):cap(buf)])
-		buf = buf[:len(buf)+n]
-		if err != nil {
-			break
-		}
+	t := time.NewTimer(bound)
+	defer t.Stop()
+	select {
+	case <-b.done:
+		return b.buf
+	case <-t.C:
+		return b.start()
 	}
-	if stop != nil {
-		stop()
-	}
-	resp.Body = &peekBody{r: io.MultiReader(bytes.NewReader(buf), body), c: body}
-	return buf
 }
 
 const maxPeek = 4 << 10

@@ -595,3 +595,48 @@ func TestDialectAnswerGzipBody(t *testing.T) {
 		assert.ErrorIs(t, outcome(t, resp).Stopped, idempotency.ErrKeyMismatch)
 	}
 }
+
+// TestDialectAnswerStalledBody: the body of a returned error response
+// whose start stalls reaches the caller whole, however long it stalls:
+// Answer is read within the drain bound, and the body is not cut for it.
+func TestDialectAnswerStalledBody(t *testing.T) {
+	release := make(chan struct{})
+	h := &headerLog{steps: []http.HandlerFunc{func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusBadRequest)
+		io.WriteString(w, `{"error":`)
+		http.NewResponseController(w).Flush()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+			return
+		}
+		io.WriteString(w, `"reused"}`)
+	}}}
+	srv := newServer(t, h)
+	var b bodyAnswer
+	c := newClient(t, srv, b.option())
+	resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
+	require.NoError(t, err)
+	close(release)
+	assert.Equal(t, `{"error":"reused"}`, readAll(t, resp))
+}
+
+// TestDialectAnswerStalledDiscarded: an error response that is retried,
+// whose body stalls, does not hold up the retry.
+func TestDialectAnswerStalledDiscarded(t *testing.T) {
+	h := &headerLog{steps: []http.HandlerFunc{func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		io.WriteString(w, `{"error":`)
+		http.NewResponseController(w).Flush()
+		<-r.Context().Done()
+	}, status(http.StatusCreated)}}
+	srv := newServer(t, h)
+	var b bodyAnswer
+	c := newClient(t, srv, b.option())
+	resp, err := c.Do(post(t, t.Context(), srv.URL, "x"))
+	require.NoError(t, err)
+	assert.Equal(t, "status 201", readAll(t, resp))
+	assert.Equal(t, 2, outcome(t, resp).Attempts)
+	require.Len(t, b.bodies, 2)
+	assert.Equal(t, `{"error":`, string(b.bodies[0]))
+}

@@ -640,3 +640,29 @@ func TestDialectAnswerStalledDiscarded(t *testing.T) {
 	require.Len(t, b.bodies, 2)
 	assert.Equal(t, `{"error":`, string(b.bodies[0]))
 }
+
+// TestDialectRejectsDerivedKey: inside a handler, a Dialect whose Key
+// refuses the derived key's form (a version 8 UUID, where a version 4 is
+// wanted) refuses the request before any attempt; it never falls back to
+// another key, which a rerun of the handler would not send again.
+func TestDialectRejectsDerivedKey(t *testing.T) {
+	h := &headerLog{steps: []http.HandlerFunc{status(http.StatusCreated)}}
+	srv := newServer(t, h)
+	c := newClient(t, srv, dialectOf(idempotency.Dialect{Header: "X-Key", Key: func(k string) (string, error) {
+		if u, err := uuid.Parse(k); err != nil || u.Version() != 4 {
+			return "", errors.New("a version 4 UUID, please")
+		}
+		return k, nil
+	}}))
+	ctx := idempotency.ContextWithStep(handling(t.Context(), "tenant-a", "order-17"), "charge")
+	resp, err := c.Do(post(t, ctx, srv.URL, "x"))
+	assert.Nil(t, resp)
+	assert.ErrorIs(t, err, idempotency.ErrInvalidKey)
+	assert.Empty(t, h.headers())
+
+	// Outside a handler, the Client's own key is a version 4 UUID.
+	resp, err = c.Do(post(t, t.Context(), srv.URL, "x"))
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Len(t, h.headers(), 1)
+}

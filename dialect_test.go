@@ -186,9 +186,6 @@ func TestDialectBadHeaderNames(t *testing.T) {
 	assert.Empty(t, h.headers())
 }
 
-// answerFunc is a Dialect's Answer.
-type answerFunc = func(*http.Response, []byte) (idempotency.EventKind, time.Duration, error)
-
 // TestDialectAnswerPanics: an Answer that panics says nothing: the
 // response is judged by the policy alone, and returned.
 func TestDialectAnswerPanics(t *testing.T) {

@@ -235,12 +235,13 @@ func (c *call) readAnswer(resp *http.Response, err error) {
 }
 
 // transient reports whether the result of an attempt is one that another
-// attempt may change: never a final answer of the server; always the
+// attempt may change: never a final answer of the server, nor a replay,
+// which another attempt with the key would get again; always the
 // dialect's in-flight answer; else what the server's retry hint says, if it
 // gives one; else what the policy says. When the hint alone stops a result
 // that the policy would retry, refused says so.
 func (c *call) transient(resp *http.Response, err error) (transient bool, refused error) {
-	if c.final != hint.None {
+	if c.final != hint.None || c.replayed {
 		return false, nil
 	}
 	if c.inFlight {

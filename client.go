@@ -181,7 +181,10 @@ func (cfg *config) do(req *http.Request, hc *http.Client, viaTransport bool) (*h
 		clone.Header = cloneWith(req.Header, d.header, c.keyValue[:])
 	}
 	if d.oasis && k.key != "" {
-		setFirstSent(clone, req, k)
+		if err := setFirstSent(clone, req, k); err != nil {
+			closeBody(req)
+			return nil, fmt.Errorf("idempotency: %w", err)
+		}
 	}
 	if err := c.body.prepare(req, clone, cfg.maxBuffered); err != nil {
 		return nil, fmt.Errorf("idempotency: %w", err)
@@ -222,6 +225,9 @@ func (cfg *config) keyFor(req *http.Request, method string, d *dialect) (request
 	if !cfg.keyedMethod(method) {
 		return requestKey{}, nil
 	}
+	if err := d.strayKey(req.Header); err != nil {
+		return requestKey{}, err
+	}
 	var k requestKey
 	if v, ok := keyFromContext(req.Context()); ok {
 		if err := keyfield.Validate(v.key); err != nil {
@@ -244,19 +250,22 @@ func (cfg *config) keyFor(req *http.Request, method string, d *dialect) (request
 
 // setFirstSent gives clone, the request of the attempts, the header
 // Repeatability-First-Sent of OASIS Repeatable Requests, fixed for all its
-// attempts: the caller's, if the caller's header has the key and one;
-// else the time that ContextWithKey carried, or now.
-func setFirstSent(clone, req *http.Request, k requestKey) {
-	var v []string
-	if k.caller {
-		if value, n, respelled := callerKey(req.Header, oasisFirstSent); n > 0 {
-			if !respelled {
-				return
-			}
-			v = []string{value}
-		}
+// attempts: the caller's, if the caller's header has one, whoever made
+// the key; else the time that ContextWithKey carried with the key, or now.
+// A header with two is refused, as one with two keys is.
+func setFirstSent(clone, req *http.Request, k requestKey) error {
+	value, n, respelled := callerKey(req.Header, oasisFirstSent)
+	if n > 1 {
+		return fmt.Errorf("%w: %d values in %s header fields", ErrInvalidKey, n, oasisFirstSent)
 	}
-	if v == nil {
+	if n == 1 && !respelled {
+		// Already in clone's header, under its canonical name.
+		return nil
+	}
+	var v []string
+	if n == 1 {
+		v = []string{value}
+	} else {
 		var t time.Time
 		if !k.caller {
 			if ck, ok := keyFromContext(req.Context()); ok {
@@ -271,7 +280,7 @@ func setFirstSent(clone, req *http.Request, k requestKey) {
 	if !k.set {
 		// Still the caller's header, which is never modified.
 		clone.Header = cloneWith(clone.Header, oasisFirstSent, v)
-		return
+		return nil
 	}
 	for name := range clone.Header {
 		if sameName(name, oasisFirstSent) {
@@ -279,6 +288,7 @@ func setFirstSent(clone, req *http.Request, k requestKey) {
 		}
 	}
 	clone.Header[oasisFirstSent] = v
+	return nil
 }
 
 // callerKey returns the first of the values that h holds under name, a

@@ -2,12 +2,15 @@ package idempotency
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/textproto"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/idemkit/idempotency/internal/hint"
@@ -37,7 +40,13 @@ type Dialect struct {
 	// OASIS Repeatable Requests: the Client sends with it
 	// Repeatability-First-Sent, the time of the operation's first attempt
 	// (an HTTP-date, in UTC), the same on every retry; a key carried by
-	// ContextWithKey carries that time too, when given.
+	// ContextWithKey carries that time too, when given. A
+	// Repeatability-First-Sent that the caller put in the request's header
+	// (one value, in any letter case) is sent instead, as it is, whoever
+	// made the key. A request for
+	// which the Client would make a key, but whose header holds one under
+	// Idempotency-Key while Header is another name, is refused
+	// (ErrInvalidKey) rather than sent with two different keys.
 	Header string
 
 	// Key, if set, checks a key against the API's rules (its length, its
@@ -56,11 +65,16 @@ type Dialect struct {
 
 	// Answer, if set, reads what a response says about its key, in place
 	// of the zero Dialect's reading. body is the start of the response
-	// body, up to 4 KiB, for a status of 400 or more (nil otherwise); the
-	// body stays whole for the caller. Answer returns:
+	// body, up to 4 KiB (decompressed, if the response's Content-Encoding
+	// is gzip), for a status of 400 or more (nil otherwise): what arrives
+	// within 250 ms (or the attempt timeout, if shorter). The body stays
+	// whole, as it came, for the caller, however long it takes. Answer
+	// returns:
 	//
 	//   - kind: EventReplayed for a response that the API marks as the
-	//     replay of an earlier attempt (Outcome.Replayed);
+	//     replay of an earlier attempt (Outcome.Replayed), which is not
+	//     retried, whatever its status, since another attempt with the key
+	//     would get it again;
 	//     EventCompleted for one that shows that the API took the key,
 	//     without telling whether it ran the request or replayed it
 	//     (Outcome.Honoured); EventRetried for the API's answer that a
@@ -68,7 +82,8 @@ type Dialect struct {
 	//     retries (within its limits), after wait if wait is not 0 and
 	//     the response has no Retry-After; or 0 when the response says
 	//     nothing of the key.
-	//   - final: the API's final answer, never retried: ErrKeyMismatch
+	//   - final: the API's final answer, never retried, and never a
+	//     replay (it overrules kind EventReplayed): ErrKeyMismatch
 	//     when it refuses the key because it came with another request
 	//     (changed payload), ErrOutcomeUnknown when it will not run the
 	//     request again and cannot say whether it ran; or nil.
@@ -168,6 +183,20 @@ func validHeaderName(name string) bool {
 	return true
 }
 
+// strayKey returns an error if h, the header of a request for which the
+// Client is about to make a key, holds one under this module's key header
+// while d sends keys under another: the request would carry two different
+// keys, and the API would ignore the one that the caller meant.
+func (d *dialect) strayKey(h http.Header) error {
+	if d.header == defaultDialect.header {
+		return nil
+	}
+	if _, n, _ := callerKey(h, defaultDialect.header); n > 0 {
+		return fmt.Errorf("%w: the request has a key in %s, but its Dialect sends keys in %s", ErrInvalidKey, defaultDialect.header, d.header)
+	}
+	return nil
+}
+
 // wireKey returns key as d sends it.
 func (d *dialect) wireKey(ctx context.Context, cfg *config, key string) (string, error) {
 	if d.key == nil {
@@ -205,7 +234,7 @@ var errNoAnswer = errors.New("no answer")
 func (c *call) readVendor(resp *http.Response) {
 	var body []byte
 	if resp.StatusCode >= 400 {
-		body = peek(resp, c.drainBound())
+		body = decoded(resp.Header, peek(resp, c.drainBound()))
 	}
 	kind, wait, final := c.callAnswer(resp, body)
 	if final == errNoAnswer {
@@ -219,10 +248,12 @@ func (c *call) readVendor(resp *http.Response) {
 	case EventRetried:
 		c.acked, c.inFlight, c.inFlightWait = true, true, max(wait, 0)
 	}
+	// A final answer is a refusal: not the replay of an earlier attempt,
+	// whatever the response's markers say.
 	if errors.Is(final, ErrKeyMismatch) {
-		c.final, c.acked, c.inFlight = hint.KeyMismatch, true, false
+		c.final, c.acked, c.inFlight, c.replayed = hint.KeyMismatch, true, false, false
 	} else if errors.Is(final, ErrOutcomeUnknown) {
-		c.final, c.acked, c.inFlight = hint.OutcomeUnknown, true, false
+		c.final, c.acked, c.inFlight, c.replayed = hint.OutcomeUnknown, true, false, false
 	}
 }
 
@@ -236,43 +267,119 @@ func (c *call) callAnswer(resp *http.Response, body []byte) (kind EventKind, wai
 	return c.d.answer(resp, body)
 }
 
-// peekBody holds a response body whose start was read.
+// peekBody is a response body whose start is read, for Answer, by a
+// goroutine of its own, which the body owns: it ends when it has read
+// maxPeek bytes or the body's end, or when the body is closed. The
+// body's reader gets every byte, however long the start took: the wait
+// for Answer is bounded, the body is not cut for it.
 type peekBody struct {
-	r io.Reader
-	c io.Closer
+	body io.ReadCloser
+
+	mu   sync.Mutex
+	buf  []byte // what the goroutine read, guarded by mu until done
+	err  error  // its last read's error, read after done
+	done chan struct{}
+
+	rest io.Reader // after done: buf's remainder, then body
 }
 
-func (b *peekBody) Read(p []byte) (int, error) { return b.r.Read(p) }
-func (b *peekBody) Close() error               { return b.c.Close() }
+func (b *peekBody) fill() {
+	defer close(b.done)
+	var chunk [512]byte
+	for {
+		b.mu.Lock()
+		n := maxPeek - len(b.buf)
+		b.mu.Unlock()
+		if n <= 0 {
+			return
+		}
+		m, err := b.body.Read(chunk[:min(n, len(chunk))])
+		b.mu.Lock()
+		b.buf = append(b.buf, chunk[:m]...)
+		b.mu.Unlock()
+		if err != nil {
+			b.err = err
+			return
+		}
+	}
+}
 
-// peek reads up to 4 KiB of resp's body, within bound, and leaves the body
-// whole for the caller.
+// start returns a copy of what has been read so far.
+func (b *peekBody) start() []byte {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]byte(nil), b.buf...)
+}
+
+func (b *peekBody) Read(p []byte) (int, error) {
+	if b.rest == nil {
+		<-b.done
+		var tail io.Reader = b.body
+		if b.err != nil {
+			// The body's end, or its error: given after the bytes.
+			tail = errReader{b.err}
+		}
+		b.rest = io.MultiReader(bytes.NewReader(b.buf), tail)
+	}
+	return b.rest.Read(p)
+}
+
+// Close closes the body, which ends the goroutine's read, and waits for
+// the goroutine.
+func (b *peekBody) Close() error {
+	err := b.body.Close()
+	<-b.done
+	return err
+}
+
+type errReader struct{ err error }
+
+func (r errReader) Read([]byte) (int, error) { return 0, r.err }
+
+// peek returns the start of resp's body, up to maxPeek bytes, as much of
+// it as arrives within bound (all of it if bound is not positive), and
+// leaves the body whole for the caller.
 func peek(resp *http.Response, bound time.Duration) []byte {
-	body := resp.Body
-	if body == nil || body == http.NoBody {
+	if resp.Body == nil || resp.Body == http.NoBody {
 		return nil
 	}
-	var stop func() bool
-	if bound > 0 {
-		stop = time.AfterFunc(bound, func() { body.Close() }).Stop
+	b := &peekBody{body: resp.Body, done: make(chan struct{})}
+	resp.Body = b
+	go b.fill()
+	if bound <= 0 {
+		<-b.done
+		return b.buf
 	}
-	buf := make([]byte, 0, 512)
-	lr := io.LimitReader(body, maxPeek)
-	for len(buf) < maxPeek {
-		if len(buf) == cap(buf) {
-			buf = append(buf, 0)[:len(buf)]
-		}
-		n, err := lr.Read(buf[len(buf):cap(buf)])
-		buf = buf[:len(buf)+n]
-		if err != nil {
-			break
-		}
+	t := time.NewTimer(bound)
+	defer t.Stop()
+	select {
+	case <-b.done:
+		return b.buf
+	case <-t.C:
+		return b.start()
 	}
-	if stop != nil {
-		stop()
-	}
-	resp.Body = &peekBody{r: io.MultiReader(bytes.NewReader(buf), body), c: body}
-	return buf
 }
 
 const maxPeek = 4 << 10
+
+// decoded returns the start of a response body, raw, as Answer reads it:
+// decompressed, up to maxPeek bytes, if the header h says that it is
+// gzip, as it stays when the caller asked for it with Accept-Encoding
+// (net/http decompresses, and drops the header, only when it asked).
+func decoded(h http.Header, raw []byte) []byte {
+	if len(raw) == 0 {
+		return raw
+	}
+	switch strings.ToLower(strings.TrimSpace(h.Get("Content-Encoding"))) {
+	case "gzip", "x-gzip":
+	default:
+		return raw
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(raw))
+	if err != nil {
+		return nil
+	}
+	// A start cut short gives what it holds.
+	out, _ := io.ReadAll(io.LimitReader(zr, maxPeek))
+	return out
+}

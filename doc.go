@@ -81,7 +81,8 @@
 //     retried only when it is the in-flight answer, not when it
 //     is a business conflict. The server's final answers, "outcome
 //     unknown" and "key reused for another request", are never retried
-//     (ErrOutcomeUnknown, ErrKeyMismatch in Outcome.Stopped). The retry
+//     (ErrOutcomeUnknown, ErrKeyMismatch in Outcome.Stopped), nor is a
+//     response marked as a replay, whatever its status. The retry
 //     hints Stripe-Should-Retry and X-Should-Retry are followed: "false"
 //     stops (ErrRetryRefused), "true" retries, within the same limits.
 //   - retries only requests that are safe to repeat: those whose method is

@@ -88,7 +88,8 @@ type contextKeyValue struct {
 // get the same Repeatability-First-Sent on every try: store time.Now()
 // with the key, before the first try, and give both to every try. Without
 // it, the Client takes the start of each call to Do. Only the first
-// firstSent is used.
+// firstSent is used; a Repeatability-First-Sent in the request's header
+// wins over it.
 //
 // A key in the request header takes precedence over the context's key. The
 // context's key is used only for methods that get keys (POST and PATCH by

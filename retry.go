@@ -57,7 +57,9 @@ type Policy func(resp *http.Response, err error) bool
 // Version Not Supported.
 //
 // Whatever the policy, Do never retries the final answers of the
-// middleware (ErrOutcomeUnknown, ErrKeyMismatch), and it follows the retry
+// middleware (ErrOutcomeUnknown, ErrKeyMismatch) nor a response marked as
+// a replay, which another attempt with the key would get again, and it
+// follows the retry
 // hint of a server that sends Stripe-Should-Retry or X-Should-Retry with an
 // error status (4xx, 5xx): "false" stops (ErrRetryRefused), "true"
 // retries, within the same limits of methods, attempts, deadline and

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"strconv"
 	"sync/atomic"
@@ -238,7 +239,13 @@ func (rc *Receiver) readBody(r *http.Request) ([]byte, error) {
 	if r.ContentLength > rc.maxBody {
 		return nil, fmt.Errorf("%w: %d bytes declared, at most %d", errTooLarge, r.ContentLength, rc.maxBody)
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, rc.maxBody+1))
+	// One byte past the limit tells a longer body; the largest limit has
+	// no byte past it.
+	limit := rc.maxBody
+	if limit < math.MaxInt64 {
+		limit++
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, limit))
 	if err != nil {
 		return nil, fmt.Errorf("webhook: read body: %w", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
+	"errors"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -16,6 +17,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/idemkit/idempotency/engine"
+	"github.com/idemkit/idempotency/internal/testkit/faultstore"
 	"github.com/idemkit/idempotency/internal/testkit/teststores"
 	"github.com/idemkit/idempotency/webhook"
 )
@@ -69,4 +72,17 @@ func TestMaxBodyAtItsMaximum(t *testing.T) {
 	w = serveDirect(h, req)
 	assert.Equal(t, http.StatusOK, w.Code)
 	assert.Equal(t, 1, e.of("msg_max_chunked"))
+}
+
+// TestRetryAfterAtItsMaximum: the longest RetryAfter is answered as
+// the seconds it is, not wrapped around to 1.
+func TestRetryAfterAtItsMaximum(t *testing.T) {
+	store := faultstore.New(teststores.Memory(t))
+	store.Set(faultstore.Claim, faultstore.Fault{Err: errors.New("connection refused")})
+	rc := newReceiver(t, store, webhook.WithConfig(engine.Config{RetryAfter: math.MaxInt64}))
+	var e effects
+	w := serveDirect(rc.Handler(counting(&e)), standardRequest(t, "http://hooks.test/", "msg_ra", payload))
+	assert.Equal(t, http.StatusServiceUnavailable, w.Code)
+	assert.Equal(t, "9223372037", w.Header().Get("Retry-After"))
+	assert.Equal(t, 0, e.of("msg_ra"))
 }

@@ -273,6 +273,9 @@ func (rc *Receiver) kept(ctx context.Context, status int) (keep bool) {
 
 // retryAfter is a Retry-After value: whole seconds, at least 1.
 func retryAfter(d time.Duration) string {
-	s := int64((d + time.Second - 1) / time.Second)
+	s := int64(d / time.Second)
+	if d%time.Second != 0 {
+		s++ // d + time.Second - 1 would overflow near math.MaxInt64
+	}
 	return strconv.FormatInt(max(s, 1), 10)
 }

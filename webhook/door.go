@@ -88,14 +88,29 @@ func (d *delivery) Execute(ctx context.Context) engine.Outcome {
 	}
 }
 
-// Send sends the handler's answer, kept in the recorder. With now, an
-// HTTP/1 connection is closed after it, so that the sender's next delivery
-// does not wait on it while the store write goes on on this goroutine.
+// Send sends the handler's answer, kept in the recorder. With now, the
+// store write goes on on this goroutine after it, so the answer goes out
+// whole at once: with its length, flushed, and, on HTTP/1, closing the
+// connection, so that the sender's next delivery does not wait on it.
 func (d *delivery) Send(now bool) {
-	if now && d.r.ProtoMajor == 1 {
-		d.rec.header.Set("Connection", "close")
+	if !now {
+		d.rec.send()
+		return
+	}
+	h := d.rec.header
+	if d.r.ProtoMajor == 1 {
+		h.Set("Connection", "close")
+	}
+	if status := d.rec.finalStatus(); status != http.StatusNoContent && status != http.StatusNotModified &&
+		h.Get("Content-Length") == "" && h.Get("Transfer-Encoding") == "" {
+		// Without it, the sender reads the body until the connection
+		// closes: after the store write.
+		h.Set("Content-Length", strconv.Itoa(len(d.rec.body)))
 	}
 	d.rec.send()
+	// A writer that cannot flush (a wrapper that hides it) sends the
+	// answer when the handler returns: nothing better can be done.
+	_ = http.NewResponseController(d.w).Flush()
 }
 
 // OutcomeUnknown records the answer of a delivery whose earlier holder was

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
+	"encoding/base64"
 	"errors"
 	"io"
 	"log/slog"
@@ -672,4 +673,43 @@ func TestAttackHandlerOutlastsItsLease(t *testing.T) {
 	assert.Equal(t, http.StatusAccepted, again.status)
 	assert.True(t, again.replayed)
 	assert.Equal(t, int32(1), runs.Load())
+}
+
+// TestAttackUnsignedDeliveryIDs: GitHub and Shopify sign the body only, not
+// the delivery id: a captured delivery resent at once under another id is
+// verified and runs again, as their presets' documentation says. Standard
+// Webhooks signs its id: the same resend is refused.
+func TestAttackUnsignedDeliveryIDs(t *testing.T) {
+	mac := func(secret string) []byte {
+		m := hmac.New(sha256.New, []byte(secret))
+		m.Write(payload)
+		return m.Sum(nil)
+	}
+	for _, c := range []struct {
+		sender   webhook.Sender
+		idHeader string
+		sign     func(h http.Header)
+	}{
+		{webhook.GitHub("gh-secret"), "X-GitHub-Delivery", func(h http.Header) { h.Set("X-Hub-Signature-256", "sha256="+hexString(mac("gh-secret"))) }},
+		{webhook.Shopify("shop-secret"), "X-Shopify-Event-Id", func(h http.Header) {
+			h.Set("X-Shopify-Hmac-Sha256", base64.StdEncoding.EncodeToString(mac("shop-secret")))
+		}},
+	} {
+		rc, err := webhook.New(teststores.Memory(t), c.sender)
+		require.NoError(t, err)
+		var runs atomic.Int32
+		h := rc.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { runs.Add(1) }))
+		for _, id := range []string{"captured", "captured", "resent-under-another-id"} {
+			req := httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(payload))
+			c.sign(req.Header)
+			req.Header.Set(c.idHeader, id)
+			assert.Equal(t, http.StatusOK, serveDirect(h, req).Code, c.sender.Name)
+		}
+		assert.Equal(t, int32(2), runs.Load(), c.sender.Name)
+	}
+	var e effects
+	h := newReceiver(t, teststores.Memory(t)).Handler(counting(&e))
+	req := standardRequest(t, "http://hooks.test/", "msg_captured", payload)
+	req.Header.Set("Webhook-Id", "msg_resent")
+	assert.Equal(t, http.StatusUnauthorized, serveDirect(h, req).Code)
 }

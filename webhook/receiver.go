@@ -150,7 +150,8 @@ func New(store engine.Store, sender Sender, opts ...Option) (*Receiver, error) {
 //     keys from the delivery id). A kept status (2xx by default) is stored,
 //     then next's answer goes to the sender; any other status releases the
 //     key and goes to the sender as it is, so that its retry runs next
-//     again. A panic in next releases the key, and goes on.
+//     again. A panic in next releases the key, and goes on; so does a
+//     status code outside 100-999 (on which net/http panics), answered 500.
 //   - a delivery whose id is done: its kept status at once, with
 //     Idempotent-Replayed: true and no body; next does not run.
 //   - a delivery whose id is in flight: it waits (Sender.Wait, or

@@ -79,6 +79,8 @@ func (d *delivery) Execute(ctx context.Context) engine.Outcome {
 	switch {
 	case !rec.wrote() && ctx.Err() != nil:
 		return engine.Outcome{Reason: "the handler returned without an answer after its context ended", Cause: context.Cause(ctx)}
+	case rec.invalid:
+		return engine.Outcome{Status: status, Reason: "the handler wrote an invalid status code", Sent: rec.streaming}
 	case !d.rc.kept(d.r.Context(), status):
 		return engine.Outcome{Status: status, Reason: "status " + strconv.Itoa(status) + " is not kept", Sent: rec.streaming}
 	case rec.streaming:
@@ -88,14 +90,29 @@ func (d *delivery) Execute(ctx context.Context) engine.Outcome {
 	}
 }
 
-// Send sends the handler's answer, kept in the recorder. With now, an
-// HTTP/1 connection is closed after it, so that the sender's next delivery
-// does not wait on it while the store write goes on on this goroutine.
+// Send sends the handler's answer, kept in the recorder. With now, the
+// store write goes on on this goroutine after it, so the answer goes out
+// whole at once: with its length, flushed, and, on HTTP/1, closing the
+// connection, so that the sender's next delivery does not wait on it.
 func (d *delivery) Send(now bool) {
-	if now && d.r.ProtoMajor == 1 {
-		d.rec.header.Set("Connection", "close")
+	if !now {
+		d.rec.send()
+		return
+	}
+	h := d.rec.header
+	if d.r.ProtoMajor == 1 {
+		h.Set("Connection", "close")
+	}
+	if status := d.rec.finalStatus(); status != http.StatusNoContent && status != http.StatusNotModified &&
+		h.Get("Content-Length") == "" && h.Get("Transfer-Encoding") == "" {
+		// Without it, the sender reads the body until the connection
+		// closes: after the store write.
+		h.Set("Content-Length", strconv.Itoa(len(d.rec.body)))
 	}
 	d.rec.send()
+	// A writer that cannot flush (a wrapper that hides it) sends the
+	// answer when the handler returns: nothing better can be done.
+	_ = http.NewResponseController(d.w).Flush()
 }
 
 // OutcomeUnknown records the answer of a delivery whose earlier holder was
@@ -129,14 +146,25 @@ type recorder struct {
 	body      []byte
 	streaming bool
 	sent      bool
+	invalid   bool // the handler wrote a status code outside 100-999
 }
 
 func (rec *recorder) Header() http.Header { return rec.header }
 
 func (rec *recorder) WriteHeader(code int) {
-	if rec.status != 0 || code < 200 || code > 999 {
-		// Informational answers are dropped; an invalid code is left
-		// for the answer to default to 200 with the body.
+	if code < 100 || code > 999 {
+		// net/http panics on such a code, and the sender retries the
+		// aborted delivery. Left for the answer to default to 200, it
+		// would be kept, and the delivery lost: it is answered 500, and
+		// its key released.
+		rec.invalid = true
+		if !rec.streaming {
+			rec.status = http.StatusInternalServerError
+		}
+		return
+	}
+	if rec.status != 0 || code < 200 {
+		// Informational answers are dropped.
 		return
 	}
 	rec.status = code

@@ -197,9 +197,12 @@ func Stripe(secrets ...string) Sender {
 // GitHub returns the Sender for GitHub: X-Hub-Signature-256 is "sha256="
 // followed by the hex HMAC-SHA256 of the body keyed with the webhook's
 // secret, and X-GitHub-Delivery is the delivery's GUID, which a
-// redelivery keeps. GitHub signs no timestamp, so a captured delivery
-// cannot be told from a redelivery: within the TTL it is answered from its
-// record, and after it, it runs again.
+// redelivery keeps. GitHub signs the body only, neither a timestamp nor
+// X-GitHub-Delivery, so a captured delivery cannot be told from a
+// redelivery: resent under its own id within the TTL it is answered from
+// its record, but resent after the TTL, or at once under another id, it
+// runs again. A handler whose effect must not repeat for such a resend
+// keys it on the event in the body as well.
 //
 // GitHub does not retry a failed delivery by itself: it is redelivered only
 // when someone asks (in the settings, or through the REST API), for
@@ -238,7 +241,9 @@ func GitHub(secrets ...string) Sender {
 // Shopify returns the Sender for Shopify: X-Shopify-Hmac-Sha256 is the
 // base64 HMAC-SHA256 of the body keyed with the app's client secret, and
 // X-Shopify-Event-Id is the event's id, the same on every delivery of it.
-// Shopify signs no timestamp.
+// Shopify signs the body only, neither a timestamp nor X-Shopify-Event-Id:
+// a captured delivery resent after the TTL, or at once under another event
+// id, runs again, as for GitHub.
 //
 // Shopify retries a delivery 8 times over 4 hours, and removes a
 // subscription made through the Admin API after 8 consecutive failures; it

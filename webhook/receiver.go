@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"strconv"
 	"sync/atomic"
@@ -149,7 +150,8 @@ func New(store engine.Store, sender Sender, opts ...Option) (*Receiver, error) {
 //     keys from the delivery id). A kept status (2xx by default) is stored,
 //     then next's answer goes to the sender; any other status releases the
 //     key and goes to the sender as it is, so that its retry runs next
-//     again. A panic in next releases the key, and goes on.
+//     again. A panic in next releases the key, and goes on; so does a
+//     status code outside 100-999 (on which net/http panics), answered 500.
 //   - a delivery whose id is done: its kept status at once, with
 //     Idempotent-Replayed: true and no body; next does not run.
 //   - a delivery whose id is in flight: it waits (Sender.Wait, or
@@ -238,7 +240,13 @@ func (rc *Receiver) readBody(r *http.Request) ([]byte, error) {
 	if r.ContentLength > rc.maxBody {
 		return nil, fmt.Errorf("%w: %d bytes declared, at most %d", errTooLarge, r.ContentLength, rc.maxBody)
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, rc.maxBody+1))
+	// One byte past the limit tells a longer body; the largest limit has
+	// no byte past it.
+	limit := rc.maxBody
+	if limit < math.MaxInt64 {
+		limit++
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, limit))
 	if err != nil {
 		return nil, fmt.Errorf("webhook: read body: %w", err)
 	}
@@ -266,6 +274,9 @@ func (rc *Receiver) kept(ctx context.Context, status int) (keep bool) {
 
 // retryAfter is a Retry-After value: whole seconds, at least 1.
 func retryAfter(d time.Duration) string {
-	s := int64((d + time.Second - 1) / time.Second)
+	s := int64(d / time.Second)
+	if d%time.Second != 0 {
+		s++ // d + time.Second - 1 would overflow near math.MaxInt64
+	}
 	return strconv.FormatInt(max(s, 1), 10)
 }

@@ -23,6 +23,13 @@
 //     exponential backoff with full jitter between 0 and
 //     min(RetryWaitMax, RetryWaitMin·2ⁿ).
 //
+// It speaks this library's own rules only: the key goes in the
+// Idempotency-Key header, and the answers are read as this library's server
+// writes them. For an API with rules of its own (another key header, as
+// PayPal's or Azure's; see package vendors), use the Client of package
+// idempotency with WithDialect: a go-retryablehttp client protected here
+// would send the key where that API does not look for it.
+//
 // Everything else stays go-retryablehttp's: RetryMax, the logger, the
 // other hooks, and what Do returns when the retries run out. The package
 // is named after what it adapts; its name leaves retryablehttp to the

@@ -6,9 +6,11 @@ import (
 	"slices"
 )
 
-// Stored headers are BLOBs in the encoding pgstore uses, because text cannot
-// hold every byte a header value may carry (NUL, invalid UTF-8): a version byte, the number of names, then for each name in sorted
-// order its length and bytes, its number of values, and each value's length
+// Stored headers are bytes (bytea in PostgreSQL, BLOBs in SQLite and MySQL)
+// in a compact encoding of their own, shared by the SQL stores, because
+// jsonb and text cannot hold every byte a header value may carry (NUL,
+// invalid UTF-8): a version byte, the number of names, then for each name
+// in sorted order its length and bytes, its number of values, and each value's length
 // and bytes, every number an unsigned varint. Values keep their order. A nil
 // http.Header is stored as NULL, so that nil and empty both round-trip.
 const headerVersion = 1

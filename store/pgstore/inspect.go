@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idempotency/engine"
+	"github.com/idemkit/idempotency/internal/sqlrecord"
 )
 
 // lookupRow is a row of lookupSQL.
@@ -69,7 +70,7 @@ func (s *Store) Lookup(ctx context.Context, id engine.ID) (engine.Record, error)
 		rec.LeaseEnds = r.leaseUntil
 		return rec, nil
 	}
-	h, err := decodeHeader(r.headers)
+	h, err := sqlrecord.DecodeHeader(r.headers)
 	if err != nil {
 		return engine.Record{}, fmt.Errorf("pgstore: lookup: %w", err)
 	}
@@ -99,7 +100,7 @@ func (s *Store) Resolve(ctx context.Context, id engine.ID, resp *engine.Response
 	if resp == nil {
 		sql, args = s.stmts().forget, []any{s.coldMode, []byte(id.Scope), []byte(id.Key)}
 	} else {
-		headers := encodeHeader(resp.Header)
+		headers := sqlrecord.EncodeHeader(resp.Header)
 		if err := storable(id, resp, headers); err != nil {
 			return fmt.Errorf("pgstore: resolve: %w", err)
 		}

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idempotency/engine"
+	"github.com/idemkit/idempotency/internal/sqlrecord"
 )
 
 const (
@@ -347,7 +348,7 @@ func (r *claimRow) mayTakeOver(fingerprint string) bool {
 func (r *claimRow) claim() (engine.Claim, error) {
 	switch {
 	case r.state == "completed":
-		h, err := decodeHeader(r.headers)
+		h, err := sqlrecord.DecodeHeader(r.headers)
 		if err != nil {
 			return engine.Claim{}, err
 		}
@@ -396,7 +397,7 @@ func (s *Store) Complete(ctx context.Context, id engine.ID, token engine.Token, 
 		}
 		return nil
 	}
-	headers := encodeHeader(resp.Header)
+	headers := sqlrecord.EncodeHeader(resp.Header)
 	if err := storable(id, resp, headers); err != nil {
 		return fmt.Errorf("pgstore: complete: %w", err)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idempotency/engine"
+	"github.com/idemkit/idempotency/internal/sqlrecord"
 )
 
 // ErrRolledBack is returned, wrapped, by Complete in transactional mode when
@@ -139,14 +140,14 @@ func (s *Store) completeTx(ctx context.Context, id engine.ID, token engine.Token
 	}
 	defer o.done(nil)
 	tx := o.tx
-	headers := encodeHeader(resp.Header)
+	headers := sqlrecord.EncodeHeader(resp.Header)
 	if storable(id, resp, headers) != nil {
 		// The handler's writes are in this transaction: keep them, and
 		// record the request as done without the body (and, should they be
 		// the trouble, without its headers), as the middleware would after
 		// engine.ErrNotStorable in lease mode.
 		resp = &engine.Response{Status: resp.Status, Header: resp.Header, BodyOmitted: true}
-		if headers = encodeHeader(resp.Header); storable(id, resp, headers) != nil {
+		if headers = sqlrecord.EncodeHeader(resp.Header); storable(id, resp, headers) != nil {
 			resp.Header, headers = nil, nil
 		}
 		if err := storable(id, resp, headers); err != nil {

@@ -1,4 +1,4 @@
-package pgstore
+package sqlrecord
 
 import (
 	"net/http"
@@ -14,19 +14,19 @@ func TestHeaderRoundTrip(t *testing.T) {
 		{"X-Binary": {"\x00\x01\xff\xfe\"\\", ""}, "X-Order": {"z", "a", "m"}, "X-Empty": {}},
 		{"": {""}, "X-Long": {string(make([]byte, 70000))}},
 	} {
-		got, err := decodeHeader(encodeHeader(h))
+		got, err := DecodeHeader(EncodeHeader(h))
 		if err != nil {
-			t.Errorf("decodeHeader(encodeHeader(%q)) error = %v", h, err)
+			t.Errorf("DecodeHeader(EncodeHeader(%q)) error = %v", h, err)
 			continue
 		}
 		if !reflect.DeepEqual(got, h) {
-			t.Errorf("decodeHeader(encodeHeader(%q)) = %q", h, got)
+			t.Errorf("DecodeHeader(EncodeHeader(%q)) = %q", h, got)
 		}
 	}
 }
 
 func TestHeaderCorrupt(t *testing.T) {
-	valid := encodeHeader(http.Header{"A": {"b", "c"}})
+	valid := EncodeHeader(http.Header{"A": {"b", "c"}})
 	for name, b := range map[string][]byte{
 		"empty":            {},
 		"unknown version":  {2, 0},
@@ -38,23 +38,23 @@ func TestHeaderCorrupt(t *testing.T) {
 		"unsorted names":   {1, 2, 1, 'b', 0, 1, 'a', 0},
 		"repeated name":    {1, 2, 1, 'a', 0, 1, 'a', 0},
 	} {
-		if h, err := decodeHeader(b); err == nil {
-			t.Errorf("decodeHeader(%s) = %q, want an error", name, h)
+		if h, err := DecodeHeader(b); err == nil {
+			t.Errorf("DecodeHeader(%s) = %q, want an error", name, h)
 		}
 	}
 }
 
 func FuzzDecodeHeader(f *testing.F) {
-	f.Add(encodeHeader(http.Header{"A": {"b", "c"}, "D": {""}}))
+	f.Add(EncodeHeader(http.Header{"A": {"b", "c"}, "D": {""}}))
 	f.Add([]byte{1, 0})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		h, err := decodeHeader(b)
+		h, err := DecodeHeader(b)
 		if err != nil {
 			return
 		}
-		again, err := decodeHeader(encodeHeader(h))
+		again, err := DecodeHeader(EncodeHeader(h))
 		if err != nil || !reflect.DeepEqual(again, h) {
-			t.Errorf("decodeHeader(%x) = %q, which re-encodes to %q, %v", b, h, again, err)
+			t.Errorf("DecodeHeader(%x) = %q, which re-encodes to %q, %v", b, h, again, err)
 		}
 	})
 }

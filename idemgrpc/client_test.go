@@ -15,6 +15,7 @@ import (
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/idemgrpc"
+	"github.com/idemkit/idempotency/internal/testkit/configcases"
 	"github.com/idemkit/idempotency/internal/testkit/faultstore"
 	"github.com/idemkit/idempotency/internal/testkit/teststores"
 )
@@ -169,24 +170,10 @@ func TestServerOptionsInvalid(t *testing.T) {
 // package prefix.
 func TestConfigAsTheEngine(t *testing.T) {
 	store := teststores.Memory(t)
-	for _, tc := range []struct {
-		name string
-		cfg  engine.Config
-	}{
-		{"zero: the defaults", engine.Config{}},
-		{"negative TTL", engine.Config{TTL: -time.Second}},
-		{"TTL under the shortest lease", engine.Config{TTL: engine.MinLease - 1}},
-		{"negative lease", engine.Config{Lease: -1}},
-		{"lease over the TTL", engine.Config{TTL: time.Second, Lease: 2 * time.Second}},
-		{"negative store timeout", engine.Config{StoreTimeout: -1}},
-		{"negative wait", engine.Config{Wait: -1}},
-		{"negative Retry-After", engine.Config{RetryAfter: -1}},
-		{"unknown abandoned policy", engine.Config{Abandoned: 7}},
-		{"every field invalid", engine.Config{TTL: -1, StoreTimeout: -1, Wait: -1, RetryAfter: -1, Abandoned: -1}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			_, want := engine.New(store, tc.cfg)
-			s, err := idemgrpc.NewServer(store, idemgrpc.WithConfig(tc.cfg))
+	for _, tc := range configcases.All() {
+		t.Run(tc.Name, func(t *testing.T) {
+			_, want := engine.New(store, tc.Config)
+			s, err := idemgrpc.NewServer(store, idemgrpc.WithConfig(tc.Config))
 			if want == nil {
 				if err != nil || s == nil {
 					t.Fatalf("NewServer() = %v, %v; want a Server", s, err)

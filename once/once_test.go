@@ -15,6 +15,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idemkit/idempotency/engine"
+	"github.com/idemkit/idempotency/internal/testkit/configcases"
 	"github.com/idemkit/idempotency/internal/testkit/faultstore"
 	"github.com/idemkit/idempotency/internal/testkit/teststores"
 	"github.com/idemkit/idempotency/once"
@@ -433,24 +434,10 @@ func TestOptions(t *testing.T) {
 // package prefix.
 func TestConfigAsTheEngine(t *testing.T) {
 	store := teststores.Memory(t)
-	for _, tc := range []struct {
-		name string
-		cfg  engine.Config
-	}{
-		{"zero: the defaults", engine.Config{}},
-		{"negative TTL", engine.Config{TTL: -time.Second}},
-		{"TTL under the shortest lease", engine.Config{TTL: engine.MinLease - 1}},
-		{"negative lease", engine.Config{Lease: -1}},
-		{"lease over the TTL", engine.Config{TTL: time.Second, Lease: 2 * time.Second}},
-		{"negative store timeout", engine.Config{StoreTimeout: -1}},
-		{"negative wait", engine.Config{Wait: -1}},
-		{"negative Retry-After", engine.Config{RetryAfter: -1}},
-		{"unknown abandoned policy", engine.Config{Abandoned: 7}},
-		{"every field invalid", engine.Config{TTL: -1, StoreTimeout: -1, Wait: -1, RetryAfter: -1, Abandoned: -1}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			_, want := engine.New(store, tc.cfg)
-			r, err := once.New(store, once.WithConfig(tc.cfg))
+	for _, tc := range configcases.All() {
+		t.Run(tc.Name, func(t *testing.T) {
+			_, want := engine.New(store, tc.Config)
+			r, err := once.New(store, once.WithConfig(tc.Config))
 			if want == nil {
 				require.NoError(t, err)
 				require.NotNil(t, r)

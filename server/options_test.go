@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idempotency/engine"
+	"github.com/idemkit/idempotency/internal/testkit/configcases"
 	"github.com/idemkit/idempotency/server"
 	"github.com/idemkit/idempotency/store/memstore"
 )
@@ -52,33 +53,16 @@ func TestNewNamesEveryInvalidOption(t *testing.T) {
 	}
 }
 
-// TestMethodsLowerCase: WithMethods("post") protects POSTs, as the client's
-// WithMethods("post") keys them: a POST without a key is refused, a PATCH is
-// not protected.
 // TestConfigAsTheEngine: WithConfig is validated by engine.New, the same
 // way in every door: a zero field is the engine's default, and an invalid
 // configuration is refused with the engine's own message, after the
 // package prefix.
 func TestConfigAsTheEngine(t *testing.T) {
 	store := newMem(t)
-	for _, tc := range []struct {
-		name string
-		cfg  engine.Config
-	}{
-		{"zero: the defaults", engine.Config{}},
-		{"negative TTL", engine.Config{TTL: -time.Second}},
-		{"TTL under the shortest lease", engine.Config{TTL: engine.MinLease - 1}},
-		{"negative lease", engine.Config{Lease: -1}},
-		{"lease over the TTL", engine.Config{TTL: time.Second, Lease: 2 * time.Second}},
-		{"negative store timeout", engine.Config{StoreTimeout: -1}},
-		{"negative wait", engine.Config{Wait: -1}},
-		{"negative Retry-After", engine.Config{RetryAfter: -1}},
-		{"unknown abandoned policy", engine.Config{Abandoned: 7}},
-		{"every field invalid", engine.Config{TTL: -1, StoreTimeout: -1, Wait: -1, RetryAfter: -1, Abandoned: -1}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			_, want := engine.New(store, tc.cfg)
-			mw, err := server.New(store, server.WithConfig(tc.cfg))
+	for _, tc := range configcases.All() {
+		t.Run(tc.Name, func(t *testing.T) {
+			_, want := engine.New(store, tc.Config)
+			mw, err := server.New(store, server.WithConfig(tc.Config))
 			if want == nil {
 				require.NoError(t, err)
 				require.NotNil(t, mw)
@@ -91,6 +75,9 @@ func TestConfigAsTheEngine(t *testing.T) {
 	}
 }
 
+// TestMethodsLowerCase: WithMethods("post") protects POSTs, as the client's
+// WithMethods("post") keys them: a POST without a key is refused, a PATCH is
+// not protected.
 func TestMethodsLowerCase(t *testing.T) {
 	srv, _ := fixture(t, &orders{}, server.WithMethods("post"))
 	for method, want := range map[string]int{http.MethodPost: http.StatusBadRequest, http.MethodPatch: http.StatusCreated} {

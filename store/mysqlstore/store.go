@@ -244,6 +244,9 @@ func (s *store) claim(ctx context.Context, tx *sql.Tx, id engine.ID, fingerprint
 // Complete stores the response in one statement; in transactional mode in
 // the lease's transaction, which it then commits.
 func (s *store) Complete(ctx context.Context, id engine.ID, token engine.Token, resp *engine.Response, ttl time.Duration) error {
+	if err := ctx.Err(); err != nil && s.transactional {
+		return s.abortTx("complete", id, token, err)
+	}
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("mysqlstore: complete: %w", err)
 	}
@@ -268,6 +271,9 @@ func (s *store) Complete(ctx context.Context, id engine.ID, token engine.Token, 
 // each conditional on the token. In transactional mode it rolls the lease's
 // transaction back.
 func (s *store) Release(ctx context.Context, id engine.ID, token engine.Token) error {
+	if err := ctx.Err(); err != nil && s.transactional {
+		return s.abortTx("release", id, token, err)
+	}
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("mysqlstore: release: %w", err)
 	}

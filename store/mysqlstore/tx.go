@@ -95,7 +95,7 @@ var errBadConn = driver.ErrBadConn
 func (s *store) completeTx(ctx context.Context, id engine.ID, token engine.Token, args []any) error {
 	o := s.txs.Take(id, token)
 	if o == nil {
-		return fmt.Errorf("mysqlstore: complete: %w: %w", engine.ErrNotCommitted, engine.ErrLeaseLost)
+		return fmt.Errorf("mysqlstore: complete: %w: %w", engine.ErrNotCommitted, s.lost())
 	}
 	defer o.Done(errRolledBack)
 	// The transaction must end, committed or rolled back, whatever the
@@ -122,11 +122,42 @@ func (s *store) completeTx(ctx context.Context, id engine.ID, token engine.Token
 func (s *store) releaseTx(id engine.ID, token engine.Token) error {
 	o := s.txs.Take(id, token)
 	if o == nil {
-		return fmt.Errorf("mysqlstore: release: %w", engine.ErrLeaseLost)
+		return fmt.Errorf("mysqlstore: release: %w", s.lost())
 	}
 	defer o.Done(errRolledBack)
 	if err := o.Tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
 		return fmt.Errorf("mysqlstore: release: %w", err)
 	}
 	return nil
+}
+
+// lost is why a lease has no open transaction: Close rolled it back
+// (engine.ErrStoreClosed), or it ended, or was never this Store's
+// (engine.ErrLeaseLost).
+func (s *store) lost() error {
+	if s.closed.Load() {
+		return engine.ErrStoreClosed
+	}
+	return engine.ErrLeaseLost
+}
+
+// abortTx ends the lease's transaction of a Complete or Release whose
+// context was done before it began: it rolls the transaction back, so that
+// neither the key's row lock nor the connection is kept for a call that may
+// never come, and fails with cause (and, for a Complete,
+// engine.ErrNotCommitted).
+func (s *store) abortTx(op string, id engine.ID, token engine.Token, cause error) error {
+	o := s.txs.Take(id, token)
+	if o == nil {
+		if op == "complete" {
+			return fmt.Errorf("mysqlstore: %s: %w: %w: %w", op, engine.ErrNotCommitted, s.lost(), cause)
+		}
+		return fmt.Errorf("mysqlstore: %s: %w: %w", op, s.lost(), cause)
+	}
+	defer o.Done(errRolledBack)
+	o.Tx.Rollback()
+	if op == "complete" {
+		return fmt.Errorf("mysqlstore: %s: %w: %w: %w", op, engine.ErrNotCommitted, errRolledBack, cause)
+	}
+	return fmt.Errorf("mysqlstore: %s: rolled back: %w", op, cause)
 }

@@ -18,7 +18,7 @@ func (s *store) Lookup(ctx context.Context, id engine.ID) (engine.Record, error)
 	}
 	r, found, err := s.read(ctx, id)
 	if err != nil {
-		return engine.Record{}, fmt.Errorf("sqlitestore: lookup: %w", err)
+		return engine.Record{}, s.fail("lookup", err)
 	}
 	if !found || r.Expires <= s.now() {
 		return engine.Record{}, fmt.Errorf("sqlitestore: lookup: %w", engine.ErrNotFound)
@@ -55,7 +55,7 @@ func (s *store) Resolve(ctx context.Context, id engine.ID, resp *engine.Response
 	}
 	switch {
 	case err != nil:
-		return fmt.Errorf("sqlitestore: resolve: %w", err)
+		return s.fail("resolve", err)
 	case n == 0:
 		return fmt.Errorf("sqlitestore: resolve: %w", engine.ErrNotFound)
 	}

@@ -216,7 +216,7 @@ func (s *store) Claim(ctx context.Context, id engine.ID, fingerprint string, lea
 	for range maxClaimAttempts {
 		r, found, err := s.read(ctx, id)
 		if err != nil {
-			return engine.Claim{}, fmt.Errorf("sqlitestore: claim: %w", err)
+			return engine.Claim{}, s.fail("claim", err)
 		}
 		c, d, err := sqlrecord.Decide(r, found, fingerprint, s.now())
 		if err != nil {
@@ -232,7 +232,7 @@ func (s *store) Claim(ctx context.Context, id engine.ID, fingerprint string, lea
 			c, ok, err = s.claimOnce(ctx, id, fingerprint, lease, ttl)
 		}
 		if err != nil {
-			return engine.Claim{}, fmt.Errorf("sqlitestore: claim: %w", err)
+			return engine.Claim{}, s.fail("claim", err)
 		}
 		if ok {
 			return c, nil
@@ -253,6 +253,9 @@ func (s *store) claimOnce(ctx context.Context, id engine.ID, fingerprint string,
 // after it: see completeSQL); in transactional mode in the lease's
 // transaction, which it then commits.
 func (s *store) Complete(ctx context.Context, id engine.ID, token engine.Token, resp *engine.Response, ttl time.Duration) error {
+	if s.transactional && ctx.Err() != nil && !s.closed.Load() {
+		return s.abortTx("complete", id, token, ctx.Err())
+	}
 	if err := s.begin(ctx, "complete"); err != nil {
 		return err
 	}
@@ -272,7 +275,7 @@ func (s *store) Complete(ctx context.Context, id engine.ID, token engine.Token, 
 	if err == nil && n == 0 {
 		n, err = s.exec(ctx, s.st.completeLate, args...)
 	}
-	return result("complete", n, err)
+	return s.result("complete", n, err)
 }
 
 // Release makes a record that the holder's claim created expire, so that
@@ -281,6 +284,9 @@ func (s *store) Complete(ctx context.Context, id engine.ID, token engine.Token, 
 // with a new token. In transactional mode it rolls the lease's transaction
 // back.
 func (s *store) Release(ctx context.Context, id engine.ID, token engine.Token) error {
+	if s.transactional && ctx.Err() != nil && !s.closed.Load() {
+		return s.abortTx("release", id, token, ctx.Err())
+	}
 	if err := s.begin(ctx, "release"); err != nil {
 		return err
 	}
@@ -292,7 +298,7 @@ func (s *store) Release(ctx context.Context, id engine.ID, token engine.Token) e
 	if err == nil && n == 0 {
 		n, err = s.exec(ctx, s.st.releaseBack, int64(token), []byte(id.Scope), []byte(id.Key), now)
 	}
-	return result("release", n, err)
+	return s.result("release", n, err)
 }
 
 // Extend moves the lease's end in one statement. In transactional mode it
@@ -310,22 +316,32 @@ func (s *store) Extend(ctx context.Context, id engine.ID, token engine.Token, le
 	}
 	now := s.now()
 	n, err := s.exec(ctx, s.st.extend, int64(token), []byte(id.Scope), []byte(id.Key), now, now+sqlrecord.Micros(lease))
-	return result("extend", n, err)
+	return s.result("extend", n, err)
 }
 
 // result turns the outcome of a statement conditional on the token into
 // Complete's, Release's or Extend's.
-func result(op string, n int64, err error) error {
+func (s *store) result(op string, n int64, err error) error {
 	if err != nil {
 		if isTooBig(err) {
 			return fmt.Errorf("sqlitestore: %s: %w: %w", op, engine.ErrNotStorable, err)
 		}
-		return fmt.Errorf("sqlitestore: %s: %w", op, err)
+		return s.fail(op, err)
 	}
 	if n == 0 {
 		return fmt.Errorf("sqlitestore: %s: %w", op, engine.ErrLeaseLost)
 	}
 	return nil
+}
+
+// fail wraps the error of op; once the Store is closed, a call that was
+// under way when Close closed the database fails with engine.ErrStoreClosed
+// too, whatever the database answered.
+func (s *store) fail(op string, err error) error {
+	if s.closed.Load() && !errors.Is(err, engine.ErrStoreClosed) {
+		return fmt.Errorf("sqlitestore: %s: %w: %w", op, engine.ErrStoreClosed, err)
+	}
+	return fmt.Errorf("sqlitestore: %s: %w", op, err)
 }
 
 // storable refuses a response that SQLite cannot keep in one row.

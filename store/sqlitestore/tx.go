@@ -69,6 +69,9 @@ func (s *store) claimTx(ctx context.Context, id engine.ID, fingerprint string, l
 // Every error wraps engine.ErrNotCommitted.
 func (s *store) completeTx(ctx context.Context, id engine.ID, token engine.Token, resp *engine.Response, headers []byte, ttl time.Duration) error {
 	o := s.txs.Take(id, token)
+	if o == nil && s.closed.Load() {
+		return fmt.Errorf("sqlitestore: complete: %w: %w", engine.ErrNotCommitted, engine.ErrStoreClosed)
+	}
 	if o == nil {
 		return fmt.Errorf("sqlitestore: complete: %w: %w", engine.ErrNotCommitted, engine.ErrLeaseLost)
 	}
@@ -99,6 +102,9 @@ func (s *store) completeTx(ctx context.Context, id engine.ID, token engine.Token
 // releaseTx rolls the lease's transaction back.
 func (s *store) releaseTx(id engine.ID, token engine.Token) error {
 	o := s.txs.Take(id, token)
+	if o == nil && s.closed.Load() {
+		return fmt.Errorf("sqlitestore: release: %w", engine.ErrStoreClosed)
+	}
 	if o == nil {
 		return fmt.Errorf("sqlitestore: release: %w", engine.ErrLeaseLost)
 	}
@@ -107,4 +113,24 @@ func (s *store) releaseTx(id engine.ID, token engine.Token) error {
 		return fmt.Errorf("sqlitestore: release: %w", err)
 	}
 	return nil
+}
+
+// abortTx ends the lease's transaction of a Complete or Release whose
+// context was done before it began: it rolls the transaction back, so that
+// the file's write lock is not kept for a call that will not come, and
+// fails with cause (and, for a Complete, engine.ErrNotCommitted).
+func (s *store) abortTx(op string, id engine.ID, token engine.Token, cause error) error {
+	o := s.txs.Take(id, token)
+	if o == nil {
+		if op == "complete" {
+			return fmt.Errorf("sqlitestore: %s: %w: %w: %w", op, engine.ErrNotCommitted, engine.ErrLeaseLost, cause)
+		}
+		return fmt.Errorf("sqlitestore: %s: %w: %w", op, engine.ErrLeaseLost, cause)
+	}
+	defer o.Done(errRolledBack)
+	o.Tx.Rollback()
+	if op == "complete" {
+		return fmt.Errorf("sqlitestore: %s: %w: %w: %w", op, engine.ErrNotCommitted, errRolledBack, cause)
+	}
+	return fmt.Errorf("sqlitestore: %s: rolled back: %w", op, cause)
 }

@@ -77,8 +77,9 @@ func (c *clientConfig) refuse(format string, args ...any) {
 // of a protected method safe to retry: it gives the call an idempotency key
 // (a new UUID, unless the caller put one in the outgoing metadata under
 // idempotency-key or with idempotency.ContextWithKey), sends it with every
-// attempt, and retries Unavailable, DeadlineExceeded and Aborted with
-// backoff, honouring the server's RetryInfo. Every attempt of a call carries the same key, so
+// attempt, and retries Unavailable, DeadlineExceeded and Aborted (and
+// Canceled while the caller's own context is live: an attempt cancelled by
+// a per-attempt deadline) with backoff, honouring the server's RetryInfo. Every attempt of a call carries the same key, so
 // a server protected by [Server] runs the call at most once. gRPC's own
 // retries (a retryPolicy in the service config) happen below the
 // interceptor, with the metadata it set, so they carry the key too.
@@ -166,7 +167,11 @@ func (c *clientConfig) call(ctx context.Context, method string, req, reply any, 
 			return err
 		}
 		st, _ := status.FromError(err)
-		if !c.retryCodes[st.Code()] {
+		// Canceled while the caller's context is live: the attempt was
+		// cancelled by something else (a per-attempt deadline chained
+		// after this interceptor, whose cancellation the server may see
+		// first and answer), and with a key it is safe to send again.
+		if !c.retryCodes[st.Code()] && (st.Code() != codes.Canceled || key == "") {
 			return err
 		}
 		wait := c.backoff(attempt)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -133,6 +134,42 @@ func TestAttemptTimeout(t *testing.T) {
 	allSame(t, svc.seenKeys(), 2)
 	if rep.Attempts < 2 {
 		t.Errorf("attempts = %d, want 2 or more", rep.Attempts)
+	}
+}
+
+// TestCanceledAttemptRetried: an attempt that ends Canceled while the
+// caller's context is live (cancelled by a per-attempt deadline chained
+// after the interceptor, which the server may answer before the client
+// sees its own deadline) is sent again with the same key; the caller's
+// own cancellation is not retried.
+func TestCanceledAttemptRetried(t *testing.T) {
+	svc := &service{eff: newEffects()}
+	ci := clientInterceptor(t, idemgrpc.WithBackoff(time.Millisecond, 10*time.Millisecond))
+	var attempts atomic.Int32
+	chained := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		return ci(ctx, method, req, reply, cc, func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, opts ...grpc.CallOption) error {
+			if attempts.Add(1) == 1 {
+				return status.Error(codes.Canceled, "attempt cancelled")
+			}
+			return invoker(ctx, method, req, reply, cc, opts...)
+		}, opts...)
+	}
+	f := newFixture(t, fixtureOptions{store: teststores.Memory(t), svc: svc, client: chained})
+	var rep idemgrpc.Report
+	if _, err := f.client().UnaryCall(testContext(t), request("a"), idemgrpc.WithReport(&rep)); err != nil {
+		t.Fatal(err)
+	}
+	if rep.Attempts != 2 || rep.Key == "" {
+		t.Errorf("report %+v, want 2 attempts with a key", rep)
+	}
+	allSame(t, svc.seenKeys(), 1)
+
+	ctx, cancel := context.WithCancel(testContext(t))
+	cancel()
+	attempts.Store(0)
+	_, err := f.client().UnaryCall(ctx, request("b"), idemgrpc.WithReport(&rep))
+	if status.Code(err) != codes.Canceled || rep.Attempts != 1 {
+		t.Errorf("a call whose caller went away: %v after %d attempts, want Canceled after 1", err, rep.Attempts)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idempotency/internal/incoming"
+	"github.com/idemkit/idempotency/internal/steps"
 )
 
 // Call is the state of one call, from its claim to its answer: a door
@@ -33,6 +34,7 @@ type Call struct {
 	timing     timing       // for the observer, if there is one
 	renewal    renewal      // keeps the lease alive
 	handlerCtx leaseContext // the work's context
+	journal    steps.Journal
 	// renewalHandedOff: a write after the answer took the renewal over,
 	// and stops it when it is done.
 	renewalHandedOff bool
@@ -81,10 +83,16 @@ func (c *Call) handle() {
 	case Acquired:
 		c.lease.Token, c.lease.Abandoned = cl.Token, cl.Abandoned
 		c.acquire()
-		if cl.Abandoned > 0 && e.cfg.Abandoned == RefuseAbandoned {
+		if cl.Abandoned > 0 && e.cfg.Abandoned == RefuseAbandoned && len(cl.Steps) == 0 {
+			// A lost holder that recorded no step may have done
+			// anything: at most once, the call is not run again. One
+			// that recorded steps is resumed: its finished steps are
+			// replayed, and a step it started and never finished is
+			// the step's "outcome unknown", for the work to decide.
 			c.outcomeUnknown()
 			return
 		}
+		c.startJournal(cl.Steps)
 		if c.ctx.Err() != nil {
 			// The caller left while the claim was made: nothing has
 			// run, so give the key back rather than leave it in flight.
@@ -168,7 +176,7 @@ func (c *Call) run() {
 	cctx, cancel := context.WithCancelCause(c.ctx)
 	defer cancel(nil)
 	c.incoming = incoming.Key{Scope: c.lease.Scope, Key: c.lease.Key}
-	c.handlerCtx = leaseContext{Context: cctx, lease: &c.lease, in: &c.incoming}
+	c.handlerCtx = leaseContext{Context: cctx, lease: &c.lease, in: &c.incoming, journal: &c.journal}
 	var ctx context.Context = &c.handlerCtx
 	if e.binder != nil {
 		ctx = e.binder.Bind(ctx, c.lease.ID, c.lease.Token)

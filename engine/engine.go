@@ -69,6 +69,10 @@ type Config struct {
 	// FailOpen runs the work unprotected when the store fails
 	// (Door.Unprotected), instead of refusing it with ErrStoreUnavailable.
 	FailOpen bool
+	// Codec encodes what a door stores of its own values: the function
+	// door's inputs and results, and every door's step inputs and results
+	// (package step). JSON when nil; see Codec.
+	Codec Codec
 	// Logger receives the engine's log records, at most one a second per
 	// message: slog.Default() when nil.
 	Logger *slog.Logger
@@ -140,6 +144,9 @@ func New(store Store, cfg Config) (*Engine, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.Codec == nil {
+		cfg.Codec = jsonCodec{}
+	}
 	cfg.Logger = slog.New(newRateLimited(cfg.Logger.Handler(), time.Second))
 	e := &Engine{store: store, cfg: cfg}
 	e.binder, _ = store.(Binder)
@@ -158,6 +165,10 @@ func isNil(store Store) bool {
 	}
 	return false
 }
+
+// Codec returns the codec of the engine's configuration (Config.Codec), the
+// default one when none was set.
+func (e *Engine) Codec() Codec { return e.cfg.Codec }
 
 // Logger returns the engine's rate-limited logger, for a door's own records.
 func (e *Engine) Logger() *slog.Logger { return e.cfg.Logger }

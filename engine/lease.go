@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idempotency/internal/incoming"
+	"github.com/idemkit/idempotency/internal/steps"
 )
 
 // Lease describes the lease that protected work runs under. The work can
@@ -49,8 +50,9 @@ func LeaseFromContext(ctx context.Context) (Lease, bool) {
 // derives downstream keys from (allocations fewer than context.WithValue).
 type leaseContext struct {
 	context.Context
-	lease *Lease
-	in    *incoming.Key
+	lease   *Lease
+	in      *incoming.Key
+	journal *steps.Journal
 }
 
 func (c *leaseContext) Value(key any) any {
@@ -59,6 +61,8 @@ func (c *leaseContext) Value(key any) any {
 		return c.lease
 	case incoming.ContextKey:
 		return c.in
+	case steps.ContextKey:
+		return c.journal
 	}
 	return c.Context.Value(key)
 }

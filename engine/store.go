@@ -81,6 +81,9 @@ type Claim struct {
 	// was lost: a request acquired with Abandoned > 0 must look for its own
 	// effect before doing it again, or be refused.
 	Abandoned int
+	// Steps holds, for Acquired, the steps that earlier holders recorded
+	// (a StepStore only): nil for a new record.
+	Steps []Step
 }
 
 // Response is a stored result, as a door replays it: for the HTTP
@@ -265,6 +268,9 @@ type Record struct {
 	Expires time.Time
 	// Response is the stored response (Completed).
 	Response *Response
+	// Steps holds the steps recorded under the record (in flight, in a
+	// StepStore).
+	Steps []Step
 }
 
 // Inspector is implemented by a Store that lets an operator look a record up

@@ -1,6 +1,7 @@
 package once_test
 
 import (
+	"encoding/json"
 	"context"
 	"errors"
 	"fmt"
@@ -386,14 +387,14 @@ func (c panicCodec[T]) Marshal(v any) ([]byte, error) {
 	if _, ok := v.(T); ok {
 		panic("codec marshal")
 	}
-	return once.JSON.Marshal(v)
+	return json.Marshal(v)
 }
 
 func (c panicCodec[T]) Unmarshal(data []byte, v any) error {
 	if c.unmarshal {
 		panic("codec unmarshal")
 	}
-	return once.JSON.Unmarshal(data, v)
+	return json.Unmarshal(data, v)
 }
 
 type result struct{ N int }
@@ -403,7 +404,7 @@ type result struct{ N int }
 // record as it was.
 func TestAttackCodecPanics(t *testing.T) {
 	store := teststores.Memory(t)
-	r := newRunner(t, store, once.WithCodec(panicCodec[result]{}))
+	r := newRunner(t, store, once.WithConfig(engine.Config{Codec: panicCodec[result]{}}))
 	runs := 0
 	fn := func(context.Context) (result, error) { runs++; return result{N: runs}, nil }
 	assert.PanicsWithValue(t, "codec marshal", func() { _, _ = once.Do(context.Background(), r, id("cp-1"), "in", fn) })
@@ -412,7 +413,7 @@ func TestAttackCodecPanics(t *testing.T) {
 	require.NoError(t, err, "the key was released")
 	assert.Equal(t, result{N: 2}, v)
 
-	bad := newRunner(t, store, once.WithCodec(panicCodec[struct{}]{unmarshal: true}))
+	bad := newRunner(t, store, once.WithConfig(engine.Config{Codec: panicCodec[struct{}]{unmarshal: true}}))
 	assert.PanicsWithValue(t, "codec unmarshal", func() { _, _ = once.Do(context.Background(), bad, id("cp-1"), "in", fn) })
 	res, err := doResult(context.Background(), good, id("cp-1"), "in", fn)
 	require.NoError(t, err)

@@ -19,11 +19,11 @@
 // # What a call gets
 //
 //   - The first call with a key runs fn. Its value is encoded with the
-//     Runner's Codec (JSON by default) and stored; a later call with the key
+//     codec (engine.Config.Codec, JSON by default) and stored; a later call with the key
 //     and the same input gets the stored value decoded, without running fn.
-//   - The input is fingerprinted (encoded with the Codec, then SHA-256): a
+//   - The input is fingerprinted (encoded with the codec, then SHA-256): a
 //     later call with the key and another input gets an error wrapping
-//     engine.ErrKeyMismatch, and fn does not run. The default Codec, JSON,
+//     engine.ErrKeyMismatch, and fn does not run. The default codec, JSON,
 //     refuses an input or a result holding a string that is not valid
 //     UTF-8, which encoding/json would change: such an input is
 //     refused before anything is claimed, and such a result is recorded
@@ -42,7 +42,7 @@
 // call whose key is empty or longer than 255 bytes, whose scope is longer
 // than engine.MaxScopeLen, or whose
 // input cannot be encoded is refused before anything is claimed, with an
-// error wrapping ErrInvalidKey or the Codec's error; the observer is told
+// error wrapping ErrInvalidKey or the codec's error; the observer is told
 // of it (engine.EventRejected, status 400), as of every other call.
 //
 // # The scope
@@ -135,7 +135,7 @@ var ErrResultOmitted = errors.New("the function ran, but its result was not stor
 // New; it is safe for concurrent use.
 type Runner struct {
 	engine   *engine.Engine
-	codec    Codec
+	codec    engine.Codec
 	keep     func(error) bool
 	observed bool // an observer is set: calls are timed for it
 
@@ -146,7 +146,7 @@ type Runner struct {
 // checked: an invalid one is an error that names every invalid option. A nil
 // store is refused.
 func New(store engine.Store, opts ...Option) (*Runner, error) {
-	cfg := config{codec: jsonCodec{}, keep: isPermanent}
+	cfg := config{keep: isPermanent}
 	for i, o := range opts {
 		if o == nil {
 			cfg.invalid("option %d is nil", i)
@@ -161,7 +161,7 @@ func New(store engine.Store, opts ...Option) (*Runner, error) {
 	if err := errors.Join(cfg.bad...); err != nil {
 		return nil, err
 	}
-	return &Runner{engine: e, codec: cfg.codec, keep: cfg.keep, observed: cfg.engine.Observer != nil}, nil
+	return &Runner{engine: e, codec: e.Codec(), keep: cfg.keep, observed: cfg.engine.Observer != nil}, nil
 }
 
 // Shutdown waits for the results that are being stored after they were

@@ -419,9 +419,9 @@ func TestBadInput(t *testing.T) {
 func TestOptions(t *testing.T) {
 	store := teststores.Memory(t)
 	_, err := once.New(store, nil, once.WithConfig(engine.Config{Lease: -1, Wait: -1, Abandoned: 7}),
-		once.WithCodec(nil), once.WithKeep(nil))
+		once.WithKeep(nil))
 	require.Error(t, err)
-	for _, want := range []string{"option 0 is nil", "lease -1ns", "wait -1ns", "WithCodec", "WithKeep", "policy 7"} {
+	for _, want := range []string{"option 0 is nil", "lease -1ns", "wait -1ns", "WithKeep", "policy 7"} {
 		assert.ErrorContains(t, err, want)
 	}
 	_, err = once.New(nil)

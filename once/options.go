@@ -15,7 +15,6 @@ type Option func(*config)
 
 type config struct {
 	engine engine.Config
-	codec  Codec
 	keep   func(error) bool
 	bad    []error
 }
@@ -29,7 +28,9 @@ func (c *config) invalid(format string, args ...any) {
 // broker's redelivery window), the lease fn runs under and how it is
 // renewed, the bound of every store call, how long a call whose key is in
 // flight waits for the holder (then its error wraps engine.ErrInFlight),
-// the RetryAfter of a refusal, what a takeover of an abandoned key gets
+// the RetryAfter of a refusal, the codec of inputs and results (JSON by
+// default: engine.Codec says what a codec must be; results must round-trip
+// through it), what a takeover of an abandoned key gets
 // (engine.RerunAbandoned runs fn again, which must then look for its own
 // effect: engine.LeaseFromContext reports Abandoned > 0;
 // engine.RefuseAbandoned records an "outcome unknown" error instead), the
@@ -45,19 +46,6 @@ func (c *config) invalid(format string, args ...any) {
 // every door. Config.FailOpen runs fn unprotected when the store fails.
 func WithConfig(cfg engine.Config) Option {
 	return func(c *config) { c.engine = cfg }
-}
-
-// WithCodec sets how inputs are encoded for their fingerprint and results
-// for the store, JSON by default. It must be deterministic and lossless
-// (see Codec): results must round-trip through it.
-func WithCodec(codec Codec) Option {
-	return func(c *config) {
-		if codec == nil {
-			c.invalid("WithCodec needs a Codec")
-			return
-		}
-		c.codec = codec
-	}
 }
 
 // WithKeep sets the function that decides whether an error of fn is kept,

@@ -3,6 +3,7 @@ package memstore
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/idemkit/idempotency/engine"
@@ -28,10 +29,11 @@ func (s *Store) Lookup(ctx context.Context, id engine.ID) (engine.Record, error)
 		Completed:   r.resp != nil,
 		Fingerprint: r.fingerprint,
 		Token:       r.token,
-		Abandoned:   int(r.abandoned),
+		Abandoned:   int(max(r.abandoned, 0)),
 		Created:     s.wall(r.created),
 		Expires:     s.wall(r.expiresAt),
 		Response:    r.resp,
+		Steps:       slices.Clone(r.steps),
 	}
 	if r.resp == nil {
 		rec.LeaseEnds = s.wall(r.leaseUntil)
@@ -59,7 +61,8 @@ func (s *Store) Resolve(ctx context.Context, id engine.ID, resp *engine.Response
 		return nil
 	}
 	// A completed record refuses every token, so the holder, if one is
-	// still running, is fenced off from here on.
+	// still running, is fenced off from here on. Its steps go.
+	s.dropSteps(&r)
 	if r.resp != nil {
 		old := int64(r.resp.Size())
 		s.bytes.Add(-old)

@@ -46,6 +46,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -133,12 +134,15 @@ type record struct {
 	expiresAt   mono             // the record ends
 	resp        *engine.Response // nil while in flight
 	size        int64
-	abandoned   int32 // holders that lost their lease
+	abandoned   int32         // holders that lost their lease; -1 after a creator's release that kept steps
+	steps       []engine.Step // never changed in place: a Claim's answer may hold it
+	stepsSize   int64
 }
 
 var (
 	_ engine.Store     = (*Store)(nil)
 	_ engine.Inspector = (*Store)(nil)
+	_ engine.StepStore = (*Store)(nil)
 )
 
 // Option configures a Store.
@@ -352,7 +356,7 @@ func (s *Store) claim(ctx context.Context, id engine.ID, fingerprint string, lea
 	// lease's end may have done its work then, and the retry must see it.
 	r.expiresAt = r.leaseUntil.add(ttl)
 	sh.m[id] = r
-	return engine.Claim{Status: engine.Acquired, Token: r.token, Abandoned: int(r.abandoned)}, false, nil
+	return engine.Claim{Status: engine.Acquired, Token: r.token, Abandoned: int(r.abandoned), Steps: r.steps}, false, nil
 }
 
 // sweepAtBound sweeps every shard when the store is full, at most once per
@@ -375,6 +379,7 @@ func (s *Store) sweepAtBound() bool {
 // step, which is what the middleware would do on ErrNotStorable.
 func (s *Store) Complete(ctx context.Context, id engine.ID, token engine.Token, resp *engine.Response, ttl time.Duration) error {
 	return s.withLease(ctx, "complete", id, token, func(sh *shard, r record) {
+		s.dropSteps(&r)
 		resp, size := s.fit(resp)
 		now := s.now()
 		r.resp = resp
@@ -408,12 +413,13 @@ func (s *Store) fit(resp *engine.Response) (*engine.Response, int64) {
 }
 
 // Release implements engine.Store. A record the holder's Claim created is
-// removed; one it took over from lost holders goes back to how the Claim
-// found it, with a new token: in flight, its lease ended, one holder fewer
-// counted, which the next takeover counts again.
+// removed, unless it holds steps; one it took over from lost holders, or
+// one that holds steps, goes back to how the Claim found it, with a new
+// token: in flight, its lease ended, one holder fewer counted, which the
+// next takeover counts again.
 func (s *Store) Release(ctx context.Context, id engine.ID, token engine.Token) error {
 	return s.withLease(ctx, "release", id, token, func(sh *shard, r record) {
-		if r.abandoned == 0 {
+		if r.abandoned == 0 && len(r.steps) == 0 {
 			s.remove(sh, id, r)
 			return
 		}
@@ -434,6 +440,69 @@ func (s *Store) Extend(ctx context.Context, id engine.ID, token engine.Token, le
 		r.expiresAt = max(r.expiresAt, r.leaseUntil.add(slack))
 		sh.m[id] = r
 	})
+}
+
+// SaveStep implements engine.StepStore. A step's bytes count toward the
+// byte bound, as a response's do; at the bound the step is refused with an
+// error wrapping ErrFull and engine.ErrNotStorable.
+func (s *Store) SaveStep(ctx context.Context, id engine.ID, token engine.Token, step engine.Step) error {
+	if size := len(step.Name) + len(step.Fingerprint) + len(step.Result); size > engine.MaxStepSize {
+		return fmt.Errorf("memstore: save step: %d bytes, over %d: %w", size, engine.MaxStepSize, engine.ErrNotStorable)
+	}
+	var err error
+	lerr := s.withLease(ctx, "save step", id, token, func(sh *shard, r record) {
+		i := slices.IndexFunc(r.steps, func(st engine.Step) bool { return st.Name == step.Name })
+		steps := slices.Clone(r.steps)
+		var freed int64
+		if i >= 0 {
+			freed = stepSize(steps[i])
+			steps = slices.Delete(steps, i, i+1)
+		}
+		if step.Fingerprint != "" {
+			if len(steps) >= engine.MaxSteps {
+				err = fmt.Errorf("memstore: save step: more than %d steps: %w", engine.MaxSteps, engine.ErrNotStorable)
+				return
+			}
+			step.Result = slices.Clone(step.Result)
+			steps = append(steps, step)
+		}
+		grown := -freed
+		if step.Fingerprint != "" {
+			grown += stepSize(step)
+		}
+		if s.bytes.Add(grown) > s.maxBytes && grown > 0 {
+			s.bytes.Add(-grown)
+			err = fmt.Errorf("memstore: save step: %w: %w", ErrFull, engine.ErrNotStorable)
+			return
+		}
+		if len(steps) == 0 {
+			steps = nil
+		}
+		r.steps, r.stepsSize, r.size = steps, r.stepsSize+grown, r.size+grown
+		sh.m[id] = r
+	})
+	if lerr != nil {
+		return lerr
+	}
+	return err
+}
+
+// stepSize is the room a step takes.
+func stepSize(st engine.Step) int64 {
+	return int64(len(st.Name)+len(st.Fingerprint)+len(st.Result)) + stepOverhead
+}
+
+// stepOverhead is an estimate of the bytes a step takes beyond its own.
+const stepOverhead = 64
+
+// dropSteps removes r's steps and returns their room.
+func (s *Store) dropSteps(r *record) {
+	if r.steps == nil {
+		return
+	}
+	s.bytes.Add(-r.stepsSize)
+	r.size -= r.stepsSize
+	r.steps, r.stepsSize = nil, 0
 }
 
 // withLease runs fn, under the shard's lock, on the in-flight record that

@@ -16,8 +16,11 @@
 // releases the record), that an in-flight record outlives its lease by the
 // TTL (after a Claim and after an Extend), leases and TTLs at both ends of
 // their range (1ns and math.MaxInt64), and, for a Store that implements
-// engine.Inspector, Lookup and Resolve; those subtests are skipped for a
-// Store that does not.
+// engine.Inspector, Lookup and Resolve, and for one that implements
+// engine.StepStore, the steps: returned by a takeover's and a re-acquiring
+// Claim, fenced by the token, kept by a release, dropped by a completion
+// and a resolution, expiring with the record, limited in count and size;
+// those subtests are skipped for a Store that does not.
 package storetest
 
 import (
@@ -54,7 +57,7 @@ const (
 // Run runs the conformance suite against the stores that newStore returns.
 func Run(t *testing.T, newStore NewStore) {
 	t.Helper()
-	for _, tc := range []struct {
+	for _, tc := range append([]struct {
 		name string
 		fn   func(t *testing.T, f fixture)
 	}{
@@ -88,7 +91,7 @@ func Run(t *testing.T, newStore NewStore) {
 		{"ResolveTTL", testResolveTTL},
 		{"ResolveForget", testResolveForget},
 		{"ResolveNotFound", testResolveNotFound},
-	} {
+	}, stepCases...) {
 		t.Run(tc.name, func(t *testing.T) {
 			// Every subtest has keys of its own, and a Store must be
 			// safe for concurrent use: they run side by side, which

@@ -80,6 +80,22 @@ var brokenStores = map[string]struct {
 		store:    func(m *memstore.Store) engine.Store { return resolveByToken{m} },
 		mustFail: []string{"ResolveWithResponse", "ResolveForget"},
 	},
+	"step-ignores-token": {
+		store:    func(m *memstore.Store) engine.Store { return stepIgnoresToken{m} },
+		mustFail: []string{"StepStaleTokenRefused", "StepResolveDropsSteps"},
+	},
+	"release-drops-steps": {
+		store:    func(m *memstore.Store) engine.Store { return releaseDropsSteps{m} },
+		mustFail: []string{"StepReleaseKeepsSteps", "StepReleaseOfTakeover", "StepsExpireWithRecord"},
+	},
+	"claim-hides-steps": {
+		store:    func(m *memstore.Store) engine.Store { return claimHidesSteps{m} },
+		mustFail: []string{"StepsOnTakeover", "StepReleaseKeepsSteps", "StepBinaryRoundTrip"},
+	},
+	"no-step-limits": {
+		store:    func(m *memstore.Store) engine.Store { return noStepLimits{m} },
+		mustFail: []string{"StepLimits"},
+	},
 	"times-without-epoch": {
 		store:    func(m *memstore.Store) engine.Store { return timesWithoutEpoch{m, time.Now()} },
 		mustFail: []string{"LookupInFlight", "LookupCompleted"},
@@ -327,4 +343,53 @@ func (s timesWithoutEpoch) Lookup(ctx context.Context, id engine.ID) (engine.Rec
 		}
 	}
 	return r, err
+}
+
+// stepIgnoresToken records a step under whatever lease holds the record.
+type stepIgnoresToken struct{ *memstore.Store }
+
+func (s stepIgnoresToken) SaveStep(ctx context.Context, id engine.ID, _ engine.Token, st engine.Step) error {
+	r, err := s.Lookup(ctx, id)
+	if err != nil {
+		return engine.ErrLeaseLost
+	}
+	if r.Completed {
+		// Revive the record in flight, steps and all, as a store
+		// that keys steps apart from the record would.
+		return nil
+	}
+	return s.Store.SaveStep(ctx, id, r.Token, st)
+}
+
+// releaseDropsSteps forgets a record's steps when its holder releases it.
+type releaseDropsSteps struct{ *memstore.Store }
+
+func (s releaseDropsSteps) Release(ctx context.Context, id engine.ID, tok engine.Token) error {
+	if r, err := s.Lookup(ctx, id); err == nil && r.Token == tok {
+		for _, st := range r.Steps {
+			if err := s.Store.SaveStep(ctx, id, tok, engine.Step{Name: st.Name}); err != nil {
+				return err
+			}
+		}
+	}
+	return s.Store.Release(ctx, id, tok)
+}
+
+// claimHidesSteps never returns the steps a record holds.
+type claimHidesSteps struct{ *memstore.Store }
+
+func (s claimHidesSteps) Claim(ctx context.Context, id engine.ID, fp string, lease, ttl time.Duration) (engine.Claim, error) {
+	c, err := s.Store.Claim(ctx, id, fp, lease, ttl)
+	c.Steps = nil
+	return c, err
+}
+
+// noStepLimits drops, without a word, a step it will not keep.
+type noStepLimits struct{ *memstore.Store }
+
+func (s noStepLimits) SaveStep(ctx context.Context, id engine.ID, tok engine.Token, st engine.Step) error {
+	if err := s.Store.SaveStep(ctx, id, tok, st); err != nil && !errors.Is(err, engine.ErrNotStorable) {
+		return err
+	}
+	return nil
 }

@@ -1,4 +1,4 @@
-package once
+package engine
 
 import (
 	"encoding"
@@ -11,7 +11,9 @@ import (
 	"unicode/utf8"
 )
 
-// Codec encodes inputs, for their fingerprint, and results, for the store.
+// Codec encodes values for the store: the function door's inputs, for their
+// fingerprint, and results, and every door's step inputs and results
+// (package step). Config.Codec sets it; the default is JSON (below).
 // Marshal must be deterministic: the same input, encoded twice, must give
 // the same bytes. It must also be lossless: two different inputs must give
 // different bytes, or they would share a fingerprint, and a result must
@@ -32,8 +34,9 @@ var errInvalidUTF8 = errors.New("string is not valid UTF-8")
 // not UTF-8, so that "acct-\xff" and "acct-\xfe" would be one input, and a
 // result "caf\xe9" would be replayed as "caf\uFFFD". JSON refuses such a
 // value instead, with an error that says where the
-// string is: an input is refused before fn runs, and a result is recorded
-// without its value (later calls get ErrResultOmitted). Binary data is kept
+// string is: an input is refused before its function runs, and a result is
+// recorded without its value (the function door's later calls get
+// once.ErrResultOmitted, a step's step.ErrResultOmitted). Binary data is kept
 // whole as a []byte (base64 in JSON); a string field, map key or element
 // must hold UTF-8. A type with its own MarshalJSON encodes itself.
 type jsonCodec struct{}

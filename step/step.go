@@ -1,0 +1,154 @@
+// Package step runs the steps of a protected call once per key: a named
+// part of the work (a charge, an email, a row in another database) whose
+// result is recorded under the call's key, fenced by its lease, so that a
+// later holder of the key (the retry after a crash, or after a released
+// attempt) gets the recorded result instead of running the step again.
+//
+// A step runs inside any door's protected run: an HTTP handler behind
+// server's middleware, a function under once.Do, a gRPC handler behind
+// idemgrpc's interceptor, a webhook receiver. The store must keep steps
+// (engine.StepStore: memstore, pgstore, redisstore, sqlitestore and
+// mysqlstore do).
+//
+//	order, err := step.Run(ctx, "charge", req.Amount, func(ctx context.Context) (Charge, error) {
+//		return payments.Charge(ctx, req.Amount) // a client call derives its key from "charge"
+//	})
+//
+// # What a run must know
+//
+//   - Names: each step of a run has its own name (a loop names its steps
+//     by item: "email:"+addr). A name used twice in one run is refused
+//     with ErrDuplicate and the step does not run, unless its first use
+//     failed (its function returned an error): then the name may be
+//     tried again.
+//   - Inputs: a step's input is fingerprinted (encoded with the engine's
+//     codec, engine.Config.Codec, then SHA-256). A recorded step whose
+//     input differs is refused with ErrMismatch and does not run.
+//   - Results are encoded with the same codec (JSON by default) and must
+//     round-trip through it. A result larger than engine.MaxStepSize, or one
+//     the codec cannot encode, is recorded as done without its value: the
+//     run that ran it gets the value, and later runs get ErrResultOmitted.
+//     A call records at most engine.MaxSteps steps.
+//   - Errors: a step whose function returns an error is not recorded, and
+//     runs again on the retry: return an error only when the effect did not
+//     happen. A step that ran but whose result the store did not take
+//     returns its value with an error wrapping engine.ErrStoreUnavailable:
+//     pass it on (an HTTP 5xx, an error from once.Do's function), so that
+//     the key is released and the retry resumes.
+//   - Downstream keys: inside a step, the client (package idempotency)
+//     derives the keys of downstream requests from the step's name, so the
+//     request a resumed step sends is the one its first run sent.
+//   - Abandoned: under the default policy (engine.RerunAbandoned) a step
+//     that a lost holder finished is replayed, but one it was running when
+//     it was lost runs again, and cannot tell: engine.LeaseFromContext
+//     reports Abandoned > 0 to the whole run. Under engine.RefuseAbandoned,
+//     each step records its start before it runs (one more store round
+//     trip per step: two in all), a takeover of a call whose holder
+//     recorded steps resumes it instead of refusing it, its finished steps
+//     are replayed, and a step started by a lost holder and never finished
+//     returns an error wrapping engine.ErrOutcomeUnknown without running:
+//     the work decides (look for the effect, or answer "unknown"). A lost
+//     holder that recorded no step leaves the whole call "outcome
+//     unknown", as without steps: keep every effect of such a call inside
+//     a step.
+//
+// A completed call's response replaces its steps (the store drops them); a
+// released one keeps them for the retry, whatever its fingerprint: the key
+// is then refused to another request (engine.ErrKeyMismatch) until it
+// expires.
+//
+// # Cost
+//
+// A step costs one store round trip on its first run (two under
+// engine.RefuseAbandoned) and none when replayed; a call that records no
+// step costs nothing more: a Claim returns the recorded steps with the
+// lease. pgstore.RunStep runs a step whose PostgreSQL writes commit in
+// one transaction with its record: exactly once, even when the process
+// dies in the middle.
+package step
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/idemkit/idempotency/engine"
+	"github.com/idemkit/idempotency/internal/derive"
+	"github.com/idemkit/idempotency/internal/steps"
+)
+
+// The errors of a step; what Run returns wraps them.
+var (
+	// ErrNoSteps: the context belongs to no protected call (a door's
+	// run), or its store keeps no steps (engine.StepStore). A call that a
+	// door runs unprotected (engine.Config.FailOpen) gets it too.
+	ErrNoSteps = steps.ErrNoSteps
+	// ErrDuplicate: the name was already used by a step of this run.
+	ErrDuplicate = steps.ErrDuplicate
+	// ErrMismatch: the step was recorded with another input.
+	ErrMismatch = steps.ErrMismatch
+	// ErrResultOmitted: the step ran, but its result could not be
+	// recorded (too large, or not encodable); it is not run again.
+	ErrResultOmitted = steps.ErrResultOmitted
+)
+
+// Run runs fn once for the call that ctx belongs to, under the name name,
+// and returns its value, or the value recorded when an earlier holder of
+// the call's key ran it. The package documentation says what every outcome
+// returns. fn gets ctx, naming the step for the client's derived keys.
+func Run[T any](ctx context.Context, name string, input any, fn func(context.Context) (T, error)) (T, error) {
+	var zero T
+	j, err := steps.FromContext(ctx)
+	if err != nil {
+		return zero, fmt.Errorf("step %q: %w", name, err)
+	}
+	if fn == nil {
+		return zero, fmt.Errorf("step %q: Run needs a function", name)
+	}
+	fp, prior, err := j.Begin(name, input)
+	if err != nil {
+		return zero, err
+	}
+	if prior != nil {
+		switch {
+		case prior.Done:
+			var v T
+			if err := j.Decode(name, prior.Result, &v); err != nil {
+				return zero, err
+			}
+			return v, nil
+		case j.AtMostOnce:
+			return zero, fmt.Errorf("step %q: started by a holder that was lost before it finished: %w", name, engine.ErrOutcomeUnknown)
+		}
+		// A start recorded under RefuseAbandoned, run now under the
+		// default policy: run it again.
+	}
+	if err := context.Cause(ctx); err != nil {
+		j.Forget(name)
+		return zero, fmt.Errorf("step %q: not run: %w", name, err)
+	}
+	if j.AtMostOnce {
+		if err := j.Saver.SaveStep(ctx, steps.Entry{Name: name, Fingerprint: fp}); err != nil {
+			j.Forget(name)
+			return zero, fmt.Errorf("step %q: its start was not recorded, so it did not run: %w", name, err)
+		}
+	}
+	v, err := fn(derive.WithStep(ctx, name))
+	if err != nil {
+		j.Forget(name)
+		if j.AtMostOnce {
+			// The function says nothing happened: take the start back,
+			// so that the retry runs the step again. If that fails the
+			// start stays, and the retry is told "outcome unknown".
+			if serr := j.Saver.SaveStep(ctx, steps.Entry{Name: name}); serr != nil {
+				return v, errors.Join(err, fmt.Errorf("step %q: its start could not be taken back: %w", name, serr))
+			}
+		}
+		return v, err
+	}
+	result := j.Encode(name, fp, v)
+	if err := j.Saver.SaveStep(ctx, steps.Entry{Name: name, Fingerprint: fp, Done: true, Result: result}); err != nil {
+		return v, fmt.Errorf("step %q: ran, but its result was not recorded: %w", name, err)
+	}
+	return v, nil
+}

@@ -19,6 +19,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idempotency/engine"
+	"github.com/idemkit/idempotency/once"
+	"github.com/idemkit/idempotency/step"
 	"github.com/idemkit/idempotency/store/pgstore"
 )
 
@@ -279,4 +281,63 @@ func BenchmarkExecModes(b *testing.B) {
 			})
 		})
 	}
+}
+
+// BenchmarkStepCost measures a first execution through once.Do whose
+// function inserts a row: plainly, in a step of package step (the INSERT,
+// then SaveStep), and in RunStep (one transaction: BEGIN, the INSERT, the
+// step's UPDATE, COMMIT), in lease mode.
+func BenchmarkStepCost(b *testing.B) {
+	for _, bc := range []struct {
+		name string
+		run  func(ctx context.Context, s *pgstore.Store, pool *pgxpool.Pool, orders, key string) (int64, error)
+	}{
+		{"plain", func(ctx context.Context, _ *pgstore.Store, pool *pgxpool.Pool, orders, key string) (int64, error) {
+			return insertOrderOn(ctx, pool, orders, key)
+		}},
+		{"step.Run", func(ctx context.Context, _ *pgstore.Store, pool *pgxpool.Pool, orders, key string) (int64, error) {
+			return step.Run(ctx, "order", 100, func(ctx context.Context) (int64, error) {
+				return insertOrderOn(ctx, pool, orders, key)
+			})
+		}},
+		{"RunStep", func(ctx context.Context, s *pgstore.Store, _ *pgxpool.Pool, orders, key string) (int64, error) {
+			return pgstore.RunStep(ctx, s, "order", 100, func(ctx context.Context, tx pgx.Tx) (int64, error) {
+				return insertOrder(ctx, tx, orders, key)
+			})
+		}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			ctx := testContext(b)
+			pool := newPool(b, maxConns(benchGoroutines))
+			s, _ := newStore(b, pool)
+			orders := newOrders(b, pool)
+			r, err := once.New(s, once.WithConfig(engine.Config{Logger: quiet}))
+			require.NoError(b, err)
+			defer r.Shutdown(ctx)
+			prefix := uniqueName(b, "k")
+			var n atomic.Int64
+			setParallelism(b)
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					key := prefix + strconv.FormatInt(n.Add(1), 10)
+					_, err := once.Do(ctx, r, engine.ID{Scope: "bench", Key: key}, "input", func(ctx context.Context) (int64, error) {
+						return bc.run(ctx, s, pool, orders, key)
+					})
+					if err != nil {
+						b.Errorf("Do: %v", err)
+						return
+					}
+				}
+			})
+		})
+	}
+}
+
+// insertOrderOn is insertOrder outside a transaction.
+func insertOrderOn(ctx context.Context, pool *pgxpool.Pool, orders, key string) (int64, error) {
+	var id int64
+	err := pool.QueryRow(ctx, "INSERT INTO "+orders+" (idem_key, amount) VALUES ($1, 100) RETURNING id", key).Scan(&id)
+	return id, err
 }

@@ -341,3 +341,40 @@ func insertOrderOn(ctx context.Context, pool *pgxpool.Pool, orders, key string) 
 	err := pool.QueryRow(ctx, "INSERT INTO "+orders+" (idem_key, amount) VALUES ($1, 100) RETURNING id", key).Scan(&id)
 	return id, err
 }
+
+// BenchmarkStepWrites measures, one at a time, a SaveStep of a step of
+// 300 bytes (replacing one of three) and a Complete with a 300-byte body:
+// each one UPDATE of the record's row.
+func BenchmarkStepWrites(b *testing.B) {
+	ctx := testContext(b)
+	pool := newPool(b)
+	s, _ := newStore(b, pool)
+	payload := bytes.Repeat([]byte("s"), 300)
+	b.Run("SaveStep", func(b *testing.B) {
+		id := scopeID(uniqueName(b, "save"))
+		tok := acquire(b, ctx, s, id, "fp")
+		b.ReportAllocs()
+		b.ResetTimer()
+		for i := range b.N {
+			st := engine.Step{Name: "s" + strconv.Itoa(i%3), Fingerprint: "fp", Done: true, Result: payload}
+			if err := s.SaveStep(ctx, id, tok, st); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("Complete", func(b *testing.B) {
+		prefix := uniqueName(b, "complete")
+		resp := &engine.Response{Status: http.StatusCreated, Body: payload}
+		b.ReportAllocs()
+		b.ResetTimer()
+		for i := range b.N {
+			b.StopTimer()
+			id := scopeID(prefix + strconv.Itoa(i))
+			tok := acquire(b, ctx, s, id, "fp")
+			b.StartTimer()
+			if err := s.Complete(ctx, id, tok, resp, time.Hour); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}

@@ -56,7 +56,7 @@
 // rewrites the column, so its cost grows with the steps the record holds:
 // a step of a few hundred bytes costs about what a Complete does, and one
 // beside 99 others of 64 KiB (engine.MaxSteps of engine.MaxStepSize, 6.4
-// MiB) about half a second. A Release keeps a record that holds steps,
+// MiB) a fraction of a second (README.md, Steps, has the measurements). A Release keeps a record that holds steps,
 // for the retry; Complete and Resolve drop the steps; they expire, and are
 // swept, with their record.
 //

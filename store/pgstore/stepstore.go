@@ -105,8 +105,8 @@ func (s *Store) leaseTx(id engine.ID, token engine.Token) (pgx.Tx, error) {
 // stepDone is the flag of a done step.
 const stepDone = 1
 
-// stepHeader is the most bytes an element takes besides its name,
-// fingerprint and result.
+// stepHeader is the bytes an element takes besides its name, fingerprint
+// and result.
 const stepHeader = 1 + 1 + 4
 
 // stepPrefix returns the bytes that the elements of the step name begin

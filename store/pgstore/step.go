@@ -71,7 +71,9 @@ func (stepTx) Rollback(context.Context) error { return errStepTx }
 // In transactional mode (WithTransactions) the whole call is already one
 // transaction: RunStep runs fn in a savepoint of it and records the step
 // there, and everything commits with the response, or is rolled back with
-// the call. fn's error rolls back to the savepoint.
+// the call. fn's error rolls back to the savepoint. The call's steps then
+// share its transaction's connection, as the handler's statements do: run
+// them one at a time.
 func RunStep[T any](ctx context.Context, s *Store, name string, input any, fn func(ctx context.Context, tx pgx.Tx) (T, error)) (T, error) {
 	var zero T
 	j, err := steps.FromContext(ctx)

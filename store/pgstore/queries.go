@@ -58,8 +58,8 @@ func newQueries(n names, epoch int, transactional bool) queries {
 		completeTx: hot(completeTxSQL),
 		release:    hot(releaseSQL),
 		extend:     hot(extendSQL),
-		saveStep:   hot(saveStepSQL),
-		saveStepTx: hot(saveStepTxSQL),
+		saveStep:   hot(saveStepSQL(current)),
+		saveStepTx: hot(saveStepSQL(currentTx)),
 		sweep:      r.Replace(sweepSQL),
 		lookup:     r.Replace(lookupSQL),
 		resolve:    r.Replace(resolveSQL),
@@ -147,10 +147,11 @@ const current = `scope = $1 AND key = $2 AND token = $3
 // been taken over, whatever its expiry, while the transaction holds it.
 const currentTx = `scope = $1 AND key = $2 AND token = $3 AND state = 'in_flight'`
 
-// completeSet stores the response, which replaces the steps. Unless the record's expiry moves to
-// another minute, no indexed column changes (see sweepAtFrom), so PostgreSQL
-// can make the UPDATE a HOT one. Parameters: $1 scope, $2 key, $3 token,
-// $4 time to live (µs), $5 status, $6 headers, $7 body, $8 body omitted.
+// completeSet stores the response, which replaces the steps. Unless the
+// record's expiry moves to another minute, no indexed column changes (see
+// sweepAtFrom), so PostgreSQL can make the UPDATE a HOT one. Parameters: $1
+// scope, $2 key, $3 token, $4 time to live (µs), $5 status, $6 headers, $7
+// body, $8 body omitted.
 const completeSet = `UPDATE {{table}} SET
 	state = 'completed',
 	lease_until = statement_timestamp(),
@@ -197,10 +198,11 @@ const extendSQL = `UPDATE {{table}} SET
 	expires_at = greatest(expires_at, statement_timestamp() + $4::bigint * interval '1 microsecond' + (expires_at - lease_until))
 WHERE ` + current
 
-// saveStepSQL records one step in the record that the token holds, in one
-// statement: it replaces the element of the step's name, removes it when
-// $5 is NULL, and adds a step only while the record holds fewer than
-// engine.MaxSteps others. The statement answers 0 when it saved the step, 1
+// saveStepSQL returns the statement that records one step in the record
+// that the token holds (held: current, or currentTx in transactional mode,
+// in the lease's transaction, which holds the row): it replaces the element
+// of the step's name, removes it when $5 is NULL, and adds a step only
+// while the record holds fewer than engine.MaxSteps others. The statement answers 0 when it saved the step, 1
 // when the record is held but has no room, 2 when the token does not hold
 // the record. The second look runs only when the UPDATE changed nothing,
 // and locks the row, as the UPDATE would have, so that it judges the
@@ -210,27 +212,17 @@ WHERE ` + current
 // Parameters: $1 scope, $2 key, $3 token, $4 the name's prefix of the
 // step's element (see stepPrefix), $5 the element (see encodeStep), or NULL
 // to remove the step.
-const saveStepSQL = `WITH saved AS (
+func saveStepSQL(held string) string {
+	return `WITH saved AS (
 	UPDATE {{table}} SET steps = CASE WHEN $5::bytea IS NULL THEN ` + stepsKept + `
 		ELSE array_append(` + stepsKept + `, $5::bytea) END
-	WHERE ` + current + ` AND ` + stepFits + `
+	WHERE ` + held + ` AND ` + stepFits + `
 	RETURNING 1
 )
 SELECT CASE WHEN EXISTS (SELECT FROM saved) THEN 0
-	WHEN EXISTS (SELECT FROM {{table}} WHERE ` + current + ` FOR NO KEY UPDATE) THEN 1
+	WHEN EXISTS (SELECT FROM {{table}} WHERE ` + held + ` FOR NO KEY UPDATE) THEN 1
 	ELSE 2 END`
-
-// saveStepTxSQL is saveStepSQL in transactional mode, in the lease's
-// transaction, which holds the row (see currentTx).
-const saveStepTxSQL = `WITH saved AS (
-	UPDATE {{table}} SET steps = CASE WHEN $5::bytea IS NULL THEN ` + stepsKept + `
-		ELSE array_append(` + stepsKept + `, $5::bytea) END
-	WHERE ` + currentTx + ` AND ` + stepFits + `
-	RETURNING 1
-)
-SELECT CASE WHEN EXISTS (SELECT FROM saved) THEN 0
-	WHEN EXISTS (SELECT FROM {{table}} WHERE ` + currentTx + ` FOR NO KEY UPDATE) THEN 1
-	ELSE 2 END`
+}
 
 // stepsKept is the record's steps but the one whose name $4 starts.
 const stepsKept = `(SELECT array_agg(e) FROM unnest(steps) AS e
@@ -269,8 +261,9 @@ WHERE scope = $1 AND key = $2 AND expires_at > statement_timestamp()`
 
 // resolveSQL records a live record as done with the operator's response,
 // whatever its state and lease, and drops its steps: its state is no longer
-// in flight, so the holder's token is refused from then on. Parameters: $1 scope, $2 key, $3
-// time to live (µs), $4 status, $5 headers, $6 body, $7 body omitted.
+// in flight, so the holder's token is refused from then on. Parameters: $1
+// scope, $2 key, $3 time to live (µs), $4 status, $5 headers, $6 body, $7
+// body omitted.
 const resolveSQL = `UPDATE {{table}} SET
 	state = 'completed',
 	lease_until = least(lease_until, statement_timestamp()),

@@ -55,7 +55,7 @@
 // the step into the column, replacing the step of the same name. It
 // rewrites the column, so its cost grows with the steps the record holds:
 // a step of a few hundred bytes costs about what a Complete does, and one
-// beside 99 others of 64 KiB (engine.MaxSteps of engine.MaxStepSize, 6.4
+// beside 99 others of 64 KiB (the most steps, 100, of the most bytes, 64 KiB; 6.4
 // MiB) a fraction of a second (README.md, Steps, has the measurements). A Release keeps a record that holds steps,
 // for the retry; Complete and Resolve drop the steps; they expire, and are
 // swept, with their record.

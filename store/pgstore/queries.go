@@ -4,7 +4,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/idemkit/idempotency/engine"
+	"github.com/idemkit/idempotency/internal/steps"
 )
 
 // queries are a Store's statements, written once for its table. Every time
@@ -40,7 +40,7 @@ func newQueries(n names, epoch int, transactional bool) queries {
 		backend = ", pg_backend_pid(), transaction_timestamp()"
 	}
 	r := strings.NewReplacer("{{table}}", n.table, "{{sequence}}", n.sequence, "{{backend}}", backend,
-		"{{maxSteps}}", strconv.Itoa(engine.MaxSteps))
+		"{{maxSteps}}", strconv.Itoa(steps.MaxSteps))
 	tag := "\n/* pgstore plan epoch " + strconv.Itoa(epoch) + " */"
 	hot := func(sql string) string { return r.Replace(sql) + tag }
 	unsized := strings.NewReplacer("{{size}}", "-1::bigint")
@@ -202,7 +202,7 @@ WHERE ` + current
 // that the token holds (held: current, or currentTx in transactional mode,
 // in the lease's transaction, which holds the row): it replaces the element
 // of the step's name, removes it when $5 is NULL, and adds a step only
-// while the record holds fewer than engine.MaxSteps others. The statement answers 0 when it saved the step, 1
+// while the record holds fewer than 100 (steps.MaxSteps) others. The statement answers 0 when it saved the step, 1
 // when the record is held but has no room, 2 when the token does not hold
 // the record. The second look runs only when the UPDATE changed nothing,
 // and locks the row, as the UPDATE would have, so that it judges the
@@ -229,7 +229,7 @@ const stepsKept = `(SELECT array_agg(e) FROM unnest(steps) AS e
 		WHERE substring(e FROM 1 FOR octet_length($4::bytea)) <> $4::bytea)`
 
 // stepFits says that the step may be saved: it is a removal, or the record
-// holds fewer than engine.MaxSteps steps, or one of the same name, which it
+// holds fewer than 100 steps, or one of the same name, which it
 // replaces.
 const stepFits = `($5::bytea IS NULL OR coalesce(cardinality(steps), 0) < {{maxSteps}}
 		OR EXISTS (SELECT FROM unnest(steps) AS e WHERE substring(e FROM 1 FOR octet_length($4::bytea)) = $4::bytea))`

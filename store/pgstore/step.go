@@ -38,8 +38,8 @@ func (stepTx) Rollback(context.Context) error { return errStepTx }
 // fences the step's record. The step is named name, its input fingerprinted
 // and its result encoded with the engine's codec, and names, inputs and
 // recorded results behave as package step documents: a name used twice in
-// a run is refused (step.ErrDuplicate), an input that differs from the
-// recorded one too (step.ErrMismatch), and neither runs fn; a step recorded
+// a run is refused, an input that differs from the
+// recorded one too (engine.ErrKeyMismatch), and neither runs fn; a step recorded
 // as done returns its recorded value without running fn; one that a lost
 // holder started with package step under engine.RefuseAbandoned and never
 // finished returns an error wrapping engine.ErrOutcomeUnknown; a context

@@ -16,8 +16,8 @@ var _ engine.StepStore = (*Store)(nil)
 
 // SaveStep implements engine.StepStore: one statement, and one round trip,
 // which merges the step into the record's steps, fenced by the token (see
-// the package documentation, Steps). A step over engine.MaxStepSize bytes,
-// or one more than engine.MaxSteps, is refused with an error wrapping
+// the package documentation, Steps). A step over steps.MaxSize bytes,
+// or one more than steps.MaxSteps, is refused with an error wrapping
 // engine.ErrNotStorable, and so is a name that is empty or over 255 bytes.
 //
 // In transactional mode it writes in the lease's transaction, the one that
@@ -184,8 +184,8 @@ func stepArgs(st engine.Step) (prefix, elem []byte, err error) {
 	if st.Fingerprint == "" {
 		return stepPrefix(st.Name), nil, nil
 	}
-	if n := len(st.Name) + len(st.Fingerprint) + len(st.Result); n > engine.MaxStepSize {
-		return nil, nil, fmt.Errorf("%w: a step of %d bytes, over %d", engine.ErrNotStorable, n, engine.MaxStepSize)
+	if n := len(st.Name) + len(st.Fingerprint) + len(st.Result); n > steps.MaxSize {
+		return nil, nil, fmt.Errorf("%w: a step of %d bytes, over %d", engine.ErrNotStorable, n, steps.MaxSize)
 	}
 	return stepPrefix(st.Name), encodeStep(st), nil
 }
@@ -203,7 +203,7 @@ func stepResult(verdict int32) error {
 	case stepSaved:
 		return nil
 	case stepFull:
-		return fmt.Errorf("%w: the record holds %d steps", engine.ErrNotStorable, engine.MaxSteps)
+		return fmt.Errorf("%w: the record holds %d steps", engine.ErrNotStorable, steps.MaxSteps)
 	}
 	return engine.ErrLeaseLost
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idempotency/engine"
+	"github.com/idemkit/idempotency/internal/steps"
 	"github.com/idemkit/idempotency/once"
 	"github.com/idemkit/idempotency/store/pgstore"
 )
@@ -34,7 +35,7 @@ func TestSaveStepWaitsForConcurrentChange(t *testing.T) {
 	s, table := newStore(t, pool)
 	for _, tc := range []struct {
 		name     string
-		full     bool   // the record holds engine.MaxSteps steps
+		full     bool   // the record holds steps.MaxSteps steps
 		change   string // what the other transaction does to the row
 		want     error
 		wantKept bool
@@ -48,7 +49,7 @@ func TestSaveStepWaitsForConcurrentChange(t *testing.T) {
 			id := scopeID("race " + tc.name)
 			tok := acquire(t, ctx, s, id, "fp")
 			if tc.full {
-				for i := range engine.MaxSteps {
+				for i := range steps.MaxSteps {
 					require.NoError(t, s.SaveStep(ctx, id, tok, doneStep(fmt.Sprintf("s%03d", i), []byte("x"))))
 				}
 			}
@@ -95,7 +96,7 @@ func rollbackQuietly(tx pgx.Tx) {
 var fullSteps = flag.Bool("pgstore.fullsteps", false,
 	"make every step of TestStepsAtTheLimits as large as a step may be (6.4 MiB in one row; about 20 s)")
 
-// A record of engine.MaxSteps steps, the first ten of engine.MaxStepSize
+// A record of steps.MaxSteps steps, the first ten of steps.MaxSize
 // bytes (all of them with -pgstore.fullsteps): a row's array of 650 KiB
 // (6.4 MiB), which PostgreSQL keeps compressed out of line (TOAST), every
 // byte of it kept. Each SaveStep rewrites the array: the test logs what the
@@ -109,10 +110,10 @@ func TestStepsAtTheLimits(t *testing.T) {
 	tok := acquire(t, ctx, s, id, "fp")
 	large := 10
 	if *fullSteps {
-		large = engine.MaxSteps
+		large = steps.MaxSteps
 	}
 	start := time.Now()
-	want := make([]engine.Step, engine.MaxSteps)
+	want := make([]engine.Step, steps.MaxSteps)
 	var last time.Duration
 	for i := range want {
 		name := fmt.Sprintf("step-%03d", i)
@@ -120,9 +121,9 @@ func TestStepsAtTheLimits(t *testing.T) {
 		// Results that differ, the first ones the most a step holds.
 		size := 3
 		if i < large {
-			size = engine.MaxStepSize - len(name) - len(fp)
+			size = steps.MaxSize - len(name) - len(fp)
 		}
-		result := bytes.Repeat([]byte{byte(i), 0, 0xff, byte(i >> 3)}, engine.MaxStepSize/4)[:size]
+		result := bytes.Repeat([]byte{byte(i), 0, 0xff, byte(i >> 3)}, steps.MaxSize/4)[:size]
 		want[i] = engine.Step{Name: name, Fingerprint: fp, Done: true, Result: result}
 		began := time.Now()
 		require.NoError(t, s.SaveStep(ctx, id, tok, want[i]))
@@ -131,12 +132,12 @@ func TestStepsAtTheLimits(t *testing.T) {
 		}
 	}
 	t.Logf("SaveStep of a step of %d bytes beside %d others as large: %v; the %d SaveSteps: %v",
-		engine.MaxStepSize, large-1, last, engine.MaxSteps, time.Since(start))
+		steps.MaxSize, large-1, last, steps.MaxSteps, time.Since(start))
 	require.NoError(t, s.Release(ctx, id, tok))
 	c, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
 	require.NoError(t, err)
 	require.Equal(t, engine.Acquired, c.Status)
-	require.Len(t, c.Steps, engine.MaxSteps)
+	require.Len(t, c.Steps, steps.MaxSteps)
 	for i, st := range c.Steps {
 		if st.Name != want[i].Name || !bytes.Equal(st.Result, want[i].Result) || st.Fingerprint != want[i].Fingerprint || !st.Done {
 			t.Errorf("step %d = %q (%d bytes), want %q (%d bytes)", i, st.Name, len(st.Result), want[i].Name, len(want[i].Result))

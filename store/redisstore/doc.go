@@ -87,6 +87,7 @@
 //
 //	ACL SETUSER idempotency on >password resetkeys ~idempotency:* resetchannels -@all
 //	    +fcall +function|load +get +set +pttl +pexpire +setrange +time
+//	    +del +hset +hdel +hlen +hexists +hgetall +pexpireat +pexpiretime
 //	    +wait +config|get +info
 //
 // +wait is for WithReplicaAck, +config|get and +info for Check (CONFIG GET,

@@ -59,6 +59,9 @@ const (
 	stateInFlight  = 1
 	stateCompleted = 2
 	stateReleased  = 3
+	// stateSteps is in flight, with steps in the record's steps key
+	// (version 3 only).
+	stateSteps = 4
 
 	flagBodyOmitted = 1 << 0
 	// responseFixed is the size of status, flags and body length.
@@ -260,7 +263,7 @@ func decodeRecord(rec string) (record, error) {
 	default:
 		return record{}, corrupt("unknown record version %d", r.version)
 	}
-	if r.state < stateInFlight || r.state > stateReleased {
+	if r.state < stateInFlight || r.state > stateSteps || r.state == stateSteps && r.version != recordVersion {
 		return record{}, corrupt("unknown record state %d", r.state)
 	}
 	fpLen := uint64(binary.BigEndian.Uint32([]byte(rec[26:30])))

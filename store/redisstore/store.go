@@ -163,12 +163,12 @@ func (s *Store) Claim(ctx context.Context, id engine.ID, fingerprint string, lea
 	)
 	if s.ack.replicas > 0 {
 		var reply any
-		if reply, err = s.claimAcked(ctx, id, key, rec, px); err == nil {
+		if reply, err = s.claimAcked(ctx, id, key, rec, px, stepsKey(s.prefix, key)); err == nil {
 			c, created, err = parseClaim(reply)
 		}
 	} else if !s.called.Load() {
 		var reply any
-		if reply, err = s.call(ctx, s.lib.claim, key, rec, px); err == nil {
+		if reply, err = s.call(ctx, s.lib.claim, key, rec, px, stepsKey(s.prefix, key)); err == nil {
 			c, created, err = parseClaim(reply)
 		}
 	} else {
@@ -206,7 +206,7 @@ func (s *Store) claim(ctx context.Context, key string, rec []byte, px int64) (en
 		c, err := parseClaimReply(r)
 		return c, 0, err
 	}
-	reply, err := s.call(ctx, s.lib.claim, key, rec, px)
+	reply, err := s.call(ctx, s.lib.claim, key, rec, px, stepsKey(s.prefix, key))
 	if err != nil {
 		return engine.Claim{}, 0, err
 	}
@@ -238,12 +238,20 @@ func parseClaimReply(reply any) (engine.Claim, error) {
 	case []any:
 		switch code(r) {
 		case replyAcquired:
-			if len(r) == 4 {
+			if len(r) == 4 || len(r) == 5 {
 				tok, ok1 := r[1].(int64)
 				ab, ok2 := r[2].(int64)
 				_, ok3 := r[3].(int64)
 				if ok1 && ok2 && ok3 && ab >= 0 && ab <= math.MaxUint32 {
-					return engine.Claim{Status: engine.Acquired, Token: engine.Token(tok), Abandoned: int(ab)}, nil
+					c := engine.Claim{Status: engine.Acquired, Token: engine.Token(tok), Abandoned: int(ab)}
+					if len(r) == 5 {
+						steps, err := decodeSteps(r[4])
+						if err != nil {
+							return engine.Claim{}, err
+						}
+						c.Steps = steps
+					}
+					return c, nil
 				}
 			}
 		case replyInFlight:
@@ -300,7 +308,7 @@ func (s *Store) Complete(ctx context.Context, id engine.ID, token engine.Token, 
 	if limit := s.bulkLimit.Load(); limit > 0 && int64(len(rec)) > limit {
 		return fmt.Errorf("redisstore: complete: a record of %d bytes, above the server's proto-max-bulk-len %d: %w", len(rec), limit, engine.ErrNotStorable)
 	}
-	err = s.update(ctx, "complete", s.lib.complete, key, heldBy(token), rec, millis(ttl))
+	err = s.update(ctx, "complete", s.lib.complete, key, heldBy(token), rec, millis(ttl), stepsKey(s.prefix, key))
 	if err != nil && (notStorable(err) || s.aboveBulkLimit(ctx, key, len(rec), err)) {
 		return fmt.Errorf("%w (%w)", err, engine.ErrNotStorable)
 	}
@@ -370,7 +378,7 @@ func (s *Store) Release(ctx context.Context, id engine.ID, token engine.Token) e
 	}
 	key := s.RecordKey(id)
 	s.fps.take(leaseKey{key, token})
-	return s.update(ctx, "release", s.lib.release, key, heldBy(token), tombstone(token))
+	return s.update(ctx, "release", s.lib.release, key, heldBy(token), tombstone(token), stepsKey(s.prefix, key))
 }
 
 // Extend implements engine.Store in one round trip. The record's expiry
@@ -380,7 +388,8 @@ func (s *Store) Extend(ctx context.Context, id engine.ID, token engine.Token, le
 	if err := s.usable(ctx); err != nil {
 		return fmt.Errorf("redisstore: extend: %w", err)
 	}
-	return s.update(ctx, "extend", s.lib.extend, s.RecordKey(id), heldBy(token), millis(lease))
+	key := s.RecordKey(id)
+	return s.update(ctx, "extend", s.lib.extend, key, heldBy(token), millis(lease), stepsKey(s.prefix, key))
 }
 
 // tombstone returns a released record that keeps token, with a nonce of
@@ -406,9 +415,9 @@ func (s *Store) usable(ctx context.Context) error {
 }
 
 // update calls a function that answers done or lease lost. A completion
-// WithReplicaAck waits for the replicas too.
+// or a step WithReplicaAck waits for the replicas too.
 func (s *Store) update(ctx context.Context, op, fn, key string, args ...any) error {
-	if op != "complete" || s.ack.replicas == 0 {
+	if (op != "complete" && op != "save step") || s.ack.replicas == 0 {
 		reply, err := s.call(ctx, fn, key, args...)
 		if err == nil {
 			err = updated(reply)
@@ -444,6 +453,8 @@ func updated(reply any) error {
 			return nil
 		case replyLeaseLost:
 			return engine.ErrLeaseLost
+		case replyTooMany:
+			return fmt.Errorf("more than %d steps: %w", engine.MaxSteps, engine.ErrNotStorable)
 		}
 	case []any:
 		if code(r) == replyCorrupt {

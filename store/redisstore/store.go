@@ -114,7 +114,10 @@ func hearing(client redis.UniversalClient) (redis.UniversalClient, bool) {
 
 // RecordKey returns the Redis key that holds id's record, for an operator
 // who needs to inspect or delete it (DEL removes the record: the key is new
-// again). Every operation on id touches this key and no other.
+// again). Every operation on id touches this key, and, only for a record
+// that holds steps, the key of its steps, in the same Cluster slot (see
+// Steps in the package documentation), which a DEL of the record may leave
+// until it expires: the next record of the key does not see those steps.
 func (s *Store) RecordKey(id engine.ID) string { return recordKey(s.prefix, id) }
 
 // Claim implements engine.Store. A claim that finds no record, or a
@@ -127,7 +130,10 @@ func (s *Store) RecordKey(id engine.ID) string { return recordKey(s.prefix, id) 
 // claim function, which does the same in one round trip, so that a Redis
 // that cannot run the functions refuses the first claim, not its
 // completion. A completed record comes back whole and is decoded here; one that cannot
-// be decoded fails the call with ErrCorruptRecord and is never replayed.
+// be decoded fails the call with ErrCorruptRecord and is never replayed. A
+// claim that takes over or re-acquires a record that holds steps returns
+// them (Claim.Steps), from the claim function's answer; a new record's
+// claim never reads a steps key.
 //
 // The token of a new lease is proposed here, from this machine's clock in
 // microseconds, and written with the record, with the time of the claim;
@@ -270,7 +276,7 @@ func parseClaimReply(reply any) (engine.Claim, error) {
 }
 
 // Complete implements engine.Store in one round trip. The record, response
-// included, then expires after ttl.
+// included, then expires after ttl; its steps, if any, are deleted.
 //
 // A response that Redis will never accept fails with an error wrapping
 // engine.ErrNotStorable, and the record stays in flight with its lease: a
@@ -369,9 +375,11 @@ func notStorable(err error) bool {
 // Release implements engine.Store in one round trip. A record that the
 // holder's Claim created becomes a small tombstone that keeps the last token
 // until the record would have expired, so that the next lease's token is
-// larger. One that the Claim took over from lost holders goes back to how
-// the Claim found it, with the next token: in flight, its lease ended, one
-// holder fewer counted, which the next takeover counts again.
+// larger. One that the Claim took over from lost holders, or one that holds
+// steps, goes back to how the Claim found it, with the next token: in
+// flight, its lease ended, one holder fewer counted (for the holder that
+// created it, -1), which the next takeover counts again; its steps stay,
+// with its expiry.
 func (s *Store) Release(ctx context.Context, id engine.ID, token engine.Token) error {
 	if err := s.usable(ctx); err != nil {
 		return fmt.Errorf("redisstore: release: %w", err)
@@ -383,7 +391,7 @@ func (s *Store) Release(ctx context.Context, id engine.ID, token engine.Token) e
 
 // Extend implements engine.Store in one round trip. The record's expiry
 // moves with the lease's end, keeping the TTL that the Claim put between
-// them (the record's slack).
+// them (the record's slack), and its steps' expiry with it.
 func (s *Store) Extend(ctx context.Context, id engine.ID, token engine.Token, lease time.Duration) error {
 	if err := s.usable(ctx); err != nil {
 		return fmt.Errorf("redisstore: extend: %w", err)

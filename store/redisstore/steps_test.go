@@ -428,3 +428,65 @@ func TestEarlierLibraryRefusesSteps(t *testing.T) {
 	require.Len(t, r.Steps, 1)
 	require.NoError(t, s.Complete(ctx, id, cl.Token, &engine.Response{Status: http.StatusCreated}, time.Hour))
 }
+
+// The holder that created a record with steps releases it: its abandoned
+// count is -1 until the next takeover makes it 0 again. Lookup and a
+// resolution in between report 0, never the count's 32-bit form.
+func TestReleasedByItsCreator(t *testing.T) {
+	t.Parallel()
+	s, _ := sharedStore(t)
+	ctx := context.Background()
+	id := engine.ID{Key: "creator"}
+	cl, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
+	require.NoError(t, err)
+	require.NoError(t, s.SaveStep(ctx, id, cl.Token, doneStep("a", "1")))
+	require.NoError(t, s.Release(ctx, id, cl.Token))
+	r, err := s.Lookup(ctx, id)
+	require.NoError(t, err)
+	assert.Zero(t, r.Abandoned, "Lookup's Abandoned after the creator's release")
+	assert.False(t, r.Completed)
+	assert.Len(t, r.Steps, 1)
+	assert.False(t, r.LeaseEnds.After(time.Now().Add(time.Second)), "the lease ends at the release: %v", r.LeaseEnds)
+	require.NoError(t, s.Resolve(ctx, id, &engine.Response{Status: http.StatusOK}, time.Hour))
+	r, err = s.Lookup(ctx, id)
+	require.NoError(t, err)
+	assert.Zero(t, r.Abandoned, "Lookup's Abandoned after Resolve")
+	assert.True(t, r.Completed)
+	assert.Empty(t, r.Steps)
+}
+
+// A record whose steps key was deleted by hand holds no steps: its
+// creator's release makes the key new again, as for any record without
+// steps, and a takeover finds none.
+func TestStepsKeyDeletedByHand(t *testing.T) {
+	t.Parallel()
+	s, c := sharedStore(t)
+	ctx := context.Background()
+	id := engine.ID{Key: "released"}
+	cl, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
+	require.NoError(t, err)
+	require.NoError(t, s.SaveStep(ctx, id, cl.Token, doneStep("a", "1")))
+	require.NoError(t, c.Del(ctx, s.StepsKey(id)).Err())
+	require.NoError(t, s.Release(ctx, id, cl.Token))
+	cl, err = s.Claim(ctx, id, "other-fp", time.Minute, time.Hour)
+	require.NoError(t, err)
+	assert.Equal(t, engine.Acquired, cl.Status, "a claim with another fingerprint after the release")
+	assert.Empty(t, cl.Steps)
+
+	id = engine.ID{Key: "taken-over"}
+	const lease = 30 * time.Millisecond
+	cl, err = s.Claim(ctx, id, "fp", lease, time.Hour)
+	require.NoError(t, err)
+	require.NoError(t, s.SaveStep(ctx, id, cl.Token, doneStep("a", "1")))
+	require.NoError(t, c.Del(ctx, s.StepsKey(id)).Err())
+	waitLeaseEnd(t, func() (engine.Claim, error) { return s.Claim(ctx, id, "other-fp", lease, time.Hour) })
+	cl, err = s.Claim(ctx, id, "fp", time.Minute, time.Hour)
+	require.NoError(t, err)
+	require.Equal(t, engine.Acquired, cl.Status)
+	assert.Equal(t, 1, cl.Abandoned)
+	assert.Empty(t, cl.Steps, "the steps of a takeover")
+	// The record is in flight without steps again (state 1, not 4).
+	v, err := c.Get(ctx, s.RecordKey(id)).Result()
+	require.NoError(t, err)
+	assert.Equal(t, byte(1), v[1], "the record's state after a takeover found no steps")
+}

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idempotency/engine"
+	"github.com/idemkit/idempotency/internal/steps"
 )
 
 // defaultPrefix is the key prefix of a Store made without [WithPrefix].
@@ -462,7 +463,7 @@ func updated(reply any) error {
 		case replyLeaseLost:
 			return engine.ErrLeaseLost
 		case replyTooMany:
-			return fmt.Errorf("more than %d steps: %w", engine.MaxSteps, engine.ErrNotStorable)
+			return fmt.Errorf("more than %d steps: %w", steps.MaxSteps, engine.ErrNotStorable)
 		}
 	case []any:
 		if code(r) == replyCorrupt {

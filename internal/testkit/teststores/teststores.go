@@ -171,14 +171,14 @@ func PostgresPool(t testing.TB, maxConns int32) *pgxpool.Pool {
 
 // Postgres returns a pgstore on a table of its own in a pool of its own,
 // migrated, and dropped when t ends.
-func Postgres(t testing.TB, opts ...pgstore.Option) *pgstore.Store {
+func Postgres(t testing.TB, opts ...pgstore.Option) pgstore.Store {
 	t.Helper()
 	return PostgresOn(t, PostgresPool(t, 64), UniqueName(t, "idempotency_t_"), opts...)
 }
 
 // PostgresOn returns a pgstore on table in pool, migrated; the table is
 // dropped when t ends. Two stores on one table share their records.
-func PostgresOn(t testing.TB, pool *pgxpool.Pool, table string, opts ...pgstore.Option) *pgstore.Store {
+func PostgresOn(t testing.TB, pool *pgxpool.Pool, table string, opts ...pgstore.Option) pgstore.Store {
 	t.Helper()
 	s, err := pgstore.New(pool, append([]pgstore.Option{pgstore.WithTable(table)}, opts...)...)
 	if err != nil {

@@ -10,8 +10,6 @@ import (
 	"github.com/idemkit/idempotency/internal/steps"
 )
 
-var _ engine.StepStore = (*Store)(nil)
-
 // SaveStep implements engine.StepStore in one round trip: one function
 // call, which checks the lease (the token, in flight) and writes the step
 // into the record's steps key, a hash of step name to step; a Store made
@@ -22,7 +20,7 @@ var _ engine.StepStore = (*Store)(nil)
 // last one removed unmarks it. A step of more than steps.MaxSize bytes
 // (name, fingerprint and result), or one more than steps.MaxSteps, fails
 // with an error wrapping engine.ErrNotStorable and changes nothing.
-func (s *Store) SaveStep(ctx context.Context, id engine.ID, token engine.Token, step engine.Step) error {
+func (s *store) SaveStep(ctx context.Context, id engine.ID, token engine.Token, step engine.Step) error {
 	if err := s.usable(ctx); err != nil {
 		return fmt.Errorf("redisstore: save step: %w", err)
 	}

@@ -220,7 +220,7 @@ func RedisClient(t testing.TB) *redis.Client {
 
 // Redis returns a redisstore under a key prefix of its own, whose keys are
 // deleted when t ends.
-func Redis(t testing.TB, opts ...redisstore.Option) *redisstore.Store {
+func Redis(t testing.TB, opts ...redisstore.Option) redisstore.Store {
 	t.Helper()
 	c := RedisClient(t)
 	return RedisOn(t, c, UniqueName(t, "idempotency-t:")+":", opts...)
@@ -228,7 +228,7 @@ func Redis(t testing.TB, opts ...redisstore.Option) *redisstore.Store {
 
 // RedisOn returns a redisstore on client under prefix; the keys under prefix
 // are deleted when t ends. Two stores with one prefix share their records.
-func RedisOn(t testing.TB, client *redis.Client, prefix string, opts ...redisstore.Option) *redisstore.Store {
+func RedisOn(t testing.TB, client *redis.Client, prefix string, opts ...redisstore.Option) redisstore.Store {
 	t.Helper()
 	s, err := redisstore.New(client, append([]redisstore.Option{redisstore.WithPrefix(prefix)}, opts...)...)
 	if err != nil {

@@ -67,6 +67,9 @@ func (s *store) SaveStep(ctx context.Context, id engine.ID, token engine.Token, 
 	if tx != nil {
 		return s.stepError(s.rewriteSteps(ctx, tx, readSQL, held, step))
 	}
+	if err := s.p.ready(ctx, readSQL, s.q.stepWrite); err != nil {
+		return s.stepError(err)
+	}
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return s.stepError(err)

@@ -10,10 +10,11 @@ import (
 	"github.com/idemkit/idempotency/internal/sqlrecord"
 )
 
-// maxPacketSlack is the room that a record's log of steps leaves, under the
-// server's max_allowed_packet, for the rest of its row when a Claim or a
-// Lookup reads it (the fingerprint, up to 64 KiB, and a few numbers) and
-// for the statement that rewrites it.
+// maxPacketSlack is the room that a record's log of steps leaves under the
+// server's max_allowed_packet: for the rest of the statement that rewrites
+// it, and for the rest of its row, which a Claim and a Lookup read (the
+// fingerprint, up to 64 KiB, and a few numbers), should a server cap what
+// it sends as it caps what it takes (MariaDB 10.11 does not).
 const maxPacketSlack = 256 << 10
 
 // errPacketTooSmall is why a step is refused when the log would pass the

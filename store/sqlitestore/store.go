@@ -84,7 +84,8 @@ var (
 )
 
 // Open opens, or creates, the SQLite database file at path in WAL mode,
-// creates the table of records in it if it is missing, and starts the
+// creates the table of records in it if it is missing (or adds to it the
+// columns that an earlier version's table lacks), and starts the
 // sweeper, a goroutine that deletes expired records every minute until
 // Close. path is a file name: not ":memory:", not a "file:" URI, and
 // without "?".

@@ -194,3 +194,22 @@ func FuzzDecodeSteps(f *testing.F) {
 		}
 	})
 }
+
+// A record in flight reports its steps, and a count of lost holders not
+// below 0 (a creator's release that kept steps stores -1); a completed
+// one reports its response, and no steps, whatever its column holds.
+func TestRecordSteps(t *testing.T) {
+	id := engine.ID{Key: "k"}
+	steps := []engine.Step{{Name: "a", Fingerprint: "f", Done: true, Result: []byte("1")}}
+	rec, err := Row{Abandoned: -1, Steps: EncodeSteps(steps)}.Record(id)
+	if err != nil || rec.Abandoned != 0 || !equalSteps(rec.Steps, steps) {
+		t.Errorf("Record() in flight = Abandoned %d, steps %+v, %v; want 0, %+v", rec.Abandoned, rec.Steps, err, steps)
+	}
+	rec, err = Row{Completed: true, Status: 201, Steps: EncodeSteps(steps)}.Record(id)
+	if err != nil || rec.Response == nil || rec.Steps != nil {
+		t.Errorf("Record() completed = response %v, steps %+v, %v; want a response and no steps", rec.Response, rec.Steps, err)
+	}
+	if _, err := (Row{Steps: []byte{9}}).Record(id); !errors.Is(err, ErrCorruptSteps) {
+		t.Errorf("Record() of corrupt steps error = %v, want ErrCorruptSteps", err)
+	}
+}

@@ -28,13 +28,6 @@ const (
 	stepDone    = 2
 )
 
-// MaxStepEntry is the most bytes one entry of the log takes: a step of
-// engine.MaxStepSize bytes, its tag and its three lengths.
-const MaxStepEntry = engine.MaxStepSize + 1 + 3*binary.MaxVarintLen32
-
-// MaxStepLog is the most bytes a log takes: engine.MaxSteps entries.
-const MaxStepLog = engine.MaxSteps * MaxStepEntry
-
 // ErrCorruptSteps is returned by DecodeSteps for bytes that the encoding
 // did not write.
 var ErrCorruptSteps = errors.New("corrupt stored steps")

@@ -27,6 +27,9 @@ func startMariaDB(t *testing.T, args ...string) *sql.DB {
 	t.Helper()
 	bin, err := exec.LookPath("mariadbd")
 	if err != nil {
+		bin, err = exec.LookPath("/usr/sbin/mariadbd") // not on every user's PATH
+	}
+	if err != nil {
 		msg := fmt.Sprintf("this test starts a MariaDB server of its own and needs mariadbd: %v; "+
 			"install MariaDB (e.g. apt-get install mariadb-server) to run it", err)
 		if servicetest.Required() {

@@ -139,7 +139,7 @@ CREATE INDEX idempotency_records_sweep_at ON idempotency_records (sweep_at)`
 func TestMigrateSteps(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "records.db")
-	old, err := sql.Open("sqlite", path)
+	old, err := sql.Open("sqlite", path+"?_pragma=journal_mode(WAL)") // as every version opens it
 	require.NoError(t, err)
 	_, err = old.Exec(oldSchema)
 	require.NoError(t, err)

@@ -24,6 +24,9 @@ type Row struct {
 	Headers     []byte
 	Body        []byte
 	BodyOmitted bool
+	// Steps is the log of the record's steps (see DecodeSteps), which
+	// Scan does not read: a store reads it where it needs it.
+	Steps []byte
 }
 
 // Columns lists the columns that Scan reads, in its order.
@@ -91,12 +94,19 @@ func (r Row) Record(id engine.ID) (engine.Record, error) {
 		Completed:   r.Completed,
 		Fingerprint: string(r.Fingerprint),
 		Token:       engine.Token(r.Token),
-		Abandoned:   int(r.Abandoned),
-		Created:     time.UnixMicro(r.Created),
-		Expires:     time.UnixMicro(r.Expires),
+		// -1 after the release, by its creator, of a record that
+		// keeps steps: the next takeover counts it back to 0.
+		Abandoned: int(max(r.Abandoned, 0)),
+		Created:   time.UnixMicro(r.Created),
+		Expires:   time.UnixMicro(r.Expires),
 	}
 	if !r.Completed {
 		rec.LeaseEnds = time.UnixMicro(r.LeaseUntil)
+		steps, err := DecodeSteps(r.Steps)
+		if err != nil {
+			return engine.Record{}, err
+		}
+		rec.Steps = steps
 		return rec, nil
 	}
 	h, err := DecodeHeader(r.Headers)

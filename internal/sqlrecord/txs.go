@@ -32,6 +32,9 @@ type OpenTx struct {
 	// End, if set, runs after the transaction ended (it gives a
 	// connection back, say).
 	End func()
+	// Steps serializes the steps saved in the transaction, so that two
+	// saved at once do not interleave their statements on its connection.
+	Steps sync.Mutex
 	// cancels cancel the contexts that Bind returned for it.
 	cancels []context.CancelCauseFunc
 }
@@ -71,6 +74,14 @@ func (t *Txs) Has(id engine.ID, token engine.Token) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.open[txKey{id, token}] != nil
+}
+
+// Get returns the lease's transaction, which stays open; nil when there is
+// none.
+func (t *Txs) Get(id engine.ID, token engine.Token) *OpenTx {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.open[txKey{id, token}]
 }
 
 // Take removes the lease's transaction, which its caller then ends; nil

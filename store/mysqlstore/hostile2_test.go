@@ -36,6 +36,8 @@ func TestDoneContextEveryMethod(t *testing.T) {
 		assert.ErrorIs(t, s.Complete(done, held, tok, created(`{}`), time.Hour), done.Err(), "%s: Complete", name)
 		assert.ErrorIs(t, s.Release(done, held, tok), done.Err(), "%s: Release", name)
 		assert.ErrorIs(t, s.Extend(done, held, tok, time.Hour), done.Err(), "%s: Extend", name)
+		assert.ErrorIs(t, s.SaveStep(done, held, tok, engine.Step{Name: "a", Fingerprint: "fp"}), done.Err(), "%s: SaveStep", name)
+		assert.ErrorIs(t, s.SaveStep(done, held, tok, engine.Step{Name: "a"}), done.Err(), "%s: SaveStep removing", name)
 		_, err = s.Lookup(done, held)
 		assert.ErrorIs(t, err, done.Err(), "%s: Lookup", name)
 		assert.ErrorIs(t, s.Resolve(done, held, created(`{}`), time.Hour), done.Err(), "%s: Resolve", name)
@@ -79,7 +81,7 @@ func TestDeadlineOnSlowServer(t *testing.T) {
 	resp := created(`{"slow":1}`)
 
 	proxy.Slow(2 * time.Second)
-	for _, op := range []string{"Claim", "Extend", "Lookup", "Resolve", "Release", "Complete"} {
+	for _, op := range []string{"Claim", "Extend", "SaveStep", "SaveStep removing", "Lookup", "Resolve", "Release", "Complete"} {
 		short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 		start := time.Now()
 		switch op {
@@ -87,6 +89,10 @@ func TestDeadlineOnSlowServer(t *testing.T) {
 			_, err = s.Claim(short, engine.ID{Key: "new"}, "fp", time.Minute, time.Hour)
 		case "Extend":
 			err = s.Extend(short, held, tok, time.Hour)
+		case "SaveStep":
+			err = s.SaveStep(short, held, tok, engine.Step{Name: "a", Fingerprint: "fp"})
+		case "SaveStep removing": // a transaction
+			err = s.SaveStep(short, held, tok, engine.Step{Name: "a"})
 		case "Lookup":
 			_, err = s.Lookup(short, held)
 		case "Resolve":

@@ -19,7 +19,7 @@ func (s *store) Lookup(ctx context.Context, id engine.ID) (engine.Record, error)
 		r            sqlrecord.Row
 		now, version int64
 	)
-	err := s.p.queryRow(ctx, nil, func(row *sql.Row) error { return r.Scan(row, &now, &version) },
+	err := s.p.queryRow(ctx, nil, func(row *sql.Row) error { return r.Scan(row, &now, &version, &r.Steps) },
 		s.q.lookup, []byte(id.Scope), []byte(id.Key))
 	if errors.Is(err, sql.ErrNoRows) {
 		return engine.Record{}, fmt.Errorf("mysqlstore: lookup: %w", engine.ErrNotFound)

@@ -91,6 +91,23 @@ func (p *prepared) queryRow(ctx context.Context, tx *sql.Tx, scan func(*sql.Row)
 	return scan(st.QueryRowContext(ctx, args...))
 }
 
+// ready prepares the statements of queries that are not yet, so that a
+// transaction that runs them then prepares each on its own connection
+// rather than waiting for another one of the pool to prepare it on.
+func (p *prepared) ready(ctx context.Context, queries ...string) error {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if p.closed {
+		return nil
+	}
+	for _, q := range queries {
+		if _, err := p.stmt(ctx, q); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // close closes the statements, once those that run have ended.
 func (p *prepared) close() {
 	p.mu.Lock()

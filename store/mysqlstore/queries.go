@@ -18,31 +18,50 @@ type queries struct {
 	claimOrder []claimParam
 
 	schema, read, claim, complete, completeTx, releaseBack, release, extend, sweep, lookup, resolve, forget string
+
+	// stepProbe[i] fails when the table lacks stepColumns[i], and
+	// stepAdd[i] adds it.
+	stepProbe, stepAdd                                        [2]string
+	stepAppend, stepAppendTx, stepRead, stepReadTx, stepWrite string
 }
 
 func newQueries(table string) queries {
 	r := strings.NewReplacer("{{table}}", table, "{{now}}", nowUS)
 	claim, order := placeholders(r.Replace(claimSQL))
-	return queries{
-		claimOrder:  order,
-		schema:      r.Replace(schemaSQL),
-		read:        r.Replace(readSQL),
-		claim:       claim,
-		complete:    r.Replace(completeSQL + heldSQL),
-		completeTx:  r.Replace(completeSQL + heldTxSQL),
-		releaseBack: r.Replace(releaseBackSQL),
-		release:     r.Replace(releaseSQL),
-		extend:      r.Replace(extendSQL),
-		sweep:       r.Replace(sweepSQL),
-		lookup:      r.Replace(readSQL + " AND expires_at > {{now}}"),
-		resolve:     r.Replace(resolveSQL),
-		forget:      r.Replace(forgetSQL),
+	q := queries{
+		claimOrder:   order,
+		schema:       r.Replace(schemaSQL),
+		read:         r.Replace(strings.Replace(readSQL, "{{steps}}", stepsIfTakeover, 1)),
+		claim:        claim,
+		complete:     r.Replace(completeSQL + heldSQL),
+		completeTx:   r.Replace(completeSQL + heldTxSQL),
+		releaseBack:  r.Replace(releaseBackSQL),
+		release:      r.Replace(releaseSQL),
+		extend:       r.Replace(extendSQL),
+		sweep:        r.Replace(sweepSQL),
+		lookup:       r.Replace(strings.Replace(readSQL, "{{steps}}", "steps", 1) + " AND expires_at > {{now}}"),
+		resolve:      r.Replace(resolveSQL),
+		forget:       r.Replace(forgetSQL),
+		stepAppend:   r.Replace(stepAppendSQL + heldSQL + stepRoomSQL),
+		stepAppendTx: r.Replace(stepAppendSQL + heldTxSQL + stepRoomSQL),
+		stepRead:     r.Replace(stepReadSQL + heldSQL + " FOR UPDATE"),
+		stepReadTx:   r.Replace(stepReadSQL + heldTxSQL + " FOR UPDATE"),
+		stepWrite:    r.Replace(stepWriteSQL),
 	}
+	for i, c := range stepColumns {
+		q.stepProbe[i] = r.Replace("SELECT " + c[0] + " FROM {{table}} WHERE FALSE")
+		q.stepAdd[i] = r.Replace("ALTER TABLE {{table}} ADD COLUMN " + c[0] + " " + c[1])
+	}
+	return q
 }
 
 // schemaSQL creates the table. Times are BIGINT microseconds (see nowUS);
 // scope and key are binary strings, compared byte for byte, of at most
-// 1024 bytes each (the primary key's limit).
+// 1024 bytes each (the primary key's limit). A record in flight keeps its
+// steps in steps, a log of entries that SaveStep appends to
+// (internal/sqlrecord), NULL when it holds none, and step_count counts the
+// log's entries; a table made before steps lacks both columns, which
+// Migrate adds (stepColumns).
 const schemaSQL = "CREATE TABLE IF NOT EXISTS {{table}} (" + `
 	scope VARBINARY(1024) NOT NULL,
 	` + "`key`" + ` VARBINARY(1024) NOT NULL,
@@ -58,16 +77,29 @@ const schemaSQL = "CREATE TABLE IF NOT EXISTS {{table}} (" + `
 	headers LONGBLOB NULL,
 	body LONGBLOB NULL,
 	body_omitted BOOLEAN NOT NULL DEFAULT FALSE,
+	steps LONGBLOB NULL,
+	step_count INT NOT NULL DEFAULT 0,
 	PRIMARY KEY (scope, ` + "`key`" + `),
 	KEY expires_at (expires_at)
 ) ENGINE=InnoDB`
 
+// stepColumns are the columns that steps added to the table, with their
+// definitions.
+var stepColumns = [2][2]string{{"steps", "LONGBLOB NULL"}, {"step_count", "INT NOT NULL DEFAULT 0"}}
+
 // readSQL reads the record of a key, live or not, with the server's clock:
 // a Claim's first statement, a consistent read that takes no lock.
-// Parameters: scope, key.
+// Parameters: scope, key. Its last column is the steps ({{steps}}): all
+// of them for Lookup, and, for a Claim, stepsIfTakeover.
 const readSQL = `SELECT token, completed, fingerprint, abandoned, created_at, lease_until, expires_at,
-	status, headers, body, body_omitted, {{now}}, version
+	status, headers, body, body_omitted, {{now}}, version, {{steps}}
 FROM {{table}} WHERE scope = ? AND ` + "`key`" + ` = ?`
+
+// stepsIfTakeover is the steps of a record that the Claim may take over (in
+// flight, its lease over, not expired), which the claim then returns: the
+// claim changes the row only if it is still the one read, steps included.
+// A replay, a new key and a request in flight are read without them.
+const stepsIfTakeover = `IF(NOT completed AND lease_until <= {{now}} AND expires_at > {{now}}, steps, NULL)`
 
 // claimSQL is the claim and the takeover in one statement: INSERT … ON
 // DUPLICATE KEY UPDATE, with every assignment conditional on "the row is
@@ -107,14 +139,17 @@ FROM {{table}} WHERE scope = ? AND ` + "`key`" + ` = ?`
 // MySQL evaluates the assignments left to right, each seeing the ones
 // before (MariaDB too, unless its SIMULTANEOUS_ASSIGNMENT mode is set, in
 // which each sees the row as it was): the condition reads version alone,
-// which comes last, and abandoned and created_at, which read expires_at,
-// come before it.
+// which comes last, and abandoned, created_at, steps and step_count,
+// which read expires_at, come before it. An expired record starts afresh,
+// without steps; one whose lease expired keeps them.
 const claimSQL = `INSERT INTO {{table}} (scope, ` + "`key`" + `, fingerprint, completed, token, version, abandoned, created_at, lease_until, expires_at)
 VALUES (CAST(:scope AS BINARY), CAST(:key AS BINARY), CAST(:fp AS BINARY), FALSE, LAST_INSERT_ID({{now}} * 1024), 0, 0,
 	{{now}}, {{now}} + :lease, {{now}} + :life)
 ON DUPLICATE KEY UPDATE
 	abandoned = IF(` + same + `, IF({{table}}.expires_at <= {{now}}, 0, LEAST({{table}}.abandoned, 2147483646) + 1), {{table}}.abandoned),
 	created_at = IF(` + same + `, IF({{table}}.expires_at <= {{now}}, {{now}}, {{table}}.created_at), {{table}}.created_at),
+	steps = IF(` + same + `, IF({{table}}.expires_at <= {{now}}, NULL, {{table}}.steps), {{table}}.steps),
+	step_count = IF(` + same + `, IF({{table}}.expires_at <= {{now}}, 0, {{table}}.step_count), {{table}}.step_count),
 	status = IF(` + same + `, NULL, {{table}}.status),
 	headers = IF(` + same + `, NULL, {{table}}.headers),
 	body = IF(` + same + `, NULL, {{table}}.body),
@@ -179,14 +214,17 @@ func (q queries) claimArgs(scope, key, fp []byte, lease, life, seen int64) []any
 	return args
 }
 
-// completeSQL stores the response. Parameters: time to live (µs), status,
-// headers, body, body omitted, then heldSQL's.
+// completeSQL stores the response, and drops the steps. Parameters: time
+// to live (µs), status, headers, body, body omitted, then heldSQL's.
 const completeSQL = `UPDATE {{table}} SET version = version + 1, completed = TRUE, lease_until = {{now}}, expires_at = {{now}} + ?,
-	status = ?, headers = ?, body = ?, body_omitted = ?
+	status = ?, headers = ?, body = ?, body_omitted = ?, ` + noSteps + `
 `
 
-// heldSQL is the record that Complete, Release and Extend may change: held
-// by the token, in flight, not expired. Parameters: scope, key, token.
+// noSteps drops a record's steps: a response replaces them.
+const noSteps = `steps = NULL, step_count = 0`
+
+// heldSQL is the record that Complete, Release, Extend and SaveStep may
+// change: held by the token, in flight, not expired. Parameters: scope, key, token.
 const heldSQL = "WHERE scope = ? AND `key` = ? AND token = ? AND NOT completed AND expires_at > {{now}}"
 
 // heldTxSQL is heldSQL in transactional mode, where the transaction, not
@@ -194,18 +232,19 @@ const heldSQL = "WHERE scope = ? AND `key` = ? AND token = ? AND NOT completed A
 const heldTxSQL = "WHERE scope = ? AND `key` = ? AND token = ? AND NOT completed"
 
 // releaseBackSQL puts a record that the holder's claim took over from lost
-// holders back as the claim found it: its lease ended, one lost holder
-// fewer (the next takeover counts it again), and a new token, which no
-// holder has.
+// holders, or that holds steps, back as the claim found it: its lease
+// ended, one lost holder fewer (the next takeover counts it again; a record
+// its holder created goes to -1, which the next takeover makes 0), its
+// steps kept, and a new token, which no holder has.
 const releaseBackSQL = `UPDATE {{table}} SET version = version + 1, lease_until = LEAST(lease_until, {{now}}), abandoned = abandoned - 1,
 	token = GREATEST(token + 1, {{now}} * 1024)
-` + heldSQL + ` AND abandoned > 0`
+` + heldSQL + ` AND (abandoned > 0 OR steps IS NOT NULL)`
 
-// releaseSQL makes a record that the holder's claim created expire now: the
-// key is new again, and the row keeps its token, so that the next claim's
-// is larger.
+// releaseSQL makes a record that the holder's claim created, and that holds
+// no steps, expire now: the key is new again, and the row keeps its token,
+// so that the next claim's is larger.
 const releaseSQL = `UPDATE {{table}} SET version = version + 1, lease_until = LEAST(lease_until, {{now}}), expires_at = {{now}}
-` + heldSQL + ` AND abandoned <= 0`
+` + heldSQL + ` AND abandoned <= 0 AND steps IS NULL`
 
 // extendSQL moves the lease's end, and the record's expiry with it, so
 // that the record outlives the lease by as much as it did. Parameters:
@@ -222,10 +261,38 @@ const sweepSQL = `DELETE FROM {{table}} WHERE expires_at <= {{now}} - 1000000 OR
 // Parameters: time to live (µs), status, headers, body, body omitted,
 // scope, key.
 const resolveSQL = `UPDATE {{table}} SET version = version + 1, completed = TRUE, lease_until = LEAST(lease_until, {{now}}),
-	expires_at = {{now}} + ?, status = ?, headers = ?, body = ?, body_omitted = ?
+	expires_at = {{now}} + ?, status = ?, headers = ?, body = ?, body_omitted = ?, ` + noSteps + `
 WHERE scope = ? AND ` + "`key`" + ` = ? AND expires_at > {{now}}`
 
-// forgetSQL makes a live record expire now, so that the next request with
-// the key runs; the row keeps its token. Parameters: scope, key.
-const forgetSQL = `UPDATE {{table}} SET version = version + 1, lease_until = LEAST(lease_until, {{now}}), expires_at = {{now}}
+// forgetSQL makes a live record expire now, without its steps, so that the
+// next request with the key runs; the row keeps its token. Parameters:
+// scope, key.
+const forgetSQL = `UPDATE {{table}} SET version = version + 1, lease_until = LEAST(lease_until, {{now}}), expires_at = {{now}}, ` + noSteps + `
 WHERE scope = ? AND ` + "`key`" + ` = ? AND expires_at > {{now}}`
+
+// stepAppendSQL records a step in one statement: it appends the step's
+// entry to the record's log (internal/sqlrecord), if the record is held by
+// the token (heldSQL or heldTxSQL follows), and stepRoomSQL after it. The
+// entry is a binary string (CAST), and so is CONCAT's result. Parameters:
+// the entry, then the held clause's, then stepRoomSQL's.
+const stepAppendSQL = `UPDATE {{table}} SET version = version + 1, steps = CONCAT(COALESCE(steps, X''), CAST(? AS BINARY)),
+	step_count = step_count + 1
+`
+
+// stepRoomSQL is the room the log must have for the entry: fewer than ?
+// entries (engine.MaxSteps), and a length, with the entry's (?), at most
+// the server's max_allowed_packet less ? (maxPacketSlack). CONCAT returns
+// NULL, with a mere warning, for a result longer than max_allowed_packet:
+// appending to a log that long would drop every step it holds, and a row
+// that long could not be read back.
+const stepRoomSQL = ` AND step_count < ? AND COALESCE(LENGTH(steps), 0) + ? <= @@max_allowed_packet - ?`
+
+// stepReadSQL reads, and locks, the log of the record held by the token
+// (heldSQL or heldTxSQL and FOR UPDATE follow), in the transaction that
+// rewrites it (stepWriteSQL), and the server's max_allowed_packet.
+const stepReadSQL = `SELECT steps, @@max_allowed_packet FROM {{table}}
+`
+
+// stepWriteSQL rewrites the log that stepReadSQL read and locked, in its
+// transaction. Parameters: the log, its entries, scope, key, token.
+const stepWriteSQL = "UPDATE {{table}} SET version = version + 1, steps = ?, step_count = ? WHERE scope = ? AND `key` = ? AND token = ?"

@@ -16,14 +16,16 @@ import (
 	"github.com/idemkit/idempotency/internal/sqlrecord"
 )
 
-// Store is an engine.Store, engine.Inspector and engine.Binder that keeps
-// its records in one MySQL or MariaDB table. New returns one; it is safe
+// Store is an engine.Store, engine.StepStore, engine.Inspector and
+// engine.Binder that keeps its records in one MySQL or MariaDB table. New returns one; it is safe
 // for concurrent use, by any number of instances sharing the table.
 type Store interface {
-	engine.Store
+	engine.StepStore
 	engine.Inspector
 	engine.Binder
-	// Migrate creates the table if it is missing.
+	// Migrate creates the table if it is missing, and adds to a table
+	// made by an earlier version the columns it lacks (see the package
+	// documentation). Instances may run it at once.
 	Migrate(ctx context.Context) error
 	// Close stops the sweeper, rolls back the transactions of
 	// transactional mode still open, and closes the statements the Store
@@ -70,7 +72,10 @@ type store struct {
 	sweepDone chan struct{}
 }
 
-var _ Store = (*store)(nil)
+var (
+	_ Store            = (*store)(nil)
+	_ engine.StepStore = (*store)(nil)
+)
 
 // New returns a Store on db, the application's own database handle of
 // github.com/go-sql-driver/mysql, in the table idempotency_records or the one that
@@ -115,6 +120,9 @@ func (s *store) Migrate(ctx context.Context) error {
 	if _, err := s.db.ExecContext(ctx, s.q.schema); err != nil {
 		return fmt.Errorf("mysqlstore: migrate: %w", err)
 	}
+	if err := s.migrateSteps(ctx); err != nil {
+		return fmt.Errorf("mysqlstore: migrate: %w", err)
+	}
 	return nil
 }
 
@@ -129,8 +137,8 @@ func (s *store) Close() error {
 	return nil
 }
 
-// seen is what a Claim read: the record, if found, its version and the
-// server's clock.
+// seen is what a Claim read: the record, if found (with its steps if the
+// Claim may take it over), its version and the server's clock.
 type seen struct {
 	row          sqlrecord.Row
 	found        bool
@@ -141,7 +149,7 @@ type seen struct {
 // unless it is nil.
 func (s *store) read(ctx context.Context, tx *sql.Tx, id engine.ID) (seen, error) {
 	var v seen
-	err := s.p.queryRow(ctx, tx, func(r *sql.Row) error { return v.row.Scan(r, &v.now, &v.version) },
+	err := s.p.queryRow(ctx, tx, func(r *sql.Row) error { return v.row.Scan(r, &v.now, &v.version, &v.row.Steps) },
 		s.q.read, []byte(id.Scope), []byte(id.Key))
 	if errors.Is(err, sql.ErrNoRows) {
 		return seen{version: -1}, nil
@@ -151,8 +159,16 @@ func (s *store) read(ctx context.Context, tx *sql.Tx, id engine.ID) (seen, error
 }
 
 // take runs claimSQL for the row that the read saw: ok is false when it
-// changed nothing.
+// changed nothing. The row's steps are decoded first, so that a log that
+// cannot be decoded fails the Claim before it writes.
 func (s *store) take(ctx context.Context, tx *sql.Tx, id engine.ID, fingerprint string, lease, ttl time.Duration, v seen) (engine.Claim, bool, error) {
+	var steps []engine.Step
+	if v.found && v.row.Expires > v.now {
+		var err error
+		if steps, err = sqlrecord.DecodeSteps(v.row.Steps); err != nil {
+			return engine.Claim{}, false, err
+		}
+	}
 	res, err := s.p.exec(ctx, tx, s.q.claim, s.q.claimArgs([]byte(id.Scope), []byte(id.Key), []byte(fingerprint),
 		sqlrecord.Micros(lease), sqlrecord.Micros(sqlrecord.AddDur(lease, ttl)), v.version)...)
 	if err != nil {
@@ -169,6 +185,7 @@ func (s *store) take(ctx context.Context, tx *sql.Tx, id engine.ID, fingerprint 
 		return engine.Claim{}, false, fmt.Errorf("claim took over a row it never read (%d rows affected)", n)
 	case v.row.Expires > v.now:
 		c.Abandoned = int(min(v.row.Abandoned, 2147483646) + 1)
+		c.Steps = steps
 	}
 	return c, true, nil
 }
@@ -266,10 +283,10 @@ func (s *store) Complete(ctx context.Context, id engine.ID, token engine.Token, 
 }
 
 // Release makes a record that the holder's claim created expire, so that the
-// key is new again; one that the claim took over from lost holders goes
-// back to how the claim found it, with a new token. Two statements at most,
-// each conditional on the token. In transactional mode it rolls the lease's
-// transaction back.
+// key is new again; one that the claim took over from lost holders, or that
+// holds steps, goes back to how the claim found it, with a new token. Two
+// statements at most, each conditional on the token. In transactional mode
+// it rolls the lease's transaction back, steps included.
 func (s *store) Release(ctx context.Context, id engine.ID, token engine.Token) error {
 	if err := ctx.Err(); err != nil && s.transactional {
 		return s.abortTx("release", id, token, err)
@@ -344,6 +361,8 @@ const (
 	errLockWaitTimeout = 1205
 	errDeadlock        = 1213
 	errPacketTooLarge  = 1153
+	errBadField        = 1054 // unknown column
+	errDupFieldName    = 1060 // duplicate column name
 )
 
 // isNotStorable reports a response larger than the server's

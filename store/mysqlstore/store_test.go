@@ -195,7 +195,8 @@ func TestStatements(t *testing.T) {
 }
 
 // After Close, Claim is refused, and a request that claimed before it
-// still completes, with the statements sent unprepared.
+// still records its steps and completes, with the statements sent
+// unprepared.
 func TestClose(t *testing.T) {
 	ctx := context.Background()
 	s := teststores.MySQL(t)
@@ -210,10 +211,17 @@ func TestClose(t *testing.T) {
 	_, err := s.Claim(ctx, engine.ID{Key: "late"}, "fp", time.Minute, time.Hour)
 	require.ErrorIs(t, err, engine.ErrStoreClosed)
 	require.NoError(t, s.Extend(ctx, extended, tokens[extended], time.Minute))
+	require.NoError(t, s.SaveStep(ctx, extended, tokens[extended], engine.Step{Name: "a", Fingerprint: "fp"}))
+	require.NoError(t, s.SaveStep(ctx, extended, tokens[extended], engine.Step{Name: "b", Fingerprint: "fp"}))
+	require.NoError(t, s.SaveStep(ctx, extended, tokens[extended], engine.Step{Name: "a"}), "a removal, in a transaction")
+	rec, err := s.Lookup(ctx, extended)
+	require.NoError(t, err)
+	require.Len(t, rec.Steps, 1)
+	assert.Equal(t, "b", rec.Steps[0].Name)
 	require.NoError(t, s.Release(ctx, released, tokens[released]))
 	require.NoError(t, s.Complete(ctx, done, tokens[done], created(`{"id":1}`), time.Hour))
 	require.ErrorIs(t, s.Complete(ctx, done, tokens[done], created(`{"id":1}`), time.Hour), engine.ErrLeaseLost)
-	rec, err := s.Lookup(ctx, done)
+	rec, err = s.Lookup(ctx, done)
 	require.NoError(t, err)
 	assert.Equal(t, `{"id":1}`, string(rec.Response.Body))
 }

@@ -274,3 +274,61 @@ func paired(b *testing.B, ops []func(i int) error) {
 		}
 	}
 }
+
+// BenchmarkSteps times a first execution (Claim of a new key, then
+// Complete) without steps and with three steps of 256 bytes, the two in
+// turn at every iteration, and reports each one's mean and what a step
+// adds (step-µs). With synchronous NORMAL (the default) and FULL.
+//
+//	go test ./store/sqlitestore -run '^$' -bench BenchmarkSteps -benchtime 2000x -count 5
+func BenchmarkSteps(b *testing.B) {
+	ctx := context.Background()
+	resp := &engine.Response{Status: 201, Header: map[string][]string{"Content-Type": {"application/json"}}, Body: []byte(`{"id":42,"status":"created"}`)}
+	result := make([]byte, 256)
+	for _, tc := range []struct {
+		name string
+		opts []sqlitestore.Option
+	}{{"normal", nil}, {"full", []sqlitestore.Option{sqlitestore.WithFullSync()}}} {
+		s, err := sqlitestore.Open(ctx, filepath.Join(b.TempDir(), "records.db"), tc.opts...)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer s.Close()
+		run := 0
+		b.Run(tc.name, func(b *testing.B) {
+			run++
+			stepsPaired(b, s, run, resp, result)
+		})
+	}
+}
+
+// stepsPaired runs BenchmarkSteps on s, its run-th time.
+func stepsPaired(b *testing.B, s engine.StepStore, run int, resp *engine.Response, result []byte) {
+	ctx := context.Background()
+	const steps = 3
+	var spent [2]time.Duration
+	b.ReportAllocs()
+	for i := range b.N {
+		for j := range 2 {
+			n := (i + j) % 2 * steps
+			id := engine.ID{Scope: "bench-steps", Key: fmt.Sprint(run, "-", i, "-", n)}
+			start := time.Now()
+			c, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
+			if err != nil || c.Status != engine.Acquired {
+				b.Fatal(c.Status, err)
+			}
+			for k := range n {
+				if err := s.SaveStep(ctx, id, c.Token, engine.Step{Name: fmt.Sprint("step-", k), Fingerprint: "fp", Done: true, Result: result}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if err := s.Complete(ctx, id, c.Token, resp, time.Hour); err != nil {
+				b.Fatal(err)
+			}
+			spent[n/steps] += time.Since(start)
+		}
+	}
+	b.ReportMetric(float64(spent[0].Microseconds())/float64(b.N), "none-µs")
+	b.ReportMetric(float64(spent[1].Microseconds())/float64(b.N), "three-µs")
+	b.ReportMetric(float64((spent[1]-spent[0]).Microseconds())/float64(b.N*steps), "step-µs")
+}

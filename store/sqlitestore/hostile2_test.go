@@ -30,6 +30,8 @@ func TestDoneContextEveryMethod(t *testing.T) {
 		assert.ErrorIs(t, s.Complete(done, held, tok, created(`{}`), time.Hour), done.Err(), "%s: Complete", name)
 		assert.ErrorIs(t, s.Release(done, held, tok), done.Err(), "%s: Release", name)
 		assert.ErrorIs(t, s.Extend(done, held, tok, time.Hour), done.Err(), "%s: Extend", name)
+		assert.ErrorIs(t, s.SaveStep(done, held, tok, engine.Step{Name: "a", Fingerprint: "fp"}), done.Err(), "%s: SaveStep", name)
+		assert.ErrorIs(t, s.SaveStep(done, held, tok, engine.Step{Name: "a"}), done.Err(), "%s: SaveStep removing", name)
 		_, err = s.Lookup(done, held)
 		assert.ErrorIs(t, err, done.Err(), "%s: Lookup", name)
 		assert.ErrorIs(t, s.Resolve(done, held, created(`{}`), time.Hour), done.Err(), "%s: Resolve", name)
@@ -74,6 +76,12 @@ func TestDeadlineWhileFileLocked(t *testing.T) {
 		"Release":  func(ctx context.Context) error { return s.Release(ctx, held, tok) },
 		"Extend":   func(ctx context.Context) error { return s.Extend(ctx, held, tok, time.Hour) },
 		"Resolve":  func(ctx context.Context) error { return s.Resolve(ctx, held, created(`{}`), time.Hour) },
+		"SaveStep": func(ctx context.Context) error {
+			return s.SaveStep(ctx, held, tok, engine.Step{Name: "a", Fingerprint: "fp"})
+		},
+		"SaveStep removing": func(ctx context.Context) error { // a transaction
+			return s.SaveStep(ctx, held, tok, engine.Step{Name: "a"})
+		},
 	} {
 		short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 		start := time.Now()

@@ -2,6 +2,8 @@ package sqlitestore
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"fmt"
 	"time"
 
@@ -16,11 +18,15 @@ func (s *store) Lookup(ctx context.Context, id engine.ID) (engine.Record, error)
 	if err := s.begin(ctx, "lookup"); err != nil {
 		return engine.Record{}, err
 	}
-	r, found, err := s.read(ctx, id)
+	var r sqlrecord.Row
+	err := r.Scan(s.st.lookup.QueryRowContext(ctx, []byte(id.Scope), []byte(id.Key)), &r.Steps)
+	if errors.Is(err, sql.ErrNoRows) {
+		return engine.Record{}, fmt.Errorf("sqlitestore: lookup: %w", engine.ErrNotFound)
+	}
 	if err != nil {
 		return engine.Record{}, s.fail("lookup", err)
 	}
-	if !found || r.Expires <= s.now() {
+	if r.Expires <= s.now() {
 		return engine.Record{}, fmt.Errorf("sqlitestore: lookup: %w", engine.ErrNotFound)
 	}
 	rec, err := r.Record(id)

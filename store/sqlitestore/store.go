@@ -17,11 +17,11 @@ import (
 	"github.com/idemkit/idempotency/internal/sqlrecord"
 )
 
-// Store is an engine.Store, engine.Inspector and engine.Binder that keeps
-// its records in one SQLite file. Open returns one; it is safe for
+// Store is an engine.Store, engine.StepStore, engine.Inspector and
+// engine.Binder that keeps its records in one SQLite file. Open returns one; it is safe for
 // concurrent use, and several processes may open the same file.
 type Store interface {
-	engine.Store
+	engine.StepStore
 	engine.Inspector
 	engine.Binder
 	// DB is the database the Store opened, for the application's own
@@ -78,10 +78,14 @@ type store struct {
 	firstSwept chan struct{}
 }
 
-var _ Store = (*store)(nil)
+var (
+	_ Store            = (*store)(nil)
+	_ engine.StepStore = (*store)(nil)
+)
 
 // Open opens, or creates, the SQLite database file at path in WAL mode,
-// creates the table of records in it if it is missing, and starts the
+// creates the table of records in it if it is missing (or adds to it the
+// columns that an earlier version's table lacks), and starts the
 // sweeper, a goroutine that deletes expired records every minute until
 // Close. path is a file name: not ":memory:", not a "file:" URI, and
 // without "?".
@@ -104,6 +108,10 @@ func Open(ctx context.Context, path string, opts ...Option) (Store, error) {
 		return nil, fmt.Errorf("sqlitestore: open: %w", err)
 	}
 	if _, err := db.ExecContext(ctx, schemaSQL); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("sqlitestore: open: %w", err)
+	}
+	if err := migrate(ctx, db); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("sqlitestore: open: %w", err)
 	}
@@ -186,15 +194,24 @@ func (s *store) read(ctx context.Context, id engine.ID) (r sqlrecord.Row, found 
 }
 
 // take runs claimSQL, st: ok is false when the record could not be claimed.
+// The claim returns the steps of a record it took over; decoding them is
+// the one failure after the claim, which then stands (fail closed: the
+// key stays in flight until its lease ends).
 func (s *store) take(ctx context.Context, st *sql.Stmt, id engine.ID, fingerprint string, lease, ttl time.Duration) (c engine.Claim, ok bool, err error) {
 	now := s.now()
-	var abandoned int64
+	var (
+		abandoned int64
+		steps     []byte
+	)
 	err = st.QueryRowContext(ctx, []byte(id.Scope), []byte(id.Key), []byte(fingerprint), now,
-		now+sqlrecord.Micros(lease), now+sqlrecord.Micros(sqlrecord.AddDur(lease, ttl))).Scan(&c.Token, &abandoned)
+		now+sqlrecord.Micros(lease), now+sqlrecord.Micros(sqlrecord.AddDur(lease, ttl))).Scan(&c.Token, &abandoned, &steps)
 	if errors.Is(err, sql.ErrNoRows) {
 		return engine.Claim{}, false, nil
 	}
 	if err != nil {
+		return engine.Claim{}, false, err
+	}
+	if c.Steps, err = sqlrecord.DecodeSteps(steps); err != nil {
 		return engine.Claim{}, false, err
 	}
 	c.Status, c.Abandoned = engine.Acquired, int(abandoned)
@@ -279,10 +296,10 @@ func (s *store) Complete(ctx context.Context, id engine.ID, token engine.Token, 
 }
 
 // Release makes a record that the holder's claim created expire, so that
-// the key is new again; one that the
-// claim took over from lost holders goes back to how the claim found it,
-// with a new token. In transactional mode it rolls the lease's transaction
-// back.
+// the key is new again; one that the claim took over from lost holders, or
+// that holds steps, goes back to how the claim found it, with a new token.
+// In transactional mode it rolls the lease's transaction back, steps
+// included.
 func (s *store) Release(ctx context.Context, id engine.ID, token engine.Token) error {
 	if s.transactional && ctx.Err() != nil && !s.closed.Load() {
 		return s.abortTx("release", id, token, ctx.Err())

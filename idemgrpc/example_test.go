@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemkit/idempotency"
 	"github.com/idemkit/idempotency/idemgrpc"
+	"github.com/idemkit/idempotency/step"
 	"github.com/idemkit/idempotency/store/memstore"
 )
 
@@ -189,4 +190,74 @@ func Example() {
 	// order 42, run 1 (replayed: false)
 	// order 42, run 1 (replayed: true)
 	// runs: 1
+}
+
+// fulfilment is a service whose UnaryCall charges, then ships: the first
+// shipment fails after the charge.
+type fulfilment struct {
+	testgrpc.UnimplementedTestServiceServer
+	charges, shipments int
+}
+
+func (f *fulfilment) UnaryCall(ctx context.Context, req *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
+	receipt, err := step.Run(ctx, "charge", req.GetPayload().GetBody(), func(ctx context.Context) (string, error) {
+		f.charges++ // a payment API called with the client: its key derives from "charge"
+		return fmt.Sprintf("receipt-%d", f.charges), nil
+	})
+	if err != nil {
+		return nil, status.Error(codes.Unavailable, err.Error())
+	}
+	if f.shipments++; f.shipments == 1 {
+		// Unavailable releases the key: the client's next attempt
+		// resumes after the charge.
+		return nil, status.Error(codes.Unavailable, "warehouse unreachable")
+	}
+	return &testgrpc.SimpleResponse{Username: receipt + " shipped"}, nil
+}
+
+// A handler with a step behind the server interceptor: its first attempt
+// fails after the charge, and the client's retry, with the same key,
+// resumes after it.
+func Example_steps() {
+	store, err := memstore.New()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+	guard, err := idemgrpc.NewServer(store)
+	if err != nil {
+		log.Fatal(err)
+	}
+	srv := grpc.NewServer(guard.ServerOptions()...)
+	svc := &fulfilment{}
+	testgrpc.RegisterTestServiceServer(srv, svc)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		log.Fatal(err)
+	}
+	go srv.Serve(ln)
+	defer func() {
+		srv.Stop()
+		guard.Shutdown(context.Background())
+	}()
+
+	ci, err := idemgrpc.UnaryClientInterceptor(idemgrpc.WithMaxAttempts(3))
+	if err != nil {
+		log.Fatal(err)
+	}
+	conn, err := grpc.NewClient(ln.Addr().String(),
+		grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithChainUnaryInterceptor(ci))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+	var rep idemgrpc.Report
+	resp, err := testgrpc.NewTestServiceClient(conn).UnaryCall(context.Background(),
+		&testgrpc.SimpleRequest{Payload: &testgrpc.Payload{Body: []byte("order-7")}}, idemgrpc.WithReport(&rep))
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("%s after %d attempts; charges: %d\n", resp.GetUsername(), rep.Attempts, svc.charges)
+	// Output:
+	// receipt-1 shipped after 2 attempts; charges: 1
 }

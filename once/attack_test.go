@@ -1,8 +1,8 @@
 package once_test
 
 import (
-	"encoding/json"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"

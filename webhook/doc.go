@@ -61,9 +61,8 @@
 //
 // The handler runs with engine.LeaseFromContext: an idempotency.Client
 // used in it derives its downstream keys from the delivery id, and a step
-// run through package once with a key derived from it (Lease().Key) runs
-// once even when the handler fails after it and the sender retries (see
-// the example).
+// (package step) runs once even when the handler fails after it and the
+// sender retries: the retry resumes after it (see the example).
 //
 // # Checking a receiver
 //

@@ -17,8 +17,7 @@ import (
 
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 
-	"github.com/idemkit/idempotency/engine"
-	"github.com/idemkit/idempotency/once"
+	"github.com/idemkit/idempotency/step"
 	"github.com/idemkit/idempotency/store/memstore"
 	"github.com/idemkit/idempotency/webhook"
 )
@@ -186,24 +185,20 @@ func Example_sender() {
 	// 401 replayed: false
 }
 
-// A handler with two effects composes with package once: the email is a
-// step keyed by the delivery id, so when the handler fails after it and the
-// sender retries, the retry runs the handler again but does not send the
-// email twice.
+// A handler with two effects runs the first as a step (package step):
+// when the handler fails after it and the sender retries, the retry runs
+// the handler again but does not send the email twice.
 func Example_steps() {
 	const secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 	store, _ := memstore.New()
 	defer store.Close()
 	rc, _ := webhook.New(store, webhook.StandardWebhooks(secret))
 	defer rc.Shutdown(context.Background())
-	steps, _ := once.New(store)
-	defer steps.Shutdown(context.Background())
 
 	var emails, ledgerDown atomic.Int32
 	ledgerDown.Store(1)
 	srv := httptest.NewServer(rc.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		lease, _ := engine.LeaseFromContext(r.Context())
-		_, err := once.Do(r.Context(), steps, engine.ID{Scope: "webhook-steps", Key: lease.Key + "/receipt-email"}, nil,
+		_, err := step.Run(r.Context(), "receipt-email", nil,
 			func(ctx context.Context) (bool, error) { emails.Add(1); return true, nil })
 		if err != nil || ledgerDown.Add(-1) >= 0 {
 			// The ledger is down: the key is released, and the sender

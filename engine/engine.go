@@ -8,6 +8,8 @@ import (
 	"reflect"
 	"sync/atomic"
 	"time"
+
+	"github.com/idemkit/idempotency/internal/jsoncodec"
 )
 
 // Defaults, and the shortest lease.
@@ -145,7 +147,7 @@ func New(store Store, cfg Config) (*Engine, error) {
 		cfg.Logger = slog.Default()
 	}
 	if cfg.Codec == nil {
-		cfg.Codec = jsonCodec{}
+		cfg.Codec = jsoncodec.Codec{}
 	}
 	cfg.Logger = slog.New(newRateLimited(cfg.Logger.Handler(), time.Second))
 	e := &Engine{store: store, cfg: cfg}
@@ -165,10 +167,6 @@ func isNil(store Store) bool {
 	}
 	return false
 }
-
-// Codec returns the codec of the engine's configuration (Config.Codec), the
-// default one when none was set.
-func (e *Engine) Codec() Codec { return e.cfg.Codec }
 
 // Logger returns the engine's rate-limited logger, for a door's own records.
 func (e *Engine) Logger() *slog.Logger { return e.cfg.Logger }

@@ -3,6 +3,8 @@ package engine
 import (
 	"errors"
 	"fmt"
+
+	"github.com/idemkit/idempotency/internal/sentinel"
 )
 
 // The answers of the protocol that are not a result: every door refuses a
@@ -10,8 +12,9 @@ import (
 // 422 and 503). Match them with errors.Is.
 var (
 	// ErrKeyMismatch: the key was already used for a different request:
-	// another fingerprint.
-	ErrKeyMismatch = errors.New("idempotency key reused for a different request")
+	// another fingerprint. A step (package step) recorded with another
+	// input is refused with it too.
+	ErrKeyMismatch = sentinel.KeyMismatch
 	// ErrInFlight: a request with the same key is still being processed
 	// elsewhere.
 	ErrInFlight = errors.New("request with this idempotency key in flight")
@@ -24,6 +27,12 @@ var (
 	// and a retry cannot change it.
 	ErrOutcomeUnknown = errors.New("outcome of the idempotent request unknown")
 )
+
+// ErrResultOmitted is what a later call gets, wrapped, when the work (the
+// function door's function, a step) ran but its result was not stored: it
+// could not be encoded, or the store refused it (too large). The work is
+// not run again.
+var ErrResultOmitted = sentinel.ResultOmitted
 
 // ErrLeaseExpired is the cause with which the work's context is cancelled
 // when its lease ended without a successful renewal: the Store failed or

@@ -9,16 +9,6 @@ import (
 	"github.com/idemkit/idempotency/internal/steps"
 )
 
-// Limits on the steps of one call (package step). Every StepStore refuses
-// more with an error wrapping ErrNotStorable.
-const (
-	// MaxSteps is the most steps one record keeps.
-	MaxSteps = steps.MaxSteps
-	// MaxStepSize is the most bytes one step takes: its name, fingerprint
-	// and result together.
-	MaxStepSize = steps.MaxSize
-)
-
 // Step is the record of one step of a call (package step runs them): a
 // named part of the work whose result is kept under the call's key, so
 // that a later holder of the key (after a takeover, or after a release)
@@ -62,8 +52,8 @@ type StepStore interface {
 	// removes that record instead. It fails with ErrLeaseLost, and changes
 	// nothing, unless token is the record's current token and the record
 	// is in flight, and with an error wrapping ErrNotStorable when the
-	// step takes more than MaxStepSize bytes or the record would hold more
-	// than MaxSteps steps.
+	// step takes more than 64 KiB (65,536 bytes: its name, fingerprint
+	// and result together) or the record would hold more than 100 steps.
 	SaveStep(ctx context.Context, id ID, token Token, step Step) error
 }
 

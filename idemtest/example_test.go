@@ -167,7 +167,7 @@ func ExampleTarget_keyLengths() {
 // behind the server package's middleware, which fails when asked to by
 // X-Test-Fail.
 type ordersApp struct {
-	store *memstore.Store
+	store memstore.Store
 	mw    *server.Middleware
 }
 

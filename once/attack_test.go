@@ -496,7 +496,7 @@ func TestAttackHugeResult(t *testing.T) {
 			require.NoError(t, err)
 			assert.Len(t, v, len(huge))
 			_, err = once.Do(context.Background(), r, id("huge-1"), nil, fn)
-			assert.ErrorIs(t, err, once.ErrResultOmitted)
+			assert.ErrorIs(t, err, engine.ErrResultOmitted)
 			assert.Equal(t, 1, runs)
 
 			// A permanent error too large to keep: fn does not run again.
@@ -505,7 +505,7 @@ func TestAttackHugeResult(t *testing.T) {
 			assert.ErrorIs(t, err, once.ErrPermanent)
 			_, err = once.Do(context.Background(), r, id("huge-2"), nil, fn)
 			assert.ErrorIs(t, err, once.ErrPermanent, "the stored status says the call failed for good")
-			assert.NotErrorIs(t, err, once.ErrResultOmitted)
+			assert.NotErrorIs(t, err, engine.ErrResultOmitted)
 			assert.Equal(t, 2, runs)
 		})
 	}

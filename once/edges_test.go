@@ -31,7 +31,7 @@ func TestPermanentErrorOmitted(t *testing.T) {
 
 		_, err = once.Do(ctx, r, id("perm-omitted"), nil, fail)
 		assert.ErrorIs(t, err, once.ErrPermanent, "the stored status says the call failed for good")
-		assert.NotErrorIs(t, err, once.ErrResultOmitted, "an omitted error is no omitted value")
+		assert.NotErrorIs(t, err, engine.ErrResultOmitted, "an omitted error is no omitted value")
 		var stored *once.StoredError
 		if assert.ErrorAs(t, err, &stored) {
 			assert.True(t, stored.Omitted)
@@ -85,7 +85,7 @@ func TestInvalidUTF8(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, "caf\xe9", v, "the caller that ran fn gets its value")
 		res, err := doResult(ctx, r, id("utf8-out"), nil, latin1)
-		assert.ErrorIs(t, err, once.ErrResultOmitted, "a replay is the original, or an error: got %q", res.Value)
+		assert.ErrorIs(t, err, engine.ErrResultOmitted, "a replay is the original, or an error: got %q", res.Value)
 		assert.Equal(t, 3, runs)
 	})
 }

@@ -27,7 +27,7 @@
 //     refuses an input or a result holding a string that is not valid
 //     UTF-8, which encoding/json would change: such an input is
 //     refused before anything is claimed, and such a result is recorded
-//     without its value (ErrResultOmitted), never replayed changed.
+//     without its value (engine.ErrResultOmitted), never replayed changed.
 //   - While fn runs elsewhere with the key, a call waits up to the
 //     configuration's Wait (WithConfig) for its result, then gets an error wrapping engine.ErrInFlight.
 //   - When the store fails, a call gets an error wrapping
@@ -83,6 +83,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idempotency/engine"
+	"github.com/idemkit/idempotency/internal/jsoncodec"
 )
 
 // maxKeyLen is the longest key accepted, as the HTTP middleware accepts.
@@ -124,13 +125,6 @@ var ErrInvalidKey = errors.New("idempotency key invalid")
 // with Permanent, and by its replays, the [*StoredError]s.
 var ErrPermanent = errors.New("permanent error")
 
-// ErrResultOmitted is what a later call gets, wrapped, when fn ran but its
-// value was not stored: it could not be encoded, or the store refused it
-// (too large, engine.ErrNotStorable). fn is not run again. A permanent
-// error whose message was not stored is a [*StoredError] with Omitted set,
-// which matches ErrPermanent and not ErrResultOmitted: the call failed.
-var ErrResultOmitted = errors.New("the function ran, but its result was not stored")
-
 // Runner runs functions once per key against one Store. Create one with
 // New; it is safe for concurrent use.
 type Runner struct {
@@ -161,7 +155,11 @@ func New(store engine.Store, opts ...Option) (*Runner, error) {
 	if err := errors.Join(cfg.bad...); err != nil {
 		return nil, err
 	}
-	return &Runner{engine: e, codec: e.Codec(), keep: cfg.keep, observed: cfg.engine.Observer != nil}, nil
+	codec := cfg.engine.Codec
+	if codec == nil {
+		codec = jsoncodec.Codec{}
+	}
+	return &Runner{engine: e, codec: codec, keep: cfg.keep, observed: cfg.engine.Observer != nil}, nil
 }
 
 // Shutdown waits for the results that are being stored after they were
@@ -262,7 +260,7 @@ func (d *door[T]) Replay(resp *engine.Response) int {
 		// same.
 		d.err = &StoredError{Message: string(resp.Body), Omitted: resp.BodyOmitted}
 	case resp.BodyOmitted:
-		d.err = fmt.Errorf("once: %w", ErrResultOmitted)
+		d.err = fmt.Errorf("once: %w", engine.ErrResultOmitted)
 	case resp.Status == statusValue:
 		if err := d.r.codec.Unmarshal(resp.Body, &d.value); err != nil {
 			d.err = fmt.Errorf("once: stored result cannot be decoded: %w", err)

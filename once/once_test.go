@@ -410,7 +410,7 @@ func TestBadInput(t *testing.T) {
 	_, err = once.Do(ctx, r, id("bad-result"), nil, bad)
 	assert.NoError(t, err)
 	_, err = once.Do(ctx, r, id("bad-result"), nil, bad)
-	assert.ErrorIs(t, err, once.ErrResultOmitted)
+	assert.ErrorIs(t, err, engine.ErrResultOmitted)
 	assert.Equal(t, 1, runs)
 }
 

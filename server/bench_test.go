@@ -82,7 +82,7 @@ func BenchmarkMiddleware(b *testing.B) {
 		run(b, func(int) http.Handler { return h }, newKey)
 	})
 	b.Run("first", func(b *testing.B) {
-		var store *memstore.Store
+		var store memstore.Store
 		var h http.Handler
 		defer func() { store.Close() }()
 		run(b, func(i int) http.Handler {

@@ -44,7 +44,7 @@ func (o *orders) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // fixture starts an httptest server with the middleware in front of h.
-func fixture(t *testing.T, h http.Handler, opts ...server.Option) (*httptest.Server, *memstore.Store) {
+func fixture(t *testing.T, h http.Handler, opts ...server.Option) (*httptest.Server, memstore.Store) {
 	t.Helper()
 	store, err := memstore.New()
 	require.NoError(t, err)

@@ -40,7 +40,7 @@ type Middleware struct {
 
 // New returns middleware that protects requests with store. The options are
 // checked: an invalid one is an error that names every invalid option. A nil
-// store, or a nil pointer in a Store interface (var s *memstore.Store), is
+// store, or a nil pointer in a Store interface (var s memstore.Store), is
 // refused.
 func New(store engine.Store, opts ...Option) (*Middleware, error) {
 	cfg := defaultConfig()

@@ -151,7 +151,7 @@ func TestFailuresReleaseTheKey(t *testing.T) {
 }
 
 // blind is a store that cannot see the fingerprint of a request in flight.
-type blind struct{ *memstore.Store }
+type blind struct{ memstore.Store }
 
 func (s blind) Claim(ctx context.Context, id engine.ID, fp string, lease, ttl time.Duration) (engine.Claim, error) {
 	c, err := s.Store.Claim(ctx, id, fp, lease, ttl)

@@ -81,7 +81,7 @@ func TestLeaseLostCancelsHandler(t *testing.T) {
 }
 
 // binding is a Store that hands the handler a value through Bind.
-type binding struct{ *memstore.Store }
+type binding struct{ memstore.Store }
 
 type bound struct{}
 

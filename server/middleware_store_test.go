@@ -59,7 +59,7 @@ func TestStoreFailure(t *testing.T) {
 
 // uncommitted is a transactional store whose Complete reports the
 // handler's effects rolled back.
-type uncommitted struct{ *memstore.Store }
+type uncommitted struct{ memstore.Store }
 
 func (uncommitted) Bind(ctx context.Context, _ engine.ID, _ engine.Token) context.Context { return ctx }
 

@@ -93,7 +93,7 @@ func TestMethodsLowerCase(t *testing.T) {
 // TestNewRefusesNilStore: a nil Store, or a nil pointer in the interface,
 // would panic on every request; New refuses it.
 func TestNewRefusesNilStore(t *testing.T) {
-	var typed *memstore.Store
+	var typed memstore.Store
 	for name, store := range map[string]engine.Store{"nil": nil, "typed nil": typed} {
 		t.Run(name, func(t *testing.T) {
 			mw, err := server.New(store)

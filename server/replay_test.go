@@ -122,7 +122,7 @@ func TestReplayIsACopy(t *testing.T) {
 	}
 }
 
-func newMem(t *testing.T) *memstore.Store {
+func newMem(t *testing.T) memstore.Store {
 	t.Helper()
 	s, err := memstore.New()
 	require.NoError(t, err)

@@ -14,7 +14,7 @@ import (
 	"github.com/idemkit/idempotency/store/memstore"
 )
 
-func faulty(t *testing.T) (*faultstore.Store, *memstore.Store) {
+func faulty(t *testing.T) (*faultstore.Store, memstore.Store) {
 	t.Helper()
 	mem, err := memstore.New()
 	require.NoError(t, err)
@@ -34,7 +34,7 @@ func (failing) Claim(context.Context, engine.ID, string, time.Duration, time.Dur
 }
 
 // losing is a store whose Extend reports the lease lost.
-type losing struct{ *memstore.Store }
+type losing struct{ memstore.Store }
 
 func (losing) Extend(context.Context, engine.ID, engine.Token, time.Duration) error {
 	return fmt.Errorf("losing: %w", engine.ErrLeaseLost)

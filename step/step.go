@@ -17,18 +17,20 @@
 // # What a run must know
 //
 //   - Names: each step of a run has its own name (a loop names its steps
-//     by item: "email:"+addr). A name used twice in one run is refused
-//     with ErrDuplicate and the step does not run, unless its first use
+//     by item: "email:"+addr). A name used twice in one run is refused,
+//     and the step does not run, unless its first use
 //     failed (its function returned an error): then the name may be
 //     tried again.
 //   - Inputs: a step's input is fingerprinted (encoded with the engine's
 //     codec, engine.Config.Codec, then SHA-256). A recorded step whose
-//     input differs is refused with ErrMismatch and does not run.
+//     input differs is refused with an error wrapping
+//     engine.ErrKeyMismatch, and does not run.
 //   - Results are encoded with the same codec (JSON by default) and must
-//     round-trip through it. A result larger than engine.MaxStepSize, or one
-//     the codec cannot encode, is recorded as done without its value: the
-//     run that ran it gets the value, and later runs get ErrResultOmitted.
-//     A call records at most engine.MaxSteps steps.
+//     round-trip through it (through the gRPC door a protobuf message
+//     needs a codec that keeps it, such as one on protojson). A result
+//     larger than 64 KiB, or one the codec cannot encode, is recorded as
+//     done without its value: the run that ran it gets the value, and later
+//     runs get engine.ErrResultOmitted. A call records at most 100 steps.
 //   - Errors: a step whose function returns an error is not recorded, and
 //     runs again on the retry: return an error only when the effect did not
 //     happen. A step that ran but whose result the store did not take
@@ -77,20 +79,11 @@ import (
 	"github.com/idemkit/idempotency/internal/steps"
 )
 
-// The errors of a step; what Run returns wraps them.
-var (
-	// ErrNoSteps: the context belongs to no protected call (a door's
-	// run), or its store keeps no steps (engine.StepStore). A call that a
-	// door runs unprotected (engine.Config.FailOpen) gets it too.
-	ErrNoSteps = steps.ErrNoSteps
-	// ErrDuplicate: the name was already used by a step of this run.
-	ErrDuplicate = steps.ErrDuplicate
-	// ErrMismatch: the step was recorded with another input.
-	ErrMismatch = steps.ErrMismatch
-	// ErrResultOmitted: the step ran, but its result could not be
-	// recorded (too large, or not encodable); it is not run again.
-	ErrResultOmitted = steps.ErrResultOmitted
-)
+// ErrNoSteps is wrapped by what Run returns when ctx belongs to no
+// protected call (a door's run), or its store keeps no steps
+// (engine.StepStore). A call that a door runs unprotected
+// (engine.Config.FailOpen) gets it too.
+var ErrNoSteps = steps.ErrNoSteps
 
 // Run runs fn once for the call that ctx belongs to, under the name name,
 // and returns its value, or the value recorded when an earlier holder of

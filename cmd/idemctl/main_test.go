@@ -30,7 +30,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // fixture is a memstore that the command opens instead of a database, and
 // the command's output.
 type fixture struct {
-	store  *memstore.Store
+	store  memstore.Store
 	opened []storeConfig
 	stdout bytes.Buffer
 	stderr bytes.Buffer

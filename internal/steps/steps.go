@@ -14,10 +14,12 @@ import (
 	"fmt"
 	"sync"
 	"unicode/utf8"
+
+	"github.com/idemkit/idempotency/internal/sentinel"
 )
 
-// Limits on one call's steps. The engine states them as MaxSteps and
-// MaxStepSize; every store enforces them.
+// Limits on one call's steps, stated in engine.StepStore's documentation;
+// every store enforces them.
 const (
 	// MaxSteps is the most steps one call records.
 	MaxSteps = 100
@@ -28,14 +30,8 @@ const (
 	MaxName = 255
 )
 
-// The errors of a step, wrapped by what Run returns. Package step exports
-// them.
-var (
-	ErrNoSteps       = errors.New("no protected call with steps in this context")
-	ErrDuplicate     = errors.New("step name already used in this run")
-	ErrMismatch      = errors.New("step input differs from the recorded one")
-	ErrResultOmitted = errors.New("step result was too large to record")
-)
+// ErrNoSteps is step.ErrNoSteps.
+var ErrNoSteps = errors.New("no protected call with steps in this context")
 
 // Entry is one recorded step, as the engine's Step.
 type Entry struct {
@@ -114,7 +110,7 @@ func (j *Journal) Begin(name string, input any) (fp string, prior *Entry, err er
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if _, ok := j.used[name]; ok {
-		return "", nil, fmt.Errorf("step %q: %w: name each step of a run once (a loop names its steps by item)", name, ErrDuplicate)
+		return "", nil, fmt.Errorf("step %q: name already used in this run: name each step of a run once (a loop names its steps by item)", name)
 	}
 	for i := range j.loaded {
 		if j.loaded[i].Name == name {
@@ -126,7 +122,7 @@ func (j *Journal) Begin(name string, input any) (fp string, prior *Entry, err er
 		return "", nil, fmt.Errorf("step %q: a call records at most %d steps", name, MaxSteps)
 	}
 	if prior != nil && prior.Fingerprint != fp {
-		return "", nil, fmt.Errorf("step %q: %w", name, ErrMismatch)
+		return "", nil, fmt.Errorf("step %q: its input differs from the one recorded: %w", name, sentinel.KeyMismatch)
 	}
 	if j.used == nil {
 		j.used = make(map[string]struct{}, 4)
@@ -192,7 +188,7 @@ func (j *Journal) Decode(name string, result []byte, v any) error {
 	}
 	switch result[0] {
 	case tagOmitted:
-		return fmt.Errorf("step %q: %w (the step ran, and is not run again)", name, ErrResultOmitted)
+		return fmt.Errorf("step %q: %w (too large, or not encodable; the step is not run again)", name, sentinel.ResultOmitted)
 	case tagValue:
 		if err := j.Codec.Unmarshal(result[1:], v); err != nil {
 			return fmt.Errorf("step %q: decoding its recorded result: %w", name, err)

@@ -14,7 +14,7 @@ import (
 // clock since then, so a change of the system's clock after New does not
 // move them. A lease or a life that never ends (math.MaxInt64) ends about
 // 292 years after New.
-func (s *Store) Lookup(ctx context.Context, id engine.ID) (engine.Record, error) {
+func (s *store) Lookup(ctx context.Context, id engine.ID) (engine.Record, error) {
 	sh, err := s.lock(ctx, "lookup", id)
 	if err != nil {
 		return engine.Record{}, err
@@ -45,7 +45,7 @@ func (s *Store) Lookup(ctx context.Context, id engine.ID) (engine.Record, error)
 // toward the byte bound as one stored by Complete does, and at the bound it
 // is kept without its body in the same way. The ttl is saturated, as in
 // Claim.
-func (s *Store) Resolve(ctx context.Context, id engine.ID, resp *engine.Response, ttl time.Duration) error {
+func (s *store) Resolve(ctx context.Context, id engine.ID, resp *engine.Response, ttl time.Duration) error {
 	sh, err := s.lock(ctx, "resolve", id)
 	if err != nil {
 		return err

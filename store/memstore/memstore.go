@@ -52,6 +52,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idempotency/engine"
+	"github.com/idemkit/idempotency/internal/steps"
 )
 
 // Default bounds. They suit a single API process: a million records, or
@@ -79,9 +80,36 @@ var (
 	ErrFull = errors.New("store full")
 )
 
-// Store is an in-memory engine.Store. Create one with New; it is safe for
-// concurrent use. Call Close to stop its background sweep.
-type Store struct {
+// Store is an in-memory engine.Store that keeps steps (engine.StepStore)
+// and lets an operator inspect its records (engine.Inspector). Create one
+// with New; it is safe for concurrent use. Call Close to stop its
+// background sweep.
+type Store interface {
+	engine.StepStore
+	engine.Inspector
+	// Close ends the store: it forgets every record, stops the background sweep
+	// and waits for it to end. Close is idempotent and always returns nil.
+	//
+	// A request still running when Close is called is not waited for, and is
+	// never held: each method called after Close fails at once with engine.ErrStoreClosed,
+	// and a holder's Complete, Release or Extend fails with an error that wraps
+	// engine.ErrLeaseLost too, since its lease went with the records. The
+	// middleware of package server then treats the lease as lost: its next
+	// renewal cancels the handler's context, and the response of a handler that
+	// returns is sent at once, without trying to store it, so that an
+	// http.Server's Shutdown after Close does not wait for a store timeout or a
+	// lease. The records are gone: a request that ran is not remembered
+	// by a new Store.
+	Close() error
+	// Len returns the number of records held, expired ones not yet swept
+	// included.
+	Len() int
+	// Bytes returns the memory, in bytes, that the records are accounted for.
+	Bytes() int64
+}
+
+// store is the Store that New makes.
+type store struct {
 	shards     [shardCount]shard
 	seed       maphash.Seed
 	epoch      time.Time
@@ -110,7 +138,7 @@ type shard struct {
 // the store was made. It keeps records small.
 type mono int64
 
-func (s *Store) now() mono { return mono(time.Since(s.epoch)) }
+func (s *store) now() mono { return mono(time.Since(s.epoch)) }
 
 // add returns t + d, saturated: a caller's duration can be as large as
 // math.MaxInt64, and a deadline that wrapped into the past would forget a
@@ -124,7 +152,7 @@ func (t mono) add(d time.Duration) mono {
 
 // wall returns t as a wall-clock time: the store's epoch, read by the wall
 // clock, plus t.
-func (s *Store) wall(t mono) time.Time { return s.epoch.Round(0).Add(time.Duration(t)) }
+func (s *store) wall(t mono) time.Time { return s.epoch.Round(0).Add(time.Duration(t)) }
 
 type record struct {
 	fingerprint string
@@ -140,9 +168,8 @@ type record struct {
 }
 
 var (
-	_ engine.Store     = (*Store)(nil)
-	_ engine.Inspector = (*Store)(nil)
-	_ engine.StepStore = (*Store)(nil)
+	_ engine.Store = (*store)(nil)
+	_ Store        = (*store)(nil)
 )
 
 // Option configures a Store.
@@ -204,7 +231,7 @@ func WithSweepInterval(d time.Duration) Option {
 // New returns an empty Store and starts its background sweep, which runs
 // until Close. The options are checked: an invalid one is an error, which
 // names every invalid option, and no Store is made.
-func New(opts ...Option) (*Store, error) {
+func New(opts ...Option) (Store, error) {
 	c := config{
 		maxRecords:    defaultMaxRecords,
 		maxBytes:      defaultMaxBytes,
@@ -220,7 +247,7 @@ func New(opts ...Option) (*Store, error) {
 	if err := errors.Join(c.invalid...); err != nil {
 		return nil, err
 	}
-	s := &Store{
+	s := &store{
 		seed:       maphash.MakeSeed(),
 		epoch:      time.Now(),
 		maxRecords: c.maxRecords,
@@ -235,20 +262,8 @@ func New(opts ...Option) (*Store, error) {
 	return s, nil
 }
 
-// Close ends the store: it forgets every record, stops the background sweep
-// and waits for it to end. Close is idempotent and always returns nil.
-//
-// A request still running when Close is called is not waited for, and is
-// never held: each method called after Close fails at once with engine.ErrStoreClosed,
-// and a holder's Complete, Release or Extend fails with an error that wraps
-// engine.ErrLeaseLost too, since its lease went with the records. The
-// middleware of package server then treats the lease as lost: its next
-// renewal cancels the handler's context, and the response of a handler that
-// returns is sent at once, without trying to store it, so that an
-// http.Server's Shutdown after Close does not wait for a store timeout or a
-// lease. The records are gone: a request that ran is not remembered
-// by a new Store.
-func (s *Store) Close() error {
+// Close implements Store.
+func (s *store) Close() error {
 	s.closeOnce.Do(func() {
 		s.closed.Store(true)
 		close(s.stop)
@@ -267,20 +282,19 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// Len returns the number of records held, expired ones not yet swept
-// included.
-func (s *Store) Len() int { return int(s.records.Load()) }
+// Len implements Store.
+func (s *store) Len() int { return int(s.records.Load()) }
 
-// Bytes returns the memory, in bytes, that the records are accounted for.
-func (s *Store) Bytes() int64 { return s.bytes.Load() }
+// Bytes implements Store.
+func (s *store) Bytes() int64 { return s.bytes.Load() }
 
-func (s *Store) shard(id engine.ID) *shard {
+func (s *store) shard(id engine.ID) *shard {
 	return &s.shards[maphash.Comparable(s.seed, id)%shardCount]
 }
 
 // lock locks the shard of id, unless ctx is done or the store is closed.
 // The caller unlocks it.
-func (s *Store) lock(ctx context.Context, op string, id engine.ID) (*shard, error) {
+func (s *store) lock(ctx context.Context, op string, id engine.ID) (*shard, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("memstore: %s: %w", op, err)
 	}
@@ -295,7 +309,7 @@ func (s *Store) lock(ctx context.Context, op string, id engine.ID) (*shard, erro
 
 // Claim implements engine.Store. The lease and the record's life are
 // saturated: math.MaxInt64 means "never ends".
-func (s *Store) Claim(ctx context.Context, id engine.ID, fingerprint string, lease, ttl time.Duration) (engine.Claim, error) {
+func (s *store) Claim(ctx context.Context, id engine.ID, fingerprint string, lease, ttl time.Duration) (engine.Claim, error) {
 	c, full, err := s.claim(ctx, id, fingerprint, lease, ttl)
 	if err == nil && full && s.sweepAtBound() {
 		c, full, err = s.claim(ctx, id, fingerprint, lease, ttl)
@@ -311,7 +325,7 @@ func (s *Store) Claim(ctx context.Context, id engine.ID, fingerprint string, lea
 
 // claim does Claim's work under the shard's lock. It reports full when a new
 // record was needed and there was no room for it.
-func (s *Store) claim(ctx context.Context, id engine.ID, fingerprint string, lease, ttl time.Duration) (c engine.Claim, full bool, err error) {
+func (s *store) claim(ctx context.Context, id engine.ID, fingerprint string, lease, ttl time.Duration) (c engine.Claim, full bool, err error) {
 	sh, err := s.lock(ctx, "claim", id)
 	if err != nil {
 		return engine.Claim{}, false, err
@@ -362,7 +376,7 @@ func (s *Store) claim(ctx context.Context, id engine.ID, fingerprint string, lea
 // sweepAtBound sweeps every shard when the store is full, at most once per
 // boundSweepInterval, so that a store full of live records does not scan
 // itself on every claim. It reports whether it swept.
-func (s *Store) sweepAtBound() bool {
+func (s *store) sweepAtBound() bool {
 	now := time.Now()
 	last := s.lastBoundSweep.Load()
 	if now.UnixNano()-last < int64(boundSweepInterval) || !s.lastBoundSweep.CompareAndSwap(last, now.UnixNano()) {
@@ -377,7 +391,7 @@ func (s *Store) sweepAtBound() bool {
 // fails with engine.ErrNotStorable: a response that could never fit, one
 // larger than the whole byte bound, is kept without its body in the same
 // step, which is what the middleware would do on ErrNotStorable.
-func (s *Store) Complete(ctx context.Context, id engine.ID, token engine.Token, resp *engine.Response, ttl time.Duration) error {
+func (s *store) Complete(ctx context.Context, id engine.ID, token engine.Token, resp *engine.Response, ttl time.Duration) error {
 	return s.withLease(ctx, "complete", id, token, func(sh *shard, r record) {
 		s.dropSteps(&r)
 		resp, size := s.fit(resp)
@@ -395,7 +409,7 @@ func (s *Store) Complete(ctx context.Context, id engine.ID, token engine.Token, 
 // headers too if they alone do not fit. The status and the marker are always
 // kept, over the bound if need be: forgetting that a request ran would let it
 // run twice.
-func (s *Store) fit(resp *engine.Response) (*engine.Response, int64) {
+func (s *store) fit(resp *engine.Response) (*engine.Response, int64) {
 	size := int64(resp.Size())
 	if s.bytes.Add(size) <= s.maxBytes {
 		return resp, size
@@ -417,7 +431,7 @@ func (s *Store) fit(resp *engine.Response) (*engine.Response, int64) {
 // one that holds steps, goes back to how the Claim found it, with a new
 // token: in flight, its lease ended, one holder fewer counted, which the
 // next takeover counts again.
-func (s *Store) Release(ctx context.Context, id engine.ID, token engine.Token) error {
+func (s *store) Release(ctx context.Context, id engine.ID, token engine.Token) error {
 	return s.withLease(ctx, "release", id, token, func(sh *shard, r record) {
 		if r.abandoned == 0 && len(r.steps) == 0 {
 			s.remove(sh, id, r)
@@ -433,7 +447,7 @@ func (s *Store) Release(ctx context.Context, id engine.ID, token engine.Token) e
 // Extend implements engine.Store. The lease is saturated, as in Claim, and
 // the record's expiry moves with the lease's end, keeping the TTL that the
 // Claim put between them.
-func (s *Store) Extend(ctx context.Context, id engine.ID, token engine.Token, lease time.Duration) error {
+func (s *store) Extend(ctx context.Context, id engine.ID, token engine.Token, lease time.Duration) error {
 	return s.withLease(ctx, "extend", id, token, func(sh *shard, r record) {
 		slack := time.Duration(r.expiresAt - r.leaseUntil)
 		r.leaseUntil = s.now().add(lease)
@@ -445,26 +459,26 @@ func (s *Store) Extend(ctx context.Context, id engine.ID, token engine.Token, le
 // SaveStep implements engine.StepStore. A step's bytes count toward the
 // byte bound, as a response's do; at the bound the step is refused with an
 // error wrapping ErrFull and engine.ErrNotStorable.
-func (s *Store) SaveStep(ctx context.Context, id engine.ID, token engine.Token, step engine.Step) error {
-	if size := len(step.Name) + len(step.Fingerprint) + len(step.Result); size > engine.MaxStepSize {
-		return fmt.Errorf("memstore: save step: %d bytes, over %d: %w", size, engine.MaxStepSize, engine.ErrNotStorable)
+func (s *store) SaveStep(ctx context.Context, id engine.ID, token engine.Token, step engine.Step) error {
+	if size := len(step.Name) + len(step.Fingerprint) + len(step.Result); size > steps.MaxSize {
+		return fmt.Errorf("memstore: save step: %d bytes, over %d: %w", size, steps.MaxSize, engine.ErrNotStorable)
 	}
 	var err error
 	lerr := s.withLease(ctx, "save step", id, token, func(sh *shard, r record) {
 		i := slices.IndexFunc(r.steps, func(st engine.Step) bool { return st.Name == step.Name })
-		steps := slices.Clone(r.steps)
+		list := slices.Clone(r.steps)
 		var freed int64
 		if i >= 0 {
-			freed = stepSize(steps[i])
-			steps = slices.Delete(steps, i, i+1)
+			freed = stepSize(list[i])
+			list = slices.Delete(list, i, i+1)
 		}
 		if step.Fingerprint != "" {
-			if len(steps) >= engine.MaxSteps {
-				err = fmt.Errorf("memstore: save step: more than %d steps: %w", engine.MaxSteps, engine.ErrNotStorable)
+			if len(list) >= steps.MaxSteps {
+				err = fmt.Errorf("memstore: save step: more than %d steps: %w", steps.MaxSteps, engine.ErrNotStorable)
 				return
 			}
 			step.Result = slices.Clone(step.Result)
-			steps = append(steps, step)
+			list = append(list, step)
 		}
 		grown := -freed
 		if step.Fingerprint != "" {
@@ -475,10 +489,10 @@ func (s *Store) SaveStep(ctx context.Context, id engine.ID, token engine.Token, 
 			err = fmt.Errorf("memstore: save step: %w: %w", ErrFull, engine.ErrNotStorable)
 			return
 		}
-		if len(steps) == 0 {
-			steps = nil
+		if len(list) == 0 {
+			list = nil
 		}
-		r.steps, r.stepsSize, r.size = steps, r.stepsSize+grown, r.size+grown
+		r.steps, r.stepsSize, r.size = list, r.stepsSize+grown, r.size+grown
 		sh.m[id] = r
 	})
 	if lerr != nil {
@@ -496,7 +510,7 @@ func stepSize(st engine.Step) int64 {
 const stepOverhead = 64
 
 // dropSteps removes r's steps and returns their room.
-func (s *Store) dropSteps(r *record) {
+func (s *store) dropSteps(r *record) {
 	if r.steps == nil {
 		return
 	}
@@ -507,7 +521,7 @@ func (s *Store) dropSteps(r *record) {
 
 // withLease runs fn, under the shard's lock, on the in-flight record that
 // token holds, or fails with ErrLeaseLost.
-func (s *Store) withLease(ctx context.Context, op string, id engine.ID, token engine.Token, fn func(*shard, record)) error {
+func (s *store) withLease(ctx context.Context, op string, id engine.ID, token engine.Token, fn func(*shard, record)) error {
 	sh, err := s.lock(ctx, op, id)
 	if errors.Is(err, engine.ErrStoreClosed) {
 		// The lease went with the records: say so, so that a holder
@@ -527,7 +541,7 @@ func (s *Store) withLease(ctx context.Context, op string, id engine.ID, token en
 }
 
 // current returns the in-flight record that token holds. sh.mu is held.
-func (s *Store) current(sh *shard, id engine.ID, token engine.Token) (record, error) {
+func (s *store) current(sh *shard, id engine.ID, token engine.Token) (record, error) {
 	r, ok := sh.m[id]
 	if !ok || r.token != token || r.resp != nil || s.now() >= r.expiresAt {
 		return record{}, engine.ErrLeaseLost
@@ -536,14 +550,14 @@ func (s *Store) current(sh *shard, id engine.ID, token engine.Token) (record, er
 }
 
 // remove deletes a record and returns its room. sh.mu is held.
-func (s *Store) remove(sh *shard, id engine.ID, r record) {
+func (s *store) remove(sh *shard, id engine.ID, r record) {
 	delete(sh.m, id)
 	s.records.Add(-1)
 	s.bytes.Add(-r.size)
 }
 
 // sweepShard removes the expired records of one shard. sh.mu is held.
-func (s *Store) sweepShard(sh *shard, now mono) {
+func (s *store) sweepShard(sh *shard, now mono) {
 	for id, r := range sh.m {
 		if now >= r.expiresAt {
 			s.remove(sh, id, r)
@@ -551,7 +565,7 @@ func (s *Store) sweepShard(sh *shard, now mono) {
 	}
 }
 
-func (s *Store) sweepAll(now mono) {
+func (s *store) sweepAll(now mono) {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
@@ -560,7 +574,7 @@ func (s *Store) sweepAll(now mono) {
 	}
 }
 
-func (s *Store) sweepLoop(every time.Duration) {
+func (s *store) sweepLoop(every time.Duration) {
 	defer close(s.done)
 	t := time.NewTicker(every)
 	defer t.Stop()

@@ -19,6 +19,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idempotency/engine"
+	"github.com/idemkit/idempotency/once"
+	"github.com/idemkit/idempotency/step"
 	"github.com/idemkit/idempotency/store/pgstore"
 )
 
@@ -279,4 +281,100 @@ func BenchmarkExecModes(b *testing.B) {
 			})
 		})
 	}
+}
+
+// BenchmarkStepCost measures a first execution through once.Do whose
+// function inserts a row: plainly, in a step of package step (the INSERT,
+// then SaveStep), and in RunStep (one transaction: BEGIN, the INSERT, the
+// step's UPDATE, COMMIT), in lease mode.
+func BenchmarkStepCost(b *testing.B) {
+	for _, bc := range []struct {
+		name string
+		run  func(ctx context.Context, s *pgstore.Store, pool *pgxpool.Pool, orders, key string) (int64, error)
+	}{
+		{"plain", func(ctx context.Context, _ *pgstore.Store, pool *pgxpool.Pool, orders, key string) (int64, error) {
+			return insertOrderOn(ctx, pool, orders, key)
+		}},
+		{"step.Run", func(ctx context.Context, _ *pgstore.Store, pool *pgxpool.Pool, orders, key string) (int64, error) {
+			return step.Run(ctx, "order", 100, func(ctx context.Context) (int64, error) {
+				return insertOrderOn(ctx, pool, orders, key)
+			})
+		}},
+		{"RunStep", func(ctx context.Context, s *pgstore.Store, _ *pgxpool.Pool, orders, key string) (int64, error) {
+			return pgstore.RunStep(ctx, s, "order", 100, func(ctx context.Context, tx pgx.Tx) (int64, error) {
+				return insertOrder(ctx, tx, orders, key)
+			})
+		}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			ctx := testContext(b)
+			pool := newPool(b, maxConns(benchGoroutines))
+			s, _ := newStore(b, pool)
+			orders := newOrders(b, pool)
+			r, err := once.New(s, once.WithConfig(engine.Config{Logger: quiet}))
+			require.NoError(b, err)
+			defer r.Shutdown(ctx)
+			prefix := uniqueName(b, "k")
+			var n atomic.Int64
+			setParallelism(b)
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					key := prefix + strconv.FormatInt(n.Add(1), 10)
+					_, err := once.Do(ctx, r, engine.ID{Scope: "bench", Key: key}, "input", func(ctx context.Context) (int64, error) {
+						return bc.run(ctx, s, pool, orders, key)
+					})
+					if err != nil {
+						b.Errorf("Do: %v", err)
+						return
+					}
+				}
+			})
+		})
+	}
+}
+
+// insertOrderOn is insertOrder outside a transaction.
+func insertOrderOn(ctx context.Context, pool *pgxpool.Pool, orders, key string) (int64, error) {
+	var id int64
+	err := pool.QueryRow(ctx, "INSERT INTO "+orders+" (idem_key, amount) VALUES ($1, 100) RETURNING id", key).Scan(&id)
+	return id, err
+}
+
+// BenchmarkStepWrites measures, one at a time, a SaveStep of a step of
+// 300 bytes (replacing one of three) and a Complete with a 300-byte body:
+// each one UPDATE of the record's row.
+func BenchmarkStepWrites(b *testing.B) {
+	ctx := testContext(b)
+	pool := newPool(b)
+	s, _ := newStore(b, pool)
+	payload := bytes.Repeat([]byte("s"), 300)
+	b.Run("SaveStep", func(b *testing.B) {
+		id := scopeID(uniqueName(b, "save"))
+		tok := acquire(b, ctx, s, id, "fp")
+		b.ReportAllocs()
+		b.ResetTimer()
+		for i := range b.N {
+			st := engine.Step{Name: "s" + strconv.Itoa(i%3), Fingerprint: "fp", Done: true, Result: payload}
+			if err := s.SaveStep(ctx, id, tok, st); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("Complete", func(b *testing.B) {
+		prefix := uniqueName(b, "complete")
+		resp := &engine.Response{Status: http.StatusCreated, Body: payload}
+		b.ReportAllocs()
+		b.ResetTimer()
+		for i := range b.N {
+			b.StopTimer()
+			id := scopeID(prefix + strconv.Itoa(i))
+			tok := acquire(b, ctx, s, id, "fp")
+			b.StartTimer()
+			if err := s.Complete(ctx, id, tok, resp, time.Hour); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idempotency/engine"
@@ -88,6 +89,36 @@ func ExampleTxFromContext() {
 		log.Fatal(err)
 	}
 	log.Fatal(http.ListenAndServe(":8080", mw.Handler(createOrder)))
+}
+
+// A handler places its order in a step: the order's row and the step's
+// record commit together, so that a retry after a crash, or after a 5xx,
+// finds the order placed and places no second one.
+func ExampleRunStep() {
+	var store *pgstore.Store // the application's
+	placeOrder := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		amount := 100 // from the request
+		orderID, err := pgstore.RunStep(r.Context(), store, "order", amount,
+			func(ctx context.Context, tx pgx.Tx) (int64, error) {
+				var id int64
+				err := tx.QueryRow(ctx, "INSERT INTO orders (amount) VALUES ($1) RETURNING id", amount).Scan(&id)
+				return id, err
+			})
+		if err != nil {
+			// A 5xx releases the key: the retry resumes after the
+			// steps that were recorded.
+			http.Error(w, "could not place the order", http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"order":%d}`, orderID)
+	})
+
+	mw, err := server.New(store)
+	if err != nil {
+		log.Fatal(err)
+	}
+	log.Fatal(http.ListenAndServe(":8080", mw.Handler(placeOrder)))
 }
 
 // A scheduled job sweeps expired records for every instance.

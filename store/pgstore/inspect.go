@@ -28,6 +28,7 @@ type lookupRow struct {
 	headers     []byte
 	body        []byte
 	bodyOmitted bool
+	steps       [][]byte
 }
 
 // lookup reads the live record for id; found is false when there is none.
@@ -36,7 +37,7 @@ func (s *Store) lookup(ctx context.Context, id engine.ID) (r lookupRow, found bo
 		r = lookupRow{}
 		return s.pool.QueryRow(ctx, s.stmts().lookup, s.coldMode, []byte(id.Scope), []byte(id.Key)).Scan(
 			&r.state, (*stringScanner)(&r.fingerprint), &r.token, &r.abandoned, &r.created, &r.leaseUntil,
-			&r.expires, &r.live, &r.remaining, &r.status, &r.headers, &r.body, &r.bodyOmitted)
+			&r.expires, &r.live, &r.remaining, &r.status, &r.headers, &r.body, &r.bodyOmitted, &r.steps)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return lookupRow{}, false, nil
@@ -45,7 +46,7 @@ func (s *Store) lookup(ctx context.Context, id engine.ID) (r lookupRow, found bo
 }
 
 // Lookup implements engine.Inspector: one statement, which a read-only
-// server (a standby) answers too. In transactional mode a request being
+// server (a standby) answers too. A record in flight reports its steps. In transactional mode a request being
 // served is invisible to it, as to every other session, since its record
 // commits with its response or not at all: Lookup then returns an error
 // wrapping engine.ErrNotFound, and a completed record once it commits.
@@ -62,12 +63,17 @@ func (s *Store) Lookup(ctx context.Context, id engine.ID) (engine.Record, error)
 		Completed:   r.state == "completed",
 		Fingerprint: r.fingerprint,
 		Token:       engine.Token(r.token),
-		Abandoned:   int(r.abandoned),
-		Created:     r.created,
-		Expires:     r.expires,
+		// A record that the holder who created it released, and kept for
+		// its steps, counts -1 until its takeover (see releaseSQL).
+		Abandoned: max(int(r.abandoned), 0),
+		Created:   r.created,
+		Expires:   r.expires,
 	}
 	if !rec.Completed {
 		rec.LeaseEnds = r.leaseUntil
+		if rec.Steps, err = decodeSteps(r.steps); err != nil {
+			return engine.Record{}, fmt.Errorf("pgstore: lookup: %w", err)
+		}
 		return rec, nil
 	}
 	h, err := sqlrecord.DecodeHeader(r.headers)
@@ -79,7 +85,8 @@ func (s *Store) Lookup(ctx context.Context, id engine.ID) (engine.Record, error)
 }
 
 // Resolve implements engine.Inspector, in one statement. With resp set it
-// records the request as done with resp, whatever the record's state, and
+// records the request as done with resp, whatever the record's state, drops
+// its steps, and
 // the holder of a lease in flight is refused from then on (its Complete,
 // Release and Extend fail with engine.ErrLeaseLost); with resp nil it
 // deletes the record. A response that can never be stored is refused with

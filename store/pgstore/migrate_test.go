@@ -39,14 +39,24 @@ CREATE INDEX IF NOT EXISTS "{{t}}_expires_at_idx" ON "{{t}}" (expires_at);`
 const schemaV1 = schemaV0 + `
 ALTER TABLE "{{t}}" ADD COLUMN IF NOT EXISTS abandoned integer NOT NULL DEFAULT 0;`
 
+// schemaV2 is the third version's: the sweep_at column and its index, the
+// index on expires_at gone, and no steps column.
+const schemaV2 = schemaV1 + `
+ALTER TABLE "{{t}}" ADD COLUMN IF NOT EXISTS sweep_at timestamptz NOT NULL DEFAULT '-infinity';
+CREATE INDEX IF NOT EXISTS "{{t}}_sweep_at_idx" ON "{{t}}" (sweep_at);
+DROP INDEX IF EXISTS "{{t}}_expires_at_idx";`
+
 // A table created by an earlier version, with its records, is brought up to
 // date by Migrate and served as it was; its records, expired, are swept.
 func TestMigrateFromEarlierVersions(t *testing.T) {
 	for _, tc := range []struct {
 		name, schema string
+		// missing is a column that the version lacks.
+		missing string
 	}{
-		{"first", schemaV0},
-		{"second", schemaV1},
+		{"first", schemaV0, "abandoned"},
+		{"second", schemaV1, "sweep_at"},
+		{"third", schemaV2, "steps"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := testContext(t)
@@ -78,7 +88,13 @@ func TestMigrateFromEarlierVersions(t *testing.T) {
 			require.NoError(t, err)
 			defer s.Close()
 			_, err = s.Claim(ctx, scopeID("new before migrate"), "fp", time.Minute, time.Hour)
-			require.ErrorContains(t, err, `column "sweep_at" of relation`, "a Claim before Migrate")
+			if tc.missing != "steps" {
+				require.ErrorContains(t, err, `column "sweep_at" of relation`, "a Claim of a new key before Migrate")
+			} else {
+				require.NoError(t, err, "a Claim of a new key before Migrate, which needs no steps")
+			}
+			_, err = s.Claim(ctx, abandoned, "fp", time.Minute, time.Hour)
+			require.ErrorContains(t, err, "(SQLSTATE 42703)", "a takeover before Migrate: an undefined column")
 			require.NoError(t, s.Migrate(ctx))
 			require.NoError(t, s.Migrate(ctx), "Migrate of an up-to-date table")
 			var oldIndex, newIndex *string
@@ -98,6 +114,15 @@ func TestMigrateFromEarlierVersions(t *testing.T) {
 			rec, err := s.Lookup(ctx, abandoned)
 			require.NoError(t, err)
 			assert.Equal(t, 1, rec.Abandoned)
+			// The record written before steps existed keeps them now.
+			step := engine.Step{Name: "charge", Fingerprint: "fp-charge", Done: true, Result: []byte(`"ch_1"`)}
+			require.NoError(t, s.SaveStep(ctx, abandoned, c.Token, step))
+			require.NoError(t, s.Release(ctx, abandoned, c.Token))
+			c, err = s.Claim(ctx, abandoned, "fp", time.Minute, time.Hour)
+			require.NoError(t, err)
+			assert.Equal(t, engine.Acquired, c.Status)
+			assert.Equal(t, 1, c.Abandoned)
+			assert.Equal(t, []engine.Step{step}, c.Steps)
 
 			n, err := s.Sweep(ctx, 10)
 			require.NoError(t, err)

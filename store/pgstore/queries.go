@@ -3,6 +3,8 @@ package pgstore
 import (
 	"strconv"
 	"strings"
+
+	"github.com/idemkit/idempotency/internal/steps"
 )
 
 // queries are a Store's statements, written once for its table. Every time
@@ -17,6 +19,9 @@ type queries struct {
 	claim, insert, claimSized, insertSized                 string
 	takeover, complete, completeTx, release, extend, sweep string
 	lookup, resolve, forget                                string
+	// saveStep and saveStepTx record a step, in lease mode and in
+	// transactional mode.
+	saveStep, saveStepTx string
 }
 
 // newQueries writes the statements for the table n names, in the version
@@ -34,7 +39,8 @@ func newQueries(n names, epoch int, transactional bool) queries {
 	if transactional {
 		backend = ", pg_backend_pid(), transaction_timestamp()"
 	}
-	r := strings.NewReplacer("{{table}}", n.table, "{{sequence}}", n.sequence, "{{backend}}", backend)
+	r := strings.NewReplacer("{{table}}", n.table, "{{sequence}}", n.sequence, "{{backend}}", backend,
+		"{{maxSteps}}", strconv.Itoa(steps.MaxSteps))
 	tag := "\n/* pgstore plan epoch " + strconv.Itoa(epoch) + " */"
 	hot := func(sql string) string { return r.Replace(sql) + tag }
 	unsized := strings.NewReplacer("{{size}}", "-1::bigint")
@@ -52,6 +58,8 @@ func newQueries(n names, epoch int, transactional bool) queries {
 		completeTx: hot(completeTxSQL),
 		release:    hot(releaseSQL),
 		extend:     hot(extendSQL),
+		saveStep:   hot(saveStepSQL(current)),
+		saveStepTx: hot(saveStepSQL(currentTx)),
 		sweep:      r.Replace(sweepSQL),
 		lookup:     r.Replace(lookupSQL),
 		resolve:    r.Replace(resolveSQL),
@@ -104,7 +112,12 @@ RETURNING token, {{size}}{{backend}}`
 // only if it is still the one Claim saw (same token) and still eligible. A
 // record in flight whose lease ended was abandoned by its holder: abandoned
 // counts it (saturating, so that the column never overflows); an expired
-// record starts afresh, at 0.
+// record starts afresh, at 0, without steps.
+//
+// It returns the record's steps, which the new holder resumes from: those
+// of the row it changed, so that a step that the lost holder recorded
+// between claimSQL's read and this UPDATE is not missed (the UPDATE waits
+// for that holder's statement and sees its row).
 //
 // Parameters: $1 scope, $2 key, $3 token seen, $4 fingerprint, $5 lease
 // (µs), $6 the record's life (µs: the lease and then the time to live).
@@ -118,11 +131,12 @@ const takeoverSQL = `UPDATE {{table}} SET
 	sweep_at = ` + sweepAtFrom + takeoverSweep + sweepAtTo + `,
 	status = NULL, headers = NULL, body = NULL, body_omitted = false,
 	abandoned = CASE WHEN expires_at <= statement_timestamp() THEN 0
-		ELSE least(abandoned, 2147483646) + 1 END
+		ELSE least(abandoned, 2147483646) + 1 END,
+	steps = CASE WHEN expires_at <= statement_timestamp() THEN NULL ELSE steps END
 WHERE scope = $1 AND key = $2 AND token = $3
 	AND (expires_at <= statement_timestamp()
 		OR (state = 'in_flight' AND lease_until <= statement_timestamp() AND fingerprint = $4))
-RETURNING token, abandoned{{backend}}`
+RETURNING token, abandoned, steps{{backend}}`
 
 // The record that Complete, Release and Extend may change: held by the token,
 // in flight, not expired.
@@ -133,16 +147,17 @@ const current = `scope = $1 AND key = $2 AND token = $3
 // been taken over, whatever its expiry, while the transaction holds it.
 const currentTx = `scope = $1 AND key = $2 AND token = $3 AND state = 'in_flight'`
 
-// completeSet stores the response. Unless the record's expiry moves to
-// another minute, no indexed column changes (see sweepAtFrom), so PostgreSQL
-// can make the UPDATE a HOT one. Parameters: $1 scope, $2 key, $3 token,
-// $4 time to live (µs), $5 status, $6 headers, $7 body, $8 body omitted.
+// completeSet stores the response, which replaces the steps. Unless the
+// record's expiry moves to another minute, no indexed column changes (see
+// sweepAtFrom), so PostgreSQL can make the UPDATE a HOT one. Parameters: $1
+// scope, $2 key, $3 token, $4 time to live (µs), $5 status, $6 headers, $7
+// body, $8 body omitted.
 const completeSet = `UPDATE {{table}} SET
 	state = 'completed',
 	lease_until = statement_timestamp(),
 	expires_at = statement_timestamp() + $4::bigint * interval '1 microsecond',
 	sweep_at = ` + sweepAtFrom + `statement_timestamp() + $4::bigint * interval '1 microsecond'` + sweepAtTo + `,
-	status = $5, headers = $6, body = $7, body_omitted = $8
+	status = $5, headers = $6, body = $7, body_omitted = $8, steps = NULL
 WHERE `
 
 const (
@@ -151,22 +166,25 @@ const (
 )
 
 // releaseSQL deletes the record that the holder's claim created
-// (abandoned 0), or, when the claim took it over from lost holders, puts it
-// back as the claim found it: in flight, its lease ended, abandoned one
-// less (the takeover counted the holder lost before it, and the next one
-// counts it again), and a token of its own, which no holder has, so that
-// the releasing holder is refused from then on. Its expiry stays. The two
-// changes are exclusive: at most one of them finds the row, and the
-// statement returns how many did. Parameters: $1 scope, $2 key, $3 token.
+// (abandoned 0) when it holds no steps, or, when the claim took it over
+// from lost holders or the record holds steps, puts it back as the claim
+// found it: in flight, its lease ended, abandoned one less (the takeover
+// counted the holder lost before it, and the next one counts it again; -1
+// after the release of the holder that created it, which the next takeover
+// brings back to 0), its steps kept, and a token of its own, which no
+// holder has, so that the releasing holder is refused from then on. Its
+// expiry stays. The two changes are exclusive: at most one of them finds
+// the row, and the statement returns how many did. Parameters: $1 scope,
+// $2 key, $3 token.
 const releaseSQL = `WITH back AS (
 	UPDATE {{table}} SET
 		token = nextval('{{sequence}}'),
 		lease_until = least(lease_until, statement_timestamp()),
 		abandoned = abandoned - 1
-	WHERE ` + current + ` AND abandoned > 0
+	WHERE ` + current + ` AND (abandoned > 0 OR steps IS NOT NULL)
 	RETURNING 1
 ), gone AS (
-	DELETE FROM {{table}} WHERE ` + current + ` AND abandoned <= 0
+	DELETE FROM {{table}} WHERE ` + current + ` AND abandoned <= 0 AND steps IS NULL
 	RETURNING 1
 )
 SELECT (SELECT count(*) FROM back) + (SELECT count(*) FROM gone)`
@@ -179,6 +197,42 @@ const extendSQL = `UPDATE {{table}} SET
 	lease_until = statement_timestamp() + $4::bigint * interval '1 microsecond',
 	expires_at = greatest(expires_at, statement_timestamp() + $4::bigint * interval '1 microsecond' + (expires_at - lease_until))
 WHERE ` + current
+
+// saveStepSQL returns the statement that records one step in the record
+// that the token holds (held: current, or currentTx in transactional mode,
+// in the lease's transaction, which holds the row): it replaces the element
+// of the step's name, removes it when $5 is NULL, and adds a step only
+// while the record holds fewer than 100 (steps.MaxSteps) others. The statement answers 0 when it saved the step, 1
+// when the record is held but has no room, 2 when the token does not hold
+// the record. The second look runs only when the UPDATE changed nothing,
+// and locks the row, as the UPDATE would have, so that it judges the
+// version the UPDATE judged, not the statement's snapshot: a lease lost to
+// a takeover that committed while the UPDATE waited is told as lost.
+//
+// Parameters: $1 scope, $2 key, $3 token, $4 the name's prefix of the
+// step's element (see stepPrefix), $5 the element (see encodeStep), or NULL
+// to remove the step.
+func saveStepSQL(held string) string {
+	return `WITH saved AS (
+	UPDATE {{table}} SET steps = CASE WHEN $5::bytea IS NULL THEN ` + stepsKept + `
+		ELSE array_append(` + stepsKept + `, $5::bytea) END
+	WHERE ` + held + ` AND ` + stepFits + `
+	RETURNING 1
+)
+SELECT CASE WHEN EXISTS (SELECT FROM saved) THEN 0
+	WHEN EXISTS (SELECT FROM {{table}} WHERE ` + held + ` FOR NO KEY UPDATE) THEN 1
+	ELSE 2 END`
+}
+
+// stepsKept is the record's steps but the one whose name $4 starts.
+const stepsKept = `(SELECT array_agg(e) FROM unnest(steps) AS e
+		WHERE substring(e FROM 1 FOR octet_length($4::bytea)) <> $4::bytea)`
+
+// stepFits says that the step may be saved: it is a removal, or the record
+// holds fewer than 100 steps, or one of the same name, which it
+// replaces.
+const stepFits = `($5::bytea IS NULL OR coalesce(cardinality(steps), 0) < {{maxSteps}}
+		OR EXISTS (SELECT FROM unnest(steps) AS e WHERE substring(e FROM 1 FOR octet_length($4::bytea)) = $4::bytea))`
 
 // sweepSQL deletes at most $1 expired records. PostgreSQL has no DELETE ...
 // LIMIT: the sub-select picks the rows by ctid, through the sweep_at index,
@@ -201,20 +255,21 @@ AND expires_at <= statement_timestamp()`
 const lookupSQL = `SELECT state, fingerprint, token, abandoned, created_at, lease_until, expires_at,
 	lease_until > statement_timestamp(),
 	(extract(epoch FROM lease_until - statement_timestamp()) * 1000000)::bigint,
-	coalesce(status, 0), headers, body, body_omitted
+	coalesce(status, 0), headers, body, body_omitted, steps
 FROM {{table}}
 WHERE scope = $1 AND key = $2 AND expires_at > statement_timestamp()`
 
 // resolveSQL records a live record as done with the operator's response,
-// whatever its state and lease: its state is no longer in flight, so the
-// holder's token is refused from then on. Parameters: $1 scope, $2 key, $3
-// time to live (µs), $4 status, $5 headers, $6 body, $7 body omitted.
+// whatever its state and lease, and drops its steps: its state is no longer
+// in flight, so the holder's token is refused from then on. Parameters: $1
+// scope, $2 key, $3 time to live (µs), $4 status, $5 headers, $6 body, $7
+// body omitted.
 const resolveSQL = `UPDATE {{table}} SET
 	state = 'completed',
 	lease_until = least(lease_until, statement_timestamp()),
 	expires_at = statement_timestamp() + $3::bigint * interval '1 microsecond',
 	sweep_at = ` + sweepAtFrom + `statement_timestamp() + $3::bigint * interval '1 microsecond'` + sweepAtTo + `,
-	status = $4, headers = $5, body = $6, body_omitted = $7
+	status = $4, headers = $5, body = $6, body_omitted = $7, steps = NULL
 WHERE scope = $1 AND key = $2 AND expires_at > statement_timestamp()`
 
 // forgetSQL deletes a live record, for Inspector.Resolve without a response.

@@ -120,9 +120,9 @@ func Schema(table string) (string, error) {
 
 // Migrate creates the Store's table, sequence and index unless they exist,
 // and brings a table created by an earlier version of the package up to
-// date, once: it adds the columns it lacks (abandoned and sweep_at, with
-// their defaults: a change of the catalog only, which holds the table's lock
-// for a moment), builds the index on sweep_at (which makes writes to the
+// date, once: it adds the columns it lacks (abandoned, sweep_at and steps,
+// with their defaults: a change of the catalog only, which holds the table's
+// lock for a moment), builds the index on sweep_at (which makes writes to the
 // table wait while it reads the table: on a large one, create it first with
 // CREATE INDEX CONCURRENTLY) and drops the first versions' index on
 // expires_at. It is safe to call from several instances at once: it applies
@@ -146,13 +146,13 @@ func (s *Store) Migrate(ctx context.Context) error {
 		return fmt.Errorf("pgstore: migrate: %w", err)
 	}
 	var exists bool
-	// The last column added, sweep_at, and the index on it, with the first
-	// versions' index gone, tell a table of this version from an earlier
-	// one, which Schema's statements bring up to date.
+	// The last column added, steps, and the index on sweep_at, with the
+	// first versions' index gone, tell a table of this version from an
+	// earlier one, which Schema's statements bring up to date.
 	err = tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL
 		AND to_regclass($3) IS NOT NULL AND to_regclass($4) IS NULL
 		AND EXISTS (SELECT 1 FROM pg_attribute
-			WHERE attrelid = to_regclass($1) AND attname = 'sweep_at' AND NOT attisdropped)`, s.coldMode,
+			WHERE attrelid = to_regclass($1) AND attname = 'steps' AND NOT attisdropped)`, s.coldMode,
 		s.names.table, s.names.sequence, s.names.indexQualified, s.names.oldIndex).Scan(&exists)
 	if err != nil {
 		return fmt.Errorf("pgstore: migrate: %w", err)

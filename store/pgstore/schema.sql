@@ -21,15 +21,18 @@ CREATE TABLE IF NOT EXISTS {{table}} (
     body_omitted boolean     NOT NULL DEFAULT false,
     abandoned    integer     NOT NULL DEFAULT 0,
     sweep_at     timestamptz NOT NULL DEFAULT '-infinity',
+    steps        bytea[],
     PRIMARY KEY (scope, key)
 );
 
 -- Added after the first version: a table created by an earlier one gains
 -- the columns here (a change of the catalog only, since PostgreSQL 11: no
 -- rewrite). Rows written before sweep_at existed read '-infinity', which
--- leaves them to the sweep's test of expires_at.
+-- leaves them to the sweep's test of expires_at; steps is NULL in a record
+-- that holds none.
 ALTER TABLE {{table}} ADD COLUMN IF NOT EXISTS abandoned integer NOT NULL DEFAULT 0;
 ALTER TABLE {{table}} ADD COLUMN IF NOT EXISTS sweep_at timestamptz NOT NULL DEFAULT '-infinity';
+ALTER TABLE {{table}} ADD COLUMN IF NOT EXISTS steps bytea[];
 
 -- Dropping the table drops its token sequence too.
 ALTER SEQUENCE {{sequence}} OWNED BY {{table}}.token;

@@ -184,7 +184,8 @@ func (s *Store) Close() error {
 // Claim implements engine.Store. A claim that finds a record, a replay
 // among them, is one statement that only reads, and one round trip; one
 // of a new key is that and an INSERT, two; the takeover of an expired
-// record or lease is that and a conditional UPDATE.
+// record or lease is that and a conditional UPDATE, which returns the
+// record's steps (engine.StepStore), as does a claim after a release.
 //
 // In transactional mode Claim begins the transaction that the lease is, and
 // waits for a concurrent transaction that holds the same key for at most the
@@ -306,12 +307,13 @@ func (s *Store) claim(ctx context.Context, db querier, id engine.ID, fingerprint
 		var (
 			token     int64
 			abandoned int32
+			stepEls   [][]byte
 		)
 		row := db.QueryRow(ctx, q.takeover, mode, scope, key, r.token, fp, leaseUS, ttlUS)
 		if s.transactional {
-			err = row.Scan(&token, &abandoned, &b.pid, &b.start)
+			err = row.Scan(&token, &abandoned, &stepEls, &b.pid, &b.start)
 		} else {
-			err = row.Scan(&token, &abandoned)
+			err = row.Scan(&token, &abandoned, &stepEls)
 		}
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // changed since it was read: look again
@@ -319,7 +321,14 @@ func (s *Store) claim(ctx context.Context, db querier, id engine.ID, fingerprint
 		if err != nil {
 			return engine.Claim{}, backend{}, err
 		}
-		return engine.Claim{Status: engine.Acquired, Token: engine.Token(token), Abandoned: int(abandoned)}, b, nil
+		steps, err := decodeSteps(stepEls)
+		if err != nil {
+			// A store failure: in lease mode the new lease runs out
+			// unused, and each retry fails so, until an operator
+			// settles the record (Resolve).
+			return engine.Claim{}, backend{}, err
+		}
+		return engine.Claim{Status: engine.Acquired, Token: engine.Token(token), Abandoned: int(abandoned), Steps: steps}, b, nil
 	}
 	return engine.Claim{}, backend{}, errContended
 }
@@ -368,7 +377,8 @@ func (r *claimRow) claim() (engine.Claim, error) {
 	}
 }
 
-// Complete implements engine.Store. In lease mode it is one statement, and
+// Complete implements engine.Store; the response replaces the record's
+// steps. In lease mode it is one statement, and
 // a response that can never be stored (README.md lists what) fails with an
 // error wrapping engine.ErrNotStorable and changes nothing; transactional
 // mode stores such a response without its body and commits.
@@ -414,10 +424,11 @@ func (s *Store) Complete(ctx context.Context, id engine.ID, token engine.Token, 
 }
 
 // Release implements engine.Store, in one statement. In lease mode it
-// deletes a record that the holder's Claim created; one that the Claim took
-// over from lost holders goes back to how the Claim found it, with a new
-// token: in flight, its lease ended, one holder fewer counted, which the
-// next takeover counts again (a table shared with an earlier release of the
+// deletes a record that the holder's Claim created, unless it holds steps;
+// one that the Claim took over from lost holders, or that holds steps, goes
+// back to how the Claim found it, with a new token and its steps: in
+// flight, its lease ended, one holder fewer counted, which the next
+// takeover counts again (a table shared with an earlier release of the
 // package reads it as it reads any lost holder's). In transactional mode it
 // rolls the lease's transaction back, the handler's writes with it, and the
 // claim with them, which leaves the record as the Claim found it too.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -21,7 +22,9 @@ import (
 // default prefix: a user with these rules, and none other, runs every
 // operation, Check and the replica acknowledgement included.
 const storeACL = "resetkeys ~idempotency:* resetchannels -@all " +
-	"+fcall +function|load +get +set +pttl +pexpire +setrange +time +wait +config|get +info"
+	"+fcall +function|load +get +set +pttl +pexpire +setrange +time " +
+	"+del +hset +hdel +hlen +hexists +hgetall +pexpireat +pexpiretime " +
+	"+wait +config|get +info"
 
 // aclUser makes a user with rules on p, and returns a client logged in as it.
 func aclUser(t *testing.T, p *redisProcess, name, rules string) *redis.Client {
@@ -58,6 +61,33 @@ func TestDocumentedACL(t *testing.T) {
 	require.NoError(t, s.Resolve(ctx, id, &engine.Response{Status: http.StatusOK}, time.Hour))
 	assert.ErrorIs(t, s.Complete(ctx, id, cl.Token, &engine.Response{Status: http.StatusOK}, time.Hour), engine.ErrLeaseLost)
 	assert.NoError(t, s.Check(ctx))
+}
+
+// The ACL tested above is the one that the package documentation and the
+// README give, command for command.
+func TestACLDocumented(t *testing.T) {
+	commands := func(s string) []string {
+		var out []string
+		for _, f := range strings.Fields(strings.ReplaceAll(strings.ReplaceAll(s, "//", " "), `\|`, "|")) {
+			if strings.HasPrefix(f, "+") {
+				out = append(out, strings.Trim(f, "`"))
+			}
+		}
+		return out
+	}
+	want := commands(storeACL)
+	doc, err := os.ReadFile("doc.go")
+	require.NoError(t, err)
+	_, block, ok := strings.Cut(string(doc), "ACL SETUSER idempotency")
+	require.True(t, ok, "doc.go gives no ACL SETUSER")
+	block, _, _ = strings.Cut(block, "\n//\n")
+	assert.Equal(t, want, commands(block), "doc.go's ACL")
+	readme, err := os.ReadFile("README.md")
+	require.NoError(t, err)
+	_, row, ok := strings.Cut(string(readme), "| ACL | ")
+	require.True(t, ok, "README.md has no ACL row")
+	row, _, _ = strings.Cut(row, " | ")
+	assert.Equal(t, want, commands(row), "README.md's ACL")
 }
 
 // A user that may call the functions but not the commands they run is

@@ -123,6 +123,7 @@ func TestCluster(t *testing.T) {
 	if len(sizes) != len(addrs) {
 		t.Errorf("cluster has %d masters, want %d", len(sizes), len(addrs))
 	}
+	stepsAcrossSlots(t, c)
 	// Check reads every master: fine until one of them may evict.
 	if err := s.Check(ctx); err != nil {
 		t.Errorf("Check on a cluster that does not evict = %v, want nil", err)
@@ -138,5 +139,57 @@ func TestCluster(t *testing.T) {
 	}
 	if err := s.Check(ctx); !errors.Is(err, redisstore.ErrEviction) || !strings.Contains(err.Error(), victim) {
 		t.Errorf("Check with master %s on volatile-lru = %v, want ErrEviction naming it", victim, err)
+	}
+}
+
+// stepsAcrossSlots records, returns, looks up and drops steps through c,
+// under prefixes and IDs whose braces decide the records' slots in every
+// way: a function reaches the steps key only when it is in the record's
+// slot ("Script attempted to access keys that do not hash to the same
+// slot", otherwise).
+func stepsAcrossSlots(t *testing.T, c *redis.ClusterClient) {
+	t.Helper()
+	ctx := context.Background()
+	for _, prefix := range []string{"idempotency:", "{idem}:", "idem{", "idem{}:", ""} {
+		s, err := redisstore.New(c, redisstore.WithPrefix(prefix))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, id := range []engine.ID{
+			{Key: "steps"}, {Scope: "{", Key: "}"}, {Scope: "a}", Key: "{b}"}, {Key: "{}x"}, {Scope: "t", Key: "}{"},
+		} {
+			id.Key += fmt.Sprint(i)
+			fail := func(op string, err error) {
+				t.Helper()
+				t.Fatalf("prefix %q, ID %q: %s error = %v", prefix, id, op, err)
+			}
+			cl, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
+			if err != nil || cl.Status != engine.Acquired {
+				fail("Claim", err)
+			}
+			for _, st := range []engine.Step{{Name: "a", Fingerprint: "fa", Done: true, Result: []byte("1")}, {Name: "b", Fingerprint: "fb"}} {
+				if err := s.SaveStep(ctx, id, cl.Token, st); err != nil {
+					fail("SaveStep", err)
+				}
+			}
+			if err := s.SaveStep(ctx, id, cl.Token, engine.Step{Name: "b"}); err != nil {
+				fail("SaveStep (remove)", err)
+			}
+			if err := s.Extend(ctx, id, cl.Token, 2*time.Minute); err != nil {
+				fail("Extend", err)
+			}
+			if err := s.Release(ctx, id, cl.Token); err != nil {
+				fail("Release", err)
+			}
+			if cl, err = s.Claim(ctx, id, "fp", time.Minute, time.Hour); err != nil || len(cl.Steps) != 1 {
+				t.Fatalf("prefix %q, ID %q: Claim after Release = %d steps, %v; want 1", prefix, id, len(cl.Steps), err)
+			}
+			if r, err := s.Lookup(ctx, id); err != nil || len(r.Steps) != 1 {
+				t.Fatalf("prefix %q, ID %q: Lookup = %d steps, %v; want 1", prefix, id, len(r.Steps), err)
+			}
+			if err := s.Complete(ctx, id, cl.Token, &engine.Response{Status: 200}, time.Hour); err != nil {
+				fail("Complete", err)
+			}
+		}
 	}
 }

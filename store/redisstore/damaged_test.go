@@ -35,7 +35,7 @@ func TestDamagedRecordsThroughFunctions(t *testing.T) {
 	ctx := context.Background()
 	id := engine.ID{Key: "damaged"}
 	key := s.RecordKey(id)
-	t.Cleanup(func() { c.Del(context.Background(), key) })
+	t.Cleanup(func() { c.Del(context.Background(), key, s.StepsKey(id)) })
 
 	var damaged []string
 	for _, r := range sampleRecords() {
@@ -83,6 +83,10 @@ func TestDamagedRecordsThroughFunctions(t *testing.T) {
 			{"Lookup", func() error { _, err := s.Lookup(ctx, id); return err }},
 			{"Resolve", func() error { return s.Resolve(ctx, id, &engine.Response{Status: http.StatusOK}, time.Minute) }},
 			{"Resolve(nil)", func() error { return s.Resolve(ctx, id, nil, time.Minute) }},
+			{"SaveStep", func() error {
+				return s.SaveStep(ctx, id, token, engine.Step{Name: "a", Fingerprint: "fp", Done: true, Result: []byte("1")})
+			}},
+			{"SaveStep (remove)", func() error { return s.SaveStep(ctx, id, token, engine.Step{Name: "a"}) }},
 		} {
 			if err := c.Set(ctx, key, value, time.Minute).Err(); err != nil {
 				t.Fatal(err)

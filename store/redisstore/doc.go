@@ -7,11 +7,12 @@
 // A record is one Redis string under one key: the prefix ("idempotency:"
 // unless WithPrefix says otherwise), the scope's length in decimal, ":", the
 // scope, ":", the key. The length makes the encoding injective, whatever bytes
-// scope and key hold. Store.RecordKey returns it.
+// scope and key hold. Store.RecordKey returns it. The steps of a call in
+// flight that records steps are in a second key beside it (see Steps).
 //
 // The value is binary and versioned. Version 3, which this release writes, is
-// a header of 42 bytes (the version, the state: in flight, completed or
-// released, the fencing token, the nonce of the call that last changed the
+// a header of 42 bytes (the version, the state: in flight, completed,
+// released, or in flight with steps (see Steps), the fencing token, the nonce of the call that last changed the
 // state, the lease's slack, the fingerprint's length, how many holders
 // abandoned the record before, and when it was first claimed, by the clock
 // of the machine whose Store claimed it), the fingerprint, and, once completed, the response:
@@ -43,26 +44,30 @@
 // that took the record over keeps the count: the record goes back to how
 // the takeover found it (in flight, its lease over), so the next claim is
 // told of the same lost holders; only a release by the holder that created
-// the record makes the key new again.
+// the record makes the key new again, unless the record holds steps (see
+// Steps).
 //
 // Store.Lookup and Store.Resolve (engine.Inspector) let an operator read a
 // record (state, fingerprint, token, abandoned holders, first claim, lease
-// end, expiry, response) and settle it: Resolve with a response records the
+// end, expiry, response, steps) and settle it: Resolve with a response records the
 // request as done; with nil it releases the record, so that the next request
 // runs. Either way the holder's token is refused from then on.
 //
 // # Functions
 //
-// Complete, Release and Extend are each one Redis Function, called with
-// FCALL: one round trip. Claim is one plain command, SET NX PX GET, when the
+// Complete, Release, Extend and SaveStep are each one Redis Function, called
+// with FCALL: one round trip. Claim is one plain command, SET NX PX GET, when the
 // key has no record or a completed one (a first execution, a replay), and
 // its function, in a second round trip, when the record is in flight or
 // released. The functions are in one library whose name holds a
 // digest of its code ("idempotency_" and 12 hex digits), so that Stores of
-// different releases sharing a Redis each call their own. A function reads
-// and writes only the record's key, so it is atomic, and on a Cluster it runs
-// on the node that owns that key: no operation ever spans two keys, hence two
-// slots. The fencing token is checked inside the function.
+// different releases sharing a Redis each call their own: a change to the
+// code is a library of another name, loaded beside the earlier one, and no
+// Store ever calls a function of another release's library. A function
+// reads and writes the record's key and, for a record that holds steps, its
+// steps key, which is in the same slot (see Steps), so it is atomic, and on
+// a Cluster it runs on the node that owns the record: no operation ever
+// spans two slots. The fencing token is checked inside the function.
 //
 // New does no I/O. A call that finds a server without the library (a new
 // server, one restarted without persistence, one whose functions were
@@ -87,9 +92,12 @@
 //
 //	ACL SETUSER idempotency on >password resetkeys ~idempotency:* resetchannels -@all
 //	    +fcall +function|load +get +set +pttl +pexpire +setrange +time
+//	    +del +hset +hdel +hlen +hexists +hgetall +pexpireat +pexpiretime
 //	    +wait +config|get +info
 //
-// +wait is for WithReplicaAck, +config|get and +info for Check (CONFIG GET,
+// +del, the hash commands, +pexpireat and +pexpiretime are for steps (see
+// Steps): a call that records no step runs none of them. +wait is for
+// WithReplicaAck, +config|get and +info for Check (CONFIG GET,
 // or INFO memory where CONFIG is refused) and for reading proto-max-bulk-len
 // (see [Store.Complete]). A command the ACL refuses fails the call with Redis's
 // NOPERM (or, from inside a function on Redis 7.0, "The user executing the
@@ -136,7 +144,8 @@
 //
 // A record expires by Redis's own TTL: the claim sets it to the lease plus
 // the TTL, Complete to the TTL, Extend pushes it back with the lease's end,
-// Release keeps it. There is no sweep and no goroutine.
+// Release keeps it. Its steps key expires with it, to the millisecond (see
+// Steps). There is no sweep and no goroutine.
 //
 // # Retries by the client
 //
@@ -209,7 +218,8 @@
 //	DBSIZE
 //	INFO memory
 //
-// DBSIZE is the number of records, and used_memory in the reply of INFO
+// DBSIZE is the number of records (and of steps keys, one for each call in
+// flight that recorded a step), and used_memory in the reply of INFO
 // memory the bytes the server takes for them with its own overhead
 // (used_memory_dataset leaves out most of it). On a Redis shared with other
 // data, the records are the keys under the Store's prefix ("idempotency:"
@@ -226,10 +236,67 @@
 // keys that expired. On a Cluster, run the commands on every master and add
 // up.
 //
+// # Steps
+//
+// A Store is an engine.StepStore: it keeps the steps of a call (package
+// step) beside its record, in a hash under a key of their own, the steps
+// key, one field per step, named by the step's name, whose value is a byte
+// of flags (done), the fingerprint's length (a uvarint), the fingerprint
+// and the result, byte for byte. The steps key is the prefix, then "{s",
+// two bytes and "}" (when the prefix holds braces, what else keeps the key
+// in the record's slot), then the rest of the record key: under the prefix,
+// which the ACL's key pattern names; never a record key; and in the
+// record's Cluster slot whatever hash tag the prefix, the scope or the key
+// hold (the two bytes make the CRC-16 of the hashed part land on the
+// record's slot), so that a function that runs on the record's node reaches
+// it.
+//
+// A record that holds steps is in a fourth state, in flight with steps,
+// and the functions touch the steps key only then, or when SaveStep records
+// a record's first step. So a first execution and a replay run the commands
+// they ran before, and neither they nor the Extend or the Release of a call
+// that records no step send a command to a steps key (measured by the
+// server's own count, TestFirstExecutionLeavesStepsAlone).
+//
+// A step costs one round trip: SaveStep is one function call, which checks
+// the lease (the token, and the record in flight), writes the step (HSET;
+// HDEL for a step without a fingerprint, which removes its name's) and
+// gives the steps key the record's expiry (PEXPIREAT to the record's
+// PEXPIRETIME); WithReplicaAck sends WAIT with it, as with Complete. It
+// refuses more than engine.MaxSteps steps and more than engine.MaxStepSize
+// bytes a step with an error wrapping engine.ErrNotStorable. A claim that
+// takes over or re-acquires a record with steps gets them from the claim
+// function that it calls anyway (HGETALL), in the same round trip, and
+// gives them the record's new expiry; Extend moves their expiry with the
+// record's; Release keeps a record that holds steps, even the one its
+// holder created, in flight with its lease over as after the release of a
+// takeover (the next claim with the same fingerprint takes it over at once,
+// with the steps; another fingerprint is refused until it expires), and
+// keeps their expiry; Complete and Resolve delete them; Lookup returns
+// them. So a steps key expires when its record does, to the millisecond.
+//
+// The steps key is named in an argument, not declared as a key of the call:
+// while a slot migrates, Redis refuses (TRYAGAIN) a call that declares two
+// keys of which one only is on the node, which every record without steps
+// would be. What remains: while a slot migrates, a record's first step on
+// the node that the slot leaves is refused (Redis creates no key there:
+// "Script attempted to access a non local key"), as is a call on a record
+// that the migration has moved apart from its steps key; the engine tries
+// the step again within its store timeout, and the call fails if the
+// migration outlasts it. A record deleted by hand (DEL of its RecordKey)
+// leaves its steps key until that key expires; the next record of the key
+// does not see those steps, and its first step deletes them.
+//
+// Earlier releases do not read the fourth state: while both run against one
+// Redis, an instance of an earlier release answers 503 (a store error) for
+// a key whose record holds steps, as for any record it cannot read; its
+// functions change nothing there, neither taking the lease nor dropping the
+// steps (TestEarlierLibraryRefusesSteps).
+//
 // # Replication
 //
-// WithReplicaAck(n, timeout) makes Claim and Complete send WAIT n timeout on
-// the connection of their function, in the same round trip. A claim that
+// WithReplicaAck(n, timeout) makes Claim, Complete and SaveStep send WAIT n
+// timeout on the connection of their function, in the same round trip. A claim that
 // fewer than n replicas acknowledged is released and fails with
 // ErrNotReplicated: the middleware answers 503 and the handler does not run,
 // so a failover to an acknowledging replica never loses a claim that a
@@ -243,8 +310,10 @@
 // retry would be told of an abandoned holder that never ran. A completion
 // that fewer acknowledged fails with
 // ErrNotReplicated; the middleware applies its policy for a failed Complete
-// (the response may be on the master only). The cost is a replica's round
-// trip on every claim and completion, and 503s while no replica is in sync,
+// (the response may be on the master only). So does a step, which the
+// engine tries again within its store timeout (the step is on the master).
+// The cost is a replica's round trip on every claim, completion and step,
+// and 503s while no replica is in sync,
 // after a failover too, until the promoted master has a replica: give each
 // master one more replica than n. Measured (RELIABILITY.md): a Cluster
 // failover with 100 ms of replication lag ran 71 of 10,024 orders twice

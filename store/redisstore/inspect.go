@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"time"
 
@@ -11,7 +12,8 @@ import (
 
 var _ engine.Inspector = (*Store)(nil)
 
-// Lookup implements engine.Inspector in one round trip. Created is the
+// Lookup implements engine.Inspector in one round trip, with the steps of
+// a record in flight that holds steps. Created is the
 // clock of the machine whose Store first claimed the record, at the claim;
 // LeaseEnds and Expires are the Redis server's clock at the lookup plus
 // what the record's expiry has left. A record written by an earlier release (version
@@ -20,7 +22,8 @@ func (s *Store) Lookup(ctx context.Context, id engine.ID) (engine.Record, error)
 	if err := s.usable(ctx); err != nil {
 		return engine.Record{}, fmt.Errorf("redisstore: lookup: %w", err)
 	}
-	reply, err := s.call(ctx, s.lib.lookup, s.RecordKey(id))
+	key := s.RecordKey(id)
+	reply, err := s.call(ctx, s.lib.lookup, key, stepsKey(s.prefix, key))
 	if err != nil {
 		return engine.Record{}, fmt.Errorf("redisstore: lookup: %w", err)
 	}
@@ -43,7 +46,7 @@ func parseLookup(id engine.ID, reply any) (engine.Record, error) {
 		case replyCorrupt:
 			return engine.Record{}, corruptReply(r)
 		case replyFound:
-			if len(r) != 4 {
+			if len(r) != 4 && len(r) != 5 {
 				break
 			}
 			v, ok1 := r[1].(string)
@@ -52,7 +55,14 @@ func parseLookup(id engine.ID, reply any) (engine.Record, error) {
 			if !ok1 || !ok2 || !ok3 {
 				break
 			}
-			return recordOf(id, v, pttl, time.UnixMilli(now))
+			rec, err := recordOf(id, v, pttl, time.UnixMilli(now))
+			if err == nil && len(r) == 5 {
+				rec.Steps, err = decodeSteps(r[4])
+			}
+			if err != nil {
+				return engine.Record{}, err
+			}
+			return rec, nil
 		}
 	}
 	return engine.Record{}, unexpected(reply)
@@ -74,6 +84,10 @@ func recordOf(id engine.ID, v string, pttl int64, now time.Time) (engine.Record,
 		Token:       rec.token,
 		Abandoned:   int(rec.abandoned),
 		Response:    rec.response,
+	}
+	if rec.state == stateSteps && rec.abandoned == math.MaxUint32 {
+		// -1: released by the holder that created it (see Store.Release).
+		out.Abandoned = 0
 	}
 	if rec.created != 0 {
 		out.Created = time.UnixMilli(rec.created)
@@ -97,14 +111,16 @@ func recordOf(id engine.ID, v string, pttl int64, now time.Time) (engine.Record,
 // Resolve implements engine.Inspector in one round trip. The record keeps
 // its token, so that a holder still running is refused (engine.ErrLeaseLost)
 // from then on; with resp nil it becomes a released record, which Lookup
-// does not find and the next Claim takes with a larger token.
+// does not find and the next Claim takes with a larger token. Either way
+// its steps are deleted.
 func (s *Store) Resolve(ctx context.Context, id engine.ID, resp *engine.Response, ttl time.Duration) error {
 	if err := s.usable(ctx); err != nil {
 		return fmt.Errorf("redisstore: resolve: %w", err)
 	}
-	var args []any
+	key := s.RecordKey(id)
+	args := []any{stepsKey(s.prefix, key)}
 	if resp == nil {
-		args = []any{tombstone(0)}
+		args = append(args, tombstone(0))
 	} else {
 		rec, err := encodeRecord(record{
 			version:  recordVersion,
@@ -115,9 +131,9 @@ func (s *Store) Resolve(ctx context.Context, id engine.ID, resp *engine.Response
 		if err != nil {
 			return fmt.Errorf("redisstore: resolve: %w", err)
 		}
-		args = []any{rec, millis(ttl)}
+		args = append(args, rec, millis(ttl))
 	}
-	reply, err := s.call(ctx, s.lib.resolve, s.RecordKey(id), args...)
+	reply, err := s.call(ctx, s.lib.resolve, key, args...)
 	if err == nil {
 		switch r := reply.(type) {
 		case int64:

@@ -108,6 +108,13 @@ func migrate(t *testing.T, ctx context.Context, c *redis.ClusterClient, s, acked
 	cl, err := s.Claim(ctx, before, "fp", time.Minute, time.Hour)
 	require.NoError(t, err)
 	require.NoError(t, s.Complete(ctx, before, cl.Token, &engine.Response{Status: http.StatusCreated}, time.Hour))
+	// A record in flight with a step, and one without, both on the source.
+	withSteps, noSteps := engine.ID{Key: "with-steps"}, engine.ID{Key: "no-steps-yet"}
+	ws, err := s.Claim(ctx, withSteps, "fp", time.Minute, time.Hour)
+	require.NoError(t, err)
+	require.NoError(t, s.SaveStep(ctx, withSteps, ws.Token, doneStep("a", "1")))
+	ns, err := s.Claim(ctx, noSteps, "fp", time.Minute, time.Hour)
+	require.NoError(t, err)
 
 	slot, err := c.ClusterKeySlot(ctx, s.RecordKey(before)).Result()
 	require.NoError(t, err)
@@ -144,6 +151,17 @@ func migrate(t *testing.T, ctx context.Context, c *redis.ClusterClient, s, acked
 	assert.Equal(t, engine.Completed, got.Status)
 	require.NoError(t, target.FunctionFlush(ctx).Err())
 	refused("during the migration")
+	// A record and its steps key, both on the source, take more steps.
+	require.NoError(t, s.SaveStep(ctx, withSteps, ws.Token, doneStep("b", "2")), "a step while the slot migrates")
+	// The first step of a record on the source would create its steps key
+	// there, which Redis refuses in a slot that migrates: a store error
+	// (the engine tries again), until the slot has moved.
+	err = s.SaveStep(ctx, noSteps, ns.Token, doneStep("a", "1"))
+	require.Error(t, err, "a first step while the slot migrates")
+	t.Logf("a first step while the slot migrates: %v", err)
+	assert.NotErrorIs(t, err, engine.ErrLeaseLost)
+	assert.NotErrorIs(t, err, engine.ErrNotStorable)
+	assert.NotErrorIs(t, err, redisstore.ErrCorruptRecord)
 
 	// Move the keys, then the slot.
 	keys, err := source.ClusterGetKeysInSlot(ctx, int(slot), 100).Result()
@@ -164,6 +182,12 @@ func migrate(t *testing.T, ctx context.Context, c *redis.ClusterClient, s, acked
 	}
 	require.NoError(t, target.FunctionFlush(ctx).Err())
 	refused("after the migration")
+	// The steps moved with their records.
+	require.NoError(t, s.SaveStep(ctx, noSteps, ns.Token, doneStep("a", "1")), "a first step after the migration")
+	require.NoError(t, s.Release(ctx, withSteps, ws.Token))
+	ws, err = s.Claim(ctx, withSteps, "fp", time.Minute, time.Hour)
+	require.NoError(t, err)
+	assert.Len(t, ws.Steps, 2, "the steps after the migration")
 	require.NoError(t, target.FunctionFlush(ctx).Err())
 	after := engine.ID{Key: "after"}
 	cl, err = s.Claim(ctx, after, "fp", time.Minute, time.Hour)

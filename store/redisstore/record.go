@@ -21,14 +21,16 @@ import (
 //
 //	offset  size  versions 3 and 2               version 1 (read only)
 //	0       1     version                        version
-//	1       1     state: 1 in flight, 2 completed, 3 released
+//	1       1     state: 1 in flight, 2 completed, 3 released,
+//	              4 (version 3) in flight with steps
 //	2       8     fencing token
 //	10      8     nonce of the call that last    end of the lease, µs since
 //	              changed the state              the epoch, server's clock
 //	18      8     slack: ms that the record      nonce
 //	              outlives its lease (in flight)
 //	26      4     fingerprint length n
-//	30      4     version 3: abandoned holders before this one
+//	30      4     version 3: abandoned holders before this one;
+//	              in state 4, 2^32-1 is -1 (see Store.Release)
 //	34      8     version 3: when the record was first claimed, ms since
 //	              the epoch, by the claiming machine's clock
 //	h       n     fingerprint, h the header's size (42, or 30 before 3)
@@ -59,6 +61,9 @@ const (
 	stateInFlight  = 1
 	stateCompleted = 2
 	stateReleased  = 3
+	// stateSteps is in flight, with steps in the record's steps key
+	// (version 3 only).
+	stateSteps = 4
 
 	flagBodyOmitted = 1 << 0
 	// responseFixed is the size of status, flags and body length.
@@ -260,7 +265,7 @@ func decodeRecord(rec string) (record, error) {
 	default:
 		return record{}, corrupt("unknown record version %d", r.version)
 	}
-	if r.state < stateInFlight || r.state > stateReleased {
+	if r.state < stateInFlight || r.state > stateSteps || r.state == stateSteps && r.version != recordVersion {
 		return record{}, corrupt("unknown record state %d", r.state)
 	}
 	fpLen := uint64(binary.BigEndian.Uint32([]byte(rec[26:30])))

@@ -12,7 +12,7 @@ import (
 	"github.com/idemkit/idempotency/engine"
 )
 
-// sampleRecords returns valid records of both versions in every state.
+// sampleRecords returns valid records of every version in every state.
 func sampleRecords() []record {
 	const token = engine.Token(1796000000000000)
 	return []record{
@@ -43,6 +43,10 @@ func sampleRecords() []record {
 		{version: legacyVersion, state: stateCompleted, token: token, nonce: 8, fingerprint: "fp", response: &engine.Response{
 			Status: http.StatusOK, Header: http.Header{"A": {"b", "c"}, "Content-Type": {"text/plain"}}, Body: []byte("body"),
 		}},
+		// In flight with steps, after the release of the holder that
+		// created it: abandoned -1.
+		{version: recordVersion, state: stateSteps, token: token, nonce: 4, slack: 0, abandoned: 1<<32 - 1, created: 1796000000000, fingerprint: "fp"},
+		{version: recordVersion, state: stateSteps, token: token, nonce: 4, slack: 60_000, abandoned: 2, created: 1796000000000, fingerprint: "fp"},
 	}
 }
 
@@ -262,7 +266,10 @@ func FuzzRecordRoundTrip(f *testing.F) {
 		name1, value1, name2, value2 string, body []byte) {
 		want := record{token: engine.Token(token), nonce: nonce, fingerprint: fp}
 		want.version = []byte{recordVersion, legacyVersion, v2Version}[kind%3]
-		want.state = stateInFlight + kind/3%3
+		want.state = stateInFlight + kind/3%4
+		if want.state == stateSteps && want.version != recordVersion {
+			want.state = stateInFlight
+		}
 		switch want.version {
 		case legacyVersion:
 			want.leaseEnd = n

@@ -12,11 +12,12 @@ import (
 	"github.com/idemkit/idempotency/engine"
 )
 
-// ErrNotReplicated is returned, wrapped, by Claim and Complete on a Store
-// made WithReplicaAck when fewer replicas acknowledged the write than it
-// asks for. After a Claim, the Store has released the lease it took: the
-// request must not run. After a Complete, the response is stored on the
-// master, and may be lost if the master fails before a replica has it.
+// ErrNotReplicated is returned, wrapped, by Claim, Complete and SaveStep on
+// a Store made WithReplicaAck when fewer replicas acknowledged the write
+// than it asks for. After a Claim, the Store has released the lease it
+// took: the request must not run. After a Complete, the response is stored
+// on the master, and may be lost if the master fails before a replica has
+// it; after a SaveStep, the step.
 var ErrNotReplicated = errors.New("fewer redis replicas acknowledged the write than required")
 
 // replicaAck is what WithReplicaAck asks for.
@@ -25,7 +26,7 @@ type replicaAck struct {
 	timeout  time.Duration
 }
 
-// WithReplicaAck makes Claim and Complete wait, after their write, until
+// WithReplicaAck makes Claim, Complete and SaveStep wait, after their write, until
 // replicas replicas of the master have acknowledged it, for timeout at most:
 // WAIT replicas timeout, sent on the same connection as the function, in
 // the same round trip (a pipeline). The wait is also bounded by the call's
@@ -38,7 +39,8 @@ type replicaAck struct {
 // what the record knew (see [Store.Release]), so a takeover of a lost
 // holder that is released this way still tells the next claim of that
 // holder. Complete fails with ErrNotReplicated, and the middleware applies
-// its policy for a Complete that failed. A replay or an in-flight answer
+// its policy for a Complete that failed; so does SaveStep, and the engine
+// tries the step again. A replay or an in-flight answer
 // waits for nothing: it wrote nothing.
 //
 // So a claim that a failover to an acknowledging replica loses is one that

@@ -299,3 +299,62 @@ func TestMinReplicasToWrite(t *testing.T) {
 	assert.NotErrorIs(t, err, redisstore.ErrCorruptRecord)
 	assert.Contains(t, err.Error(), "NOREPLICAS")
 }
+
+// WithReplicaAck, a step waits for the replica as a completion does, in
+// the same round trip: acknowledged, it is on the replica, expiry and all;
+// not acknowledged, it fails with ErrNotReplicated, which the engine tries
+// again (not ErrNotStorable, not ErrLeaseLost), and the step is on the
+// master. The claim that re-acquires a record with steps gets them through
+// WAIT's round trip too.
+func TestReplicaAckSteps(t *testing.T) {
+	t.Parallel()
+	master, replica := startReplicated(t)
+	mc := redis.NewClient(&redis.Options{Addr: master.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { mc.Close() })
+	rc := redis.NewClient(&redis.Options{Addr: replica.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { rc.Close() })
+	s, err := redisstore.New(mc, redisstore.WithReplicaAck(1, 2*time.Second))
+	require.NoError(t, err)
+	ctx := context.Background()
+	id := engine.ID{Key: "steps"}
+	c, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
+	require.NoError(t, err)
+	require.Equal(t, engine.Acquired, c.Status)
+
+	counter := &commandCounter{}
+	mc.AddHook(counter)
+	require.NoError(t, s.SaveStep(ctx, id, c.Token, doneStep("a", "1")))
+	assert.Equal(t, []string{"fcall", "wait"}, counter.take(), "a step WithReplicaAck")
+	steps, err := rc.HGetAll(ctx, s.StepsKey(id)).Result()
+	require.NoError(t, err)
+	assert.Len(t, steps, 1, "the steps on the replica")
+	assert.Equal(t, expiry(t, mc, s.StepsKey(id)), expiry(t, rc, s.StepsKey(id)), "the steps key's expiry on the replica")
+	assert.Equal(t, expiry(t, mc, s.RecordKey(id)), expiry(t, rc, s.StepsKey(id)), "the record's expiry, the steps key's on the replica")
+
+	require.NoError(t, s.Release(ctx, id, c.Token))
+	c, err = s.Claim(ctx, id, "fp", time.Minute, time.Hour)
+	require.NoError(t, err)
+	require.Equal(t, engine.Acquired, c.Status)
+	assert.Len(t, c.Steps, 1, "the steps of a claim WithReplicaAck")
+
+	impatient, err := redisstore.New(mc, redisstore.WithReplicaAck(1, 50*time.Millisecond))
+	require.NoError(t, err)
+	resume := pause(t, replica)
+	for range 2 {
+		err = impatient.SaveStep(ctx, id, c.Token, doneStep("b", "2"))
+		assert.ErrorIs(t, err, redisstore.ErrNotReplicated, "a step the replica did not acknowledge")
+		assert.NotErrorIs(t, err, engine.ErrNotStorable)
+		assert.NotErrorIs(t, err, engine.ErrLeaseLost)
+	}
+	plain, err := redisstore.New(mc)
+	require.NoError(t, err)
+	r, err := plain.Lookup(ctx, id)
+	require.NoError(t, err)
+	assert.Len(t, r.Steps, 2, "the steps on the master")
+	resume()
+	awaitInSync(t, master, replica)
+	require.NoError(t, s.SaveStep(ctx, id, c.Token, doneStep("b", "2")), "the step tried again, the replica back")
+	steps, err = rc.HGetAll(ctx, s.StepsKey(id)).Result()
+	require.NoError(t, err)
+	assert.Len(t, steps, 2, "the steps on the replica")
+}

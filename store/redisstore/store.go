@@ -114,7 +114,10 @@ func hearing(client redis.UniversalClient) (redis.UniversalClient, bool) {
 
 // RecordKey returns the Redis key that holds id's record, for an operator
 // who needs to inspect or delete it (DEL removes the record: the key is new
-// again). Every operation on id touches this key and no other.
+// again). Every operation on id touches this key, and, only for a record
+// that holds steps, the key of its steps, in the same Cluster slot (see
+// Steps in the package documentation), which a DEL of the record may leave
+// until it expires: the next record of the key does not see those steps.
 func (s *Store) RecordKey(id engine.ID) string { return recordKey(s.prefix, id) }
 
 // Claim implements engine.Store. A claim that finds no record, or a
@@ -127,7 +130,10 @@ func (s *Store) RecordKey(id engine.ID) string { return recordKey(s.prefix, id) 
 // claim function, which does the same in one round trip, so that a Redis
 // that cannot run the functions refuses the first claim, not its
 // completion. A completed record comes back whole and is decoded here; one that cannot
-// be decoded fails the call with ErrCorruptRecord and is never replayed.
+// be decoded fails the call with ErrCorruptRecord and is never replayed. A
+// claim that takes over or re-acquires a record that holds steps returns
+// them (Claim.Steps), from the claim function's answer; a new record's
+// claim never reads a steps key.
 //
 // The token of a new lease is proposed here, from this machine's clock in
 // microseconds, and written with the record, with the time of the claim;
@@ -163,12 +169,12 @@ func (s *Store) Claim(ctx context.Context, id engine.ID, fingerprint string, lea
 	)
 	if s.ack.replicas > 0 {
 		var reply any
-		if reply, err = s.claimAcked(ctx, id, key, rec, px); err == nil {
+		if reply, err = s.claimAcked(ctx, id, key, rec, px, stepsKey(s.prefix, key)); err == nil {
 			c, created, err = parseClaim(reply)
 		}
 	} else if !s.called.Load() {
 		var reply any
-		if reply, err = s.call(ctx, s.lib.claim, key, rec, px); err == nil {
+		if reply, err = s.call(ctx, s.lib.claim, key, rec, px, stepsKey(s.prefix, key)); err == nil {
 			c, created, err = parseClaim(reply)
 		}
 	} else {
@@ -206,7 +212,7 @@ func (s *Store) claim(ctx context.Context, key string, rec []byte, px int64) (en
 		c, err := parseClaimReply(r)
 		return c, 0, err
 	}
-	reply, err := s.call(ctx, s.lib.claim, key, rec, px)
+	reply, err := s.call(ctx, s.lib.claim, key, rec, px, stepsKey(s.prefix, key))
 	if err != nil {
 		return engine.Claim{}, 0, err
 	}
@@ -238,12 +244,20 @@ func parseClaimReply(reply any) (engine.Claim, error) {
 	case []any:
 		switch code(r) {
 		case replyAcquired:
-			if len(r) == 4 {
+			if len(r) == 4 || len(r) == 5 {
 				tok, ok1 := r[1].(int64)
 				ab, ok2 := r[2].(int64)
 				_, ok3 := r[3].(int64)
 				if ok1 && ok2 && ok3 && ab >= 0 && ab <= math.MaxUint32 {
-					return engine.Claim{Status: engine.Acquired, Token: engine.Token(tok), Abandoned: int(ab)}, nil
+					c := engine.Claim{Status: engine.Acquired, Token: engine.Token(tok), Abandoned: int(ab)}
+					if len(r) == 5 {
+						steps, err := decodeSteps(r[4])
+						if err != nil {
+							return engine.Claim{}, err
+						}
+						c.Steps = steps
+					}
+					return c, nil
 				}
 			}
 		case replyInFlight:
@@ -262,7 +276,7 @@ func parseClaimReply(reply any) (engine.Claim, error) {
 }
 
 // Complete implements engine.Store in one round trip. The record, response
-// included, then expires after ttl.
+// included, then expires after ttl; its steps, if any, are deleted.
 //
 // A response that Redis will never accept fails with an error wrapping
 // engine.ErrNotStorable, and the record stays in flight with its lease: a
@@ -300,7 +314,7 @@ func (s *Store) Complete(ctx context.Context, id engine.ID, token engine.Token, 
 	if limit := s.bulkLimit.Load(); limit > 0 && int64(len(rec)) > limit {
 		return fmt.Errorf("redisstore: complete: a record of %d bytes, above the server's proto-max-bulk-len %d: %w", len(rec), limit, engine.ErrNotStorable)
 	}
-	err = s.update(ctx, "complete", s.lib.complete, key, heldBy(token), rec, millis(ttl))
+	err = s.update(ctx, "complete", s.lib.complete, key, heldBy(token), rec, millis(ttl), stepsKey(s.prefix, key))
 	if err != nil && (notStorable(err) || s.aboveBulkLimit(ctx, key, len(rec), err)) {
 		return fmt.Errorf("%w (%w)", err, engine.ErrNotStorable)
 	}
@@ -361,26 +375,29 @@ func notStorable(err error) bool {
 // Release implements engine.Store in one round trip. A record that the
 // holder's Claim created becomes a small tombstone that keeps the last token
 // until the record would have expired, so that the next lease's token is
-// larger. One that the Claim took over from lost holders goes back to how
-// the Claim found it, with the next token: in flight, its lease ended, one
-// holder fewer counted, which the next takeover counts again.
+// larger. One that the Claim took over from lost holders, or one that holds
+// steps, goes back to how the Claim found it, with the next token: in
+// flight, its lease ended, one holder fewer counted (for the holder that
+// created it, -1), which the next takeover counts again; its steps stay,
+// with its expiry.
 func (s *Store) Release(ctx context.Context, id engine.ID, token engine.Token) error {
 	if err := s.usable(ctx); err != nil {
 		return fmt.Errorf("redisstore: release: %w", err)
 	}
 	key := s.RecordKey(id)
 	s.fps.take(leaseKey{key, token})
-	return s.update(ctx, "release", s.lib.release, key, heldBy(token), tombstone(token))
+	return s.update(ctx, "release", s.lib.release, key, heldBy(token), tombstone(token), stepsKey(s.prefix, key))
 }
 
 // Extend implements engine.Store in one round trip. The record's expiry
 // moves with the lease's end, keeping the TTL that the Claim put between
-// them (the record's slack).
+// them (the record's slack), and its steps' expiry with it.
 func (s *Store) Extend(ctx context.Context, id engine.ID, token engine.Token, lease time.Duration) error {
 	if err := s.usable(ctx); err != nil {
 		return fmt.Errorf("redisstore: extend: %w", err)
 	}
-	return s.update(ctx, "extend", s.lib.extend, s.RecordKey(id), heldBy(token), millis(lease))
+	key := s.RecordKey(id)
+	return s.update(ctx, "extend", s.lib.extend, key, heldBy(token), millis(lease), stepsKey(s.prefix, key))
 }
 
 // tombstone returns a released record that keeps token, with a nonce of
@@ -406,9 +423,9 @@ func (s *Store) usable(ctx context.Context) error {
 }
 
 // update calls a function that answers done or lease lost. A completion
-// WithReplicaAck waits for the replicas too.
+// or a step WithReplicaAck waits for the replicas too.
 func (s *Store) update(ctx context.Context, op, fn, key string, args ...any) error {
-	if op != "complete" || s.ack.replicas == 0 {
+	if (op != "complete" && op != "save step") || s.ack.replicas == 0 {
 		reply, err := s.call(ctx, fn, key, args...)
 		if err == nil {
 			err = updated(reply)
@@ -444,6 +461,8 @@ func updated(reply any) error {
 			return nil
 		case replyLeaseLost:
 			return engine.ErrLeaseLost
+		case replyTooMany:
+			return fmt.Errorf("more than %d steps: %w", engine.MaxSteps, engine.ErrNotStorable)
 		}
 	case []any:
 		if code(r) == replyCorrupt {

@@ -254,6 +254,33 @@ func TestRepeatedCallsRecogniseThemselves(t *testing.T) {
 	if cl, err := s.Claim(ctx, other, "fp", time.Minute, time.Hour); err != nil || cl.Status != engine.InFlight {
 		t.Errorf("second Claim = %v, %v; want in flight", cl.Status, err)
 	}
+
+	// With steps: a step, its removal, a release that keeps the steps and
+	// a claim that re-acquires them, each sent twice.
+	stepped := engine.ID{Key: "repeated-steps"}
+	cl, err = s.Claim(ctx, stepped, "fp", time.Minute, time.Hour)
+	if err != nil || cl.Status != engine.Acquired {
+		t.Fatalf("repeated Claim = %v, %v; want acquired", cl.Status, err)
+	}
+	for _, st := range []engine.Step{
+		{Name: "a", Fingerprint: "fa", Done: true, Result: []byte("1")},
+		{Name: "b", Fingerprint: "fb", Done: true, Result: []byte("2")},
+		{Name: "b"},
+	} {
+		if err := s.SaveStep(ctx, stepped, cl.Token, st); err != nil {
+			t.Fatalf("repeated SaveStep(%q) error = %v", st.Name, err)
+		}
+	}
+	if err := s.Release(ctx, stepped, cl.Token); err != nil {
+		t.Fatalf("repeated Release of a record with steps error = %v", err)
+	}
+	cl2, err = s.Claim(ctx, stepped, "fp", time.Minute, time.Hour)
+	if err != nil || cl2.Status != engine.Acquired || cl2.Abandoned != 0 || len(cl2.Steps) != 1 || cl2.Steps[0].Name != "a" {
+		t.Fatalf("repeated Claim after Release = %v, Abandoned %d, steps %+v, %v; want acquired, 0, step a", cl2.Status, cl2.Abandoned, cl2.Steps, err)
+	}
+	if err := s.Complete(ctx, stepped, cl2.Token, &engine.Response{Status: http.StatusOK}, time.Hour); err != nil {
+		t.Fatalf("repeated Complete of a record with steps error = %v", err)
+	}
 }
 
 // A record that cannot be decoded is a store error for every operation,

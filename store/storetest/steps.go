@@ -12,6 +12,12 @@ import (
 	"github.com/idemkit/idempotency/engine"
 )
 
+// The limits of engine.StepStore: 100 steps a record, 64 KiB a step.
+const (
+	maxSteps    = 100
+	maxStepSize = 64 << 10
+)
+
 // stepCases are the subtests of a Store that keeps steps
 // (engine.StepStore); they are skipped for one that does not.
 var stepCases = []struct {
@@ -280,19 +286,19 @@ func testStepLimits(t *testing.T, f fixture) {
 	tok := f.acquire(t, id, "fp", longLease, longTTL)
 	name := "big"
 	fp := "fp-big"
-	full := engine.Step{Name: name, Fingerprint: fp, Done: true, Result: bytes.Repeat([]byte{0xfe}, engine.MaxStepSize-len(name)-len(fp))}
+	full := engine.Step{Name: name, Fingerprint: fp, Done: true, Result: bytes.Repeat([]byte{0xfe}, maxStepSize-len(name)-len(fp))}
 	f.saveStep(t, s, id, tok, full)
 	over := full
 	over.Result = append(slices.Clone(full.Result), 1)
 	over.Name = "bigger"
 	if err := s.SaveStep(f.ctx, id, tok, over); !errors.Is(err, engine.ErrNotStorable) {
-		t.Errorf("SaveStep of %d bytes error = %v, want ErrNotStorable", engine.MaxStepSize+len(over.Name)-len(name)+1, err)
+		t.Errorf("SaveStep of %d bytes error = %v, want ErrNotStorable", maxStepSize+len(over.Name)-len(name)+1, err)
 	}
-	for i := 1; i < engine.MaxSteps; i++ {
+	for i := 1; i < maxSteps; i++ {
 		f.saveStep(t, s, id, tok, doneStep(fmt.Sprintf("s%03d", i), "x"))
 	}
 	if err := s.SaveStep(f.ctx, id, tok, doneStep("one-too-many", "x")); !errors.Is(err, engine.ErrNotStorable) {
-		t.Errorf("SaveStep of step %d error = %v, want ErrNotStorable", engine.MaxSteps+1, err)
+		t.Errorf("SaveStep of step %d error = %v, want ErrNotStorable", maxSteps+1, err)
 	}
 	// At the limit a step is still replaced, and removed.
 	f.saveStep(t, s, id, tok, doneStep("s001", "again"))
@@ -302,14 +308,14 @@ func testStepLimits(t *testing.T, f fixture) {
 		t.Fatalf("Release error = %v", err)
 	}
 	c := f.claim(t, id, "fp", longLease, longTTL)
-	if len(c.Steps) != engine.MaxSteps {
-		t.Fatalf("Claim returned %d steps, want %d", len(c.Steps), engine.MaxSteps)
+	if len(c.Steps) != maxSteps {
+		t.Fatalf("Claim returned %d steps, want %d", len(c.Steps), maxSteps)
 	}
 	for _, st := range c.Steps {
 		switch st.Name {
 		case name:
 			if !bytes.Equal(st.Result, full.Result) {
-				t.Errorf("step of %d bytes came back as %d bytes", engine.MaxStepSize, len(st.Result))
+				t.Errorf("step of %d bytes came back as %d bytes", maxStepSize, len(st.Result))
 			}
 		case "s001":
 			if string(st.Result) != "again" {

@@ -33,71 +33,71 @@ func TestMemstore(t *testing.T) {
 // brokenStores are deliberately wrong Stores, each with the subtests of the
 // suite that must catch it.
 var brokenStores = map[string]struct {
-	store    func(*memstore.Store) engine.Store
+	store    func(memstore.Store) engine.Store
 	mustFail []string
 }{
 	"ignores-tokens": {
-		store:    func(m *memstore.Store) engine.Store { return ignoresTokens{m} },
+		store:    func(m memstore.Store) engine.Store { return ignoresTokens{m} },
 		mustFail: []string{"StaleTokenRefused", "LeaseExpiryAndTakeover"},
 	},
 	"check-then-insert": {
-		store:    func(m *memstore.Store) engine.Store { return &checkThenInsert{Store: m, held: map[engine.ID]bool{}} },
+		store:    func(m memstore.Store) engine.Store { return &checkThenInsert{Store: m, held: map[engine.ID]bool{}} },
 		mustFail: []string{"ConcurrentClaimers"},
 	},
 	"text-only": {
-		store:    func(m *memstore.Store) engine.Store { return textOnly{m} },
+		store:    func(m memstore.Store) engine.Store { return textOnly{m} },
 		mustFail: []string{"BinaryRoundTrip", "LargeBody"},
 	},
 	"never-abandoned": {
-		store:    func(m *memstore.Store) engine.Store { return neverAbandoned{m} },
+		store:    func(m memstore.Store) engine.Store { return neverAbandoned{m} },
 		mustFail: []string{"TakeoverCountsAbandoned", "ExtendKeepsAbandoned", "TinyDurations"},
 	},
 	"release-expires-lease": {
-		store:    func(m *memstore.Store) engine.Store { return releaseExpiresLease{m} },
+		store:    func(m memstore.Store) engine.Store { return releaseExpiresLease{m} },
 		mustFail: []string{"AbandonedZeroWhenNew", "ReleaseKeepsAbandoned"},
 	},
 	"release-forgets-abandoned": {
-		store:    func(m *memstore.Store) engine.Store { return releaseForgetsAbandoned{m} },
+		store:    func(m memstore.Store) engine.Store { return releaseForgetsAbandoned{m} },
 		mustFail: []string{"ReleaseKeepsAbandoned"},
 	},
 	"record-dies-with-lease": {
-		store:    func(m *memstore.Store) engine.Store { return recordDiesWithLease{m} },
+		store:    func(m memstore.Store) engine.Store { return recordDiesWithLease{m} },
 		mustFail: []string{"RecordOutlivesLease"},
 	},
 	"overflows": {
-		store:    func(m *memstore.Store) engine.Store { return overflows{m} },
+		store:    func(m memstore.Store) engine.Store { return overflows{m} },
 		mustFail: []string{"MaxTTL", "MaxLease"},
 	},
 	"sub-millisecond-is-forever": {
-		store:    func(m *memstore.Store) engine.Store { return subMillisecondForever{m} },
+		store:    func(m memstore.Store) engine.Store { return subMillisecondForever{m} },
 		mustFail: []string{"TinyDurations"},
 	},
 	"not-found-unwrapped": {
-		store:    func(m *memstore.Store) engine.Store { return notFoundUnwrapped{m} },
+		store:    func(m memstore.Store) engine.Store { return notFoundUnwrapped{m} },
 		mustFail: []string{"LookupNotFound", "ResolveNotFound"},
 	},
 	"resolve-by-token": {
-		store:    func(m *memstore.Store) engine.Store { return resolveByToken{m} },
+		store:    func(m memstore.Store) engine.Store { return resolveByToken{m} },
 		mustFail: []string{"ResolveWithResponse", "ResolveForget"},
 	},
 	"step-ignores-token": {
-		store:    func(m *memstore.Store) engine.Store { return stepIgnoresToken{m} },
+		store:    func(m memstore.Store) engine.Store { return stepIgnoresToken{m} },
 		mustFail: []string{"StepStaleTokenRefused", "StepResolveDropsSteps"},
 	},
 	"release-drops-steps": {
-		store:    func(m *memstore.Store) engine.Store { return releaseDropsSteps{m} },
+		store:    func(m memstore.Store) engine.Store { return releaseDropsSteps{m} },
 		mustFail: []string{"StepReleaseKeepsSteps", "StepReleaseOfTakeover", "StepsExpireWithRecord"},
 	},
 	"claim-hides-steps": {
-		store:    func(m *memstore.Store) engine.Store { return claimHidesSteps{m} },
+		store:    func(m memstore.Store) engine.Store { return claimHidesSteps{m} },
 		mustFail: []string{"StepsOnTakeover", "StepReleaseKeepsSteps", "StepBinaryRoundTrip"},
 	},
 	"no-step-limits": {
-		store:    func(m *memstore.Store) engine.Store { return noStepLimits{m} },
+		store:    func(m memstore.Store) engine.Store { return noStepLimits{m} },
 		mustFail: []string{"StepLimits"},
 	},
 	"times-without-epoch": {
-		store:    func(m *memstore.Store) engine.Store { return timesWithoutEpoch{m, time.Now()} },
+		store:    func(m memstore.Store) engine.Store { return timesWithoutEpoch{m, time.Now()} },
 		mustFail: []string{"LookupInFlight", "LookupCompleted"},
 	},
 }
@@ -144,7 +144,7 @@ func TestBrokenStore(t *testing.T) {
 }
 
 // ignoresTokens completes, releases and extends whatever the token.
-type ignoresTokens struct{ *memstore.Store }
+type ignoresTokens struct{ memstore.Store }
 
 func (s ignoresTokens) Complete(ctx context.Context, id engine.ID, _ engine.Token, resp *engine.Response, ttl time.Duration) error {
 	c, err := s.Store.Claim(ctx, id, "", time.Nanosecond, ttl)
@@ -166,7 +166,7 @@ func (s ignoresTokens) Extend(context.Context, engine.ID, engine.Token, time.Dur
 // checkThenInsert looks for a record, then creates one: two claimers can
 // both see none.
 type checkThenInsert struct {
-	*memstore.Store
+	memstore.Store
 	mu   sync.Mutex
 	held map[engine.ID]bool
 }
@@ -191,7 +191,7 @@ func (s *checkThenInsert) Claim(ctx context.Context, id engine.ID, fp string, le
 
 // textOnly stores bodies and headers as valid UTF-8 text, as a store that
 // used a text column would.
-type textOnly struct{ *memstore.Store }
+type textOnly struct{ memstore.Store }
 
 func (s textOnly) Complete(ctx context.Context, id engine.ID, tok engine.Token, resp *engine.Response, ttl time.Duration) error {
 	r := *resp
@@ -206,7 +206,7 @@ func (s textOnly) Complete(ctx context.Context, id engine.ID, tok engine.Token, 
 }
 
 // neverAbandoned reports every acquired claim as a new record's.
-type neverAbandoned struct{ *memstore.Store }
+type neverAbandoned struct{ memstore.Store }
 
 func (s neverAbandoned) Claim(ctx context.Context, id engine.ID, fp string, lease, ttl time.Duration) (engine.Claim, error) {
 	c, err := s.Store.Claim(ctx, id, fp, lease, ttl)
@@ -216,7 +216,7 @@ func (s neverAbandoned) Claim(ctx context.Context, id engine.ID, fp string, leas
 
 // releaseExpiresLease releases by ending the lease instead of deleting the
 // record, so that the next claim counts the releaser as abandoned.
-type releaseExpiresLease struct{ *memstore.Store }
+type releaseExpiresLease struct{ memstore.Store }
 
 func (s releaseExpiresLease) Release(ctx context.Context, id engine.ID, tok engine.Token) error {
 	return s.Store.Extend(ctx, id, tok, time.Nanosecond)
@@ -224,7 +224,7 @@ func (s releaseExpiresLease) Release(ctx context.Context, id engine.ID, tok engi
 
 // releaseForgetsAbandoned deletes the record on every release, so that a
 // takeover that gives the key back forgets the holders lost before it.
-type releaseForgetsAbandoned struct{ *memstore.Store }
+type releaseForgetsAbandoned struct{ memstore.Store }
 
 func (s releaseForgetsAbandoned) Release(ctx context.Context, id engine.ID, tok engine.Token) error {
 	if err := s.Store.Release(ctx, id, tok); err != nil {
@@ -239,7 +239,7 @@ func (s releaseForgetsAbandoned) Release(ctx context.Context, id engine.ID, tok 
 // recordDiesWithLease lets an in-flight record expire when its lease ends,
 // whatever the TTL, as a store that takes the larger of the two does when
 // the TTL is no longer than the lease.
-type recordDiesWithLease struct{ *memstore.Store }
+type recordDiesWithLease struct{ memstore.Store }
 
 func (s recordDiesWithLease) Claim(ctx context.Context, id engine.ID, fp string, lease, ttl time.Duration) (engine.Claim, error) {
 	return s.Store.Claim(ctx, id, fp, lease, time.Nanosecond)
@@ -248,7 +248,7 @@ func (s recordDiesWithLease) Claim(ctx context.Context, id engine.ID, fp string,
 // overflows computes deadlines as a store that adds a duration to the Unix
 // time in nanoseconds without saturating does: past the year 2262 the sum
 // wraps to a time before 1970, a deadline already past.
-type overflows struct{ *memstore.Store }
+type overflows struct{ memstore.Store }
 
 func wrapped(d time.Duration) time.Duration {
 	now := time.Now().UnixNano()
@@ -272,7 +272,7 @@ func (s overflows) Extend(ctx context.Context, id engine.ID, tok engine.Token, l
 
 // subMillisecondForever rounds durations to milliseconds and takes 0 for
 // "no expiry", as a store that leaves out PX 0 would.
-type subMillisecondForever struct{ *memstore.Store }
+type subMillisecondForever struct{ memstore.Store }
 
 func roundToForever(d time.Duration) time.Duration {
 	if d < time.Millisecond {
@@ -294,7 +294,7 @@ func (s subMillisecondForever) Extend(ctx context.Context, id engine.ID, tok eng
 }
 
 // notFoundUnwrapped reports a missing record with an error of its own.
-type notFoundUnwrapped struct{ *memstore.Store }
+type notFoundUnwrapped struct{ memstore.Store }
 
 func unwrapNotFound(err error) error {
 	if errors.Is(err, engine.ErrNotFound) {
@@ -315,7 +315,7 @@ func (s notFoundUnwrapped) Resolve(ctx context.Context, id engine.ID, resp *engi
 // resolveByToken settles a record as its holder would: completing it with
 // the current token, or forgetting it by ending the lease. Neither works on a
 // completed record, and ending the lease leaves the holder's token valid.
-type resolveByToken struct{ *memstore.Store }
+type resolveByToken struct{ memstore.Store }
 
 func (s resolveByToken) Resolve(ctx context.Context, id engine.ID, resp *engine.Response, ttl time.Duration) error {
 	r, err := s.Store.Lookup(ctx, id)
@@ -331,7 +331,7 @@ func (s resolveByToken) Resolve(ctx context.Context, id engine.ID, resp *engine.
 // timesWithoutEpoch reports times on the store's own clock as if they were
 // wall-clock times: offsets from when it started, counted from 1970.
 type timesWithoutEpoch struct {
-	*memstore.Store
+	memstore.Store
 	start time.Time
 }
 
@@ -346,7 +346,7 @@ func (s timesWithoutEpoch) Lookup(ctx context.Context, id engine.ID) (engine.Rec
 }
 
 // stepIgnoresToken records a step under whatever lease holds the record.
-type stepIgnoresToken struct{ *memstore.Store }
+type stepIgnoresToken struct{ memstore.Store }
 
 func (s stepIgnoresToken) SaveStep(ctx context.Context, id engine.ID, _ engine.Token, st engine.Step) error {
 	r, err := s.Lookup(ctx, id)
@@ -362,7 +362,7 @@ func (s stepIgnoresToken) SaveStep(ctx context.Context, id engine.ID, _ engine.T
 }
 
 // releaseDropsSteps forgets a record's steps when its holder releases it.
-type releaseDropsSteps struct{ *memstore.Store }
+type releaseDropsSteps struct{ memstore.Store }
 
 func (s releaseDropsSteps) Release(ctx context.Context, id engine.ID, tok engine.Token) error {
 	if r, err := s.Lookup(ctx, id); err == nil && r.Token == tok {
@@ -376,7 +376,7 @@ func (s releaseDropsSteps) Release(ctx context.Context, id engine.ID, tok engine
 }
 
 // claimHidesSteps never returns the steps a record holds.
-type claimHidesSteps struct{ *memstore.Store }
+type claimHidesSteps struct{ memstore.Store }
 
 func (s claimHidesSteps) Claim(ctx context.Context, id engine.ID, fp string, lease, ttl time.Duration) (engine.Claim, error) {
 	c, err := s.Store.Claim(ctx, id, fp, lease, ttl)
@@ -385,7 +385,7 @@ func (s claimHidesSteps) Claim(ctx context.Context, id engine.ID, fp string, lea
 }
 
 // noStepLimits drops, without a word, a step it will not keep.
-type noStepLimits struct{ *memstore.Store }
+type noStepLimits struct{ memstore.Store }
 
 func (s noStepLimits) SaveStep(ctx context.Context, id engine.ID, tok engine.Token, st engine.Step) error {
 	if err := s.Store.SaveStep(ctx, id, tok, st); err != nil && !errors.Is(err, engine.ErrNotStorable) {

@@ -30,7 +30,7 @@ func stored(err error) bool { return errors.Is(err, once.ErrPermanent) }
 
 // omitted reports whether the effect ran but once could not store its
 // result: it is not run again, so the message is done.
-func omitted(err error) bool { return errors.Is(err, once.ErrResultOmitted) }
+func omitted(err error) bool { return errors.Is(err, engine.ErrResultOmitted) }
 
 // invalidKey reports whether once refused the message ID (empty, or longer
 // than 255 bytes).

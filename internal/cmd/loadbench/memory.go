@@ -18,7 +18,7 @@ import (
 type memoryBench struct {
 	replayKey string
 	n         int
-	store     *memstore.Store
+	store     memstore.Store
 	h         http.Handler
 }
 
@@ -28,7 +28,7 @@ func (m *memoryBench) name() string { return benchreport.Memory }
 
 // newStore returns a memstore with bounds far above what a run stores: a
 // store at its bound answers 503, which is not what is measured here.
-func newMemstore(opts ...memstore.Option) (*memstore.Store, error) {
+func newMemstore(opts ...memstore.Option) (memstore.Store, error) {
 	return memstore.New(append([]memstore.Option{
 		memstore.WithMaxRecords(1 << 30), memstore.WithMaxBytes(1 << 40),
 	}, opts...)...)
@@ -64,13 +64,13 @@ func (m *memoryBench) fill(ctx context.Context, n int) ([]benchreport.SizeItem, 
 
 // prefillMemory stores n completed records, as the middleware would store
 // the handler's answer, each expiring after ttl.
-func prefillMemory(ctx context.Context, s *memstore.Store, n int, ttl time.Duration) error {
+func prefillMemory(ctx context.Context, s memstore.Store, n int, ttl time.Duration) error {
 	return prefillMemoryUntil(ctx, s, n, func() time.Duration { return ttl })
 }
 
 // prefillMemoryUntil stores n completed records, each expiring after what
 // ttl returns when it is stored.
-func prefillMemoryUntil(ctx context.Context, s *memstore.Store, n int, ttl func() time.Duration) error {
+func prefillMemoryUntil(ctx context.Context, s memstore.Store, n int, ttl func() time.Duration) error {
 	for i := 1; i <= n; i++ {
 		resp, fp := storedResponse(), string(make([]byte, 32))
 		id := engine.ID{Key: prefillKey(i)}

@@ -124,7 +124,7 @@ func MySQLOn(t testing.TB, db *sql.DB, table string, opts ...mysqlstore.Option) 
 }
 
 // Memory returns a memstore closed when t ends.
-func Memory(t testing.TB, opts ...memstore.Option) *memstore.Store {
+func Memory(t testing.TB, opts ...memstore.Option) memstore.Store {
 	t.Helper()
 	s, err := memstore.New(opts...)
 	if err != nil {

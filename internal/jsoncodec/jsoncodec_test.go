@@ -1,4 +1,4 @@
-package engine
+package jsoncodec
 
 import (
 	"testing"
@@ -27,11 +27,11 @@ func TestJSONCodec(t *testing.T) {
 		{map[string]int{"a\xff": 1}, "the string at [a key]"},
 		{map[string]string{"a": "\xff"}, `["a"]`},
 	} {
-		_, err := jsonCodec{}.Marshal(tc.v)
+		_, err := Codec{}.Marshal(tc.v)
 		assert.ErrorIs(t, err, errInvalidUTF8, "%#v", tc.v)
 		assert.ErrorContains(t, err, tc.path)
 	}
-	b, err := jsonCodec{}.Marshal(outer{Hidden: "\xff", secret: "\xff", List: []inner{{Name: "é"}}})
+	b, err := Codec{}.Marshal(outer{Hidden: "\xff", secret: "\xff", List: []inner{{Name: "é"}}})
 	require.NoError(t, err, "fields JSON leaves out are not checked")
 	assert.JSONEq(t, `{"Inner":{"Name":""},"List":[{"Name":"é"}]}`, string(b))
 
@@ -45,13 +45,13 @@ func TestJSONCodec(t *testing.T) {
 	for range 300 {
 		list = &node{Name: "ok", Next: list}
 	}
-	_, err = jsonCodec{}.Marshal(list)
+	_, err = Codec{}.Marshal(list)
 	assert.ErrorIs(t, err, errInvalidUTF8)
 
 	// A cycle is encoding/json's to report, not a reason to loop.
 	cycle := map[string]any{}
 	cycle["self"] = cycle
-	_, err = jsonCodec{}.Marshal(cycle)
+	_, err = Codec{}.Marshal(cycle)
 	assert.Error(t, err)
 	assert.NotErrorIs(t, err, errInvalidUTF8)
 }

@@ -12,5 +12,9 @@
 // gets: a replay, a refusal, or one execution.
 //
 // The [Store] interface, its records and its errors are defined here, so
-// that a store (memstore, pgstore, redisstore) serves every door.
+// that a store (memstore, pgstore, redisstore, sqlitestore, mysqlstore)
+// serves every door. A [StepStore] also keeps the steps of a call, which
+// package step runs inside any door's work: the engine hands them to the
+// work with the lease, and a takeover or a retry after a release resumes
+// after the steps that finished.
 package engine

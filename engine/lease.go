@@ -22,7 +22,8 @@ import (
 // handler must look for its own effect first (an order with this key, a
 // payment whose downstream idempotency key it derives from Key) and answer
 // with it rather than do it again; Config.Abandoned can refuse such
-// requests instead.
+// requests instead. A step (package step) that a lost holder finished is
+// not run again whatever the policy.
 type Lease struct {
 	ID
 	Token Token

@@ -8,7 +8,7 @@ type AbandonedPolicy int
 
 const (
 	// RerunAbandoned, the default, runs the work again, with the takeover
-	// visible in its Lease (Lease.Abandoned, Lease.Attempt): the work looks
+	// visible in its Lease (Lease.Abandoned): the work looks
 	// for its own effect before doing it again. With effects in another
 	// service, a key derived from the incoming key deduplicates them there.
 	RerunAbandoned AbandonedPolicy = iota
@@ -16,7 +16,12 @@ const (
 	// again, and the key is recorded as done with a final "outcome
 	// unknown" answer (ErrOutcomeUnknown, Door.OutcomeUnknown), replayed
 	// for the TTL to every retry, until an operator resolves it
-	// (Inspector.Resolve). A Claim whose answer was lost (the store applied
+	// (Inspector.Resolve). A call whose lost holders recorded steps
+	// (package step) is the exception: it is resumed instead, its
+	// finished steps replayed and each step started by a lost holder and
+	// never finished answered "outcome unknown" to the work (each step
+	// records its start under this policy, to know that), so the work
+	// must keep every effect inside a step. A Claim whose answer was lost (the store applied
 	// it, then failed or timed out: the caller was refused, and the work
 	// did not run) leaves a holder that the store cannot tell from one
 	// that ran; the retry that takes the key over after its lease is

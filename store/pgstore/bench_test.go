@@ -199,7 +199,7 @@ func pct(d []time.Duration, p int) time.Duration {
 
 // claimLoad runs workers goroutines that Claim and Complete new keys until
 // during returns, and returns their latencies, sorted.
-func claimLoad(t *testing.T, ctx context.Context, s *pgstore.Store, workers int, during func()) latencies {
+func claimLoad(t *testing.T, ctx context.Context, s pgstore.Store, workers int, during func()) latencies {
 	var (
 		wg    sync.WaitGroup
 		mu    sync.Mutex
@@ -290,17 +290,17 @@ func BenchmarkExecModes(b *testing.B) {
 func BenchmarkStepCost(b *testing.B) {
 	for _, bc := range []struct {
 		name string
-		run  func(ctx context.Context, s *pgstore.Store, pool *pgxpool.Pool, orders, key string) (int64, error)
+		run  func(ctx context.Context, s pgstore.Store, pool *pgxpool.Pool, orders, key string) (int64, error)
 	}{
-		{"plain", func(ctx context.Context, _ *pgstore.Store, pool *pgxpool.Pool, orders, key string) (int64, error) {
+		{"plain", func(ctx context.Context, _ pgstore.Store, pool *pgxpool.Pool, orders, key string) (int64, error) {
 			return insertOrderOn(ctx, pool, orders, key)
 		}},
-		{"step.Run", func(ctx context.Context, _ *pgstore.Store, pool *pgxpool.Pool, orders, key string) (int64, error) {
+		{"step.Run", func(ctx context.Context, _ pgstore.Store, pool *pgxpool.Pool, orders, key string) (int64, error) {
 			return step.Run(ctx, "order", 100, func(ctx context.Context) (int64, error) {
 				return insertOrderOn(ctx, pool, orders, key)
 			})
 		}},
-		{"RunStep", func(ctx context.Context, s *pgstore.Store, _ *pgxpool.Pool, orders, key string) (int64, error) {
+		{"RunStep", func(ctx context.Context, s pgstore.Store, _ *pgxpool.Pool, orders, key string) (int64, error) {
 			return pgstore.RunStep(ctx, s, "order", 100, func(ctx context.Context, tx pgx.Tx) (int64, error) {
 				return insertOrder(ctx, tx, orders, key)
 			})

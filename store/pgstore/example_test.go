@@ -95,7 +95,7 @@ func ExampleTxFromContext() {
 // record commit together, so that a retry after a crash, or after a 5xx,
 // finds the order placed and places no second one.
 func ExampleRunStep() {
-	var store *pgstore.Store // the application's
+	var store pgstore.Store // the application's
 	placeOrder := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		amount := 100 // from the request
 		orderID, err := pgstore.RunStep(r.Context(), store, "order", amount,
@@ -123,7 +123,7 @@ func ExampleRunStep() {
 
 // A scheduled job sweeps expired records for every instance.
 func ExampleStore_Sweep() {
-	var store *pgstore.Store // as in the package example
+	var store pgstore.Store // as in the package example
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	deleted, err := store.Sweep(ctx, 10000)
@@ -153,7 +153,7 @@ func ExampleSchema() {
 // An operator looks a key up, and records a request whose holder was lost
 // after its effect as done, with the response that retries will replay.
 func ExampleStore_Resolve() {
-	var store *pgstore.Store // the application's
+	var store pgstore.Store // the application's
 	ctx := context.Background()
 	id := engine.ID{Scope: "tenant-42", Key: "order-123"}
 	rec, err := store.Lookup(ctx, id)

@@ -84,7 +84,7 @@ func uniqueName(t testing.TB, prefix string) string {
 
 // newStore returns a Store on a table of its own, created with Migrate and
 // dropped by t's cleanup.
-func newStore(t testing.TB, pool *pgxpool.Pool, opts ...pgstore.Option) (*pgstore.Store, string) {
+func newStore(t testing.TB, pool *pgxpool.Pool, opts ...pgstore.Option) (pgstore.Store, string) {
 	t.Helper()
 	table := uniqueName(t, "pgstore_test_")
 	s, err := pgstore.New(pool, append([]pgstore.Option{pgstore.WithTable(table)}, opts...)...)

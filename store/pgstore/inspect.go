@@ -32,7 +32,7 @@ type lookupRow struct {
 }
 
 // lookup reads the live record for id; found is false when there is none.
-func (s *Store) lookup(ctx context.Context, id engine.ID) (r lookupRow, found bool, err error) {
+func (s *store) lookup(ctx context.Context, id engine.ID) (r lookupRow, found bool, err error) {
 	err = s.retry(ctx, func() error {
 		r = lookupRow{}
 		return s.pool.QueryRow(ctx, s.stmts().lookup, s.coldMode, []byte(id.Scope), []byte(id.Key)).Scan(
@@ -50,7 +50,7 @@ func (s *Store) lookup(ctx context.Context, id engine.ID) (r lookupRow, found bo
 // served is invisible to it, as to every other session, since its record
 // commits with its response or not at all: Lookup then returns an error
 // wrapping engine.ErrNotFound, and a completed record once it commits.
-func (s *Store) Lookup(ctx context.Context, id engine.ID) (engine.Record, error) {
+func (s *store) Lookup(ctx context.Context, id engine.ID) (engine.Record, error) {
 	r, found, err := s.lookup(ctx, id)
 	if err != nil {
 		return engine.Record{}, fmt.Errorf("pgstore: lookup: %w", err)
@@ -96,7 +96,7 @@ func (s *Store) Lookup(ctx context.Context, id engine.ID) (engine.Record, error)
 // Resolve then returns an error wrapping engine.ErrNotFound, and a
 // transaction that took over an expired record holds it, so that Resolve
 // waits for that transaction to end, within ctx.
-func (s *Store) Resolve(ctx context.Context, id engine.ID, resp *engine.Response, ttl time.Duration) error {
+func (s *store) Resolve(ctx context.Context, id engine.ID, resp *engine.Response, ttl time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("pgstore: resolve: %w", err)
 	}

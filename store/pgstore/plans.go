@@ -46,7 +46,7 @@ func planEpoch(size int64) int {
 }
 
 // stmts returns the statements for the table's last known size.
-func (s *Store) stmts() *queries { return &s.plans[s.epoch.Load()] }
+func (s *store) stmts() *queries { return &s.plans[s.epoch.Load()] }
 
 // sizeInterval is how often a Claim reads the table's size: the size
 // costs the server a look at the table's files, and the epochs are
@@ -55,7 +55,7 @@ const sizeInterval = time.Second
 
 // sizeDue reports whether this Claim is to read the table's size: the first
 // one, and then one a sizeInterval, whichever Claim comes first.
-func (s *Store) sizeDue() bool {
+func (s *store) sizeDue() bool {
 	now := time.Now().UnixNano()
 	last := s.sizedAt.Load()
 	return now-last >= int64(sizeInterval) && s.sizedAt.CompareAndSwap(last, now)
@@ -63,7 +63,7 @@ func (s *Store) sizeDue() bool {
 
 // observeSize moves the Store to the plan epoch of the table's size, when
 // size was read (it is -1 when not).
-func (s *Store) observeSize(size int64) {
+func (s *store) observeSize(size int64) {
 	if size < 0 {
 		return
 	}
@@ -75,7 +75,7 @@ func (s *Store) observeSize(size int64) {
 // hotMode is how the statements of every request are sent: prepared, in
 // pgx's default mode, unless the server refused prepared statements (see
 // refusesPrepared), or the pool has another mode of its own.
-func (s *Store) hotMode() pgx.QueryExecMode {
+func (s *store) hotMode() pgx.QueryExecMode {
 	if s.unprepared.Load() {
 		return s.coldMode
 	}
@@ -110,7 +110,7 @@ func refusesPrepared(err error) bool {
 // notePrepared switches the Store to unnamed statements, for good, when err
 // shows that the server connections do not keep prepared statements, and
 // reports whether it did.
-func (s *Store) notePrepared(err error) bool {
+func (s *store) notePrepared(err error) bool {
 	if err == nil || !refusesPrepared(err) {
 		return false
 	}
@@ -126,7 +126,7 @@ func (s *Store) notePrepared(err error) bool {
 // connection that the server closed while it sat idle in the pool, or on a
 // prepared statement that the server connection did not have (after which
 // the Store sends unnamed statements).
-func (s *Store) retry(ctx context.Context, f func() error) error {
+func (s *store) retry(ctx context.Context, f func() error) error {
 	err := f()
 	if err != nil && ctx.Err() == nil && (closedWhileIdle(err) || s.notePrepared(err)) {
 		err = f()

@@ -118,25 +118,8 @@ func Schema(table string) (string, error) {
 	return n.schema(), nil
 }
 
-// Migrate creates the Store's table, sequence and index unless they exist,
-// and brings a table created by an earlier version of the package up to
-// date, once: it adds the columns it lacks (abandoned, sweep_at and steps,
-// with their defaults: a change of the catalog only, which holds the table's
-// lock for a moment), builds the index on sweep_at (which makes writes to the
-// table wait while it reads the table: on a large one, create it first with
-// CREATE INDEX CONCURRENTLY) and drops the first versions' index on
-// expires_at. It is safe to call from several instances at once: it applies
-// the schema in one transaction that holds the advisory lock 0x69646d6b70677374 ("idmkpgst"),
-// so the instances take turns and all but the first find everything in
-// place.
-//
-// When everything exists, Migrate only looks: it takes no lock on the table,
-// so an instance that starts while others serve requests does not make them
-// wait. (CREATE INDEX IF NOT EXISTS would: it locks the table against writes
-// before it finds the index, and waits for every open transaction that
-// wrote to it, as transactional mode's do for as long as their handlers
-// run.)
-func (s *Store) Migrate(ctx context.Context) error {
+// Migrate implements Store.
+func (s *store) Migrate(ctx context.Context) error {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("pgstore: migrate: %w", err)

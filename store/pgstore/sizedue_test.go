@@ -7,7 +7,7 @@ import (
 
 // A Claim reads the table's size first, and then once a sizeInterval.
 func TestSizeDue(t *testing.T) {
-	var s Store
+	var s store
 	if !s.sizeDue() {
 		t.Fatal("first sizeDue() = false, want true")
 	}

@@ -74,7 +74,7 @@ func (stepTx) Rollback(context.Context) error { return errStepTx }
 // the call. fn's error rolls back to the savepoint. The call's steps then
 // share its transaction's connection, as the handler's statements do: run
 // them one at a time.
-func RunStep[T any](ctx context.Context, s *Store, name string, input any, fn func(ctx context.Context, tx pgx.Tx) (T, error)) (T, error) {
+func RunStep[T any](ctx context.Context, st Store, name string, input any, fn func(ctx context.Context, tx pgx.Tx) (T, error)) (T, error) {
 	var zero T
 	j, err := steps.FromContext(ctx)
 	if err != nil {
@@ -84,8 +84,9 @@ func RunStep[T any](ctx context.Context, s *Store, name string, input any, fn fu
 	if !ok {
 		return zero, fmt.Errorf("pgstore: step %q: %w", name, steps.ErrNoSteps)
 	}
-	if s == nil || fn == nil {
-		return zero, fmt.Errorf("pgstore: step %q: RunStep needs a store and a function", name)
+	s, ok := st.(*store)
+	if !ok || s == nil || fn == nil {
+		return zero, fmt.Errorf("pgstore: step %q: RunStep needs a Store made by New and a function", name)
 	}
 	fp, prior, err := j.Begin(name, input)
 	if err != nil {
@@ -118,7 +119,7 @@ func RunStep[T any](ctx context.Context, s *Store, name string, input any, fn fu
 
 // stepRun is one run of RunStep's function, once the journal said to run it.
 type stepRun[T any] struct {
-	s     *Store
+	s     *store
 	j     *steps.Journal
 	lease engine.Lease
 	name  string

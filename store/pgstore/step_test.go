@@ -39,7 +39,7 @@ func insertOrder(ctx context.Context, tx pgx.Tx, orders, key string) (int64, err
 // calls on purpose.
 var quiet = slog.New(slog.DiscardHandler)
 
-func newRunner(t *testing.T, s *pgstore.Store, cfg engine.Config) *once.Runner {
+func newRunner(t *testing.T, s pgstore.Store, cfg engine.Config) *once.Runner {
 	t.Helper()
 	cfg.Logger = quiet
 	r, err := once.New(s, once.WithConfig(cfg))
@@ -59,7 +59,7 @@ var errDied = errors.New("the call failed after its step")
 type stepEnv struct {
 	ctx    context.Context
 	pool   *pgxpool.Pool
-	store  *pgstore.Store
+	store  pgstore.Store
 	table  string // the store's
 	orders string
 	runner *once.Runner
@@ -371,7 +371,7 @@ func TestRunStepRefusals(t *testing.T) {
 		_, err := once.Do(e.ctx, e.runner, engine.ID{Key: "nil"}, "input", func(ctx context.Context) (int64, error) {
 			return pgstore.RunStep[int64](ctx, e.store, "order", 100, nil)
 		})
-		assert.ErrorContains(t, err, "RunStep needs a store and a function")
+		assert.ErrorContains(t, err, "RunStep needs a Store made by New and a function")
 	})
 
 	t.Run("owned transaction", func(t *testing.T) {

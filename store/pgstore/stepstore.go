@@ -12,8 +12,6 @@ import (
 	"github.com/idemkit/idempotency/internal/steps"
 )
 
-var _ engine.StepStore = (*Store)(nil)
-
 // SaveStep implements engine.StepStore: one statement, and one round trip,
 // which merges the step into the record's steps, fenced by the token (see
 // the package documentation, Steps). A step over steps.MaxSize bytes,
@@ -27,7 +25,7 @@ var _ engine.StepStore = (*Store)(nil)
 // statement is sent unnamed, as Complete's is in that mode (see README.md,
 // Poolers), and, as any of the transaction's statements, must not run
 // concurrently with another of them.
-func (s *Store) SaveStep(ctx context.Context, id engine.ID, token engine.Token, step engine.Step) error {
+func (s *store) SaveStep(ctx context.Context, id engine.ID, token engine.Token, step engine.Step) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("pgstore: save step: %w", err)
 	}
@@ -61,7 +59,7 @@ func (s *Store) SaveStep(ctx context.Context, id engine.ID, token engine.Token, 
 
 // writeStep runs the statement that records a step (saveStepSQL) on db,
 // in the version of transactional mode if tx, and returns its answer.
-func (s *Store) writeStep(ctx context.Context, db querier, tx bool, mode pgx.QueryExecMode, id engine.ID, token engine.Token, prefix, elem []byte) (int32, error) {
+func (s *store) writeStep(ctx context.Context, db querier, tx bool, mode pgx.QueryExecMode, id engine.ID, token engine.Token, prefix, elem []byte) (int32, error) {
 	sql := s.stmts().saveStep
 	if tx {
 		sql = s.stmts().saveStepTx
@@ -73,7 +71,7 @@ func (s *Store) writeStep(ctx context.Context, db querier, tx bool, mode pgx.Que
 
 // leaseTx returns the open transaction of a lease of transactional mode, or
 // an error wrapping engine.ErrLeaseLost when it has ended.
-func (s *Store) leaseTx(id engine.ID, token engine.Token) (pgx.Tx, error) {
+func (s *store) leaseTx(id engine.ID, token engine.Token) (pgx.Tx, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	o := s.txs[txKey{id, token}]

@@ -32,11 +32,58 @@ const (
 
 var errContended = errors.New("record changed under every attempt")
 
-// Store is a engine.Store, and a engine.Binder, backed by one PostgreSQL
-// table. Create one with New, create its table with Migrate (or apply
-// Schema yourself), and call Close when done. It is safe for concurrent use,
-// by any number of instances of an API sharing the table.
-type Store struct {
+// Store is an engine.Store backed by one PostgreSQL table: it keeps steps
+// (engine.StepStore), lets an operator inspect its records
+// (engine.Inspector), and binds the handler to a transaction in
+// transactional mode (engine.Binder). Create one with New, create its table
+// with Migrate (or apply Schema yourself), and call Close when done. It is
+// safe for concurrent use, by any number of instances of an API sharing the
+// table.
+type Store interface {
+	engine.StepStore
+	engine.Inspector
+	engine.Binder
+	// Migrate creates the Store's table, sequence and index unless they exist,
+	// and brings a table created by an earlier version of the package up to
+	// date, once: it adds the columns it lacks (abandoned, sweep_at and steps,
+	// with their defaults: a change of the catalog only, which holds the table's
+	// lock for a moment), builds the index on sweep_at (which makes writes to the
+	// table wait while it reads the table: on a large one, create it first with
+	// CREATE INDEX CONCURRENTLY) and drops the first versions' index on
+	// expires_at. It is safe to call from several instances at once: it applies
+	// the schema in one transaction that holds the advisory lock 0x69646d6b70677374 ("idmkpgst"),
+	// so the instances take turns and all but the first find everything in
+	// place.
+	//
+	// When everything exists, Migrate only looks: it takes no lock on the table,
+	// so an instance that starts while others serve requests does not make them
+	// wait. (CREATE INDEX IF NOT EXISTS would: it locks the table against writes
+	// before it finds the index, and waits for every open transaction that
+	// wrote to it, as transactional mode's do for as long as their handlers
+	// run.)
+	Migrate(ctx context.Context) error
+	// Sweep deletes the records that have expired, batch at a time (a batch below
+	// 1 means 1000), until a statement finds fewer than batch to
+	// delete, and returns how many it deleted. Each batch is one short statement
+	// and transaction, which locks only the rows it deletes and skips those that
+	// are locked, so a sweep of a million rows never makes a Claim wait for more
+	// than one batch, nor two sweepers wait for each other.
+	//
+	// Sweeping is housekeeping, not correctness: Claim treats an expired record
+	// as absent whether or not it was swept. Call Sweep from a scheduled job, or
+	// let WithSweeper call it.
+	Sweep(ctx context.Context, batch int) (deleted int, err error)
+	// Close stops the background sweeper, if any, and waits for it to end; in
+	// transactional mode it rolls back the transactions still open, so call it
+	// once the server has stopped serving. After Close, Claim fails with
+	// engine.ErrStoreClosed; Complete, Release and Extend still work on the leases of lease
+	// mode, so that requests finishing during a shutdown are recorded. Close is
+	// idempotent and always returns nil.
+	Close() error
+}
+
+// store is the Store that New makes.
+type store struct {
 	pool  *pgxpool.Pool
 	names names
 	// plans holds the statements of each plan epoch; epoch is the current
@@ -75,9 +122,7 @@ type Store struct {
 }
 
 var (
-	_ engine.Store     = (*Store)(nil)
-	_ engine.Binder    = (*Store)(nil)
-	_ engine.Inspector = (*Store)(nil)
+	_ Store = (*store)(nil)
 )
 
 // New returns a Store that keeps its records in a table of the database that
@@ -86,7 +131,7 @@ var (
 // the caller's: Close does not close it.
 //
 // With WithSweeper, New starts a goroutine that runs until Close.
-func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
+func New(pool *pgxpool.Pool, opts ...Option) (Store, error) {
 	if pool == nil {
 		return nil, errors.New("pgstore: nil pool")
 	}
@@ -98,7 +143,7 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{
+	s := &store{
 		pool:          pool,
 		names:         n,
 		transactional: c.transactional,
@@ -150,13 +195,8 @@ func beginSQL(lockTimeout, idleTimeout time.Duration) string {
 	return q
 }
 
-// Close stops the background sweeper, if any, and waits for it to end; in
-// transactional mode it rolls back the transactions still open, so call it
-// once the server has stopped serving. After Close, Claim fails with
-// engine.ErrStoreClosed; Complete, Release and Extend still work on the leases of lease
-// mode, so that requests finishing during a shutdown are recorded. Close is
-// idempotent and always returns nil.
-func (s *Store) Close() error {
+// Close implements Store.
+func (s *store) Close() error {
 	s.closeOnce.Do(func() {
 		s.closed.Store(true)
 		if s.stopSweep != nil {
@@ -195,7 +235,7 @@ func (s *Store) Close() error {
 // InFlight with RetryAfter set to the lock timeout and, since the other
 // transaction's row cannot be read before it commits, the caller's own
 // fingerprint.
-func (s *Store) Claim(ctx context.Context, id engine.ID, fingerprint string, lease, ttl time.Duration) (engine.Claim, error) {
+func (s *store) Claim(ctx context.Context, id engine.ID, fingerprint string, lease, ttl time.Duration) (engine.Claim, error) {
 	if err := ctx.Err(); err != nil {
 		return engine.Claim{}, fmt.Errorf("pgstore: claim: %w", err)
 	}
@@ -232,7 +272,7 @@ func (s *Store) Claim(ctx context.Context, id engine.ID, fingerprint string, lea
 // set to default_transaction_read_only) refused with refused: a completed
 // record is replayed and a live lease is in flight, which need no write; a
 // request that would have to claim gets the refusal, a store failure.
-func (s *Store) claimReadOnly(ctx context.Context, id engine.ID, refused error) (engine.Claim, error) {
+func (s *store) claimReadOnly(ctx context.Context, id engine.ID, refused error) (engine.Claim, error) {
 	r, found, err := s.lookup(ctx, id)
 	switch {
 	case err != nil:
@@ -256,7 +296,7 @@ type querier interface {
 // claim runs claimSQL, then insertSQL when the key has no record, or
 // takeoverSQL when the record it finds may be taken over, until one of them
 // gives an answer.
-func (s *Store) claim(ctx context.Context, db querier, id engine.ID, fingerprint string, lease, ttl time.Duration) (engine.Claim, backend, error) {
+func (s *store) claim(ctx context.Context, db querier, id engine.ID, fingerprint string, lease, ttl time.Duration) (engine.Claim, backend, error) {
 	scope, key, fp := []byte(id.Scope), []byte(id.Key), []byte(fingerprint)
 	// The record outlives the lease by the TTL: a holder lost at its
 	// lease's end may have done its work then, and the retry must see it.
@@ -394,7 +434,7 @@ func (r *claimRow) claim() (engine.Claim, error) {
 // completed record or none, never half of it. Every error of Complete in
 // transactional mode wraps engine.ErrNotCommitted, on which the middleware
 // answers 503 instead of the handler's response.
-func (s *Store) Complete(ctx context.Context, id engine.ID, token engine.Token, resp *engine.Response, ttl time.Duration) error {
+func (s *store) Complete(ctx context.Context, id engine.ID, token engine.Token, resp *engine.Response, ttl time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("pgstore: complete: %w", err)
 	}
@@ -432,7 +472,7 @@ func (s *Store) Complete(ctx context.Context, id engine.ID, token engine.Token, 
 // package reads it as it reads any lost holder's). In transactional mode it
 // rolls the lease's transaction back, the handler's writes with it, and the
 // claim with them, which leaves the record as the Claim found it too.
-func (s *Store) Release(ctx context.Context, id engine.ID, token engine.Token) error {
+func (s *store) Release(ctx context.Context, id engine.ID, token engine.Token) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("pgstore: release: %w", err)
 	}
@@ -464,7 +504,7 @@ func (s *Store) Release(ctx context.Context, id engine.ID, token engine.Token) e
 // wrapping engine.ErrLeaseLost once the server has ended the transaction
 // (its idle timeout, an operator, a broken connection), which released the
 // key to the next request.
-func (s *Store) Extend(ctx context.Context, id engine.ID, token engine.Token, lease time.Duration) error {
+func (s *store) Extend(ctx context.Context, id engine.ID, token engine.Token, lease time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("pgstore: extend: %w", err)
 	}

@@ -147,7 +147,7 @@ func TestTwoStoresShareTable(t *testing.T) {
 	b, err := pgstore.New(poolB, pgstore.WithTable(table))
 	require.NoError(t, err)
 	defer b.Close()
-	stores := []*pgstore.Store{a, b}
+	stores := []pgstore.Store{a, b}
 
 	const claimers, rounds = 64, 10
 	for round := range rounds {

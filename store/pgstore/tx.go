@@ -52,7 +52,7 @@ type openTx struct {
 // claimTx is Claim in transactional mode: it begins a transaction, claims
 // in it and, when the claim is Acquired, keeps it open for Bind, Complete and
 // Release.
-func (s *Store) claimTx(ctx context.Context, id engine.ID, fingerprint string, lease, ttl time.Duration) (engine.Claim, error) {
+func (s *store) claimTx(ctx context.Context, id engine.ID, fingerprint string, lease, ttl time.Duration) (engine.Claim, error) {
 	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: s.begin(ctx)})
 	if err != nil {
 		return engine.Claim{}, err
@@ -96,7 +96,7 @@ func (s *Store) claimTx(ctx context.Context, id engine.ID, fingerprint string, l
 // half leaves the Claim time to roll back and answer. (The middleware's
 // Claim has less than the lease: a lease under the lock timeout would
 // otherwise turn every duplicate into a failure.)
-func (s *Store) begin(ctx context.Context) string {
+func (s *store) begin(ctx context.Context) string {
 	deadline, ok := ctx.Deadline()
 	if !ok {
 		return s.beginSQL
@@ -114,7 +114,7 @@ func isLockTimeout(err error) bool {
 
 // take removes the lease's transaction from the open ones and returns it, or
 // nil. Whoever takes a transaction ends it, then calls done.
-func (s *Store) take(id engine.ID, token engine.Token) *openTx {
+func (s *store) take(id engine.ID, token engine.Token) *openTx {
 	k := txKey{id, token}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -133,7 +133,7 @@ func (o *openTx) done(cause error) {
 	o.cancels = nil
 }
 
-func (s *Store) completeTx(ctx context.Context, id engine.ID, token engine.Token, resp *engine.Response, ttl time.Duration) error {
+func (s *store) completeTx(ctx context.Context, id engine.ID, token engine.Token, resp *engine.Response, ttl time.Duration) error {
 	o := s.take(id, token)
 	if o == nil {
 		return fmt.Errorf("pgstore: complete: %w", engine.ErrLeaseLost)
@@ -179,7 +179,7 @@ func (s *Store) completeTx(ctx context.Context, id engine.ID, token engine.Token
 	return nil
 }
 
-func (s *Store) releaseTx(ctx context.Context, id engine.ID, token engine.Token) error {
+func (s *store) releaseTx(ctx context.Context, id engine.ID, token engine.Token) error {
 	o := s.take(id, token)
 	if o == nil {
 		return fmt.Errorf("pgstore: release: %w", engine.ErrLeaseLost)
@@ -193,7 +193,7 @@ func (s *Store) releaseTx(ctx context.Context, id engine.ID, token engine.Token)
 
 // extendTx is Extend in transactional mode: the lease holds while its
 // transaction is open on the server, which it asks (see txwatch.go).
-func (s *Store) extendTx(ctx context.Context, id engine.ID, token engine.Token) error {
+func (s *store) extendTx(ctx context.Context, id engine.ID, token engine.Token) error {
 	k := txKey{id, token}
 	s.mu.Lock()
 	o := s.txs[k]
@@ -245,7 +245,7 @@ func rollback(ctx context.Context, tx pgx.Tx) error {
 // cases context.Cause wraps engine.ErrLeaseLost. The Store looks whether
 // the server ended it every quarter of the idle timeout (between 25 ms and a
 // second), and in every Extend.
-func (s *Store) Bind(ctx context.Context, id engine.ID, token engine.Token) context.Context {
+func (s *store) Bind(ctx context.Context, id engine.ID, token engine.Token) context.Context {
 	if !s.transactional {
 		return ctx
 	}

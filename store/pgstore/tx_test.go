@@ -57,7 +57,7 @@ type outcome struct {
 }
 
 // serve runs one request as the middleware will in transactional mode.
-func serve(ctx context.Context, s *pgstore.Store, id engine.ID, fp string, handler func(context.Context) (*engine.Response, error)) (o outcome, err error) {
+func serve(ctx context.Context, s pgstore.Store, id engine.ID, fp string, handler func(context.Context) (*engine.Response, error)) (o outcome, err error) {
 	c, err := s.Claim(ctx, id, fp, time.Minute, time.Hour)
 	if err != nil || c.Status != engine.Acquired {
 		return outcome{claim: c}, err
@@ -104,7 +104,7 @@ func waitForBackendGone(t testing.TB, ctx context.Context, pool *pgxpool.Pool, p
 func TestTxInterrupted(t *testing.T) {
 	type env struct {
 		pool   *pgxpool.Pool
-		store  *pgstore.Store
+		store  pgstore.Store
 		orders string
 		id     engine.ID
 		token  engine.Token

@@ -70,7 +70,7 @@ func watchInterval(idle time.Duration) time.Duration {
 
 // alive reports, for each of bs, whether its transaction is still open on
 // the server.
-func (s *Store) alive(ctx context.Context, bs []backend) ([]bool, error) {
+func (s *store) alive(ctx context.Context, bs []backend) ([]bool, error) {
 	pids := make([]int32, len(bs))
 	starts := make([]time.Time, len(bs))
 	for i, b := range bs {
@@ -99,7 +99,7 @@ func (s *Store) alive(ctx context.Context, bs []backend) ([]bool, error) {
 
 // ended records that the server ended o's transaction, and cancels the
 // contexts bound to it. Complete and Release still end it as before.
-func (s *Store) ended(k txKey, o *openTx) {
+func (s *store) ended(k txKey, o *openTx) {
 	s.mu.Lock()
 	if s.txs[k] != o || o.ended {
 		s.mu.Unlock()
@@ -118,7 +118,7 @@ func (s *Store) ended(k txKey, o *openTx) {
 // open on the server, until none is (or Close). It is started by the Claim
 // that opens a transaction when no watcher runs; Close stops it and waits
 // for it.
-func (s *Store) watch() {
+func (s *store) watch() {
 	defer s.watchers.Done()
 	timer := time.NewTimer(s.watchEvery)
 	defer timer.Stop()
@@ -159,7 +159,7 @@ func (s *Store) watch() {
 // watched returns the open transactions that the server has not been found
 // to have ended, or nil, when there are none, after which the watcher stops
 // and the next Claim that opens a transaction starts another.
-func (s *Store) watched() ([]txKey, []*openTx, []backend) {
+func (s *store) watched() ([]txKey, []*openTx, []backend) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var (

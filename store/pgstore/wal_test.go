@@ -96,7 +96,7 @@ func TestReplayWritesNoWAL(t *testing.T) {
 			WALBytes   *int64 `json:"WAL Bytes"`
 		} `json:"Plan"`
 	}
-	if err := tx.QueryRow(ctx, "EXPLAIN (ANALYZE, WAL, FORMAT JSON) "+s.stmts().claim, args...).Scan(&plan); err != nil {
+	if err := tx.QueryRow(ctx, "EXPLAIN (ANALYZE, WAL, FORMAT JSON) "+s.(*store).stmts().claim, args...).Scan(&plan); err != nil {
 		t.Fatal(err)
 	}
 	if len(plan) != 1 || plan[0].Plan.WALRecords == nil {

@@ -42,7 +42,7 @@ func (h *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 
 // benchStore returns a Store on the shared Redis whose client has a
 // connection for every goroutine, and a hook counting its round trips.
-func benchStore(b *testing.B) (*redisstore.Store, *roundTrips) {
+func benchStore(b *testing.B) (redisstore.Store, *roundTrips) {
 	b.Helper()
 	opt := sharedOptions(b)
 	opt.PoolSize = 2 * benchClients

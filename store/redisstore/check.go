@@ -26,11 +26,12 @@ var ErrEviction = errors.New("redis may evict idempotency records")
 // returns the Store all the same, or, WithStrictEviction, returns the
 // error. A policy it cannot read is logged as a warning (or refused, when
 // strict). Only the failure to make the Store is an error otherwise.
-func Open(ctx context.Context, client redis.UniversalClient, opts ...Option) (*Store, error) {
-	s, err := New(client, opts...)
+func Open(ctx context.Context, client redis.UniversalClient, opts ...Option) (Store, error) {
+	st, err := New(client, opts...)
 	if err != nil {
 		return nil, err
 	}
+	s := st.(*store)
 	err = s.Check(ctx)
 	switch {
 	case err == nil:
@@ -45,21 +46,15 @@ func Open(ctx context.Context, client redis.UniversalClient, opts ...Option) (*S
 	return s, nil
 }
 
-func (s *Store) log() *slog.Logger {
+func (s *store) log() *slog.Logger {
 	if s.logger != nil {
 		return s.logger
 	}
 	return slog.Default()
 }
 
-// Check reads the memory limit and eviction policy of every Redis master
-// the Store writes to (each master of a Cluster, each shard of a Ring), with
-// CONFIG GET, or, where the server refuses it (a managed Redis, or a user
-// without +config|get), INFO memory. It returns an error wrapping
-// ErrEviction when one of them may evict records, another error when it
-// cannot tell, and nil otherwise: a health check to run at start (Open does)
-// and now and then, since a policy can be changed while the Store runs.
-func (s *Store) Check(ctx context.Context) error {
+// Check implements Store.
+func (s *store) Check(ctx context.Context) error {
 	if err := s.usable(ctx); err != nil {
 		return fmt.Errorf("redisstore: check: %w", err)
 	}

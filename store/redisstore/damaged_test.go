@@ -35,7 +35,7 @@ func TestDamagedRecordsThroughFunctions(t *testing.T) {
 	ctx := context.Background()
 	id := engine.ID{Key: "damaged"}
 	key := s.RecordKey(id)
-	t.Cleanup(func() { c.Del(context.Background(), key, s.StepsKey(id)) })
+	t.Cleanup(func() { c.Del(context.Background(), key, StepsKey(s, id)) })
 
 	var damaged []string
 	for _, r := range sampleRecords() {

@@ -263,7 +263,7 @@
 // HDEL for a step without a fingerprint, which removes its name's) and
 // gives the steps key the record's expiry (PEXPIREAT to the record's
 // PEXPIRETIME); WithReplicaAck sends WAIT with it, as with Complete. It
-// refuses more than engine.MaxSteps steps and more than engine.MaxStepSize
+// refuses more than 100 steps and more than 64 KiB (65,536
 // bytes a step with an error wrapping engine.ErrNotStorable. A claim that
 // takes over or re-acquires a record with steps gets them from the claim
 // function that it calls anyway (HGETALL), in the same round trip, and

@@ -2,9 +2,12 @@ package redisstore
 
 import "github.com/idemkit/idempotency/engine"
 
-// StepsKey returns the key that holds id's steps, for the tests of its slot
-// and its expiry.
-func (s *Store) StepsKey(id engine.ID) string { return stepsKey(s.prefix, s.RecordKey(id)) }
+// StepsKey returns the key that holds id's steps in s, for the tests of its
+// slot and its expiry.
+func StepsKey(s Store, id engine.ID) string {
+	st := s.(*store)
+	return stepsKey(st.prefix, st.RecordKey(id))
+}
 
-// LibraryName returns the name of the Store's function library.
-func (s *Store) LibraryName() string { return s.lib.name }
+// LibraryName returns the name of s's function library.
+func LibraryName(s Store) string { return s.(*store).lib.name }

@@ -52,7 +52,7 @@ func TestCompleteWithAWrongHint(t *testing.T) {
 		}
 		key := s.RecordKey(id)
 		t.Cleanup(func() { c.Del(context.Background(), key) })
-		s.fps.put(leaseKey{key, cl.Token}, leaseFacts{fingerprint: hint, abandoned: 3, created: 1})
+		s.(*store).fps.put(leaseKey{key, cl.Token}, leaseFacts{fingerprint: hint, abandoned: 3, created: 1})
 		want := &engine.Response{Status: http.StatusCreated, Body: []byte("body")}
 		if err := s.Complete(ctx, id, cl.Token, want, time.Minute); err != nil {
 			t.Fatalf("Complete with the hint %q error = %v", hint, err)

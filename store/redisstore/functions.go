@@ -50,7 +50,7 @@ const (
 	// Resolve: 7 when there is no live record.
 	replyFound    = 6
 	replyNotFound = 7
-	// SaveStep's step: the record holds engine.MaxSteps steps already.
+	// SaveStep's step: the record holds steps.MaxSteps steps already.
 	replyTooMany = 8
 	// An acquired claim, and Lookup, of a record that holds steps add a
 	// last element: its steps, as HGETALL answers.

@@ -75,7 +75,7 @@ func testPrefix(t testing.TB, c *redis.Client) string {
 }
 
 // sharedStore returns a Store on the shared test Redis, with keys of its own.
-func sharedStore(t testing.TB) (*redisstore.Store, *redis.Client) {
+func sharedStore(t testing.TB) (redisstore.Store, *redis.Client) {
 	t.Helper()
 	c := sharedClient(t)
 	s, err := redisstore.New(c, redisstore.WithPrefix(testPrefix(t, c)))

@@ -10,15 +10,13 @@ import (
 	"github.com/idemkit/idempotency/engine"
 )
 
-var _ engine.Inspector = (*Store)(nil)
-
 // Lookup implements engine.Inspector in one round trip, with the steps of
 // a record in flight that holds steps. Created is the
 // clock of the machine whose Store first claimed the record, at the claim;
 // LeaseEnds and Expires are the Redis server's clock at the lookup plus
 // what the record's expiry has left. A record written by an earlier release (version
 // 1 or 2) has no Created; its Abandoned is 0.
-func (s *Store) Lookup(ctx context.Context, id engine.ID) (engine.Record, error) {
+func (s *store) Lookup(ctx context.Context, id engine.ID) (engine.Record, error) {
 	if err := s.usable(ctx); err != nil {
 		return engine.Record{}, fmt.Errorf("redisstore: lookup: %w", err)
 	}
@@ -113,7 +111,7 @@ func recordOf(id engine.ID, v string, pttl int64, now time.Time) (engine.Record,
 // from then on; with resp nil it becomes a released record, which Lookup
 // does not find and the next Claim takes with a larger token. Either way
 // its steps are deleted.
-func (s *Store) Resolve(ctx context.Context, id engine.ID, resp *engine.Response, ttl time.Duration) error {
+func (s *store) Resolve(ctx context.Context, id engine.ID, resp *engine.Response, ttl time.Duration) error {
 	if err := s.usable(ctx); err != nil {
 		return fmt.Errorf("redisstore: resolve: %w", err)
 	}

@@ -94,7 +94,7 @@ func meet(t *testing.T, ctx context.Context, addrs []string, node *redisProcess)
 // master to target, or to another master when target is nil, whose
 // functions it flushes, and claims keys of the slot before, during and
 // after the migration.
-func migrate(t *testing.T, ctx context.Context, c *redis.ClusterClient, s, acked *redisstore.Store, target *redis.Client) {
+func migrate(t *testing.T, ctx context.Context, c *redis.ClusterClient, s, acked redisstore.Store, target *redis.Client) {
 	t.Helper()
 	refused := func(when string) {
 		t.Helper()

@@ -27,7 +27,7 @@ func TestMonitoringCommandsDocumented(t *testing.T) {
 }
 
 // fill makes completed records for keys, and one released record.
-func fill(t *testing.T, ctx context.Context, s *redisstore.Store, keys ...string) {
+func fill(t *testing.T, ctx context.Context, s redisstore.Store, keys ...string) {
 	t.Helper()
 	for _, key := range keys {
 		id := engine.ID{Scope: "monitoring", Key: key}

@@ -20,7 +20,7 @@ import (
 // loadCluster loads the library on every master of the client's slot map,
 // which it reads again first, and on the node that serves key when the map
 // does not list it.
-func (s *Store) loadCluster(ctx context.Context, c *redis.ClusterClient, key string) error {
+func (s *store) loadCluster(ctx context.Context, c *redis.ClusterClient, key string) error {
 	var (
 		mu     sync.Mutex
 		loaded = make(map[string]bool)

@@ -21,7 +21,7 @@ const outagePassword = "s3cret-outage-password"
 // a Store on it that has claimed one key, through a client with the
 // ContextTimeoutEnabled and the read and write timeouts given (0: go-redis's
 // default).
-func outageStore(t *testing.T, contextTimeout bool, timeout time.Duration) (*redisProcess, *redisstore.Store) {
+func outageStore(t *testing.T, contextTimeout bool, timeout time.Duration) (*redisProcess, redisstore.Store) {
 	t.Helper()
 	needRedisServer(t)
 	p := startRedis(t, "--requirepass", outagePassword)

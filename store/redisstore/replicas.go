@@ -63,7 +63,7 @@ func WithReplicaAck(replicas int, timeout time.Duration) Option {
 // many replicas acknowledged it. It loads the library on the node that
 // answered when it lacks it, and follows a Cluster's MOVED and ASK
 // redirections itself, since it talks to one node.
-func (s *Store) callAcked(ctx context.Context, fn, key string, args ...any) (any, int64, error) {
+func (s *store) callAcked(ctx context.Context, fn, key string, args ...any) (any, int64, error) {
 	// The node that a redirection names, and whether it was ASK.
 	var redirect string
 	var ask bool
@@ -145,7 +145,7 @@ func (s *Store) callAcked(ctx context.Context, fn, key string, args ...any) (any
 // would stay in flight until its lease ended, and the retry would be told
 // of an abandoned holder that never ran. At least 1 ms: WAIT 0 waits for
 // ever.
-func (s *Store) waitTimeout(ctx context.Context) int64 {
+func (s *store) waitTimeout(ctx context.Context) int64 {
 	wait := s.ack.timeout
 	if deadline, ok := ctx.Deadline(); ok {
 		wait = min(wait, time.Until(deadline)/2)
@@ -158,7 +158,7 @@ func (s *Store) waitTimeout(ctx context.Context) int64 {
 // reports whether it made the client for this call, which then closes it:
 // the node that a redirection names may be one that the Cluster client's
 // map does not list (see nodes.go).
-func (s *Store) nodeFor(ctx context.Context, key, redirect string) (*redis.Client, bool, error) {
+func (s *store) nodeFor(ctx context.Context, key, redirect string) (*redis.Client, bool, error) {
 	switch c := s.client.(type) {
 	case *redis.Client:
 		return c, false, nil
@@ -198,7 +198,7 @@ func (s *Store) nodeFor(ctx context.Context, key, redirect string) (*redis.Clien
 
 // claimAcked is Claim's call WithReplicaAck: a lease that fewer replicas
 // acknowledged than asked is released before Claim fails.
-func (s *Store) claimAcked(ctx context.Context, id engine.ID, key string, args ...any) (any, error) {
+func (s *store) claimAcked(ctx context.Context, id engine.ID, key string, args ...any) (any, error) {
 	reply, acked, err := s.callAcked(ctx, s.lib.claim, key, args...)
 	if reply == nil {
 		return nil, err

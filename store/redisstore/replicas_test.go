@@ -76,7 +76,7 @@ func pause(t *testing.T, p *redisProcess) (resume func()) {
 // fingerprint, so that the test can claim its keys as another process
 // would; the handler counts its runs. Its lease is lease, the default
 // when 0.
-func ackedServer(t *testing.T, master *redisProcess, wait, lease time.Duration) (url string, acked, plain *redisstore.Store, runs *atomic.Int64) {
+func ackedServer(t *testing.T, master *redisProcess, wait, lease time.Duration) (url string, acked, plain redisstore.Store, runs *atomic.Int64) {
 	t.Helper()
 	mc := redis.NewClient(&redis.Options{Addr: master.Addr, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { mc.Close() })
@@ -325,11 +325,11 @@ func TestReplicaAckSteps(t *testing.T) {
 	mc.AddHook(counter)
 	require.NoError(t, s.SaveStep(ctx, id, c.Token, doneStep("a", "1")))
 	assert.Equal(t, []string{"fcall", "wait"}, counter.take(), "a step WithReplicaAck")
-	steps, err := rc.HGetAll(ctx, s.StepsKey(id)).Result()
+	steps, err := rc.HGetAll(ctx, redisstore.StepsKey(s, id)).Result()
 	require.NoError(t, err)
 	assert.Len(t, steps, 1, "the steps on the replica")
-	assert.Equal(t, expiry(t, mc, s.StepsKey(id)), expiry(t, rc, s.StepsKey(id)), "the steps key's expiry on the replica")
-	assert.Equal(t, expiry(t, mc, s.RecordKey(id)), expiry(t, rc, s.StepsKey(id)), "the record's expiry, the steps key's on the replica")
+	assert.Equal(t, expiry(t, mc, redisstore.StepsKey(s, id)), expiry(t, rc, redisstore.StepsKey(s, id)), "the steps key's expiry on the replica")
+	assert.Equal(t, expiry(t, mc, s.RecordKey(id)), expiry(t, rc, redisstore.StepsKey(s, id)), "the record's expiry, the steps key's on the replica")
 
 	require.NoError(t, s.Release(ctx, id, c.Token))
 	c, err = s.Claim(ctx, id, "fp", time.Minute, time.Hour)
@@ -354,7 +354,7 @@ func TestReplicaAckSteps(t *testing.T) {
 	resume()
 	awaitInSync(t, master, replica)
 	require.NoError(t, s.SaveStep(ctx, id, c.Token, doneStep("b", "2")), "the step tried again, the replica back")
-	steps, err = rc.HGetAll(ctx, s.StepsKey(id)).Result()
+	steps, err = rc.HGetAll(ctx, redisstore.StepsKey(s, id)).Result()
 	require.NoError(t, err)
 	assert.Len(t, steps, 2, "the steps on the replica")
 }

@@ -7,9 +7,8 @@ import (
 	"strings"
 
 	"github.com/idemkit/idempotency/engine"
+	"github.com/idemkit/idempotency/internal/steps"
 )
-
-var _ engine.StepStore = (*Store)(nil)
 
 // SaveStep implements engine.StepStore in one round trip: one function
 // call, which checks the lease (the token, in flight) and writes the step
@@ -18,18 +17,18 @@ var _ engine.StepStore = (*Store)(nil)
 // fewer replicas acknowledged fails with ErrNotReplicated (the step is on
 // the master; the engine tries again). The first step of a record marks the
 // record as holding steps, and gives the steps key the record's expiry; the
-// last one removed unmarks it. A step of more than engine.MaxStepSize bytes
-// (name, fingerprint and result), or one more than engine.MaxSteps, fails
+// last one removed unmarks it. A step of more than steps.MaxSize bytes
+// (name, fingerprint and result), or one more than steps.MaxSteps, fails
 // with an error wrapping engine.ErrNotStorable and changes nothing.
-func (s *Store) SaveStep(ctx context.Context, id engine.ID, token engine.Token, step engine.Step) error {
+func (s *store) SaveStep(ctx context.Context, id engine.ID, token engine.Token, step engine.Step) error {
 	if err := s.usable(ctx); err != nil {
 		return fmt.Errorf("redisstore: save step: %w", err)
 	}
-	if n := len(step.Name) + len(step.Fingerprint) + len(step.Result); n > engine.MaxStepSize {
-		return fmt.Errorf("redisstore: save step: step %q of %d bytes, over %d: %w", step.Name, n, engine.MaxStepSize, engine.ErrNotStorable)
+	if n := len(step.Name) + len(step.Fingerprint) + len(step.Result); n > steps.MaxSize {
+		return fmt.Errorf("redisstore: save step: step %q of %d bytes, over %d: %w", step.Name, n, steps.MaxSize, engine.ErrNotStorable)
 	}
 	key := s.RecordKey(id)
-	return s.update(ctx, "save step", s.lib.step, key, heldBy(token), stepsKey(s.prefix, key), step.Name, encodeStep(step), engine.MaxSteps)
+	return s.update(ctx, "save step", s.lib.step, key, heldBy(token), stepsKey(s.prefix, key), step.Name, encodeStep(step), steps.MaxSteps)
 }
 
 // A step is kept in its record's steps key as a field named by the step's

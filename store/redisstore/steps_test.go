@@ -52,7 +52,7 @@ func TestStepsKeySlot(t *testing.T) {
 		var pairs []pair
 		_, err = c.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for _, id := range ids {
-				pairs = append(pairs, pair{p.ClusterKeySlot(ctx, s.RecordKey(id)), p.ClusterKeySlot(ctx, s.StepsKey(id))})
+				pairs = append(pairs, pair{p.ClusterKeySlot(ctx, s.RecordKey(id)), p.ClusterKeySlot(ctx, redisstore.StepsKey(s, id))})
 			}
 			return nil
 		})
@@ -60,7 +60,7 @@ func TestStepsKeySlot(t *testing.T) {
 		for i, p := range pairs {
 			if p.record.Val() != p.steps.Val() {
 				t.Errorf("prefix %q, ID %q: steps key %q in slot %d, record key %q in slot %d",
-					prefix, ids[i], s.StepsKey(ids[i]), p.steps.Val(), s.RecordKey(ids[i]), p.record.Val())
+					prefix, ids[i], redisstore.StepsKey(s, ids[i]), p.steps.Val(), s.RecordKey(ids[i]), p.record.Val())
 			}
 		}
 	}
@@ -84,7 +84,7 @@ func TestStepsKeyNeverOutlivesItsRecord(t *testing.T) {
 	s, c := sharedStore(t)
 	ctx := context.Background()
 	id := engine.ID{Scope: "t", Key: "expiry"}
-	rk, sk := s.RecordKey(id), s.StepsKey(id)
+	rk, sk := s.RecordKey(id), redisstore.StepsKey(s, id)
 	same := func(when string) int64 {
 		t.Helper()
 		rat, sat := expiry(t, c, rk), expiry(t, c, sk)
@@ -130,9 +130,9 @@ func TestStepsKeyNeverOutlivesItsRecord(t *testing.T) {
 		cl, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
 		require.NoError(t, err)
 		require.NoError(t, s.SaveStep(ctx, id, cl.Token, doneStep("a", "1")))
-		require.Positive(t, expiry(t, c, s.StepsKey(id)))
+		require.Positive(t, expiry(t, c, redisstore.StepsKey(s, id)))
 		require.NoError(t, s.Resolve(ctx, id, resp, time.Hour))
-		assert.Equal(t, int64(-2), expiry(t, c, s.StepsKey(id)), "the steps key after Resolve(%v)", resp)
+		assert.Equal(t, int64(-2), expiry(t, c, redisstore.StepsKey(s, id)), "the steps key after Resolve(%v)", resp)
 	}
 
 	// A record that expires takes its steps with it: once the record is
@@ -151,7 +151,7 @@ func TestStepsKeyNeverOutlivesItsRecord(t *testing.T) {
 		require.False(t, time.Now().After(deadline), "the record outlived its expiry by seconds")
 		time.Sleep(5 * time.Millisecond) // the record's own expiry, not a condition's
 	}
-	n, err := c.Exists(ctx, s.StepsKey(short)).Result()
+	n, err := c.Exists(ctx, redisstore.StepsKey(s, short)).Result()
 	require.NoError(t, err)
 	assert.Zero(t, n, "the steps key once its record expired")
 }
@@ -327,7 +327,7 @@ func TestStepsKeyOfAnotherType(t *testing.T) {
 	cl, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
 	require.NoError(t, err)
 	require.NoError(t, s.SaveStep(ctx, id, cl.Token, doneStep("a", "1")))
-	require.NoError(t, c.Set(ctx, s.StepsKey(id), "not steps", time.Hour).Err())
+	require.NoError(t, c.Set(ctx, redisstore.StepsKey(s, id), "not steps", time.Hour).Err())
 
 	_, err = s.Lookup(ctx, id)
 	assert.ErrorIs(t, err, redisstore.ErrCorruptRecord, "Lookup")
@@ -335,7 +335,7 @@ func TestStepsKeyOfAnotherType(t *testing.T) {
 	assert.ErrorIs(t, s.SaveStep(ctx, id, cl.Token, engine.Step{Name: "a"}), redisstore.ErrCorruptRecord, "SaveStep (remove)")
 	assert.ErrorIs(t, s.Release(ctx, id, cl.Token), redisstore.ErrCorruptRecord, "Release")
 	require.NoError(t, s.Complete(ctx, id, cl.Token, &engine.Response{Status: http.StatusOK}, time.Hour))
-	n, err := c.Exists(ctx, s.StepsKey(id)).Result()
+	n, err := c.Exists(ctx, redisstore.StepsKey(s, id)).Result()
 	require.NoError(t, err)
 	assert.Zero(t, n, "the steps key after Complete")
 
@@ -344,7 +344,7 @@ func TestStepsKeyOfAnotherType(t *testing.T) {
 	cl, err = s.Claim(ctx, id, "fp", time.Minute, time.Hour)
 	require.NoError(t, err)
 	require.NoError(t, s.SaveStep(ctx, id, cl.Token, doneStep("a", "1")))
-	require.NoError(t, c.HSet(ctx, s.StepsKey(id), "a", "\xff").Err())
+	require.NoError(t, c.HSet(ctx, redisstore.StepsKey(s, id), "a", "\xff").Err())
 	_, err = s.Lookup(ctx, id)
 	assert.ErrorIs(t, err, redisstore.ErrCorruptRecord, "Lookup of a step that does not decode")
 }
@@ -370,7 +370,7 @@ func TestEarlierLibraryRefusesSteps(t *testing.T) {
 
 	s, err := redisstore.New(c)
 	require.NoError(t, err)
-	require.NotEqual(t, earlier, s.LibraryName())
+	require.NotEqual(t, earlier, redisstore.LibraryName(s))
 	// A tombstone and a completed record, as the earlier release writes
 	// them too, for its functions' arguments.
 	other := engine.ID{Key: "other"}
@@ -417,7 +417,7 @@ func TestEarlierLibraryRefusesSteps(t *testing.T) {
 	}
 	libs := libraries(t, c)
 	slices.Sort(libs)
-	want := []string{earlier, s.LibraryName()}
+	want := []string{earlier, redisstore.LibraryName(s)}
 	slices.Sort(want)
 	assert.Equal(t, want, libs, "the server's libraries")
 
@@ -466,7 +466,7 @@ func TestStepsKeyDeletedByHand(t *testing.T) {
 	cl, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
 	require.NoError(t, err)
 	require.NoError(t, s.SaveStep(ctx, id, cl.Token, doneStep("a", "1")))
-	require.NoError(t, c.Del(ctx, s.StepsKey(id)).Err())
+	require.NoError(t, c.Del(ctx, redisstore.StepsKey(s, id)).Err())
 	require.NoError(t, s.Release(ctx, id, cl.Token))
 	cl, err = s.Claim(ctx, id, "other-fp", time.Minute, time.Hour)
 	require.NoError(t, err)
@@ -478,7 +478,7 @@ func TestStepsKeyDeletedByHand(t *testing.T) {
 	cl, err = s.Claim(ctx, id, "fp", lease, time.Hour)
 	require.NoError(t, err)
 	require.NoError(t, s.SaveStep(ctx, id, cl.Token, doneStep("a", "1")))
-	require.NoError(t, c.Del(ctx, s.StepsKey(id)).Err())
+	require.NoError(t, c.Del(ctx, redisstore.StepsKey(s, id)).Err())
 	waitLeaseEnd(t, func() (engine.Claim, error) { return s.Claim(ctx, id, "other-fp", lease, time.Hour) })
 	cl, err = s.Claim(ctx, id, "fp", time.Minute, time.Hour)
 	require.NoError(t, err)

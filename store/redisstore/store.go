@@ -15,12 +15,15 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemkit/idempotency/engine"
+	"github.com/idemkit/idempotency/internal/steps"
 )
 
 // defaultPrefix is the key prefix of a Store made without [WithPrefix].
 const defaultPrefix = "idempotency:"
 
-// Store is a engine.Store kept in Redis. Create one with New; it is safe for
+// Store is an engine.Store kept in Redis, which keeps steps
+// (engine.StepStore) and lets an operator inspect its records
+// (engine.Inspector). Create one with New (or Open); it is safe for
 // concurrent use, and any number of Stores, in any number of processes, share
 // records when they share a Redis and a prefix. A Store owns nothing: the
 // client is the caller's to close. It starts no goroutine, but on a Cluster
@@ -32,8 +35,29 @@ const defaultPrefix = "idempotency:"
 // connections, made by New (see New). It keeps,
 // in memory, the fingerprint of each lease it granted until it completes or
 // releases it, a few thousand at most (see the package documentation,
-// Functions). The zero Store has no client: its methods fail.
-type Store struct {
+// Functions).
+type Store interface {
+	engine.StepStore
+	engine.Inspector
+	// RecordKey returns the Redis key that holds id's record, for an operator
+	// who needs to inspect or delete it (DEL removes the record: the key is new
+	// again). Every operation on id touches this key, and, only for a record
+	// that holds steps, the key of its steps, in the same Cluster slot (see
+	// Steps in the package documentation), which a DEL of the record may leave
+	// until it expires: the next record of the key does not see those steps.
+	RecordKey(id engine.ID) string
+	// Check reads the memory limit and eviction policy of every Redis master
+	// the Store writes to (each master of a Cluster, each shard of a Ring), with
+	// CONFIG GET, or, where the server refuses it (a managed Redis, or a user
+	// without +config|get), INFO memory. It returns an error wrapping
+	// ErrEviction when one of them may evict records, another error when it
+	// cannot tell, and nil otherwise: a health check to run at start (Open does)
+	// and now and then, since a policy can be changed while the Store runs.
+	Check(ctx context.Context) error
+}
+
+// store is the Store that New makes.
+type store struct {
 	client redis.UniversalClient
 	prefix string
 	lib    library
@@ -55,7 +79,7 @@ type Store struct {
 	called atomic.Bool
 }
 
-var _ engine.Store = (*Store)(nil)
+var _ Store = (*store)(nil)
 
 // New returns a Store that keeps its records in the Redis that client talks
 // to: a *redis.Client, a Sentinel-backed failover client or a
@@ -71,7 +95,7 @@ var _ engine.Store = (*Store)(nil)
 // ends at the earlier of the client's own timeouts and the call's deadline,
 // and it runs none of the client's hooks. An invalid option is named in
 // New's error.
-func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
+func New(client redis.UniversalClient, opts ...Option) (Store, error) {
 	if client == nil {
 		return nil, errors.New("redisstore: nil client")
 	}
@@ -80,7 +104,7 @@ func New(client redis.UniversalClient, opts ...Option) (*Store, error) {
 		return nil, err
 	}
 	client, deaf := hearing(client)
-	return &Store{
+	return &store{
 		client: client, prefix: c.prefix, logger: c.logger, strict: c.strict, ack: c.ack,
 		lib: newLibrary(), fps: newFingerprints(), deaf: deaf,
 	}, nil
@@ -112,13 +136,8 @@ func hearing(client redis.UniversalClient) (redis.UniversalClient, bool) {
 	return client, true
 }
 
-// RecordKey returns the Redis key that holds id's record, for an operator
-// who needs to inspect or delete it (DEL removes the record: the key is new
-// again). Every operation on id touches this key, and, only for a record
-// that holds steps, the key of its steps, in the same Cluster slot (see
-// Steps in the package documentation), which a DEL of the record may leave
-// until it expires: the next record of the key does not see those steps.
-func (s *Store) RecordKey(id engine.ID) string { return recordKey(s.prefix, id) }
+// RecordKey implements Store.
+func (s *store) RecordKey(id engine.ID) string { return recordKey(s.prefix, id) }
 
 // Claim implements engine.Store. A claim that finds no record, or a
 // completed one, is one command, SET NX PX GET, which writes nothing when
@@ -140,7 +159,7 @@ func (s *Store) RecordKey(id engine.ID) string { return recordKey(s.prefix, id) 
 // the key takes it when it has no record, and the function max(the record's
 // token + 1, the proposal) when the record is released or its lease
 // expired.
-func (s *Store) Claim(ctx context.Context, id engine.ID, fingerprint string, lease, ttl time.Duration) (engine.Claim, error) {
+func (s *store) Claim(ctx context.Context, id engine.ID, fingerprint string, lease, ttl time.Duration) (engine.Claim, error) {
 	if err := s.usable(ctx); err != nil {
 		return engine.Claim{}, fmt.Errorf("redisstore: claim: %w", err)
 	}
@@ -193,7 +212,7 @@ func (s *Store) Claim(ctx context.Context, id engine.ID, fingerprint string, lea
 // with SET NX PX GET, which returns the record that the key has instead
 // and then writes nothing. A completed record is the answer; one in any
 // other state is left to the claim function, which may take it over.
-func (s *Store) claim(ctx context.Context, key string, rec []byte, px int64) (engine.Claim, int64, error) {
+func (s *store) claim(ctx context.Context, key string, rec []byte, px int64) (engine.Claim, int64, error) {
 	v, err := bounded(ctx, s.deaf, func() (any, error) {
 		return s.client.Do(ctx, "set", key, rec, "nx", "px", px, "get").Result()
 	})
@@ -286,7 +305,7 @@ func parseClaimReply(reply any) (engine.Claim, error) {
 // record is larger than the limit that CONFIG GET reads), or a string larger
 // than Redis keeps ("string exceeds maximum allowed size"). Every other
 // error, a full Redis (OOM) included, may pass.
-func (s *Store) Complete(ctx context.Context, id engine.ID, token engine.Token, resp *engine.Response, ttl time.Duration) error {
+func (s *store) Complete(ctx context.Context, id engine.ID, token engine.Token, resp *engine.Response, ttl time.Duration) error {
 	if err := s.usable(ctx); err != nil {
 		return fmt.Errorf("redisstore: complete: %w", err)
 	}
@@ -332,7 +351,7 @@ const minBulkLimit = 1 << 20
 // record that large has the limit read (CONFIG GET, once per Store) and
 // compared; where the limit cannot be read, the failure stays one that
 // another try may mend.
-func (s *Store) aboveBulkLimit(ctx context.Context, key string, n int, err error) bool {
+func (s *store) aboveBulkLimit(ctx context.Context, key string, n int, err error) bool {
 	var reply redis.Error
 	if n <= minBulkLimit || errors.As(err, &reply) || ctx.Err() != nil {
 		return false
@@ -380,7 +399,7 @@ func notStorable(err error) bool {
 // flight, its lease ended, one holder fewer counted (for the holder that
 // created it, -1), which the next takeover counts again; its steps stay,
 // with its expiry.
-func (s *Store) Release(ctx context.Context, id engine.ID, token engine.Token) error {
+func (s *store) Release(ctx context.Context, id engine.ID, token engine.Token) error {
 	if err := s.usable(ctx); err != nil {
 		return fmt.Errorf("redisstore: release: %w", err)
 	}
@@ -392,7 +411,7 @@ func (s *Store) Release(ctx context.Context, id engine.ID, token engine.Token) e
 // Extend implements engine.Store in one round trip. The record's expiry
 // moves with the lease's end, keeping the TTL that the Claim put between
 // them (the record's slack), and its steps' expiry with it.
-func (s *Store) Extend(ctx context.Context, id engine.ID, token engine.Token, lease time.Duration) error {
+func (s *store) Extend(ctx context.Context, id engine.ID, token engine.Token, lease time.Duration) error {
 	if err := s.usable(ctx); err != nil {
 		return fmt.Errorf("redisstore: extend: %w", err)
 	}
@@ -415,7 +434,7 @@ func heldBy(token engine.Token) []byte {
 
 // usable fails when the Store cannot make a call: it was not made by New, or
 // ctx is done already.
-func (s *Store) usable(ctx context.Context) error {
+func (s *store) usable(ctx context.Context) error {
 	if s.client == nil {
 		return errors.New("Store not made by New")
 	}
@@ -424,7 +443,7 @@ func (s *Store) usable(ctx context.Context) error {
 
 // update calls a function that answers done or lease lost. A completion
 // or a step WithReplicaAck waits for the replicas too.
-func (s *Store) update(ctx context.Context, op, fn, key string, args ...any) error {
+func (s *store) update(ctx context.Context, op, fn, key string, args ...any) error {
 	if (op != "complete" && op != "save step") || s.ack.replicas == 0 {
 		reply, err := s.call(ctx, fn, key, args...)
 		if err == nil {
@@ -462,7 +481,7 @@ func updated(reply any) error {
 		case replyLeaseLost:
 			return engine.ErrLeaseLost
 		case replyTooMany:
-			return fmt.Errorf("more than %d steps: %w", engine.MaxSteps, engine.ErrNotStorable)
+			return fmt.Errorf("more than %d steps: %w", steps.MaxSteps, engine.ErrNotStorable)
 		}
 	case []any:
 		if code(r) == replyCorrupt {
@@ -482,7 +501,7 @@ const loadAttempts = 3
 // flushed, or it is a replica promoted without them), FUNCTION LOAD on the
 // node that owns the key and FCALL again. A function not found has not run,
 // so calling it again is safe.
-func (s *Store) call(ctx context.Context, fn, key string, args ...any) (any, error) {
+func (s *store) call(ctx context.Context, fn, key string, args ...any) (any, error) {
 	for attempt := 0; ; attempt++ {
 		reply, err := s.fcall(ctx, fn, key, args...)
 		if err == nil {
@@ -523,7 +542,7 @@ func explained(err error) error {
 }
 
 // fcall calls fn once.
-func (s *Store) fcall(ctx context.Context, fn, key string, args ...any) (any, error) {
+func (s *store) fcall(ctx context.Context, fn, key string, args ...any) (any, error) {
 	return bounded(ctx, s.deaf, func() (any, error) {
 		return s.client.FCall(ctx, fn, []string{key}, args...).Result()
 	})
@@ -562,7 +581,7 @@ func bounded[T any](ctx context.Context, deaf bool, f func() (T, error)) (T, err
 // answer, which a dead master never gives, or once a minute: after a
 // failover the promoted replica's slots would fail until then. The reload
 // is lazy and rate-limited by go-redis.
-func (s *Store) reloadSlots(err error) {
+func (s *store) reloadSlots(err error) {
 	c, ok := s.client.(*redis.ClusterClient)
 	if !ok {
 		return
@@ -587,7 +606,7 @@ func functionMissing(err error) bool {
 // redirection while a slot migrates, a replica just promoted), and on the
 // node that serves key, should no slot map list it (see nodes.go);
 // elsewhere, on the one server a call on key goes to.
-func (s *Store) load(ctx context.Context, key string) error {
+func (s *store) load(ctx context.Context, key string) error {
 	var node redis.Cmdable = s.client
 	switch c := s.client.(type) {
 	case *redis.ClusterClient:

@@ -39,7 +39,7 @@ func TestConcurrentClaimersAcrossStores(t *testing.T) {
 	ctx := context.Background()
 	first := sharedClient(t)
 	prefix := testPrefix(t, first)
-	var stores [2]*redisstore.Store
+	var stores [2]redisstore.Store
 	for i, c := range []*redis.Client{first, sharedClient(t)} {
 		s, err := redisstore.New(c, redisstore.WithPrefix(prefix))
 		if err != nil {
@@ -509,24 +509,6 @@ func TestTokenOutrunsALateClock(t *testing.T) {
 	}
 	if cl.Token != ahead+1 {
 		t.Errorf("Claim token = %d, want %d, one more than the last", cl.Token, ahead+1)
-	}
-}
-
-func TestZeroStore(t *testing.T) {
-	var s redisstore.Store
-	ctx := context.Background()
-	id := engine.ID{Key: "k"}
-	if _, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour); err == nil {
-		t.Error("Claim on the zero Store error = nil, want an error")
-	}
-	if err := s.Complete(ctx, id, 1, &engine.Response{Status: 200}, time.Hour); err == nil {
-		t.Error("Complete on the zero Store error = nil, want an error")
-	}
-	if err := s.Release(ctx, id, 1); err == nil {
-		t.Error("Release on the zero Store error = nil, want an error")
-	}
-	if err := s.Extend(ctx, id, 1, time.Minute); err == nil {
-		t.Error("Extend on the zero Store error = nil, want an error")
 	}
 }
 

@@ -28,7 +28,7 @@ type postgresBench struct {
 	table     string
 	pool      *pgxpool.Pool
 	admin     *pgx.Conn
-	store     *pgstore.Store
+	store     pgstore.Store
 	h         http.Handler
 	wire      *wire
 	backends  *procCPU

@@ -29,7 +29,7 @@ type redisBench struct {
 	own       *redisProcess // nil on an external server
 	client    *redis.Client
 	admin     *redis.Client
-	store     *redisstore.Store
+	store     redisstore.Store
 	h         http.Handler
 	wire      *wire
 	cpu       *procCPU

@@ -171,14 +171,14 @@ func PostgresPool(t testing.TB, maxConns int32) *pgxpool.Pool {
 
 // Postgres returns a pgstore on a table of its own in a pool of its own,
 // migrated, and dropped when t ends.
-func Postgres(t testing.TB, opts ...pgstore.Option) *pgstore.Store {
+func Postgres(t testing.TB, opts ...pgstore.Option) pgstore.Store {
 	t.Helper()
 	return PostgresOn(t, PostgresPool(t, 64), UniqueName(t, "idempotency_t_"), opts...)
 }
 
 // PostgresOn returns a pgstore on table in pool, migrated; the table is
 // dropped when t ends. Two stores on one table share their records.
-func PostgresOn(t testing.TB, pool *pgxpool.Pool, table string, opts ...pgstore.Option) *pgstore.Store {
+func PostgresOn(t testing.TB, pool *pgxpool.Pool, table string, opts ...pgstore.Option) pgstore.Store {
 	t.Helper()
 	s, err := pgstore.New(pool, append([]pgstore.Option{pgstore.WithTable(table)}, opts...)...)
 	if err != nil {
@@ -220,7 +220,7 @@ func RedisClient(t testing.TB) *redis.Client {
 
 // Redis returns a redisstore under a key prefix of its own, whose keys are
 // deleted when t ends.
-func Redis(t testing.TB, opts ...redisstore.Option) *redisstore.Store {
+func Redis(t testing.TB, opts ...redisstore.Option) redisstore.Store {
 	t.Helper()
 	c := RedisClient(t)
 	return RedisOn(t, c, UniqueName(t, "idempotency-t:")+":", opts...)
@@ -228,7 +228,7 @@ func Redis(t testing.TB, opts ...redisstore.Option) *redisstore.Store {
 
 // RedisOn returns a redisstore on client under prefix; the keys under prefix
 // are deleted when t ends. Two stores with one prefix share their records.
-func RedisOn(t testing.TB, client *redis.Client, prefix string, opts ...redisstore.Option) *redisstore.Store {
+func RedisOn(t testing.TB, client *redis.Client, prefix string, opts ...redisstore.Option) redisstore.Store {
 	t.Helper()
 	s, err := redisstore.New(client, append([]redisstore.Option{redisstore.WithPrefix(prefix)}, opts...)...)
 	if err != nil {

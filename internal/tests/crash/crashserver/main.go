@@ -180,7 +180,7 @@ func run(addr, kind, records, orders, takeover string, step, after time.Duration
 
 	var (
 		store         engine.Store
-		pg            *pgstore.Store // the records' store, on PostgreSQL
+		pg            pgstore.Store // the records' store, on PostgreSQL
 		transactional = false
 	)
 	switch kind {

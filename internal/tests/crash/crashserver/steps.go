@@ -58,7 +58,7 @@ type stepsAPI struct {
 
 // init readies the handler for store, which is pg when the records are in
 // PostgreSQL, and the tables of orders.
-func (sa *stepsAPI) init(store engine.Store, pg *pgstore.Store, orders string, transactional bool) error {
+func (sa *stepsAPI) init(store engine.Store, pg pgstore.Store, orders string, transactional bool) error {
 	if transactional {
 		return errors.New("crashserver: -steps runs in lease mode: its transactional step is the order's")
 	}

@@ -15,7 +15,9 @@ import (
 var (
 	fresh    = engine.Claim{Status: engine.Acquired, Token: 7}
 	takeover = engine.Claim{Status: engine.Acquired, Token: 8, Abandoned: 2}
-	live     = engine.Claim{Status: engine.InFlight, Fingerprint: "fp", RetryAfter: 500 * time.Millisecond}
+	// takeoverSteps took over from lost holders that recorded steps.
+	takeoverSteps = engine.Claim{Status: engine.Acquired, Token: 8, Abandoned: 2, Steps: []engine.Step{{Name: "charge", Fingerprint: "f", Done: true, Result: []byte("v1")}}}
+	live          = engine.Claim{Status: engine.InFlight, Fingerprint: "fp", RetryAfter: 500 * time.Millisecond}
 	// unseen is in flight in a transactional store whose holder has not
 	// committed: the store cannot see its fingerprint.
 	unseen = engine.Claim{Status: engine.InFlight, RetryAfter: 500 * time.Millisecond}
@@ -141,6 +143,11 @@ var claimRows = []protocolRow{
 		cfg:   func(c *engine.Config) { c.Abandoned = engine.RefuseAbandoned },
 		store: func(s *fakeStore) { s.lost = true },
 		want:  want{door: []string{"OutcomeUnknown", "Refuse(unavailable, 2s)"}, kind: engine.EventUnavailable, status: 503, err: engine.ErrLeaseLost, acquired: true, after: "in flight"}},
+	{name: "takeover with steps, RefuseAbandoned: resumed", claims: []engine.Claim{takeoverSteps}, work: keep,
+		cfg:  func(c *engine.Config) { c.Abandoned = engine.RefuseAbandoned },
+		want: want{door: []string{"Execute", "Send (completed)"}, kind: engine.EventExecuted, status: 200, acquired: true, after: "completed"}},
+	{name: "takeover with steps, RerunAbandoned: runs", claims: []engine.Claim{takeoverSteps}, work: keep,
+		want: want{door: []string{"Execute", "Send (completed)"}, kind: engine.EventExecuted, status: 200, acquired: true, after: "completed"}},
 	{name: "fresh, RefuseAbandoned: runs", claims: []engine.Claim{fresh}, work: keep,
 		cfg:  func(c *engine.Config) { c.Abandoned = engine.RefuseAbandoned },
 		want: want{door: []string{"Execute", "Send (completed)"}, kind: engine.EventExecuted, status: 200, acquired: true, after: "completed"}},

@@ -247,6 +247,24 @@ func TestLookupJSON(t *testing.T) {
 	assert.Equal(t, http.StatusConflict, got.Response.Status)
 }
 
+// TestLookupSteps: a record's steps are shown, done or only started, in
+// text and in JSON.
+func TestLookupSteps(t *testing.T) {
+	f := newFixture(t)
+	c := f.claim(t, "order-1", time.Minute)
+	ss := f.store.(engine.StepStore)
+	require.NoError(t, ss.SaveStep(ctx, id("order-1"), c.Token, engine.Step{Name: "charge", Fingerprint: "f1", Done: true, Result: []byte("vreceipt")}))
+	require.NoError(t, ss.SaveStep(ctx, id("order-1"), c.Token, engine.Step{Name: "email", Fingerprint: "f2"}))
+	require.Equal(t, exitOK, f.run("lookup", "-scope", scope, "order-1"), "stderr: %s", &f.stderr)
+	assert.Contains(t, f.stdout.String(), "step         charge: done, 8 result bytes\n")
+	assert.Contains(t, f.stdout.String(), "step         email: started, never finished")
+	f.stdout.Reset()
+	require.Equal(t, exitOK, f.run("lookup", "-json", "-scope", scope, "order-1"), "stderr: %s", &f.stderr)
+	var got jsonRecord
+	require.NoError(t, json.Unmarshal(f.stdout.Bytes(), &got))
+	assert.Equal(t, []jsonStep{{Name: "charge", Done: true, ResultBytes: 8}, {Name: "email"}}, got.Steps)
+}
+
 func TestLookupQuotedKey(t *testing.T) {
 	f := newFixture(t)
 	f.claim(t, `say "hi"`, time.Minute)

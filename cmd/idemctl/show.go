@@ -104,6 +104,13 @@ func writeText(w io.Writer, r engine.Record, now time.Time) {
 	row("expires", "%s", when(r.Expires, now))
 	row("token", "%d", r.Token)
 	row("fingerprint", "%s", hex.EncodeToString([]byte(r.Fingerprint)))
+	for _, st := range sortedSteps(r.Steps) {
+		if st.Done {
+			row("step", "%s: done, %d result bytes", printable(st.Name), len(st.Result))
+		} else {
+			row("step", "%s: started, never finished (its effect may or may not have happened)", printable(st.Name))
+		}
+	}
 	if resp := r.Response; resp != nil {
 		row("response", "%d %s, %d body bytes%s", resp.Status, http.StatusText(resp.Status), len(resp.Body), omitted(resp))
 		names := make([]string, 0, len(resp.Header))
@@ -167,7 +174,23 @@ type jsonRecord struct {
 	Expires     time.Time     `json:"expires"`
 	Token       int64         `json:"token"`
 	Fingerprint string        `json:"fingerprint"`
+	Steps       []jsonStep    `json:"steps,omitempty"`
 	Response    *jsonResponse `json:"response,omitempty"`
+}
+
+// jsonStep is one of a record's steps (package step): done, or started and
+// never finished.
+type jsonStep struct {
+	Name        string `json:"name"`
+	Done        bool   `json:"done"`
+	ResultBytes int    `json:"result_bytes"`
+}
+
+// sortedSteps returns steps by name.
+func sortedSteps(steps []engine.Step) []engine.Step {
+	steps = slices.Clone(steps)
+	slices.SortFunc(steps, func(a, b engine.Step) int { return strings.Compare(a.Name, b.Name) })
+	return steps
 }
 
 type jsonResponse struct {
@@ -189,6 +212,9 @@ func writeJSON(w io.Writer, r engine.Record, now time.Time) error {
 		Expires:     r.Expires.UTC(),
 		Token:       int64(r.Token),
 		Fingerprint: hex.EncodeToString([]byte(r.Fingerprint)),
+	}
+	for _, st := range sortedSteps(r.Steps) {
+		out.Steps = append(out.Steps, jsonStep{Name: st.Name, Done: st.Done, ResultBytes: len(st.Result)})
 	}
 	if !r.Completed {
 		t := r.LeaseEnds.UTC()

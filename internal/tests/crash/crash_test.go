@@ -164,6 +164,7 @@ type crashRun struct {
 	size            size
 	ttl             time.Duration // the middleware's, if shorter than the run
 	pool            *pgxpool.Pool
+	name            string // of the orders' table, the prefix of the others'
 	orders          string // sanitized table names
 	lines           string
 	answers         *answerCount
@@ -200,7 +201,7 @@ func newCrashRun(t *testing.T, bin, kind string, sz size) *crashRun {
 		pool.Exec(ctx, "DROP TABLE IF EXISTS "+orders+", "+lines+", "+pgx.Identifier{records}.Sanitize())
 	})
 	return &crashRun{
-		bin: bin, kind: kind, addr: freeAddr(t), size: sz, pool: pool, orders: orders, lines: lines,
+		bin: bin, kind: kind, addr: freeAddr(t), size: sz, pool: pool, name: name, orders: orders, lines: lines,
 		args:    []string{"-store", kind, "-records", records, "-orders", name, "-lease", "1s"},
 		answers: &answerCount{},
 	}
@@ -236,7 +237,19 @@ type result struct {
 	rerunsUnseen     int // runs after an order's first whose Lease.Abandoned was 0
 }
 
+// run runs the orders, the kills and the final pass, and counts the orders
+// in the database.
 func (r *crashRun) run(t *testing.T) result {
+	res, answers := r.exercise(t)
+	r.count(t, &res, answers)
+	return res
+}
+
+// exercise sends the orders while it kills and restarts the server, then
+// sends every order once more, checking that each is a replay of the
+// answer the client got. It returns the run's counts so far (orders,
+// in flight at the kills, audited) and every order's answer.
+func (r *crashRun) exercise(t *testing.T) (result, map[int]string) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -351,8 +364,7 @@ func (r *crashRun) run(t *testing.T) result {
 		require.True(t, replayed, "order %d sent again was not a replay: %s", i, got)
 		require.Equal(t, want, got, "order %d: the replay differs from the answer the client got", i)
 	}
-	r.count(t, &res, answers)
-	return res
+	return res, answers
 }
 
 // waitUntil polls the server's count of orders in flight until ready says

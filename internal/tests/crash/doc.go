@@ -11,7 +11,13 @@
 // the handler's request context the client derives the downstream key from
 // the incoming key, and a rerun after a crash is answered with the
 // downstream service's replay; with a new key in each run, the same crashes
-// write orders twice. TestMemstoreCrash shows what a restart does to the
+// write orders twice. TestStepsCrash has a handler of three steps (package
+// step): a charge through the client to a payment service, an email to a
+// sink that counts, and the order in a transactional step on PostgreSQL; it
+// counts, per step, the completed steps run again (never) and the steps cut
+// between their effect and their record, against the same effects without
+// steps, and the "outcome unknown" answers by step under RefuseAbandoned.
+// TestMemstoreCrash shows what a restart does to the
 // memory store: it forgets every record, and every order runs again.
 //
 // The flag -crash.long runs them at the size of the figures in

@@ -47,7 +47,7 @@ func TestDownstreamCrash(t *testing.T) {
 	} {
 		t.Run(m.name, func(t *testing.T) {
 			r := newCrashRun(t, bin, m.kind, runSize())
-			down := startOrdersService(t, r)
+			down := startOrdersService(t, r.orders, r.lines)
 			// The pause between the downstream answer and this server's
 			// answer is where a kill leaves an effect and no stored
 			// response; 100 ms makes most kills land there.
@@ -77,7 +77,8 @@ func TestDownstreamCrash(t *testing.T) {
 }
 
 // ordersService is the downstream service: the orders API behind the
-// middleware, on a memory store, in the test's process.
+// middleware, on a memory store, in the test's process, writing into the
+// tables orders and lines (sanitized names).
 type ordersService struct {
 	url                string
 	requests, replays  atomic.Int64
@@ -88,15 +89,15 @@ type ordersService struct {
 	failures []string
 }
 
-func startOrdersService(t *testing.T, r *crashRun) *ordersService {
+func startOrdersService(t *testing.T, orders, lines string) *ordersService {
 	store, err := memstore.New()
 	require.NoError(t, err)
 	mw, err := server.New(store, server.WithConfig(engine.Config{Lease: 10 * time.Second, TTL: time.Hour}))
 	require.NoError(t, err)
 	// A pool of its own, as large as the killed server's callers.
 	s := &ordersService{pool: teststores.PostgresPool(t, 16),
-		insertOrder: "INSERT INTO " + r.orders + " (ref, lines) VALUES ($1, $2) RETURNING id",
-		lines:       "INSERT INTO " + r.lines + " (order_id, n) VALUES ($1, $2)",
+		insertOrder: "INSERT INTO " + orders + " (ref, lines) VALUES ($1, $2) RETURNING id",
+		lines:       "INSERT INTO " + lines + " (order_id, n) VALUES ($1, $2)",
 	}
 	protected := mw.Handler(http.HandlerFunc(s.write))
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {

@@ -45,6 +45,14 @@
 // random, each run sends a new key (idempotency.NewKey), as a client that
 // is not given the handler's context does.
 //
+// With -steps the handler is one of three steps (package step), described
+// in steps.go: a charge sent through the client to the payment service at
+// -downstream, an email written to a sink that counts, and the order, in a
+// transactional step (pgstore.RunStep) when the records are in PostgreSQL;
+// before each step's effect the handler writes down whether the store then
+// held the step as done. With -direct too, the same three effects are done
+// without steps, for contrast.
+//
 // GET /inflight answers the number of orders in flight: past the server's
 // accepting them, not yet answered. The program prints
 // "listening on ADDR" once it serves, and runs until it is killed.
@@ -97,6 +105,8 @@ func main() {
 	abandoned := flag.String("abandoned", "rerun", "what a retry after an abandoned lease gets: rerun or refuse (engine.Config.Abandoned)")
 	downURL := flag.String("downstream", "", "URL of the service that writes the orders; empty: write them here")
 	keys := flag.String("downstream-keys", "derived", "keys of the downstream calls: derived (from the incoming key) or random")
+	steps := flag.Bool("steps", false, "the handler of three steps (a charge through the client at -downstream, an email, the order); see steps.go")
+	direct := flag.Bool("direct", false, "with -steps: the same three effects, none of them in a step")
 	flag.Parse()
 	if *records == "" || *orders == "" {
 		log.Fatal("crashserver: -records and -orders are required")
@@ -117,6 +127,12 @@ func main() {
 	if *keys != "derived" && *keys != "random" {
 		log.Fatalf("crashserver: -downstream-keys %q: want derived or random", *keys)
 	}
+	if *steps && *downURL == "" {
+		log.Fatal("crashserver: -steps needs -downstream, the payment service")
+	}
+	if *direct && !*steps {
+		log.Fatal("crashserver: -direct goes with -steps")
+	}
 	var down *downstream
 	if *downURL != "" {
 		c, err := idempotency.NewClient(
@@ -133,7 +149,11 @@ func main() {
 	}
 	// A lease of 0 is the default one.
 	cfg := engine.Config{TTL: *ttl, Lease: *lease, Abandoned: policy}
-	if err := run(*addr, *kind, *records, *orders, *takeover, *step, *after, cfg, down); err != nil {
+	var sa *stepsAPI
+	if *steps {
+		sa = &stepsAPI{direct: *direct}
+	}
+	if err := run(*addr, *kind, *records, *orders, *takeover, *step, *after, cfg, down, sa); err != nil {
 		log.Fatal(err)
 	}
 }
@@ -145,7 +165,7 @@ func env(name, def string) string {
 	return def
 }
 
-func run(addr, kind, records, orders, takeover string, step, after time.Duration, engineCfg engine.Config, down *downstream) error {
+func run(addr, kind, records, orders, takeover string, step, after time.Duration, engineCfg engine.Config, down *downstream, steps *stepsAPI) error {
 	ctx := context.Background()
 	cfg, err := pgxpool.ParseConfig(env("IDEMPOTENCY_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"))
 	if err != nil {
@@ -158,8 +178,11 @@ func run(addr, kind, records, orders, takeover string, step, after time.Duration
 	}
 	defer pool.Close()
 
-	var store engine.Store
-	transactional := false
+	var (
+		store         engine.Store
+		pg            pgstore.Store // the records' store, on PostgreSQL
+		transactional = false
+	)
 	switch kind {
 	case "pg-tx", "pg-lease":
 		opts := []pgstore.Option{pgstore.WithTable(records)}
@@ -175,7 +198,7 @@ func run(addr, kind, records, orders, takeover string, step, after time.Duration
 		if err := s.Migrate(ctx); err != nil {
 			return err
 		}
-		store = s
+		store, pg = s, s
 	case "mem-lease":
 		s, err := memstore.New()
 		if err != nil {
@@ -235,6 +258,12 @@ func run(addr, kind, records, orders, takeover string, step, after time.Duration
 		insertLine:  "INSERT INTO " + pgx.Identifier{orders + "_lines"}.Sanitize() + " (order_id, n) VALUES ($1, $2)",
 		findOrder:   "SELECT id FROM " + pgx.Identifier{orders}.Sanitize() + " WHERE ref = $1 ORDER BY id LIMIT 1",
 	}
+	if steps != nil {
+		if err := steps.init(store, pg, orders, transactional); err != nil {
+			return err
+		}
+		api.steps = steps
+	}
 	mux := http.NewServeMux()
 	// A request counts from before its claim until its response is
 	// stored and sent: a crash anywhere in that span may leave it to be
@@ -264,8 +293,9 @@ type api struct {
 	insertOrder, insertLine, findOrder string
 	downstream                         *downstream
 	inflight                           atomic.Int64
-	takeover                           string   // -takeover
-	failed                             sync.Map // refs whose takeover answered 503 (fail-once)
+	takeover                           string    // -takeover
+	failed                             sync.Map  // refs whose takeover answered 503 (fail-once)
+	steps                              *stepsAPI // -steps
 }
 
 // downstream is the service that writes the orders, when it is not this one.
@@ -285,6 +315,10 @@ func (a *api) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := r.Context()
+	if a.steps != nil {
+		a.serveSteps(ctx, w, in.Ref, in.Lines)
+		return
+	}
 	if lease, _ := engine.LeaseFromContext(ctx); lease.Abandoned > 0 && a.takeover != "rerun" && a.downstream == nil {
 		if _, failed := a.failed.LoadOrStore(in.Ref, true); !failed && a.takeover == "fail-once" {
 			http.Error(w, "cannot tell yet whether the order was written", http.StatusServiceUnavailable)

@@ -18,9 +18,10 @@ import (
 )
 
 // counting is a StepStore that counts the calls the engine makes of it.
-// Each is one round trip to the store's server (a statement on PostgreSQL,
-// a function call on Redis), so the count is the round trips of a call;
-// the wrapper itself changes nothing on the wire.
+// On pgstore and redisstore each is one round trip to the server (a
+// statement, a command or function call), so the count is a call's round
+// trips there; the SQL stores' Claim reads before it claims (BENCHMARKS.md,
+// section 7). The wrapper itself changes nothing on the wire.
 type counting struct {
 	engine.StepStore
 	n atomic.Int64
@@ -110,9 +111,8 @@ func stepWork(effects *atomic.Int64, n int) func(context.Context) (int64, error)
 // (one SaveStep each); refuse, the same under engine.RefuseAbandoned (a
 // SaveStep before and one after each step, as DBOS checkpoints a step);
 // and replay, a call of a completed key. Each reports roundtrips/op, the
-// store calls of one call (each is one round trip), and fails unless they
-// are 2, 5, 8 and 1: a new key costs no round trip to learn that it holds
-// no steps. paired runs the four at every iteration, each leading in turn,
+// store calls of one call (counting's), and fails unless they are 2, 5, 8
+// and 1: a new key costs no call to learn that it holds no steps. paired runs the four at every iteration, each leading in turn,
 // and times each apart: its ratios (steps/plain, refuse/plain,
 // refuse/steps) are those of the cases' median times, over calls made at
 // the same moments. On a loaded machine, sub-benchmarks run one after the

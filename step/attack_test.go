@@ -1,0 +1,146 @@
+package step_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idempotency/engine"
+	"github.com/idemkit/idempotency/once"
+	"github.com/idemkit/idempotency/step"
+)
+
+// catch calls f and returns what it panicked with, if it did.
+func catch(f func()) (v any) {
+	defer func() { v = recover() }()
+	f()
+	return nil
+}
+
+// TestStepPanics: a step's function that panics is a step whose holder was
+// lost while it ran: the panic goes on, the door gives the key back, and
+// the retry runs the step again under the default policy, or is told that
+// its outcome is unknown under RefuseAbandoned (its start is recorded).
+func TestStepPanics(t *testing.T) {
+	for _, policy := range []engine.AbandonedPolicy{engine.RerunAbandoned, engine.RefuseAbandoned} {
+		t.Run(fmt.Sprint("policy=", policy), func(t *testing.T) {
+			r := runner(t, newMemory(t), quiet(engine.Config{Abandoned: policy}))
+			id := engine.ID{Key: "k"}
+			var runs atomic.Int32
+			work := func(ctx context.Context) (int, error) {
+				return step.Run(ctx, "charge", nil, func(context.Context) (int, error) {
+					if runs.Add(1) == 1 {
+						panic("charge: nil map")
+					}
+					return 2, nil
+				})
+			}
+			p := catch(func() { _ = doErr(context.Background(), r, id, work) })
+			require.Equal(t, "charge: nil map", p, "the panic goes on")
+			v, err := once.Do(context.Background(), r, id, nil, work)
+			if policy == engine.RefuseAbandoned {
+				assert.ErrorIs(t, err, engine.ErrOutcomeUnknown)
+				assert.Equal(t, int32(1), runs.Load())
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, 2, v)
+			assert.Equal(t, int32(2), runs.Load())
+		})
+	}
+}
+
+// TestManyGoroutines: steps run from many goroutines of one run, under
+// names shared by several and names of their own: each name runs once in
+// all, every other use of it in the run is refused without running, and the
+// retry replays every one.
+func TestManyGoroutines(t *testing.T) {
+	for _, policy := range []engine.AbandonedPolicy{engine.RerunAbandoned, engine.RefuseAbandoned} {
+		t.Run(fmt.Sprint("policy=", policy), func(t *testing.T) {
+			forEachStore(t, func(t *testing.T, store engine.Store) {
+				r := runner(t, store, quiet(engine.Config{Abandoned: policy}))
+				id := engine.ID{Key: "many-" + t.Name()}
+				const names, each = 6, 8
+				var runs [names]atomic.Int32
+				var refused atomic.Int32
+				work := func(fail bool) func(ctx context.Context) (int, error) {
+					return func(ctx context.Context) (int, error) {
+						var wg sync.WaitGroup
+						var sum, got atomic.Int64
+						for g := range names * each {
+							wg.Go(func() {
+								i := g % names
+								v, err := step.Run(ctx, fmt.Sprint("shared-", i), i, func(context.Context) (int, error) {
+									runs[i].Add(1)
+									return i + 1, nil
+								})
+								switch {
+								case err == nil:
+									got.Add(1)
+									sum.Add(int64(v))
+								case strings.Contains(err.Error(), "already used"):
+									refused.Add(1)
+								default:
+									t.Errorf("step %d: %v", i, err)
+								}
+								_, err = step.Run(ctx, fmt.Sprint("own-", g), g, func(context.Context) (int, error) { return g, nil })
+								assert.NoError(t, err)
+							})
+						}
+						wg.Wait()
+						assert.Equal(t, int64(names), got.Load(), "each shared name ran or replayed once")
+						if fail {
+							return 0, errTransient
+						}
+						return int(sum.Load()), nil
+					}
+				}
+				require.ErrorIs(t, doErr(context.Background(), r, id, work(true)), errTransient)
+				v, err := once.Do(context.Background(), r, id, nil, work(false))
+				require.NoError(t, err)
+				assert.Equal(t, names*(names+1)/2, v)
+				for i := range runs {
+					assert.Equal(t, int32(1), runs[i].Load(), "step shared-%d", i)
+				}
+				assert.Equal(t, int32(2*names*(each-1)), refused.Load())
+			})
+		})
+	}
+}
+
+// TestNestedSteps: a step run inside another step's function is a step of
+// the call like any other: when the outer step fails after the inner one
+// ran, the retry replays the inner one and runs the outer one again.
+func TestNestedSteps(t *testing.T) {
+	forEachStore(t, func(t *testing.T, store engine.Store) {
+		r := runner(t, store, quiet(engine.Config{}))
+		id := engine.ID{Key: "nested-" + t.Name()}
+		var outer, inner atomic.Int32
+		work := func(ctx context.Context) (string, error) {
+			return step.Run(ctx, "order", nil, func(ctx context.Context) (string, error) {
+				n := outer.Add(1)
+				ch, err := step.Run(ctx, "charge", nil, func(context.Context) (string, error) {
+					return fmt.Sprint("ch_", inner.Add(1)), nil
+				})
+				if err != nil {
+					return "", err
+				}
+				if n == 1 {
+					return "", errTransient // the order fails after the charge
+				}
+				return "order for " + ch, nil
+			})
+		}
+		require.ErrorIs(t, doErr(context.Background(), r, id, work), errTransient)
+		v, err := once.Do(context.Background(), r, id, nil, work)
+		require.NoError(t, err)
+		assert.Equal(t, "order for ch_1", v)
+		assert.Equal(t, [2]int32{2, 1}, [2]int32{outer.Load(), inner.Load()})
+	})
+}

@@ -52,7 +52,10 @@
 //     the work decides (look for the effect, or answer "unknown"). A lost
 //     holder that recorded no step leaves the whole call "outcome
 //     unknown", as without steps: keep every effect of such a call inside
-//     a step.
+//     a step. A step whose start the store did not take does not run, and
+//     its start is taken back (one more store call, within the store
+//     timeout): the store may have recorded it all the same, and the retry
+//     must not be told that a step that never ran has an unknown outcome.
 //
 // A completed call's response replaces its steps (the store drops them); a
 // released one keeps them for the retry, whatever its fingerprint: the key

@@ -2,11 +2,13 @@ package step_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -111,6 +113,71 @@ func TestManyGoroutines(t *testing.T) {
 				assert.Equal(t, int32(2*names*(each-1)), refused.Load())
 			})
 		})
+	}
+}
+
+// TestRetriedNameRace: under RefuseAbandoned, a step whose function fails
+// takes its start back; until that is recorded, its name is still in use.
+// Otherwise a second use of the name, let in meanwhile, would record its
+// own start and result, and the late removal of the first start would erase
+// them: the step would run again on the retry.
+func TestRetriedNameRace(t *testing.T) {
+	s := newFaulty(t, newMemory(t))
+	r := runner(t, s, quiet(engine.Config{Abandoned: engine.RefuseAbandoned}))
+	id := engine.ID{Key: "k"}
+	removing := make(chan struct{})
+	proceed := make(chan struct{})
+	var hold sync.Once
+	s.setSave(func(_ context.Context, st engine.Step, next func() error) error {
+		if isRemoval(st) {
+			hold.Do(func() {
+				close(removing)
+				<-proceed
+			})
+		}
+		return next()
+	})
+	var effects atomic.Int32
+	first := true
+	work := func(ctx context.Context) (int, error) {
+		if !first {
+			return step.Run(ctx, "send", nil, func(context.Context) (int, error) { return int(effects.Add(1)), nil })
+		}
+		first = false
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			_, err := step.Run(ctx, "send", nil, func(context.Context) (int, error) { return 0, errTransient })
+			assert.ErrorIs(t, err, errTransient)
+		})
+		<-removing
+		// The first use failed, and is taking its start back.
+		_, err := step.Run(ctx, "send", nil, func(context.Context) (int, error) { return int(effects.Add(1)), nil })
+		close(proceed)
+		wg.Wait()
+		if err == nil {
+			return 0, errTransient // and the call is released after the send
+		}
+		return 0, err
+	}
+	_ = doErr(context.Background(), r, id, work)
+	s.setSave(nil)
+	_, err := awaitDoNil(t, r, id, work)
+	if !errors.Is(err, engine.ErrOutcomeUnknown) {
+		require.NoError(t, err)
+	}
+	assert.Equal(t, int32(1), effects.Load(), "the send happened once")
+}
+
+// awaitDoNil is awaitDo with input nil.
+func awaitDoNil[T any](t *testing.T, r *once.Runner, id engine.ID, fn func(context.Context) (T, error)) (T, error) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		v, err := once.Do(context.Background(), r, id, nil, fn)
+		if !errors.Is(err, engine.ErrInFlight) || time.Now().After(deadline) {
+			return v, err
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 

@@ -131,15 +131,19 @@ func Run[T any](ctx context.Context, name string, input any, fn func(context.Con
 	}
 	v, err := fn(derive.WithStep(ctx, name))
 	if err != nil {
-		j.Forget(name)
 		if j.AtMostOnce {
 			// The function says nothing happened: take the start back,
 			// so that the retry runs the step again. If that fails the
-			// start stays, and the retry is told "outcome unknown".
+			// start stays, and the retry is told "outcome unknown". The
+			// name is given back only then: a use of it let in sooner
+			// would record its own start, which this removal would
+			// erase.
 			if serr := j.Saver.SaveStep(ctx, steps.Entry{Name: name}); serr != nil {
+				j.Forget(name)
 				return v, errors.Join(err, fmt.Errorf("step %q: its start could not be taken back: %w", name, serr))
 			}
 		}
+		j.Forget(name)
 		return v, err
 	}
 	result := j.Encode(name, fp, v)

@@ -58,6 +58,105 @@ func TestStepPanics(t *testing.T) {
 	}
 }
 
+// explosive panics when encoded; its decoding is fine.
+type explosive struct{ N int }
+
+func (explosive) MarshalJSON() ([]byte, error) { panic("explosive: MarshalJSON") }
+
+// fragile encodes fine, and panics when decoded.
+type fragile struct{ N int }
+
+func (f fragile) MarshalJSON() ([]byte, error) { return []byte(fmt.Sprint(f.N)), nil }
+func (*fragile) UnmarshalJSON([]byte) error    { panic("fragile: UnmarshalJSON") }
+
+// TestCodecPanics: a codec that panics (here JSON, calling a type's own
+// MarshalJSON or UnmarshalJSON) is the codec failing: on a step's input
+// the step is refused and does not run; on its result, the step ran, and
+// is recorded as done without its value, so that the retry does not run it
+// again; on a recorded result, the replay fails and the step does not run.
+func TestCodecPanics(t *testing.T) {
+	for _, policy := range []engine.AbandonedPolicy{engine.RerunAbandoned, engine.RefuseAbandoned} {
+		t.Run(fmt.Sprint("policy=", policy), func(t *testing.T) {
+			r := runner(t, newMemory(t), quiet(engine.Config{Abandoned: policy}))
+			ctx := context.Background()
+
+			t.Run("input", func(t *testing.T) {
+				err := doErr(ctx, r, engine.ID{Key: "input"}, func(ctx context.Context) (int, error) {
+					var p any
+					var err error
+					if p = catch(func() {
+						_, err = step.Run(ctx, "s", explosive{}, func(context.Context) (int, error) {
+							t.Error("ran with an input that could not be encoded")
+							return 0, nil
+						})
+					}); p != nil {
+						return 0, fmt.Errorf("step.Run panicked: %v", p)
+					}
+					assert.ErrorContains(t, err, "encoding its input")
+					assert.ErrorContains(t, err, "explosive: MarshalJSON")
+					v, err := step.Run(ctx, "s", 1, func(context.Context) (int, error) { return 1, nil })
+					assert.NoError(t, err, "the name is free")
+					return v, err
+				})
+				assert.NoError(t, err)
+			})
+
+			t.Run("result", func(t *testing.T) {
+				id := engine.ID{Key: "result"}
+				var runs atomic.Int32
+				var got []string
+				work := func(ctx context.Context) (int, error) {
+					var v explosive
+					var err error
+					if p := catch(func() {
+						v, err = step.Run(ctx, "s", nil, func(context.Context) (explosive, error) {
+							return explosive{N: int(runs.Add(1))}, nil
+						})
+					}); p != nil {
+						got = append(got, fmt.Sprint("panic: ", p))
+						return 0, errTransient
+					}
+					got = append(got, fmt.Sprint(v.N, " ", err))
+					return 0, errTransient
+				}
+				require.ErrorIs(t, doErr(ctx, r, id, work), errTransient)
+				require.ErrorIs(t, doErr(ctx, r, id, work), errTransient)
+				assert.Equal(t, int32(1), runs.Load(), "a step that ran is not run again")
+				require.Len(t, got, 2)
+				assert.Equal(t, "1 <nil>", got[0], "the run that ran it gets its value")
+				assert.Contains(t, got[1], engine.ErrResultOmitted.Error())
+			})
+
+			t.Run("recorded result", func(t *testing.T) {
+				id := engine.ID{Key: "decode"}
+				var runs atomic.Int32
+				var replay error
+				second := false
+				work := func(ctx context.Context) (int, error) {
+					var err error
+					if p := catch(func() {
+						_, err = step.Run(ctx, "s", nil, func(context.Context) (fragile, error) {
+							return fragile{N: int(runs.Add(1))}, nil
+						})
+					}); p != nil {
+						err = fmt.Errorf("step.Run panicked: %v", p)
+					}
+					if second {
+						replay = err
+					}
+					return 0, errTransient
+				}
+				require.ErrorIs(t, doErr(ctx, r, id, work), errTransient)
+				second = true
+				require.ErrorIs(t, doErr(ctx, r, id, work), errTransient)
+				assert.Equal(t, int32(1), runs.Load())
+				assert.ErrorContains(t, replay, "decoding its recorded result")
+				assert.NotContains(t, fmt.Sprint(replay), "step.Run panicked")
+			})
+		})
+	}
+}
+
 // TestManyGoroutines: steps run from many goroutines of one run, under
 // names shared by several and names of their own: each name runs once in
 // all, every other use of it in the run is refused without running, and the

@@ -24,13 +24,16 @@
 //   - Inputs: a step's input is fingerprinted (encoded with the engine's
 //     codec, engine.Config.Codec, then SHA-256). A recorded step whose
 //     input differs is refused with an error wrapping
-//     engine.ErrKeyMismatch, and does not run.
+//     engine.ErrKeyMismatch, and does not run; so is an input that the
+//     codec cannot encode (it fails, or panics).
 //   - Results are encoded with the same codec (JSON by default) and must
 //     round-trip through it (through the gRPC door a protobuf message
 //     needs a codec that keeps it, such as one on protojson). A result
-//     larger than 64 KiB, or one the codec cannot encode, is recorded as
-//     done without its value: the run that ran it gets the value, and later
-//     runs get engine.ErrResultOmitted. A call records at most 100 steps.
+//     larger than 64 KiB, or one the codec cannot encode (it fails, or
+//     panics), is recorded as done without its value: the run that ran it
+//     gets the value, and later runs get engine.ErrResultOmitted. A
+//     recorded result that the codec cannot decode is an error, and the
+//     step does not run. A call records at most 100 steps.
 //   - Errors: a step whose function returns an error is not recorded, and
 //     runs again on the retry: return an error only when the effect did not
 //     happen. A step that ran but whose result the store did not take

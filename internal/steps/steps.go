@@ -101,7 +101,7 @@ func (j *Journal) Begin(name string, input any) (fp string, prior *Entry, err er
 	if err := checkName(name); err != nil {
 		return "", nil, err
 	}
-	in, err := j.Codec.Marshal(input)
+	in, err := j.marshal(input)
 	if err != nil {
 		return "", nil, fmt.Errorf("step %q: encoding its input: %w", name, err)
 	}
@@ -168,10 +168,10 @@ const (
 )
 
 // Encode returns the result to record for v. A value that the codec
-// cannot encode, or too large for a step record, is recorded as omitted:
-// the step ran, and must not run again.
+// cannot encode (it fails, or panics), or too large for a step record, is
+// recorded as omitted: the step ran, and must not run again.
 func (j *Journal) Encode(name, fp string, v any) []byte {
-	b, err := j.Codec.Marshal(v)
+	b, err := j.marshal(v)
 	if err != nil || len(name)+len(fp)+1+len(b) > MaxSize {
 		return []byte{tagOmitted}
 	}
@@ -190,12 +190,34 @@ func (j *Journal) Decode(name string, result []byte, v any) error {
 	case tagOmitted:
 		return fmt.Errorf("step %q: %w (too large, or not encodable; the step is not run again)", name, sentinel.ResultOmitted)
 	case tagValue:
-		if err := j.Codec.Unmarshal(result[1:], v); err != nil {
+		if err := j.unmarshal(result[1:], v); err != nil {
 			return fmt.Errorf("step %q: decoding its recorded result: %w", name, err)
 		}
 		return nil
 	}
 	return fmt.Errorf("step %q: its record holds a result of unknown form %q", name, result[0])
+}
+
+// marshal encodes v with the codec. A codec is the application's (a type's
+// own MarshalJSON, under JSON): its panic is an error, so that a step that
+// ran is still recorded, and one that did not is refused.
+func (j *Journal) marshal(v any) (b []byte, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			b, err = nil, fmt.Errorf("the codec panicked: %v", p)
+		}
+	}()
+	return j.Codec.Marshal(v)
+}
+
+// unmarshal decodes data into v with the codec, its panic an error.
+func (j *Journal) unmarshal(data []byte, v any) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("the codec panicked: %v", p)
+		}
+	}()
+	return j.Codec.Unmarshal(data, v)
 }
 
 // Forget gives name back, so that the run may use it again: its step did

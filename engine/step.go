@@ -90,6 +90,20 @@ func (s *journalSaver) SaveStep(ctx context.Context, st steps.Entry) error {
 	return fmt.Errorf("engine: step %q not recorded: %w", st.Name, errors.Join(ErrStoreUnavailable, err))
 }
 
+// Ended reports why the call's work can begin no more steps: the work's
+// context ended (its lease was lost, its caller went away, or the work
+// returned and the call was settled).
+func (s *journalSaver) Ended() error {
+	c := (*Call)(s)
+	if c.handlerCtx.Context == nil {
+		return nil
+	}
+	if err := context.Cause(c.handlerCtx.Context); err != nil {
+		return fmt.Errorf("engine: the call's work has ended: %w", err)
+	}
+	return nil
+}
+
 // saveStep records step with SaveStep, trying again within the store
 // timeout until the store takes it or refuses it for good.
 func (c *Call) saveStep(ctx context.Context, step Step) error {

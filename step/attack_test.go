@@ -280,6 +280,50 @@ func awaitDoNil[T any](t *testing.T, r *once.Runner, id engine.ID, fn func(conte
 	}
 }
 
+// TestStepAfterRun: a goroutine that outlives the work and runs a step
+// after the call was settled (its key released here, so that the retry
+// runs the work again) does not run it, even on a context that is not
+// cancelled with the work's: its result could be recorded nowhere, and the
+// retry would run the step a second time.
+func TestStepAfterRun(t *testing.T) {
+	for _, detach := range []bool{false, true} {
+		t.Run(fmt.Sprint("detached=", detach), func(t *testing.T) {
+			r := runner(t, newMemory(t), quiet(engine.Config{}))
+			id := engine.ID{Key: "k"}
+			var effects atomic.Int32
+			late := make(chan error, 1)
+			returned := make(chan struct{})
+			var wg sync.WaitGroup
+			defer wg.Wait()
+			first := true
+			work := func(ctx context.Context) (int, error) {
+				if !first {
+					return step.Run(ctx, "send", nil, func(context.Context) (int, error) { return int(effects.Add(1)), nil })
+				}
+				first = false
+				if detach {
+					ctx = context.WithoutCancel(ctx)
+				}
+				wg.Go(func() {
+					<-returned
+					_, err := step.Run(ctx, "send", nil, func(context.Context) (int, error) { return int(effects.Add(1)), nil })
+					late <- err
+				})
+				return 0, errTransient
+			}
+			require.ErrorIs(t, doErr(context.Background(), r, id, work), errTransient)
+			close(returned)
+			err := <-late
+			assert.Error(t, err, "a step run after its call was settled")
+			assert.Equal(t, int32(0), effects.Load(), "the late step did not run")
+			v, err := once.Do(context.Background(), r, id, nil, work)
+			require.NoError(t, err)
+			assert.Equal(t, 1, v)
+			assert.Equal(t, int32(1), effects.Load())
+		})
+	}
+}
+
 // TestNestedSteps: a step run inside another step's function is a step of
 // the call like any other: when the outer step fails after the inner one
 // ran, the retry replays the inner one and runs the outer one again.

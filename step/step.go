@@ -40,6 +40,16 @@
 //     returns its value with an error wrapping engine.ErrStoreUnavailable:
 //     pass it on (an HTTP 5xx, an error from once.Do's function), so that
 //     the key is released and the retry resumes.
+//   - Goroutines: a run may run its steps on several goroutines, and a
+//     step may run others inside its function; each is a step of the call
+//     under its own name. A step begun once the work has ended (its lease
+//     lost, its caller gone, or the work returned) returns an error and
+//     does not run, even on a context detached from the work's
+//     (context.WithoutCancel): a goroutine that outlives the work has no
+//     lease to record a step under. Put http.TimeoutHandler around server's
+//     middleware, not inside it: inside, its answer releases the key while
+//     a step may still run, whose result is then refused (an error wrapping
+//     engine.ErrLeaseLost) and which runs again on the retry.
 //   - Downstream keys: inside a step, the client (package idempotency)
 //     derives the keys of downstream requests from the step's name, so the
 //     request a resumed step sends is the one its first run sent.
@@ -122,7 +132,14 @@ func Run[T any](ctx context.Context, name string, input any, fn func(context.Con
 		// A start recorded under RefuseAbandoned, run now under the
 		// default policy: run it again.
 	}
-	if err := context.Cause(ctx); err != nil {
+	err = context.Cause(ctx)
+	if err == nil {
+		// A goroutine that outlives the work may run a step on a context
+		// detached from the work's: its result could be recorded under
+		// no lease, and a retry would run it again.
+		err = j.Saver.Ended()
+	}
+	if err != nil {
 		j.Forget(name)
 		return zero, fmt.Errorf("step %q: not run: %w", name, err)
 	}

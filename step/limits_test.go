@@ -13,8 +13,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idempotency/engine"
+	"github.com/idemkit/idempotency/internal/testkit/teststores"
 	"github.com/idemkit/idempotency/once"
 	"github.com/idemkit/idempotency/step"
+	"github.com/idemkit/idempotency/store/memstore"
 )
 
 // resumed runs work under a new key twice: the first run is released after
@@ -163,6 +165,30 @@ func TestResultAtTheSizeLimit(t *testing.T) {
 			assert.Equal(t, tc.v, replay)
 		}
 	})
+}
+
+// TestStepNotStorable: a store that refuses a step's result for good
+// (memstore at its byte bound) gets it recorded as done without its value,
+// as a result too large for a step is: the step ran, and must not run
+// again.
+func TestStepNotStorable(t *testing.T) {
+	store := teststores.Memory(t, memstore.WithMaxBytes(16<<10))
+	s := &resumed{t: t, r: runner(t, store, quiet(engine.Config{})), id: engine.ID{Key: "k"}}
+	big := strings.Repeat("x", 32<<10)
+	var first, replay error
+	s.twice(func(ctx context.Context) error {
+		v, err := s.run(ctx, "export", nil, big)
+		if !s.retry {
+			first = err
+			assert.Equal(t, big, v)
+			return nil
+		}
+		replay = err
+		return nil
+	})
+	assert.NoError(t, first, "recorded, without its value")
+	assert.ErrorIs(t, replay, engine.ErrResultOmitted)
+	assert.Equal(t, int32(1), s.runs.Load(), "the step ran once")
 }
 
 // maxStepSize is the most bytes a step's record takes (engine.StepStore).

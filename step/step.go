@@ -30,8 +30,10 @@
 //     round-trip through it (through the gRPC door a protobuf message
 //     needs a codec that keeps it, such as one on protojson). A result
 //     larger than 64 KiB, or one the codec cannot encode (it fails, or
-//     panics), is recorded as done without its value: the run that ran it
-//     gets the value, and later runs get engine.ErrResultOmitted. A
+//     panics), or one the store refuses for good (engine.ErrNotStorable:
+//     a store at its bound), is recorded as done without its value: the
+//     run that ran it gets the value, and later runs get
+//     engine.ErrResultOmitted. A
 //     recorded result that the codec cannot decode is an error, and the
 //     step does not run. A call records at most 100 steps.
 //   - Errors: a step whose function returns an error is not recorded, and
@@ -167,7 +169,14 @@ func Run[T any](ctx context.Context, name string, input any, fn func(context.Con
 		return v, err
 	}
 	result := j.Encode(name, fp, v)
-	if err := j.Saver.SaveStep(ctx, steps.Entry{Name: name, Fingerprint: fp, Done: true, Result: result}); err != nil {
+	err = j.Saver.SaveStep(ctx, steps.Entry{Name: name, Fingerprint: fp, Done: true, Result: result})
+	if errors.Is(err, engine.ErrNotStorable) && !steps.IsOmitted(result) {
+		// The store will never take this result (a store at its bound,
+		// say): record the step as done without it, as a result too
+		// large for a step is, so that it does not run again.
+		err = j.Saver.SaveStep(ctx, steps.Entry{Name: name, Fingerprint: fp, Done: true, Result: steps.Omitted()})
+	}
+	if err != nil {
 		return v, fmt.Errorf("step %q: ran, but its result was not recorded: %w", name, err)
 	}
 	return v, nil

@@ -179,13 +179,20 @@ const (
 func (j *Journal) Encode(name, fp string, v any) []byte {
 	b, err := j.marshal(v)
 	if err != nil || len(name)+len(fp)+1+len(b) > MaxSize {
-		return []byte{tagOmitted}
+		return Omitted()
 	}
 	out := make([]byte, 1+len(b))
 	out[0] = tagValue
 	copy(out[1:], b)
 	return out
 }
+
+// Omitted returns the result recorded for a step that ran, without its
+// value.
+func Omitted() []byte { return []byte{tagOmitted} }
+
+// IsOmitted reports whether result records a step without its value.
+func IsOmitted(result []byte) bool { return len(result) == 1 && result[0] == tagOmitted }
 
 // Decode decodes a recorded result into v.
 func (j *Journal) Decode(name string, result []byte, v any) error {

@@ -15,7 +15,8 @@ import (
 // gets the result instead of running the step again.
 type Step struct {
 	// Name names the step within its call: a non-empty string of valid
-	// UTF-8 without control characters, at most 255 bytes.
+	// UTF-8 without control characters (C0, DEL or C1), at most 255
+	// bytes.
 	Name string
 	// Fingerprint identifies the step's input. A Step whose Fingerprint is
 	// empty is not a record: StepStore.SaveStep removes the step's record.

@@ -56,7 +56,7 @@ func (s *resumed) twice(work func(ctx context.Context) error) {
 // TestNamesAtTheLimits: names of 255 bytes (in ASCII, and ending in a
 // character of four bytes), names with bytes that stores quote or escape,
 // are recorded and replayed whole by every store; a name of 256 bytes, one
-// that is not UTF-8 and one with a control character (C0 or DEL) are
+// that is not UTF-8 and one with a control character (C0, DEL or C1) are
 // refused without running.
 func TestNamesAtTheLimits(t *testing.T) {
 	forEachStore(t, func(t *testing.T, store engine.Store) {
@@ -82,7 +82,7 @@ func TestNamesAtTheLimits(t *testing.T) {
 			for _, name := range []string{
 				strings.Repeat("n", 256),
 				strings.Repeat("n", 252) + "😀",
-				"bad\xffutf8", "\xc0\xaf", "nul\x00", "esc\x1b[31m", "del\x7f",
+				"bad\xffutf8", "\xc0\xaf", "nul\x00", "esc\x1b[31m", "del\x7f", "csi\u009b31m", "nel\u0085",
 			} {
 				_, err := step.Run(ctx, name, nil, func(context.Context) (int, error) {
 					t.Errorf("step %q ran", name)

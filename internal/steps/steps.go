@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/idemkit/idempotency/internal/sentinel"
@@ -160,7 +161,9 @@ func checkName(name string) error {
 		return fmt.Errorf("step %q: name is not valid UTF-8", name)
 	}
 	for _, r := range name {
-		if r < 0x20 || r == 0x7f {
+		// C0, DEL and C1 (U+0080 to U+009F, whose U+009B is a terminal's
+		// CSI): a name is printed where an operator reads it.
+		if unicode.IsControl(r) {
 			return fmt.Errorf("step %q: name holds a control character", name)
 		}
 	}

@@ -75,6 +75,14 @@ type journalSaver Call
 func (s *journalSaver) SaveStep(ctx context.Context, st steps.Entry) error {
 	c := (*Call)(s)
 	e := c.e
+	if e.binder != nil {
+		// In transactional mode the step is written in the call's
+		// transaction, on its one connection, which must not be sent
+		// two statements at once; in lease mode the writes would
+		// queue on the record's row lock all the same.
+		c.journal.Saves.Lock()
+		defer c.journal.Saves.Unlock()
+	}
 	step := Step{Name: st.Name, Fingerprint: st.Fingerprint, Done: st.Done, Result: st.Result}
 	err := c.saveStep(ctx, step)
 	if err == nil {

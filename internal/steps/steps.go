@@ -71,6 +71,11 @@ type Journal struct {
 	// step whose holder was lost while it ran is told apart from one
 	// that never began.
 	AtMostOnce bool
+	// Saves is held while a step is recorded, by a store that writes
+	// steps in the call's own transaction (a Binder's): its connection
+	// takes one statement at a time, and steps may run on several
+	// goroutines.
+	Saves sync.Mutex
 
 	mu     sync.Mutex
 	loaded []Entry // recorded by earlier holders

@@ -8,7 +8,9 @@
 // server's middleware, a function under once.Do, a gRPC handler behind
 // idemgrpc's interceptor, a webhook receiver. The store must keep steps
 // (engine.StepStore: memstore, pgstore, redisstore, sqlitestore and
-// mysqlstore do).
+// mysqlstore do). A call that a door runs unprotected (its store failed,
+// and engine.Config.FailOpen) has no steps: Run returns an error wrapping
+// ErrNoSteps, and the step does not run.
 //
 //	order, err := step.Run(ctx, "charge", req.Amount, func(ctx context.Context) (Charge, error) {
 //		return payments.Charge(ctx, req.Amount) // a client call derives its key from "charge"
@@ -20,7 +22,7 @@
 //     by item: "email:"+addr). A name used twice in one run is refused,
 //     and the step does not run, unless its first use
 //     failed (its function returned an error): then the name may be
-//     tried again.
+//     tried again. A name whose function panicked stays used.
 //   - Inputs: a step's input is fingerprinted (encoded with the engine's
 //     codec, engine.Config.Codec, then SHA-256). A recorded step whose
 //     input differs is refused with an error wrapping
@@ -42,6 +44,11 @@
 //     returns its value with an error wrapping engine.ErrStoreUnavailable:
 //     pass it on (an HTTP 5xx, an error from once.Do's function), so that
 //     the key is released and the retry resumes.
+//   - Panics: a function that panics is a step whose holder was lost
+//     while it ran (it may have had its effect): the panic goes on, the
+//     door releases the key, and the retry runs the step again under the
+//     default policy, or is told that its outcome is unknown under
+//     engine.RefuseAbandoned, whose start the step recorded.
 //   - Goroutines: a run may run its steps on several goroutines, and a
 //     step may run others inside its function; each is a step of the call
 //     under its own name. A step begun once the work has ended (its lease
@@ -76,6 +83,12 @@
 //     its start is taken back (one more store call, within the store
 //     timeout): the store may have recorded it all the same, and the retry
 //     must not be told that a step that never ran has an unknown outcome.
+//     A change of policy between deploys: a start recorded under
+//     RefuseAbandoned, read under the default policy, is a step that was
+//     running when its holder was lost, and runs again; a holder lost
+//     under the default policy recorded no start, so a takeover under
+//     RefuseAbandoned resumes the call and runs the step it was running
+//     again (Abandoned > 0 says so).
 //
 // A completed call's response replaces its steps (the store drops them); a
 // released one keeps them for the retry, whatever its fingerprint: the key

@@ -227,14 +227,14 @@ func TestRetriedNameRace(t *testing.T) {
 	removing := make(chan struct{})
 	proceed := make(chan struct{})
 	var hold sync.Once
-	s.setSave(func(_ context.Context, st engine.Step, next func() error) error {
+	s.setSave(func(ctx context.Context, st engine.Step, next func(context.Context) error) error {
 		if isRemoval(st) {
 			hold.Do(func() {
 				close(removing)
 				<-proceed
 			})
 		}
-		return next()
+		return next(ctx)
 	})
 	var effects atomic.Int32
 	first := true

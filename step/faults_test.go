@@ -28,7 +28,7 @@ type faulty struct {
 	inner engine.StepStore
 
 	mu    sync.Mutex
-	save  func(ctx context.Context, st engine.Step, next func() error) error
+	save  func(ctx context.Context, st engine.Step, next func(context.Context) error) error
 	saves atomic.Int32
 }
 
@@ -43,7 +43,7 @@ var _ engine.StepStore = (*faulty)(nil)
 
 // setSave makes every SaveStep go through f, which calls next to pass it
 // on to the inner store; nil passes them all on.
-func (s *faulty) setSave(f func(ctx context.Context, st engine.Step, next func() error) error) {
+func (s *faulty) setSave(f func(ctx context.Context, st engine.Step, next func(context.Context) error) error) {
 	s.mu.Lock()
 	s.save = f
 	s.mu.Unlock()
@@ -54,9 +54,9 @@ func (s *faulty) SaveStep(ctx context.Context, id engine.ID, tok engine.Token, s
 	s.mu.Lock()
 	f := s.save
 	s.mu.Unlock()
-	next := func() error { return s.inner.SaveStep(ctx, id, tok, st) }
+	next := func(ctx context.Context) error { return s.inner.SaveStep(ctx, id, tok, st) }
 	if f == nil {
-		return next()
+		return next(ctx)
 	}
 	return f(ctx, st, next)
 }
@@ -93,7 +93,7 @@ func TestSaveStepFaults(t *testing.T) {
 	}
 	// run calls a step under id with the fault set, then, with it
 	// cleared, calls it again after the first call released its key.
-	run := func(t *testing.T, policy engine.AbandonedPolicy, save func(ctx context.Context, st engine.Step, next func() error) error) outcome {
+	run := func(t *testing.T, policy engine.AbandonedPolicy, save func(ctx context.Context, st engine.Step, next func(context.Context) error) error) outcome {
 		t.Helper()
 		s := newFaulty(t, newMemory(t))
 		r := runner(t, s, quiet(engine.Config{StoreTimeout: timeout, Abandoned: policy}))
@@ -125,7 +125,7 @@ func TestSaveStepFaults(t *testing.T) {
 		atMostOnce := policy == engine.RefuseAbandoned
 		t.Run(fmt.Sprint("policy=", policy), func(t *testing.T) {
 			t.Run("fails", func(t *testing.T) {
-				o := run(t, policy, func(context.Context, engine.Step, func() error) error { return errDown })
+				o := run(t, policy, func(context.Context, engine.Step, func(context.Context) error) error { return errDown })
 				require.ErrorIs(t, o.first, engine.ErrStoreUnavailable)
 				assert.ErrorIs(t, o.first, errDown)
 				assert.Less(t, o.took, bound)
@@ -139,7 +139,7 @@ func TestSaveStepFaults(t *testing.T) {
 				}
 			})
 			t.Run("hangs", func(t *testing.T) {
-				o := run(t, policy, func(ctx context.Context, _ engine.Step, _ func() error) error {
+				o := run(t, policy, func(ctx context.Context, _ engine.Step, _ func(context.Context) error) error {
 					<-ctx.Done()
 					return ctx.Err()
 				})
@@ -155,13 +155,13 @@ func TestSaveStepFaults(t *testing.T) {
 				require.NoError(t, o.retry)
 			})
 			t.Run("slow", func(t *testing.T) {
-				o := run(t, policy, func(ctx context.Context, _ engine.Step, next func() error) error {
+				o := run(t, policy, func(ctx context.Context, _ engine.Step, next func(context.Context) error) error {
 					select {
 					case <-time.After(timeout / 4):
 					case <-ctx.Done():
 						return ctx.Err()
 					}
-					return next()
+					return next(ctx)
 				})
 				require.NoError(t, o.first)
 				require.NoError(t, o.retry)
@@ -170,41 +170,53 @@ func TestSaveStepFaults(t *testing.T) {
 			})
 			t.Run("fails for a while", func(t *testing.T) {
 				var n atomic.Int32
-				o := run(t, policy, func(_ context.Context, _ engine.Step, next func() error) error {
+				o := run(t, policy, func(ctx context.Context, _ engine.Step, next func(context.Context) error) error {
 					if n.Add(1)%3 != 0 {
 						return errDown // two of every three tries
 					}
-					return next()
+					return next(ctx)
 				})
 				require.NoError(t, o.first, "tried again within the store timeout")
 				require.NoError(t, o.retry)
 				assert.Equal(t, 1, o.rvalue)
 				assert.Equal(t, int32(1), o.runs)
 			})
-			t.Run("applied, answer lost", func(t *testing.T) {
-				o := run(t, policy, func(_ context.Context, st engine.Step, next func() error) error {
-					if isRemoval(st) {
-						return next()
-					}
-					if err := next(); err != nil {
-						return err
-					}
-					return errDown
-				})
-				require.ErrorIs(t, o.first, engine.ErrStoreUnavailable)
-				if atMostOnce {
-					// The start was recorded, and the step did not run:
-					// the retry must run it, not be told that its
-					// outcome is unknown.
+			for _, late := range []bool{false, true} {
+				// The store applies the write and fails: its answer is
+				// lost, or (late) it applies it once the store timeout
+				// has passed, as a server that runs a command queued
+				// behind others, and the caller has given up.
+				name := "applied, answer lost"
+				if late {
+					name = "applied after the deadline"
+				}
+				t.Run(name, func(t *testing.T) {
+					o := run(t, policy, func(ctx context.Context, st engine.Step, next func(context.Context) error) error {
+						if isRemoval(st) {
+							return next(ctx)
+						}
+						if late {
+							<-ctx.Done()
+							if err := next(context.WithoutCancel(ctx)); err != nil {
+								return err
+							}
+							return ctx.Err()
+						}
+						if err := next(ctx); err != nil {
+							return err
+						}
+						return errDown
+					})
+					require.ErrorIs(t, o.first, engine.ErrStoreUnavailable)
 					require.NoError(t, o.retry)
 					assert.Equal(t, 1, o.rvalue)
+					// Under RefuseAbandoned the start was recorded, and
+					// the step did not run: the retry runs it, and is not
+					// told that its outcome is unknown. Otherwise the
+					// step's result was recorded, and it is replayed.
 					assert.Equal(t, int32(1), o.runs)
-				} else {
-					require.NoError(t, o.retry)
-					assert.Equal(t, 1, o.rvalue, "replayed")
-					assert.Equal(t, int32(1), o.runs, "recorded, so not run again")
-				}
-			})
+				})
+			}
 		})
 	}
 }

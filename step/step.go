@@ -55,15 +55,20 @@
 //     lost, its caller gone, or the work returned) returns an error and
 //     does not run, even on a context detached from the work's
 //     (context.WithoutCancel): a goroutine that outlives the work has no
-//     lease to record a step under. With a store in transactional mode
-//     (pgstore.WithTransactions) a step is recorded in the call's own
-//     transaction, on its one connection: the steps' records are written
-//     one at a time, but the work's own statements in that transaction,
-//     and pgstore.RunStep, must not run while a step is recorded. Put
-//     http.TimeoutHandler around server's middleware, not inside it:
-//     inside, its answer releases the key while a step may still run, whose
-//     result is then refused (an error wrapping engine.ErrLeaseLost) and
-//     which runs again on the retry.
+//     lease to record a step under. Put http.TimeoutHandler around
+//     server's middleware, not inside it: inside, its answer releases the
+//     key while a step may still run, whose result is then refused (an
+//     error wrapping engine.ErrLeaseLost) and which runs again on the
+//     retry.
+//   - Transactional mode (pgstore.WithTransactions): a step is recorded
+//     in the call's own transaction, and commits with the call's response
+//     or is rolled back with the call. A call released (a 5xx, an error)
+//     or lost (its process died) keeps no step, and its retry runs every
+//     step again: steps resume a call only in lease mode, where an effect
+//     outside the database is what they protect. The steps' records are
+//     written one at a time on the transaction's connection; the work's
+//     own statements in it, and pgstore.RunStep, must not run while a
+//     step is recorded.
 //   - Downstream keys: inside a step, the client (package idempotency)
 //     derives the keys of downstream requests from the step's name, so the
 //     request a resumed step sends is the one its first run sent.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -42,4 +43,28 @@ func TestConcurrentStepsInTransaction(t *testing.T) {
 	})
 	require.NoError(t, err)
 	assert.Equal(t, n*(n-1)/2, v)
+}
+
+// TestTransactionalStepsRollBack: in transactional mode a step's record is
+// rolled back with a call that is released, and the retry runs the step
+// again, as the package documentation says.
+func TestTransactionalStepsRollBack(t *testing.T) {
+	store := teststores.Postgres(t, pgstore.WithTransactions())
+	r := runner(t, store, quiet(engine.Config{}))
+	id := engine.ID{Key: "k"}
+	var runs atomic.Int32
+	work := func(fail bool) func(ctx context.Context) (int32, error) {
+		return func(ctx context.Context) (int32, error) {
+			v, err := step.Run(ctx, "send", nil, func(context.Context) (int32, error) { return runs.Add(1), nil })
+			if err == nil && fail {
+				return 0, errTransient
+			}
+			return v, err
+		}
+	}
+	_, err := once.Do(context.Background(), r, id, nil, work(true))
+	require.ErrorIs(t, err, errTransient)
+	v, err := once.Do(context.Background(), r, id, nil, work(false))
+	require.NoError(t, err)
+	assert.Equal(t, int32(2), v)
 }

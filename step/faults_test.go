@@ -61,16 +61,6 @@ func (s *faulty) SaveStep(ctx context.Context, id engine.ID, tok engine.Token, s
 	return f(ctx, st, next)
 }
 
-func (s *faulty) lookup(t *testing.T, id engine.ID) (engine.Record, error) {
-	t.Helper()
-	in, ok := s.inner.(engine.Inspector)
-	require.True(t, ok, "%T is no Inspector", s.inner)
-	return in.Lookup(context.Background(), id)
-}
-
-// isStart reports whether st records a step's start (RefuseAbandoned).
-func isStart(st engine.Step) bool { return st.Fingerprint != "" && !st.Done }
-
 // isRemoval reports whether st removes a step's record.
 func isRemoval(st engine.Step) bool { return st.Fingerprint == "" }
 

@@ -32,28 +32,32 @@ func catch(f func()) (v any) {
 func TestStepPanics(t *testing.T) {
 	for _, policy := range []engine.AbandonedPolicy{engine.RerunAbandoned, engine.RefuseAbandoned} {
 		t.Run(fmt.Sprint("policy=", policy), func(t *testing.T) {
-			r := runner(t, newMemory(t), quiet(engine.Config{Abandoned: policy}))
-			id := engine.ID{Key: "k"}
-			var runs atomic.Int32
-			work := func(ctx context.Context) (int, error) {
-				return step.Run(ctx, "charge", nil, func(context.Context) (int, error) {
-					if runs.Add(1) == 1 {
-						panic("charge: nil map")
-					}
-					return 2, nil
-				})
-			}
-			p := catch(func() { _ = doErr(context.Background(), r, id, work) })
-			require.Equal(t, "charge: nil map", p, "the panic goes on")
-			v, err := once.Do(context.Background(), r, id, nil, work)
-			if policy == engine.RefuseAbandoned {
-				assert.ErrorIs(t, err, engine.ErrOutcomeUnknown)
-				assert.Equal(t, int32(1), runs.Load())
-				return
-			}
-			require.NoError(t, err)
-			assert.Equal(t, 2, v)
-			assert.Equal(t, int32(2), runs.Load())
+			forEachStore(t, func(t *testing.T, store engine.Store) {
+				r := runner(t, store, quiet(engine.Config{Abandoned: policy}))
+				id := engine.ID{Key: "panic-" + t.Name()}
+				var runs atomic.Int32
+				work := func(ctx context.Context) (int, error) {
+					l, _ := engine.LeaseFromContext(ctx)
+					assert.Equal(t, 0, l.Abandoned, "released, not lost")
+					return step.Run(ctx, "charge", nil, func(context.Context) (int, error) {
+						if runs.Add(1) == 1 {
+							panic("charge: nil map")
+						}
+						return 2, nil
+					})
+				}
+				p := catch(func() { _ = doErr(context.Background(), r, id, work) })
+				require.Equal(t, "charge: nil map", p, "the panic goes on")
+				v, err := once.Do(context.Background(), r, id, nil, work)
+				if policy == engine.RefuseAbandoned {
+					assert.ErrorIs(t, err, engine.ErrOutcomeUnknown)
+					assert.Equal(t, int32(1), runs.Load())
+					return
+				}
+				require.NoError(t, err)
+				assert.Equal(t, 2, v)
+				assert.Equal(t, int32(2), runs.Load())
+			})
 		})
 	}
 }

@@ -129,40 +129,41 @@ func TestStepCountAtTheLimit(t *testing.T) {
 }
 
 // TestResultAtTheSizeLimit: a step whose record takes exactly 64 KiB (its
-// name, its fingerprint and its result as recorded) is recorded with its
-// value by every store, and replayed; one byte more is recorded without
-// its value.
+// name, its fingerprint and its result as recorded), under a short name
+// and one of 255 bytes, is recorded with its value by every store, and
+// replayed; one byte more is recorded without its value.
 func TestResultAtTheSizeLimit(t *testing.T) {
 	forEachStore(t, func(t *testing.T, store engine.Store) {
-		const name = "big"
 		// What package step records: the fingerprint of the input's JSON,
 		// and a tag byte before the result's JSON (a string: its quotes).
 		sum := sha256.Sum256([]byte("null"))
 		fp := base64.RawURLEncoding.EncodeToString(sum[:])
-		fits := strings.Repeat("x", maxStepSize-len(name)-len(fp)-1-2)
-		for _, tc := range []struct {
-			v       string
-			omitted bool
-		}{{fits, false}, {fits + "x", true}} {
-			s := &resumed{t: t, r: runner(t, store, quiet(engine.Config{})), id: engine.ID{Key: fmt.Sprint("size-", len(tc.v), t.Name())}}
-			var replay string
-			var replayErr error
-			s.twice(func(ctx context.Context) error {
-				v, err := s.run(ctx, name, nil, tc.v)
-				if !s.retry {
-					assert.Equal(t, len(tc.v), len(v), "the run that ran it gets its value")
-					return err
+		for _, name := range []string{"big", strings.Repeat("n", 255)} {
+			fits := strings.Repeat("x", maxStepSize-len(name)-len(fp)-1-2)
+			for _, tc := range []struct {
+				v       string
+				omitted bool
+			}{{fits, false}, {fits + "x", true}} {
+				s := &resumed{t: t, r: runner(t, store, quiet(engine.Config{})), id: engine.ID{Key: fmt.Sprint("size-", len(name), "-", len(tc.v), t.Name())}}
+				var replay string
+				var replayErr error
+				s.twice(func(ctx context.Context) error {
+					v, err := s.run(ctx, name, nil, tc.v)
+					if !s.retry {
+						assert.Equal(t, len(tc.v), len(v), "the run that ran it gets its value")
+						return err
+					}
+					replay, replayErr = v, err
+					return nil
+				})
+				assert.Equal(t, int32(1), s.runs.Load())
+				if tc.omitted {
+					assert.ErrorIs(t, replayErr, engine.ErrResultOmitted)
+					continue
 				}
-				replay, replayErr = v, err
-				return nil
-			})
-			assert.Equal(t, int32(1), s.runs.Load())
-			if tc.omitted {
-				assert.ErrorIs(t, replayErr, engine.ErrResultOmitted)
-				continue
+				require.NoError(t, replayErr)
+				assert.Equal(t, tc.v, replay)
 			}
-			require.NoError(t, replayErr)
-			assert.Equal(t, tc.v, replay)
 		}
 	})
 }

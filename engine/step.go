@@ -99,16 +99,20 @@ func (s *journalSaver) SaveStep(ctx context.Context, st steps.Entry) error {
 	return fmt.Errorf("engine: step %q not recorded: %w", st.Name, errors.Join(ErrStoreUnavailable, err))
 }
 
-// Ended reports why the call's work can begin no more steps: the work's
-// context ended (its lease was lost, its caller went away, or the work
-// returned and the call was settled).
+// Ended reports why the call's work can begin no more steps: its lease
+// ended unrenewed or was lost, or the work returned and the call was
+// settled. A caller gone is not a reason: the lease is still held, and a
+// work that goes on for its own sake (on a context detached from its
+// caller's) records its steps.
 func (s *journalSaver) Ended() error {
-	c := (*Call)(s)
-	if c.handlerCtx.Context == nil {
-		return nil
-	}
-	if err := context.Cause(c.handlerCtx.Context); err != nil {
-		return fmt.Errorf("engine: the call's work has ended: %w", err)
+	rn := &(*Call)(s).renewal
+	rn.mu.Lock()
+	defer rn.mu.Unlock()
+	switch {
+	case rn.ended:
+		return fmt.Errorf("engine: %w", ErrLeaseExpired)
+	case rn.stopped:
+		return fmt.Errorf("engine: the call's work has returned, and holds no lease: %w", ErrLeaseLost)
 	}
 	return nil
 }

@@ -111,6 +111,52 @@ func TestClientGoneMidStep(t *testing.T) {
 	})
 }
 
+// TestDetachedFromClient: a handler that finishes its work when its client
+// goes away (its steps on a context detached from the request's) runs and
+// records every step: the lease is still held, and the retry replays.
+func TestDetachedFromClient(t *testing.T) {
+	forEachStore(t, func(t *testing.T, store engine.Store) {
+		started := make(chan struct{})
+		finished := make(chan error, 1)
+		var a, b atomic.Int32
+		srv := serve(t, store, engine.Config{}, func(w http.ResponseWriter, r *http.Request) {
+			ctx := context.WithoutCancel(r.Context())
+			_, err := step.Run(ctx, "a", nil, func(context.Context) (int, error) {
+				if a.Add(1) == 1 {
+					close(started)
+					<-r.Context().Done() // the client went away
+				}
+				return 1, nil
+			})
+			if err == nil {
+				_, err = step.Run(ctx, "b", nil, func(context.Context) (int, error) { return int(b.Add(1)), nil })
+			}
+			select {
+			case finished <- err: // the first run's
+			default:
+			}
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+			io.WriteString(w, "done")
+		})
+		ctx, cancel := context.WithCancel(context.Background())
+		gone := make(chan error, 1)
+		go func() {
+			_, err := post(ctx, t, srv, "k")
+			gone <- err
+		}()
+		<-started
+		cancel()
+		assert.ErrorIs(t, <-gone, context.Canceled)
+		require.NoError(t, <-finished, "the steps after the client left")
+		got := postUntil(t, srv, "k")
+		assert.Equal(t, reply{http.StatusOK, "done"}, got)
+		assert.Equal(t, [2]int32{1, 1}, [2]int32{a.Load(), b.Load()})
+	})
+}
+
 // TestTimeoutHandlerInside: http.TimeoutHandler inside the middleware (the
 // server package says to put it outside) answers 503, which releases the
 // key while its handler's goroutine still runs: a step still running then

@@ -52,10 +52,11 @@
 //   - Goroutines: a run may run its steps on several goroutines, and a
 //     step may run others inside its function; each is a step of the call
 //     under its own name. A step begun once the work has ended (its lease
-//     lost, its caller gone, or the work returned) returns an error and
-//     does not run, even on a context detached from the work's
-//     (context.WithoutCancel): a goroutine that outlives the work has no
-//     lease to record a step under. Put http.TimeoutHandler around
+//     lost, or the work returned) returns an error and does not run, even
+//     on a context detached from the work's (context.WithoutCancel): a
+//     goroutine that outlives the work has no lease to record a step
+//     under. A work that goes on when its caller has gone, on a context
+//     detached from the caller's, still runs and records its steps. Put http.TimeoutHandler around
 //     server's middleware, not inside it: inside, its answer releases the
 //     key while a step may still run, whose result is then refused (an
 //     error wrapping engine.ErrLeaseLost) and which runs again on the

@@ -46,11 +46,10 @@ type Entry struct {
 // bounded by the store timeout, on a context whose values are ctx's.
 type Saver interface {
 	SaveStep(ctx context.Context, e Entry) error
-	// Ended returns why the call's work can begin no more steps (the
-	// work's own context ended: its lease was lost, its caller went away,
-	// or the work returned), or nil. A step's context may not say so: a
-	// goroutine that outlives the work may hold a context detached from
-	// the work's (context.WithoutCancel).
+	// Ended returns why the call's work can begin no more steps (its
+	// lease was lost, or the work returned), or nil. A step's context may
+	// not say so: a goroutine that outlives the work may hold a context
+	// detached from the work's (context.WithoutCancel).
 	Ended() error
 }
 

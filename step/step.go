@@ -18,24 +18,23 @@
 //
 // # What a run must know
 //
-//   - Names: each step of a run has its own name (a loop names its steps
-//     by item: "email:"+addr). A name used twice in one run is refused,
-//     and the step does not run, unless its first use
-//     failed (its function returned an error): then the name may be
-//     tried again. A name whose function panicked stays used.
+//   - Names: each step of a run has its own name (a loop names its steps by
+//     item: "email:"+addr). A name used twice in one run is refused, and
+//     the step does not run, unless its first use failed (its function
+//     returned an error): then the name may be tried again. A name whose
+//     function panicked stays used.
 //   - Inputs: a step's input is fingerprinted (encoded with the engine's
 //     codec, engine.Config.Codec, then SHA-256). A recorded step whose
 //     input differs is refused with an error wrapping
 //     engine.ErrKeyMismatch, and does not run; so is an input that the
 //     codec cannot encode (it fails, or panics).
 //   - Results are encoded with the same codec (JSON by default) and must
-//     round-trip through it (through the gRPC door a protobuf message
-//     needs a codec that keeps it, such as one on protojson). A result
-//     larger than 64 KiB, or one the codec cannot encode (it fails, or
-//     panics), or one the store refuses for good (engine.ErrNotStorable:
-//     a store at its bound), is recorded as done without its value: the
-//     run that ran it gets the value, and later runs get
-//     engine.ErrResultOmitted. A
+//     round-trip through it (through the gRPC door a protobuf message needs
+//     a codec that keeps it, such as one on protojson). A result larger
+//     than 64 KiB, or one the codec cannot encode (it fails, or panics), or
+//     one the store refuses for good (engine.ErrNotStorable: a store at its
+//     bound), is recorded as done without its value: the run that ran it
+//     gets the value, and later runs get engine.ErrResultOmitted. A
 //     recorded result that the codec cannot decode is an error, and the
 //     step does not run. A call records at most 100 steps.
 //   - Errors: a step whose function returns an error is not recorded, and
@@ -49,18 +48,18 @@
 //     door releases the key, and the retry runs the step again under the
 //     default policy, or is told that its outcome is unknown under
 //     engine.RefuseAbandoned, whose start the step recorded.
-//   - Goroutines: a run may run its steps on several goroutines, and a
-//     step may run others inside its function; each is a step of the call
-//     under its own name. A step begun once the work has ended (its lease
-//     lost, or the work returned) returns an error and does not run, even
-//     on a context detached from the work's (context.WithoutCancel): a
-//     goroutine that outlives the work has no lease to record a step
-//     under. A work that goes on when its caller has gone, on a context
-//     detached from the caller's, still runs and records its steps. Put http.TimeoutHandler around
-//     server's middleware, not inside it: inside, its answer releases the
-//     key while a step may still run, whose result is then refused (an
-//     error wrapping engine.ErrLeaseLost) and which runs again on the
-//     retry.
+//   - Goroutines: a run may run its steps on several goroutines, and a step
+//     may run others inside its function; each is a step of the call under
+//     its own name. A step begun once the work has ended (its lease lost,
+//     or the work returned) returns an error and does not run, even on a
+//     context detached from the work's (context.WithoutCancel): a goroutine
+//     that outlives the work has no lease to record a step under. A work
+//     that goes on when its caller has gone, on a context detached from the
+//     caller's, still runs and records its steps. Put http.TimeoutHandler
+//     around server's middleware, not inside it: inside, its answer
+//     releases the key while a step may still run, whose result is then
+//     refused (an error wrapping engine.ErrLeaseLost) and which runs again
+//     on the retry.
 //   - Transactional mode (pgstore.WithTransactions): a step is recorded
 //     in the call's own transaction, and commits with the call's response
 //     or is rolled back with the call. A call released (a 5xx, an error)

@@ -208,7 +208,7 @@ func (j *Journal) Decode(name string, result []byte, v any) error {
 	}
 	switch result[0] {
 	case tagOmitted:
-		return fmt.Errorf("step %q: %w (too large, or not encodable; the step is not run again)", name, sentinel.ResultOmitted)
+		return fmt.Errorf("step %q: %w (too large, not encodable, or refused by the store; the step is not run again)", name, sentinel.ResultOmitted)
 	case tagValue:
 		if err := j.unmarshal(result[1:], v); err != nil {
 			return fmt.Errorf("step %q: decoding its recorded result: %w", name, err)

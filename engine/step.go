@@ -15,7 +15,8 @@ import (
 // gets the result instead of running the step again.
 type Step struct {
 	// Name names the step within its call: a non-empty string of valid
-	// UTF-8 without control characters, at most 255 bytes.
+	// UTF-8 without control characters (C0, DEL or C1), at most 255
+	// bytes.
 	Name string
 	// Fingerprint identifies the step's input. A Step whose Fingerprint is
 	// empty is not a record: StepStore.SaveStep removes the step's record.
@@ -65,8 +66,60 @@ type journalSaver Call
 // keeps ctx's values (a Binder's state: a transactional store records the
 // step in the call's own transaction) but not its cancellation: a step that
 // ran is recorded even if its caller has gone.
+//
+// A step's start (RefuseAbandoned) that the store did not take may have
+// been recorded all the same: the store applied it and its answer was
+// lost, or came after the timeout. The step does not run, so the start is
+// taken back, within another store timeout: left there, it would tell the
+// retry that the step's outcome is unknown when it never ran.
 func (s *journalSaver) SaveStep(ctx context.Context, st steps.Entry) error {
 	c := (*Call)(s)
+	e := c.e
+	if e.binder != nil {
+		// In transactional mode the step is written in the call's
+		// transaction, on its one connection, which must not be sent
+		// two statements at once; in lease mode the writes would
+		// queue on the record's row lock all the same.
+		c.journal.Saves.Lock()
+		defer c.journal.Saves.Unlock()
+	}
+	step := Step{Name: st.Name, Fingerprint: st.Fingerprint, Done: st.Done, Result: st.Result}
+	err := c.saveStep(ctx, step)
+	if err == nil {
+		return nil
+	}
+	e.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idempotency step not recorded",
+		slog.String("key", c.lease.Key), slog.String("scope", c.lease.Scope), slog.String("step", st.Name), slog.Any("error", err))
+	if step.Fingerprint != "" && !step.Done && !final(err) {
+		if rerr := c.saveStep(ctx, Step{Name: step.Name}); rerr != nil {
+			e.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idempotency step's start not taken back; if it was recorded, the retry is told that the step's outcome is unknown",
+				slog.String("key", c.lease.Key), slog.String("scope", c.lease.Scope), slog.String("step", st.Name), slog.Any("error", rerr))
+		}
+	}
+	return fmt.Errorf("engine: step %q not recorded: %w", st.Name, errors.Join(ErrStoreUnavailable, err))
+}
+
+// Ended reports why the call's work can begin no more steps: its lease
+// ended unrenewed or was lost, or the work returned and the call was
+// settled. A caller gone is not a reason: the lease is still held, and a
+// work that goes on for its own sake (on a context detached from its
+// caller's) records its steps.
+func (s *journalSaver) Ended() error {
+	rn := &(*Call)(s).renewal
+	rn.mu.Lock()
+	defer rn.mu.Unlock()
+	switch {
+	case rn.ended:
+		return fmt.Errorf("engine: %w", ErrLeaseExpired)
+	case rn.stopped:
+		return fmt.Errorf("engine: the call's work has returned, and holds no lease: %w", ErrLeaseLost)
+	}
+	return nil
+}
+
+// saveStep records step with SaveStep, trying again within the store
+// timeout until the store takes it or refuses it for good.
+func (c *Call) saveStep(ctx context.Context, step Step) error {
 	e := c.e
 	store := e.store.(StepStore)
 	sctx := new(detached)
@@ -74,16 +127,10 @@ func (s *journalSaver) SaveStep(ctx context.Context, st steps.Entry) error {
 	defer sctx.stop()
 	b := writeBackoff(sctx)
 	defer b.stop()
-	step := Step{Name: st.Name, Fingerprint: st.Fingerprint, Done: st.Done, Result: st.Result}
 	for {
 		err := store.SaveStep(sctx, c.lease.ID, c.lease.Token, step)
-		if err == nil {
-			return nil
-		}
-		if final(err) || !b.wait(nil) {
-			e.cfg.Logger.LogAttrs(ctx, slog.LevelError, "idempotency step not recorded",
-				slog.String("key", c.lease.Key), slog.String("scope", c.lease.Scope), slog.String("step", st.Name), slog.Any("error", err))
-			return fmt.Errorf("engine: step %q not recorded: %w", st.Name, errors.Join(ErrStoreUnavailable, err))
+		if err == nil || final(err) || !b.wait(nil) {
+			return err
 		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/idemkit/idempotency/internal/sentinel"
@@ -45,6 +46,11 @@ type Entry struct {
 // bounded by the store timeout, on a context whose values are ctx's.
 type Saver interface {
 	SaveStep(ctx context.Context, e Entry) error
+	// Ended returns why the call's work can begin no more steps (its
+	// lease was lost, or the work returned), or nil. A step's context may
+	// not say so: a goroutine that outlives the work may hold a context
+	// detached from the work's (context.WithoutCancel).
+	Ended() error
 }
 
 // Codec encodes step inputs and results, as the engine's Codec.
@@ -64,6 +70,11 @@ type Journal struct {
 	// step whose holder was lost while it ran is told apart from one
 	// that never began.
 	AtMostOnce bool
+	// Saves is held while a step is recorded, by a store that writes
+	// steps in the call's own transaction (a Binder's): its connection
+	// takes one statement at a time, and steps may run on several
+	// goroutines.
+	Saves sync.Mutex
 
 	mu     sync.Mutex
 	loaded []Entry // recorded by earlier holders
@@ -101,7 +112,7 @@ func (j *Journal) Begin(name string, input any) (fp string, prior *Entry, err er
 	if err := checkName(name); err != nil {
 		return "", nil, err
 	}
-	in, err := j.Codec.Marshal(input)
+	in, err := j.marshal(input)
 	if err != nil {
 		return "", nil, fmt.Errorf("step %q: encoding its input: %w", name, err)
 	}
@@ -154,7 +165,9 @@ func checkName(name string) error {
 		return fmt.Errorf("step %q: name is not valid UTF-8", name)
 	}
 	for _, r := range name {
-		if r < 0x20 || r == 0x7f {
+		// C0, DEL and C1 (U+0080 to U+009F, whose U+009B is a terminal's
+		// CSI): a name is printed where an operator reads it.
+		if unicode.IsControl(r) {
 			return fmt.Errorf("step %q: name holds a control character", name)
 		}
 	}
@@ -168,18 +181,25 @@ const (
 )
 
 // Encode returns the result to record for v. A value that the codec
-// cannot encode, or too large for a step record, is recorded as omitted:
-// the step ran, and must not run again.
+// cannot encode (it fails, or panics), or too large for a step record, is
+// recorded as omitted: the step ran, and must not run again.
 func (j *Journal) Encode(name, fp string, v any) []byte {
-	b, err := j.Codec.Marshal(v)
+	b, err := j.marshal(v)
 	if err != nil || len(name)+len(fp)+1+len(b) > MaxSize {
-		return []byte{tagOmitted}
+		return Omitted()
 	}
 	out := make([]byte, 1+len(b))
 	out[0] = tagValue
 	copy(out[1:], b)
 	return out
 }
+
+// Omitted returns the result recorded for a step that ran, without its
+// value.
+func Omitted() []byte { return []byte{tagOmitted} }
+
+// IsOmitted reports whether result records a step without its value.
+func IsOmitted(result []byte) bool { return len(result) == 1 && result[0] == tagOmitted }
 
 // Decode decodes a recorded result into v.
 func (j *Journal) Decode(name string, result []byte, v any) error {
@@ -188,14 +208,36 @@ func (j *Journal) Decode(name string, result []byte, v any) error {
 	}
 	switch result[0] {
 	case tagOmitted:
-		return fmt.Errorf("step %q: %w (too large, or not encodable; the step is not run again)", name, sentinel.ResultOmitted)
+		return fmt.Errorf("step %q: %w (too large, not encodable, or refused by the store; the step is not run again)", name, sentinel.ResultOmitted)
 	case tagValue:
-		if err := j.Codec.Unmarshal(result[1:], v); err != nil {
+		if err := j.unmarshal(result[1:], v); err != nil {
 			return fmt.Errorf("step %q: decoding its recorded result: %w", name, err)
 		}
 		return nil
 	}
 	return fmt.Errorf("step %q: its record holds a result of unknown form %q", name, result[0])
+}
+
+// marshal encodes v with the codec. A codec is the application's (a type's
+// own MarshalJSON, under JSON): its panic is an error, so that a step that
+// ran is still recorded, and one that did not is refused.
+func (j *Journal) marshal(v any) (b []byte, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			b, err = nil, fmt.Errorf("the codec panicked: %v", p)
+		}
+	}()
+	return j.Codec.Marshal(v)
+}
+
+// unmarshal decodes data into v with the codec, its panic an error.
+func (j *Journal) unmarshal(data []byte, v any) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("the codec panicked: %v", p)
+		}
+	}()
+	return j.Codec.Unmarshal(data, v)
 }
 
 // Forget gives name back, so that the run may use it again: its step did

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	stepLimits "github.com/idemkit/idempotency/internal/steps"
 	"slices"
 
 	"github.com/idemkit/idempotency/engine"
@@ -16,7 +17,7 @@ import (
 // store records a step by appending its entry to the column in one
 // statement, without reading the column first (CONCAT in MySQL, || in
 // SQLite); it counts the entries beside them, and when the log would hold
-// more than engine.MaxSteps entries, or a step is removed, it rewrites the
+// more than stepLimits.MaxSteps entries, or a step is removed, it rewrites the
 // log compacted (EncodeSteps), one entry per step. The log holds no entry
 // with an empty fingerprint (a removal is a rewrite), so a record holds
 // steps when, and only when, its log is not empty; an empty log is kept as
@@ -33,10 +34,10 @@ const (
 var ErrCorruptSteps = errors.New("corrupt stored steps")
 
 // CheckStep refuses a step that no record keeps: one over
-// engine.MaxStepSize bytes.
+// stepLimits.MaxSize bytes.
 func CheckStep(st engine.Step) error {
-	if n := len(st.Name) + len(st.Fingerprint) + len(st.Result); n > engine.MaxStepSize {
-		return fmt.Errorf("step %q of %d bytes, over %d: %w", st.Name, n, engine.MaxStepSize, engine.ErrNotStorable)
+	if n := len(st.Name) + len(st.Fingerprint) + len(st.Result); n > stepLimits.MaxSize {
+		return fmt.Errorf("step %q of %d bytes, over %d: %w", st.Name, n, stepLimits.MaxSize, engine.ErrNotStorable)
 	}
 	return nil
 }
@@ -119,7 +120,7 @@ func DecodeSteps(b []byte) ([]engine.Step, error) {
 // ApplyStep returns steps with st recorded: it replaces the step of the
 // same name, or removes it when st.Fingerprint is empty. It refuses, with
 // an error wrapping engine.ErrNotStorable, to make steps hold more than
-// engine.MaxSteps. changed is false when steps stay as they were (the
+// stepLimits.MaxSteps. changed is false when steps stay as they were (the
 // removal of a step that is not there). steps is not modified.
 func ApplyStep(steps []engine.Step, st engine.Step) (out []engine.Step, changed bool, err error) {
 	i := slices.IndexFunc(steps, func(s engine.Step) bool { return s.Name == st.Name })
@@ -132,8 +133,8 @@ func ApplyStep(steps []engine.Step, st engine.Step) (out []engine.Step, changed 
 		out = slices.Clone(steps)
 		out[i] = st
 		return out, true, nil
-	case len(steps) >= engine.MaxSteps:
-		return nil, false, fmt.Errorf("step %q: more than %d steps: %w", st.Name, engine.MaxSteps, engine.ErrNotStorable)
+	case len(steps) >= stepLimits.MaxSteps:
+		return nil, false, fmt.Errorf("step %q: more than %d steps: %w", st.Name, stepLimits.MaxSteps, engine.ErrNotStorable)
 	}
 	return append(slices.Clip(steps), st), true, nil
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	stepLimits "github.com/idemkit/idempotency/internal/steps"
 	"slices"
 	"strings"
 	"testing"
@@ -103,18 +104,18 @@ func TestStepsCorrupt(t *testing.T) {
 }
 
 func TestCheckStep(t *testing.T) {
-	full := engine.Step{Name: "n", Fingerprint: "f", Done: true, Result: make([]byte, engine.MaxStepSize-2)}
+	full := engine.Step{Name: "n", Fingerprint: "f", Done: true, Result: make([]byte, stepLimits.MaxSize-2)}
 	if err := CheckStep(full); err != nil {
-		t.Errorf("CheckStep(%d bytes) = %v, want nil", engine.MaxStepSize, err)
+		t.Errorf("CheckStep(%d bytes) = %v, want nil", stepLimits.MaxSize, err)
 	}
 	// Its entry adds a tag and three lengths of 3 bytes at most: the most
-	// a log holds, engine.MaxSteps entries, takes under 6.6 MB.
-	if n, most := len(AppendStep(nil, full)), engine.MaxStepSize+10; n > most {
-		t.Errorf("entry of a step of %d bytes takes %d bytes, over %d", engine.MaxStepSize, n, most)
+	// a log holds, stepLimits.MaxSteps entries, takes under 6.6 MB.
+	if n, most := len(AppendStep(nil, full)), stepLimits.MaxSize+10; n > most {
+		t.Errorf("entry of a step of %d bytes takes %d bytes, over %d", stepLimits.MaxSize, n, most)
 	}
 	full.Result = append(full.Result, 0)
 	if err := CheckStep(full); !errors.Is(err, engine.ErrNotStorable) {
-		t.Errorf("CheckStep(%d bytes) = %v, want ErrNotStorable", engine.MaxStepSize+1, err)
+		t.Errorf("CheckStep(%d bytes) = %v, want ErrNotStorable", stepLimits.MaxSize+1, err)
 	}
 }
 
@@ -143,12 +144,12 @@ func TestApplyStep(t *testing.T) {
 			t.Fatalf("ApplyStep(%s) modified its input: %+v", tc.name, steps)
 		}
 	}
-	full := make([]engine.Step, engine.MaxSteps)
+	full := make([]engine.Step, stepLimits.MaxSteps)
 	for i := range full {
 		full[i] = engine.Step{Name: fmt.Sprint(i), Fingerprint: "f"}
 	}
 	if _, _, err := ApplyStep(full, c); !errors.Is(err, engine.ErrNotStorable) {
-		t.Errorf("ApplyStep of step %d error = %v, want ErrNotStorable", engine.MaxSteps+1, err)
+		t.Errorf("ApplyStep of step %d error = %v, want ErrNotStorable", stepLimits.MaxSteps+1, err)
 	}
 	for _, st := range []engine.Step{{Name: "7", Fingerprint: "g"}, {Name: "7"}} {
 		if _, changed, err := ApplyStep(full, st); err != nil || !changed {

@@ -71,18 +71,18 @@
 // name, fingerprint and result), in which the last entry of a name is the
 // step. A step is one statement, one round trip: an UPDATE that appends
 // its entry to the log with CONCAT, conditional on the token, on the log
-// having fewer than engine.MaxSteps entries, and on its staying 256 KiB
+// having fewer than stepLimits.MaxSteps entries, and on its staying 256 KiB
 // under the server's max_allowed_packet (past it CONCAT fails, or, outside
 // strict mode, returns NULL with a mere warning, which would drop every
 // step). A step of 256 bytes took 0.35 to 1 ms, where a first execution
 // took 0.8 to 2.2 ms (BenchmarkSteps, on a loaded machine of two cores).
 // InnoDB writes the column whole, so a step writes the steps before it
 // again: nothing much for small results, and about 3 s for the 100 steps of
-// 64 KiB that a record takes at most (engine.MaxSteps of
-// engine.MaxStepSize, 6.5 MB in one row).
+// 64 KiB that a record takes at most (stepLimits.MaxSteps of
+// stepLimits.MaxSize, 6.5 MB in one row).
 //
 // A replaced step is one more entry of the log. The step that would take
-// the log past engine.MaxSteps entries, or past the packet, and the removal
+// the log past stepLimits.MaxSteps entries, or past the packet, and the removal
 // of a step, rewrite the log compacted, one entry per step, in a short
 // transaction (BEGIN, SELECT … FOR UPDATE, UPDATE, COMMIT): MySQL has no
 // function that reads the log, for one statement to decide from it. A step
@@ -138,8 +138,8 @@
 //
 // Errors start with "mysqlstore:". One wrapping engine.ErrLeaseLost means
 // the token is not the record's current one; engine.ErrNotStorable, a
-// response the server will never take, or a step over engine.MaxStepSize,
-// past engine.MaxSteps or past max_allowed_packet; engine.ErrNotCommitted, a Complete
+// response the server will never take, or a step over stepLimits.MaxSize,
+// past stepLimits.MaxSteps or past max_allowed_packet; engine.ErrNotCommitted, a Complete
 // of transactional mode that did not commit. Every other error is a store
 // failure, which the engine answers with 503.
 package mysqlstore

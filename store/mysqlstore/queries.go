@@ -280,7 +280,7 @@ const stepAppendSQL = `UPDATE {{table}} SET version = version + 1, steps = CONCA
 `
 
 // stepRoomSQL is the room the log must have for the entry: fewer than ?
-// entries (engine.MaxSteps), and a length, with the entry's (?), at most
+// entries (100 (the most steps)), and a length, with the entry's (?), at most
 // the server's max_allowed_packet less ? (maxPacketSlack). CONCAT returns
 // NULL, with a mere warning, for a result longer than max_allowed_packet:
 // appending to a log that long would drop every step it holds, and a row

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	stepLimits "github.com/idemkit/idempotency/internal/steps"
 
 	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/internal/sqlrecord"
@@ -24,7 +25,7 @@ var errPacketTooSmall = errors.New("the record's steps would pass the server's m
 // SaveStep implements engine.StepStore. A step is one statement
 // (stepAppendSQL), one round trip: it appends the step's entry to the
 // record's log, conditional on the token. When that changes nothing (the
-// lease was lost; the log has engine.MaxSteps entries, or would pass the
+// lease was lost; the log has stepLimits.MaxSteps entries, or would pass the
 // server's max_allowed_packet), and for the removal of a step, it rewrites
 // the log compacted in a short transaction: BEGIN, SELECT … FOR UPDATE,
 // UPDATE, COMMIT. MySQL has no function that reads the log, so that a
@@ -57,7 +58,7 @@ func (s *store) SaveStep(ctx context.Context, id engine.ID, token engine.Token, 
 	held := []any{[]byte(id.Scope), []byte(id.Key), int64(token)}
 	if step.Fingerprint != "" {
 		entry := sqlrecord.AppendStep(nil, step)
-		n, err := s.exec(ctx, tx, appendSQL, append(append([]any{entry}, held...), engine.MaxSteps, len(entry), maxPacketSlack)...)
+		n, err := s.exec(ctx, tx, appendSQL, append(append([]any{entry}, held...), stepLimits.MaxSteps, len(entry), maxPacketSlack)...)
 		if err != nil {
 			return s.stepError(err)
 		}

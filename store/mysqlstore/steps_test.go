@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	stepLimits "github.com/idemkit/idempotency/internal/steps"
 	"strings"
 	"sync"
 	"testing"
@@ -18,11 +19,11 @@ import (
 	"github.com/idemkit/idempotency/store/mysqlstore"
 )
 
-// fullStep is a step of engine.MaxStepSize bytes.
+// fullStep is a step of stepLimits.MaxSize bytes.
 func fullStep(name string, fill byte) engine.Step {
 	fp := "fp-" + name
 	return engine.Step{Name: name, Fingerprint: fp, Done: true,
-		Result: bytes.Repeat([]byte{fill}, engine.MaxStepSize-len(name)-len(fp))}
+		Result: bytes.Repeat([]byte{fill}, stepLimits.MaxSize-len(name)-len(fp))}
 }
 
 func acquire(t *testing.T, s engine.Store, id engine.ID) engine.Claim {
@@ -42,7 +43,7 @@ func stepsByName(steps []engine.Step) map[string]engine.Step {
 	return m
 }
 
-// The most a record holds, engine.MaxSteps steps of engine.MaxStepSize
+// The most a record holds, stepLimits.MaxSteps steps of stepLimits.MaxSize
 // bytes (6.5 MB in one row), fits the server's max_allowed_packet (16 MiB
 // on MariaDB by default): every step is kept, returned by the next Claim
 // and by Lookup, and replaced at the limit.
@@ -57,10 +58,10 @@ func TestStepsFullSize(t *testing.T) {
 	id := engine.ID{Key: "full"}
 	c := acquire(t, s, id)
 	start := time.Now()
-	for i := range engine.MaxSteps {
+	for i := range stepLimits.MaxSteps {
 		require.NoError(t, s.SaveStep(ctx, id, c.Token, fullStep(fmt.Sprintf("s%03d", i), byte(i))), "step %d", i)
 	}
-	t.Logf("%d steps of %d bytes saved in %v", engine.MaxSteps, engine.MaxStepSize, time.Since(start))
+	t.Logf("%d steps of %d bytes saved in %v", stepLimits.MaxSteps, stepLimits.MaxSize, time.Since(start))
 	assert.ErrorIs(t, s.SaveStep(ctx, id, c.Token, fullStep("one-too-many", 1)), engine.ErrNotStorable)
 	require.NoError(t, s.SaveStep(ctx, id, c.Token, fullStep("s000", 0xee)), "a step replaced at the limit")
 	var size int64
@@ -69,12 +70,12 @@ func TestStepsFullSize(t *testing.T) {
 
 	rec, err := s.Lookup(ctx, id)
 	require.NoError(t, err)
-	assert.Len(t, rec.Steps, engine.MaxSteps, "Lookup")
+	assert.Len(t, rec.Steps, stepLimits.MaxSteps, "Lookup")
 	require.NoError(t, s.Release(ctx, id, c.Token))
 	c = acquire(t, s, id)
-	require.Len(t, c.Steps, engine.MaxSteps)
+	require.Len(t, c.Steps, stepLimits.MaxSteps)
 	got := stepsByName(c.Steps)
-	for i := range engine.MaxSteps {
+	for i := range stepLimits.MaxSteps {
 		want := fullStep(fmt.Sprintf("s%03d", i), byte(i))
 		if i == 0 {
 			want = fullStep("s000", 0xee)
@@ -100,7 +101,7 @@ func TestStepsMaxAllowedPacket(t *testing.T) {
 	id := engine.ID{Key: "k"}
 	c := acquire(t, s, id)
 	saved := 0
-	for ; saved < engine.MaxSteps; saved++ {
+	for ; saved < stepLimits.MaxSteps; saved++ {
 		err := s.SaveStep(ctx, id, c.Token, fullStep(fmt.Sprintf("s%03d", saved), byte(saved)))
 		if err != nil {
 			require.ErrorIs(t, err, engine.ErrNotStorable, "step %d", saved)
@@ -108,12 +109,12 @@ func TestStepsMaxAllowedPacket(t *testing.T) {
 			break
 		}
 	}
-	require.Less(t, saved, engine.MaxSteps, "every step fitted 1 MiB")
+	require.Less(t, saved, stepLimits.MaxSteps, "every step fitted 1 MiB")
 	require.Greater(t, saved, 5, "steps saved before the refusal")
 	var size int64
 	require.NoError(t, db.QueryRow("SELECT COALESCE(LENGTH(steps), 0) FROM "+table).Scan(&size))
 	assert.LessOrEqual(t, size, int64(1<<20), "the row's steps")
-	t.Logf("%d steps of %d bytes saved, taking %d bytes", saved, engine.MaxStepSize, size)
+	t.Logf("%d steps of %d bytes saved, taking %d bytes", saved, stepLimits.MaxSize, size)
 	require.NoError(t, s.SaveStep(ctx, id, c.Token, fullStep("s000", 0xee)), "a step replaced")
 	require.NoError(t, s.SaveStep(ctx, id, c.Token, fullStep("s001", 0xdd)), "a step replaced")
 
@@ -238,13 +239,13 @@ func TestStepStatements(t *testing.T) {
 			c = acquire(t, s, id)
 			require.Len(t, c.Steps, 1)
 		}), "a Claim that takes over a record with steps")
-	for i := 1; i < engine.MaxSteps; i++ {
+	for i := 1; i < stepLimits.MaxSteps; i++ {
 		require.NoError(t, s.SaveStep(ctx, id, c.Token, engine.Step{Name: "a", Fingerprint: "fp", Done: true, Result: []byte{byte(i)}}))
 	}
 	assert.Equal(t, map[string]int64{"Com_stmt_execute": 3, "Com_begin": 1, "Com_commit": 1, "Handler_update": 1, "Handler_write": 0},
 		delta(func() {
 			require.NoError(t, s.SaveStep(ctx, id, c.Token, engine.Step{Name: "a", Fingerprint: "fp", Done: true, Result: []byte("last")}))
-		}), "the step past engine.MaxSteps entries, which compacts them")
+		}), "the step past stepLimits.MaxSteps entries, which compacts them")
 	require.NoError(t, s.Release(ctx, id, c.Token))
 	c = acquire(t, s, id)
 	require.Len(t, c.Steps, 1)

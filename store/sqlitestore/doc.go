@@ -43,11 +43,11 @@
 // first execution took 150 to 240 µs and 570 to 920 µs (BenchmarkSteps,
 // on a loaded machine of two cores). SQLite writes a value whole, so a step writes the steps
 // before it again: nothing much for small results, and about 8 s for the
-// 100 steps of 64 KiB that a record takes at most (engine.MaxSteps of
-// engine.MaxStepSize, 6.5 MB in one row), the last ones over 100 ms each.
+// 100 steps of 64 KiB that a record takes at most (stepLimits.MaxSteps of
+// stepLimits.MaxSize, 6.5 MB in one row), the last ones over 100 ms each.
 //
 // A replaced step is one more entry of the log. The step that would take
-// the log past engine.MaxSteps entries, and the removal of a step, rewrite
+// the log past stepLimits.MaxSteps entries, and the removal of a step, rewrite
 // the log compacted, one entry per step, in a short write transaction (a
 // read and a write under BEGIN IMMEDIATE): SQLite has no function that
 // reads the log, for one statement to decide from it.
@@ -122,7 +122,7 @@
 // Errors start with "sqlitestore:". One wrapping engine.ErrLeaseLost means
 // the token is not the record's current one; engine.ErrNotStorable, a
 // response over SQLite's limit of a value (a billion bytes), or a step over
-// engine.MaxStepSize or past engine.MaxSteps;
+// stepLimits.MaxSize or past stepLimits.MaxSteps;
 // engine.ErrStoreClosed, a call after Close; engine.ErrNotCommitted, a
 // Complete of transactional mode that did not commit. Every other error is
 // a store failure, which the engine answers with 503.

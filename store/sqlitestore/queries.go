@@ -180,7 +180,7 @@ WHERE scope = ?1 AND key = ?2 AND expires_at > ?3`
 
 // stepAppendSQL records a step in one statement: it appends the step's
 // entry to the record's log (internal/sqlrecord), if the record is held by
-// the token and its log has fewer than ?5 entries (engine.MaxSteps).
+// the token and its log has fewer than ?5 entries (100 (the most steps)).
 // SQLite's || makes text of its operands, byte for byte, and the CAST makes
 // the bytes a BLOB again. Parameters: ?1 token, ?2 scope, ?3 key, ?4 entry,
 // ?5 the most entries, ?6 now.

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	stepLimits "github.com/idemkit/idempotency/internal/steps"
 
 	"github.com/idemkit/idempotency/engine"
 	"github.com/idemkit/idempotency/internal/sqlrecord"
@@ -13,7 +14,7 @@ import (
 // SaveStep implements engine.StepStore. A step is one statement
 // (stepAppendSQL), in this process's turn to write: it appends the step's
 // entry to the record's log, conditional on the token. When that changes
-// nothing (the lease was lost, the log has engine.MaxSteps entries), and
+// nothing (the lease was lost, the log has stepLimits.MaxSteps entries), and
 // for the removal of a step, it rewrites the log compacted in one short
 // write transaction (BEGIN IMMEDIATE, a read, a write, COMMIT): SQLite has
 // no function that reads the log, so that a statement cannot both decide
@@ -35,7 +36,7 @@ func (s *store) SaveStep(ctx context.Context, id engine.ID, token engine.Token, 
 	}
 	if step.Fingerprint != "" {
 		n, err := s.exec(ctx, s.st.stepAppend, int64(token), []byte(id.Scope), []byte(id.Key),
-			sqlrecord.AppendStep(nil, step), engine.MaxSteps, s.now())
+			sqlrecord.AppendStep(nil, step), stepLimits.MaxSteps, s.now())
 		if err != nil {
 			return s.fail("save step", err)
 		}
@@ -81,7 +82,7 @@ func (s *store) saveStepTx(ctx context.Context, id engine.ID, token engine.Token
 	if step.Fingerprint != "" {
 		var r sql.Result
 		r, err = o.Tx.StmtContext(ctx, s.st.stepAppendTx).ExecContext(ctx, int64(token), []byte(id.Scope), []byte(id.Key),
-			sqlrecord.AppendStep(nil, step), engine.MaxSteps)
+			sqlrecord.AppendStep(nil, step), stepLimits.MaxSteps)
 		var n int64
 		if err == nil {
 			n, err = r.RowsAffected()

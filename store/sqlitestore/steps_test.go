@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	stepLimits "github.com/idemkit/idempotency/internal/steps"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -18,14 +19,14 @@ import (
 	"github.com/idemkit/idempotency/store/sqlitestore"
 )
 
-// fullStep is a step of engine.MaxStepSize bytes.
+// fullStep is a step of stepLimits.MaxSize bytes.
 func fullStep(name string, fill byte) engine.Step {
 	fp := "fp-" + name
 	return engine.Step{Name: name, Fingerprint: fp, Done: true,
-		Result: bytes.Repeat([]byte{fill}, engine.MaxStepSize-len(name)-len(fp))}
+		Result: bytes.Repeat([]byte{fill}, stepLimits.MaxSize-len(name)-len(fp))}
 }
 
-// The most a record holds, engine.MaxSteps steps of engine.MaxStepSize
+// The most a record holds, stepLimits.MaxSteps steps of stepLimits.MaxSize
 // bytes (6.5 MB in one row), is kept, returned by the next Claim and by
 // Lookup, and replaced at the limit. The first steps are written into the
 // row directly: each step rewrites the log whole, so that saving them all
@@ -36,16 +37,16 @@ func TestStepsFullSize(t *testing.T) {
 	id := engine.ID{Key: "full"}
 	tok := acquire(t, s, id, time.Minute)
 	var first []engine.Step
-	for i := range engine.MaxSteps - 1 {
+	for i := range stepLimits.MaxSteps - 1 {
 		first = append(first, fullStep(fmt.Sprintf("s%03d", i), byte(i)))
 	}
 	_, err := s.DB().Exec("UPDATE idempotency_records SET steps = ?, step_count = ? WHERE token = ?",
 		sqlrecord.EncodeSteps(first), len(first), int64(tok))
 	require.NoError(t, err)
-	last := fullStep(fmt.Sprintf("s%03d", engine.MaxSteps-1), 0xff)
+	last := fullStep(fmt.Sprintf("s%03d", stepLimits.MaxSteps-1), 0xff)
 	start := time.Now()
-	require.NoError(t, s.SaveStep(ctx, id, tok, last), "step %d", engine.MaxSteps)
-	t.Logf("step %d of %d bytes saved in %v", engine.MaxSteps, engine.MaxStepSize, time.Since(start))
+	require.NoError(t, s.SaveStep(ctx, id, tok, last), "step %d", stepLimits.MaxSteps)
+	t.Logf("step %d of %d bytes saved in %v", stepLimits.MaxSteps, stepLimits.MaxSize, time.Since(start))
 	assert.ErrorIs(t, s.SaveStep(ctx, id, tok, fullStep("one-too-many", 1)), engine.ErrNotStorable)
 	require.NoError(t, s.SaveStep(ctx, id, tok, fullStep("s000", 0xee)), "a step replaced at the limit")
 	var size int64
@@ -54,11 +55,11 @@ func TestStepsFullSize(t *testing.T) {
 
 	rec, err := s.Lookup(ctx, id)
 	require.NoError(t, err)
-	assert.Len(t, rec.Steps, engine.MaxSteps, "Lookup")
+	assert.Len(t, rec.Steps, stepLimits.MaxSteps, "Lookup")
 	require.NoError(t, s.Release(ctx, id, tok))
 	c, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
 	require.NoError(t, err)
-	require.Len(t, c.Steps, engine.MaxSteps)
+	require.Len(t, c.Steps, stepLimits.MaxSteps)
 	got := map[string][]byte{}
 	for _, st := range c.Steps {
 		got[st.Name] = st.Result

@@ -14,9 +14,9 @@ import (
 // time rather than the transaction's start. Durations are bound as
 // microseconds.
 type queries struct {
-	// claim and insert do not read the table's size; claimSized and
-	// insertSized do, for a Claim that reads it (see Store.sizeDue).
-	claim, insert, claimSized, insertSized                 string
+	// claim does not read the table's size; claimSized does, for a
+	// Claim that reads it (see Store.sizeDue).
+	claim, claimSized                                      string
 	takeover, complete, completeTx, release, extend, sweep string
 	lookup, resolve, forget                                string
 	// saveStep and saveStepTx record a step, in lease mode and in
@@ -46,12 +46,10 @@ func newQueries(n names, epoch int, transactional bool) queries {
 	unsized := strings.NewReplacer("{{size}}", "-1::bigint")
 	sized := strings.NewReplacer("{{size}}", "pg_relation_size(tableoid)")
 	return queries{
-		claim:       hot(unsized.Replace(claimSQL)),
-		insert:      hot(unsized.Replace(insertSQL)),
-		claimSized:  hot(sized.Replace(claimSQL)),
-		insertSized: hot(sized.Replace(insertSQL)),
-		takeover:    hot(takeoverSQL),
-		complete:    hot(completeSQL),
+		claim:      hot(unsized.Replace(claimSQL)),
+		claimSized: hot(sized.Replace(claimSQL)),
+		takeover:   hot(takeoverSQL),
+		complete:   hot(completeSQL),
 		// In transactional mode the transaction's row lock, not the
 		// record's time to live, keeps others off the record: a handler
 		// that runs longer than the record lives still completes it.
@@ -67,45 +65,53 @@ func newQueries(n names, epoch int, transactional bool) queries {
 	}
 }
 
-// claimSQL reads the record of a key, and writes nothing: a replay, and an
-// answer that the key is in flight, are this one statement, which costs the
-// server about what a plain SELECT of the row does. The record's times are
-// compared with the statement's time by the Store, which reads it here
-// too: the database's clock, as everywhere.
+// claimSQL reads the record of a key and, when the statement's snapshot
+// holds none, inserts a new record in flight, in one statement and one
+// round trip. A replay, and an answer that the key is in flight, only read
+// the row: the INSERT's SELECT finds cur not empty and gives it no row, so
+// nothing is written (no WAL, no commit flush) and the sequence is not
+// touched. The record's times are compared with the statement's by the
+// Store, which reads it here too: the database's clock, as everywhere.
 //
-// Then comes, in the sized version, the table's size in bytes, for
-// planEpoch, read from the relation of the row (tableoid); -1 in the other.
-//
-// Parameters: $1 scope, $2 key.
-const claimSQL = `SELECT token, state, fingerprint, lease_until, expires_at,
-	coalesce(status, 0), headers, body, body_omitted,
-	statement_timestamp(), {{size}}
-FROM {{table}}
-WHERE scope = $1 AND key = $2`
-
-// insertSQL inserts a new record in flight, for a key that claimSQL found
-// without one. ON CONFLICT DO NOTHING keeps the claim atomic: when a
-// concurrent claimer's row is there, the INSERT waits for that row's
+// ON CONFLICT DO NOTHING keeps the claim atomic: when a concurrent
+// claimer's row is not in the snapshot, the INSERT waits for that row's
 // transaction and inserts nothing if it commits, and the statement returns
-// no row; Claim then reads the key again, and sees the row. The token that
-// such an INSERT drew from the sequence is lost, a gap of no consequence:
-// a conflict is rare, and a claim of a key that has a record does not come
-// here, so a replay never draws one (nextval logs a WAL record, with a
-// commit flush, every 32 calls).
+// no row at all; Claim then runs it again, with a snapshot that sees the
+// row. The token that such an INSERT drew from the sequence is lost, a gap
+// of no consequence.
 //
-// Then come the table's size, as in claimSQL, and, in transactional mode,
-// the backend (see newQueries).
+// Each row says first whether it is the record inserted (then only the
+// token, the statement's time and the size are meaningful), then the
+// record's columns, the statement's time, and, in the sized version, the
+// table's size in bytes, for planEpoch, read from the relation of the row
+// (tableoid); -1 in the other. In transactional mode come the backend (see
+// newQueries).
 //
 // Parameters: $1 scope, $2 key, $3 fingerprint, $4 lease (µs), $5 the
 // record's life (µs: the lease and then the time to live).
-const insertSQL = `INSERT INTO {{table}} (scope, key, fingerprint, state, token, lease_until, created_at, expires_at, sweep_at)
-VALUES ($1, $2, $3, 'in_flight', nextval('{{sequence}}'),
-	statement_timestamp() + $4::bigint * interval '1 microsecond',
-	statement_timestamp(),
-	statement_timestamp() + $5::bigint * interval '1 microsecond',
-	` + sweepAtFrom + inFlightSweep + sweepAtTo + `)
-ON CONFLICT (scope, key) DO NOTHING
-RETURNING token, {{size}}{{backend}}`
+const claimSQL = `WITH cur AS (
+	SELECT token, state, fingerprint, lease_until, expires_at, coalesce(status, 0) AS status,
+		headers, body, body_omitted, tableoid
+	FROM {{table}}
+	WHERE scope = $1 AND key = $2
+), ins AS (
+	INSERT INTO {{table}} (scope, key, fingerprint, state, token, lease_until, created_at, expires_at, sweep_at)
+	SELECT $1, $2, $3, 'in_flight', nextval('{{sequence}}'),
+		statement_timestamp() + $4::bigint * interval '1 microsecond',
+		statement_timestamp(),
+		statement_timestamp() + $5::bigint * interval '1 microsecond',
+		` + sweepAtFrom + inFlightSweep + sweepAtTo + `
+	WHERE NOT EXISTS (SELECT FROM cur)
+	ON CONFLICT (scope, key) DO NOTHING
+	RETURNING token, tableoid
+)
+SELECT false, token, state, fingerprint, lease_until, expires_at, status, headers, body, body_omitted,
+	statement_timestamp(), {{size}}{{backend}}
+FROM cur
+UNION ALL
+SELECT true, token, '', ''::bytea, statement_timestamp(), statement_timestamp(), 0, NULL, NULL, false,
+	statement_timestamp(), {{size}}{{backend}}
+FROM ins`
 
 // takeoverSQL gives a new lease on a record that Claim found expired, or in
 // flight with an expired lease and the same fingerprint. It changes the row

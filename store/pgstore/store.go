@@ -221,11 +221,12 @@ func (s *store) Close() error {
 	return nil
 }
 
-// Claim implements engine.Store. A claim that finds a record, a replay
-// among them, is one statement that only reads, and one round trip; one
-// of a new key is that and an INSERT, two; the takeover of an expired
-// record or lease is that and a conditional UPDATE, which returns the
-// record's steps (engine.StepStore), as does a claim after a release.
+// Claim implements engine.Store. A claim is one statement and one round
+// trip, which reads the key and inserts a record only when it finds none:
+// a replay, and every claim that finds a record, writes nothing. The
+// takeover of an expired record or lease is that and a conditional UPDATE,
+// two, which returns the record's steps (engine.StepStore), as does a claim
+// after a release.
 //
 // In transactional mode Claim begins the transaction that the lease is, and
 // waits for a concurrent transaction that holds the same key for at most the
@@ -293,9 +294,9 @@ type querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// claim runs claimSQL, then insertSQL when the key has no record, or
-// takeoverSQL when the record it finds may be taken over, until one of them
-// gives an answer.
+// claim runs claimSQL, which reads the key and inserts a record when it has
+// none, then takeoverSQL when the record it found may be taken over, until
+// one of them gives an answer.
 func (s *store) claim(ctx context.Context, db querier, id engine.ID, fingerprint string, lease, ttl time.Duration) (engine.Claim, backend, error) {
 	scope, key, fp := []byte(id.Scope), []byte(id.Key), []byte(fingerprint)
 	// The record outlives the lease by the TTL: a holder lost at its
@@ -303,40 +304,36 @@ func (s *store) claim(ctx context.Context, db querier, id engine.ID, fingerprint
 	leaseUS, ttlUS := micros(lease), micros(addDur(lease, ttl))
 	for range maxClaimAttempts {
 		q, mode := s.stmts(), s.hotMode()
-		claimSQL, insertSQL := q.claim, q.insert
+		claimSQL := q.claim
 		if s.sizeDue() {
-			claimSQL, insertSQL = q.claimSized, q.insertSized
+			claimSQL = q.claimSized
 		}
 		var (
 			r                          claimRow
+			inserted                   bool
 			size                       int64
 			b                          backend
 			leaseUntil, expiresAt, now time.Time
 		)
-		err := db.QueryRow(ctx, claimSQL, mode, scope, key).Scan(
-			&r.token, &r.state, (*stringScanner)(&r.fingerprint), &leaseUntil, &expiresAt,
-			&r.status, &r.headers, &r.body, &r.bodyOmitted, &now, &size)
+		row := db.QueryRow(ctx, claimSQL, mode, scope, key, fp, leaseUS, ttlUS)
+		var err error
+		if s.transactional {
+			err = row.Scan(&inserted, &r.token, &r.state, (*stringScanner)(&r.fingerprint), &leaseUntil, &expiresAt,
+				&r.status, &r.headers, &r.body, &r.bodyOmitted, &now, &size, &b.pid, &b.start)
+		} else {
+			err = row.Scan(&inserted, &r.token, &r.state, (*stringScanner)(&r.fingerprint), &leaseUntil, &expiresAt,
+				&r.status, &r.headers, &r.body, &r.bodyOmitted, &now, &size)
+		}
 		if errors.Is(err, pgx.ErrNoRows) {
-			var token int64
-			row := db.QueryRow(ctx, insertSQL, mode, scope, key, fp, leaseUS, ttlUS)
-			if s.transactional {
-				err = row.Scan(&token, &size, &b.pid, &b.start)
-			} else {
-				err = row.Scan(&token, &size)
-			}
-			if errors.Is(err, pgx.ErrNoRows) {
-				continue // a concurrent claimer's record, committed since the read
-			}
-			if err != nil {
-				return engine.Claim{}, backend{}, err
-			}
-			s.observeSize(size)
-			return engine.Claim{Status: engine.Acquired, Token: engine.Token(token)}, b, nil
+			continue // a concurrent claimer's record, committed since the statement's snapshot
 		}
 		if err != nil {
 			return engine.Claim{}, backend{}, err
 		}
 		s.observeSize(size)
+		if inserted {
+			return engine.Claim{Status: engine.Acquired, Token: engine.Token(r.token)}, b, nil
+		}
 		r.live = leaseUntil.After(now)
 		r.remaining = leaseUntil.Sub(now).Microseconds()
 		r.expired = !expiresAt.After(now)
@@ -349,7 +346,7 @@ func (s *store) claim(ctx context.Context, db querier, id engine.ID, fingerprint
 			abandoned int32
 			stepEls   [][]byte
 		)
-		row := db.QueryRow(ctx, q.takeover, mode, scope, key, r.token, fp, leaseUS, ttlUS)
+		row = db.QueryRow(ctx, q.takeover, mode, scope, key, r.token, fp, leaseUS, ttlUS)
 		if s.transactional {
 			err = row.Scan(&token, &abandoned, &stepEls, &b.pid, &b.start)
 		} else {

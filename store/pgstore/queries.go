@@ -14,11 +14,13 @@ import (
 // time rather than the transaction's start. Durations are bound as
 // microseconds.
 type queries struct {
-	// claim does not read the table's size; claimSized does, for a
-	// Claim that reads it (see Store.sizeDue).
-	claim, claimSized                                      string
-	takeover, complete, completeTx, release, extend, sweep string
-	lookup, resolve, forget                                string
+	// claim reads the key and inserts when it finds no record, in one
+	// statement; read only reads the key, and insert inserts (see
+	// Store.readFirst). The sized versions read the table's size too, for
+	// a Claim that reads it (see Store.sizeDue).
+	claim, claimSized, read, readSized, insert, insertSized string
+	takeover, complete, completeTx, release, extend, sweep  string
+	lookup, resolve, forget                                 string
 	// saveStep and saveStepTx record a step, in lease mode and in
 	// transactional mode.
 	saveStep, saveStepTx string
@@ -46,10 +48,14 @@ func newQueries(n names, epoch int, transactional bool) queries {
 	unsized := strings.NewReplacer("{{size}}", "-1::bigint")
 	sized := strings.NewReplacer("{{size}}", "pg_relation_size(tableoid)")
 	return queries{
-		claim:      hot(unsized.Replace(claimSQL)),
-		claimSized: hot(sized.Replace(claimSQL)),
-		takeover:   hot(takeoverSQL),
-		complete:   hot(completeSQL),
+		claim:       hot(unsized.Replace(claimSQL)),
+		claimSized:  hot(sized.Replace(claimSQL)),
+		read:        hot(unsized.Replace(readSQL)),
+		readSized:   hot(sized.Replace(readSQL)),
+		insert:      hot(unsized.Replace(insertSQL)),
+		insertSized: hot(sized.Replace(insertSQL)),
+		takeover:    hot(takeoverSQL),
+		complete:    hot(completeSQL),
 		// In transactional mode the transaction's row lock, not the
 		// record's time to live, keeps others off the record: a handler
 		// that runs longer than the record lives still completes it.
@@ -67,7 +73,7 @@ func newQueries(n names, epoch int, transactional bool) queries {
 
 // claimSQL reads the record of a key and, when the statement's snapshot
 // holds none, inserts a new record in flight, in one statement and one
-// round trip. A replay, and an answer that the key is in flight, only read
+// round trip (readSQL and insertSQL do it in two; see Store.readFirst). A replay, and an answer that the key is in flight, only read
 // the row: the INSERT's SELECT finds cur not empty and gives it no row, so
 // nothing is written (no WAL, no commit flush) and the sequence is not
 // touched. The record's times are compared with the statement's by the
@@ -112,6 +118,35 @@ UNION ALL
 SELECT true, token, '', ''::bytea, statement_timestamp(), statement_timestamp(), 0, NULL, NULL, false,
 	statement_timestamp(), {{size}}{{backend}}
 FROM ins`
+
+// readSQL reads the record of a key, as claimSQL does, and writes nothing:
+// a plain SELECT of the row, which costs the backend less than claimSQL's
+// INSERT that inserts nothing. It returns the columns of claimSQL, the
+// first false. A Claim that finds no record follows it with insertSQL.
+//
+// Parameters: $1 scope, $2 key.
+const readSQL = `SELECT false, token, state, fingerprint, lease_until, expires_at, coalesce(status, 0),
+	headers, body, body_omitted, statement_timestamp(), {{size}}{{backend}}
+FROM {{table}}
+WHERE scope = $1 AND key = $2`
+
+// insertSQL inserts a new record in flight, for a key that readSQL found
+// without one, as claimSQL does: when a concurrent claimer's row is there,
+// it waits for that row's transaction and inserts nothing if it commits,
+// and the statement returns no row; Claim then reads the key again.
+//
+// It returns the token, the table's size as claimSQL does, and, in
+// transactional mode, the backend (see newQueries).
+//
+// Parameters: those of claimSQL.
+const insertSQL = `INSERT INTO {{table}} (scope, key, fingerprint, state, token, lease_until, created_at, expires_at, sweep_at)
+VALUES ($1, $2, $3, 'in_flight', nextval('{{sequence}}'),
+	statement_timestamp() + $4::bigint * interval '1 microsecond',
+	statement_timestamp(),
+	statement_timestamp() + $5::bigint * interval '1 microsecond',
+	` + sweepAtFrom + inFlightSweep + sweepAtTo + `)
+ON CONFLICT (scope, key) DO NOTHING
+RETURNING token, {{size}}{{backend}}`
 
 // takeoverSQL gives a new lease on a record that Claim found expired, or in
 // flight with an expired lease and the same fingerprint. It changes the row

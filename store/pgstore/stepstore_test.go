@@ -161,12 +161,14 @@ func (c *statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQu
 
 // The statements, each one round trip, of each operation, which the
 // package documentation states: steps cost a new key's first execution,
-// and a replay, nothing.
+// and a replay, nothing. A claim reads the key in the statement that
+// inserts (TestClaimPath has the other way).
 func TestStatementsPerOperation(t *testing.T) {
 	ctx := testContext(t)
 	var counter statementCounter
 	pool := newPool(t, func(c *pgxpool.Config) { c.ConnConfig.Tracer = &counter })
 	s, _ := newStore(t, pool)
+	pgstore.ClaimOneStatement(s)
 	orders := newOrders(t, pool)
 	statements := func(what string, want int64, op func()) {
 		t.Helper()

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 )
@@ -20,6 +21,10 @@ import (
 //
 // A detached context is used for one store call and never reused: a Store
 // may leave a goroutine watching it for a moment after it returned.
+//
+// It has an AfterFunc method, which context.AfterFunc uses instead of
+// starting a goroutine to wait on Done: pgx bounds every query by its
+// context so, and each query of a store call would otherwise start one.
 type detached struct {
 	values   context.Context
 	deadline time.Time
@@ -28,6 +33,19 @@ type detached struct {
 	done   chan struct{} // made by the first Done
 	timer  *time.Timer
 	closed bool // done is closed
+	// after holds the functions that AfterFunc registered and that have
+	// neither run nor been stopped; afterSeq numbers them.
+	after    []afterEntry
+	afterSeq uint64
+	// afterInline holds the first of them: a store call registers one
+	// at a time.
+	afterInline [1]afterEntry
+}
+
+// afterEntry is a function registered by AfterFunc.
+type afterEntry struct {
+	seq uint64
+	f   func()
 }
 
 var _ context.Context = (*detached)(nil)
@@ -44,6 +62,11 @@ func (d *detached) Value(key any) any { return d.values.Value(key) }
 func (d *detached) Done() <-chan struct{} {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	return d.doneLocked()
+}
+
+// doneLocked makes the Done channel and its timer, once. d.mu is held.
+func (d *detached) doneLocked() chan struct{} {
 	if d.done == nil {
 		d.done = make(chan struct{})
 		if left := time.Until(d.deadline); left > 0 {
@@ -62,8 +85,49 @@ func (d *detached) expire() {
 	if d.closed {
 		return // expireNow came first
 	}
+	d.end()
+}
+
+// end closes Done and runs each function that AfterFunc registered on a
+// goroutine of its own, as context.AfterFunc does. d.mu is held.
+func (d *detached) end() {
 	d.closed = true
 	close(d.done)
+	for _, a := range d.after {
+		go a.f()
+	}
+	d.after = nil
+}
+
+// AfterFunc arranges for f to run on a goroutine of its own once d is done,
+// at once if it is done already, as context.AfterFunc does; stop unregisters
+// f, and reports whether that kept it from running. context.AfterFunc calls
+// this method rather than start a goroutine to wait for Done.
+func (d *detached) AfterFunc(f func()) (stop func() bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.doneLocked()
+	if d.closed {
+		go f()
+		return func() bool { return false }
+	}
+	d.afterSeq++
+	seq := d.afterSeq
+	if d.after == nil {
+		d.after = d.afterInline[:0]
+	}
+	d.after = append(d.after, afterEntry{seq: seq, f: f})
+	return func() bool {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		for i, a := range d.after {
+			if a.seq == seq {
+				d.after = slices.Delete(d.after, i, i+1)
+				return true
+			}
+		}
+		return false
+	}
 }
 
 // Err follows Done once Done has been asked for, and the clock before that.
@@ -92,8 +156,7 @@ func (d *detached) expireNow() {
 	if d.timer != nil {
 		d.timer.Stop()
 	}
-	d.closed = true
-	close(d.done)
+	d.end()
 }
 
 // stop releases the timer, if one was made. d must not be used afterwards.

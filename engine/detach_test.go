@@ -129,3 +129,53 @@ func TestDetachedDeadline(t *testing.T) {
 		t.Errorf("Deadline = %v, %v; want a minute from init", dl, ok)
 	}
 }
+
+// TestDetachedAfterFunc: context.AfterFunc registers its function with the
+// detached context (no goroutine waits on Done), runs it at the deadline,
+// and its stop keeps it from running.
+func TestDetachedAfterFunc(t *testing.T) {
+	var d detached
+	d.init(context.Background(), time.Hour)
+	stop := context.AfterFunc(&d, func() { t.Error("a stopped function ran") })
+	if len(d.after) != 1 {
+		t.Fatalf("%d functions registered with the context, want 1: context.AfterFunc did not use its AfterFunc", len(d.after))
+	}
+	if !stop() {
+		t.Fatal("stop = false before the deadline, want true")
+	}
+	if stop() {
+		t.Error("stop = true the second time, want false")
+	}
+	if len(d.after) != 0 {
+		t.Errorf("%d functions registered after stop, want 0", len(d.after))
+	}
+	d.expireNow() // runs only what is registered: nothing
+	d.stop()
+
+	var e detached
+	e.init(context.Background(), 20*time.Millisecond)
+	ran2 := make(chan struct{})
+	stop = context.AfterFunc(&e, func() { close(ran2) })
+	select {
+	case <-ran2:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the function did not run at the deadline")
+	}
+	if stop() {
+		t.Error("stop = true after the function ran, want false")
+	}
+	e.stop()
+
+	// On a context already done, the function runs at once.
+	var f detached
+	f.init(context.Background(), -time.Second)
+	ran3 := make(chan struct{})
+	if context.AfterFunc(&f, func() { close(ran3) })() {
+		t.Error("stop = true on a context that was done, want false")
+	}
+	select {
+	case <-ran3:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the function did not run on a context already done")
+	}
+}

@@ -4,6 +4,7 @@
 package jsoncodec
 
 import (
+	"bytes"
 	"encoding"
 	"encoding/json"
 	"errors"
@@ -32,15 +33,34 @@ var errInvalidUTF8 = errors.New("string is not valid UTF-8")
 // must hold UTF-8. A type with its own MarshalJSON encodes itself.
 type Codec struct{}
 
-// Marshal encodes v with json.Marshal, after checking that every string
-// it holds is valid UTF-8.
+// Marshal encodes v with json.Marshal, and refuses it if a string it holds
+// is not valid UTF-8.
+//
+// The strings are checked only when the encoding holds U+FFFD, escaped or
+// not: json.Marshal writes it in place of every byte that is not UTF-8 (as
+// \ufffd, or as the character itself when encoding/json is built on its
+// second version), so an encoding without it had none to replace. The check
+// walks the value by reflection, which costs about as much as encoding it.
 func (Codec) Marshal(v any) ([]byte, error) {
-	var w walk
-	if err := w.check(reflect.ValueOf(v)); err != nil {
+	b, err := json.Marshal(v)
+	if err != nil {
 		return nil, err
 	}
-	return json.Marshal(v)
+	if bytes.Contains(b, []byte(escapedReplacement)) || bytes.Contains(b, []byte(replacement)) {
+		var w walk
+		if err := w.check(reflect.ValueOf(v)); err != nil {
+			return nil, err
+		}
+	}
+	return b, nil
 }
+
+// replacement is U+FFFD in UTF-8, and escapedReplacement as encoding/json
+// escapes it.
+const (
+	replacement        = "\uFFFD"
+	escapedReplacement = `\ufffd`
+)
 
 // Unmarshal decodes data into v with json.Unmarshal.
 func (Codec) Unmarshal(data []byte, v any) error { return json.Unmarshal(data, v) }

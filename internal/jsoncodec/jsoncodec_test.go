@@ -1,6 +1,7 @@
 package jsoncodec
 
 import (
+	"encoding/json"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -55,3 +56,25 @@ func TestJSONCodec(t *testing.T) {
 	assert.Error(t, err)
 	assert.NotErrorIs(t, err, errInvalidUTF8)
 }
+
+// TestJSONCodecReplacementLookalikes: U+FFFD itself, and text that reads
+// like its escape, are valid UTF-8 and encoded as they are, though they make
+// Marshal check the strings; a TextMarshaler's text is checked too.
+func TestJSONCodecReplacementLookalikes(t *testing.T) {
+	for _, v := range []any{"\uFFFD", `\ufffd`, map[string]string{"\uFFFD": `a\ufffd`}} {
+		b, err := Codec{}.Marshal(v)
+		require.NoError(t, err, "%q", v)
+		want, err := json.Marshal(v)
+		require.NoError(t, err)
+		assert.Equal(t, string(want), string(b))
+	}
+	_, err := Codec{}.Marshal(struct{ T badText }{})
+	assert.ErrorIs(t, err, errInvalidUTF8, "a TextMarshaler's text that is not UTF-8")
+	_, err = Codec{}.Marshal(map[badText]int{{}: 1})
+	assert.ErrorIs(t, err, errInvalidUTF8, "a map key's text that is not UTF-8")
+}
+
+// badText marshals to text that is not UTF-8.
+type badText struct{}
+
+func (badText) MarshalText() ([]byte, error) { return []byte("a\xffb"), nil }

@@ -18,11 +18,15 @@
 // # Lease mode
 //
 // By default each operation is one statement, committed at once, and one
-// round trip, but the Claim of a new key, which reads the key, then
-// inserts the record in flight, with a lease and a fencing token: two. The
+// round trip. The Claim of a new key inserts the record in flight, with a
+// lease and a fencing token, in the statement that reads the key; the
 // middleware runs the handler, renewing the lease with Extend; Complete
-// stores the response. A replay (Claim of a completed key) is one SELECT of
-// one row, which writes nothing: no WAL, no commit flush.
+// stores the response. A replay (Claim of a completed key) is that
+// statement too, which then only reads one row and writes nothing: no WAL,
+// no commit flush. While nearly every claim finds a record (a burst of
+// retries), the Store reads the key in a plain SELECT, which costs the
+// backend less than the statement that may insert, and inserts a new key's
+// record in a second statement.
 //
 // The handler's effects and the stored response are two separate commits,
 // and this is the weaker guarantee: if the process dies, or loses the

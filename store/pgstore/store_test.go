@@ -18,12 +18,19 @@ import (
 	"github.com/idemkit/idempotency/store/storetest"
 )
 
+// The suite on each way a claim reads the key (the Store chooses between
+// them as it goes; TestConformanceWhileSweeping lets it).
 func TestConformance(t *testing.T) {
 	pool := newPool(t)
-	storetest.Run(t, func(t *testing.T) engine.Store {
-		s, _ := newStore(t, pool)
-		return s
-	})
+	for _, path := range pgstore.ClaimPaths {
+		t.Run(path.Name, func(t *testing.T) {
+			storetest.Run(t, func(t *testing.T) engine.Store {
+				s, _ := newStore(t, pool)
+				path.Fix(s)
+				return s
+			})
+		})
+	}
 }
 
 // The suite again, with a sweeper deleting expired records as fast as it
@@ -188,9 +195,16 @@ func TestTwoStoresShareTable(t *testing.T) {
 // in that statement's snapshot: the statement returns nothing, and Claim must
 // run it again rather than answer wrongly or fail.
 func TestClaimSeesRowCommittedDuringStatement(t *testing.T) {
+	for _, path := range pgstore.ClaimPaths {
+		t.Run(path.Name, func(t *testing.T) { testClaimSeesRowCommittedDuringStatement(t, path.Fix) })
+	}
+}
+
+func testClaimSeesRowCommittedDuringStatement(t *testing.T, fix func(pgstore.Store)) {
 	ctx := testContext(t)
 	pool := newPool(t)
 	s, table := newStore(t, pool)
+	fix(s)
 	id := scopeID("snapshot")
 
 	// A claimer that has inserted, and not yet committed, a completed record.

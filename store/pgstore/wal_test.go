@@ -84,7 +84,7 @@ func TestReplayWritesNoWAL(t *testing.T) {
 	}
 	t.Logf("cluster WAL written during 50 replays, by any session: %d bytes", walBytes)
 
-	args := []any{[]byte(id.Scope), []byte(id.Key)}
+	args := []any{[]byte(id.Scope), []byte(id.Key), []byte("fp"), micros(time.Minute), micros(time.Minute + time.Hour)}
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -14,7 +14,7 @@ var (
 	// ErrKeyMismatch: the key was already used for a different request:
 	// another fingerprint. A step (package step) recorded with another
 	// input is refused with it too.
-	ErrKeyMismatch = sentinel.KeyMismatch
+	ErrKeyMismatch = sentinel.ErrKeyMismatch
 	// ErrInFlight: a request with the same key is still being processed
 	// elsewhere.
 	ErrInFlight = errors.New("request with this idempotency key in flight")
@@ -32,7 +32,7 @@ var (
 // function door's function, a step) ran but its result was not stored: it
 // could not be encoded, or the store refused it (too large). The work is
 // not run again.
-var ErrResultOmitted = sentinel.ResultOmitted
+var ErrResultOmitted = sentinel.ErrResultOmitted
 
 // ErrLeaseExpired is the cause with which the work's context is cancelled
 // when its lease ended without a successful renewal: the Store failed or

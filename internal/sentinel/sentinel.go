@@ -7,8 +7,8 @@ package sentinel
 import "errors"
 
 var (
-	// KeyMismatch is engine.ErrKeyMismatch.
-	KeyMismatch = errors.New("idempotency key reused for a different request")
-	// ResultOmitted is engine.ErrResultOmitted.
-	ResultOmitted = errors.New("the work ran, but its result was not stored")
+	// ErrKeyMismatch is engine.ErrKeyMismatch.
+	ErrKeyMismatch = errors.New("idempotency key reused for a different request")
+	// ErrResultOmitted is engine.ErrResultOmitted.
+	ErrResultOmitted = errors.New("the work ran, but its result was not stored")
 )

@@ -133,7 +133,7 @@ func (j *Journal) Begin(name string, input any) (fp string, prior *Entry, err er
 		return "", nil, fmt.Errorf("step %q: a call records at most %d steps", name, MaxSteps)
 	}
 	if prior != nil && prior.Fingerprint != fp {
-		return "", nil, fmt.Errorf("step %q: its input differs from the one recorded: %w", name, sentinel.KeyMismatch)
+		return "", nil, fmt.Errorf("step %q: its input differs from the one recorded: %w", name, sentinel.ErrKeyMismatch)
 	}
 	if j.used == nil {
 		j.used = make(map[string]struct{}, 4)
@@ -208,7 +208,7 @@ func (j *Journal) Decode(name string, result []byte, v any) error {
 	}
 	switch result[0] {
 	case tagOmitted:
-		return fmt.Errorf("step %q: %w (too large, not encodable, or refused by the store; the step is not run again)", name, sentinel.ResultOmitted)
+		return fmt.Errorf("step %q: %w (too large, not encodable, or refused by the store; the step is not run again)", name, sentinel.ErrResultOmitted)
 	case tagValue:
 		if err := j.unmarshal(result[1:], v); err != nil {
 			return fmt.Errorf("step %q: decoding its recorded result: %w", name, err)

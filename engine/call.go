@@ -203,6 +203,7 @@ func (c *Call) run() {
 	done := false
 	defer func() {
 		if !done {
+			c.endSteps()
 			// The work panicked: give the key back, and let the panic
 			// go on.
 			c.timing.handled(e)
@@ -212,8 +213,19 @@ func (c *Call) run() {
 	}()
 	o := c.door.Execute(ctx)
 	done = true
+	c.endSteps()
 	c.timing.handled(e)
 	c.settle(o)
+}
+
+// endSteps closes the call's journal once the work has returned, waiting
+// for a step being recorded: a step still running on a goroutine of the
+// work's is not recorded after that, since it would race the Complete or
+// Release that settles the call.
+func (c *Call) endSteps() {
+	c.journal.Saves.Lock()
+	c.journal.Settled = true
+	c.journal.Saves.Unlock()
 }
 
 // settle decides what the work's outcome comes to: its result stored, then

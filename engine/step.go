@@ -75,13 +75,16 @@ type journalSaver Call
 func (s *journalSaver) SaveStep(ctx context.Context, st steps.Entry) error {
 	c := (*Call)(s)
 	e := c.e
-	if e.binder != nil {
-		// In transactional mode the step is written in the call's
-		// transaction, on its one connection, which must not be sent
-		// two statements at once; in lease mode the writes would
-		// queue on the record's row lock all the same.
-		c.journal.Saves.Lock()
-		defer c.journal.Saves.Unlock()
+	// In transactional mode the step is written in the call's
+	// transaction, on its one connection, which must not be sent two
+	// statements at once; in lease mode the writes would queue on the
+	// record's row lock all the same. Once the work has returned, the
+	// call is being settled: a step recorded now would race its Complete
+	// or Release.
+	c.journal.Saves.Lock()
+	defer c.journal.Saves.Unlock()
+	if c.journal.Settled {
+		return fmt.Errorf("engine: step %q not recorded: the call's work has returned: %w", st.Name, ErrLeaseLost)
 	}
 	step := Step{Name: st.Name, Fingerprint: st.Fingerprint, Done: st.Done, Result: st.Result}
 	err := c.saveStep(ctx, step)

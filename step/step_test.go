@@ -21,6 +21,7 @@ import (
 	"github.com/idemkit/idempotency/internal/testkit/teststores"
 	"github.com/idemkit/idempotency/once"
 	"github.com/idemkit/idempotency/step"
+	"github.com/idemkit/idempotency/store/pgstore"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -520,4 +521,25 @@ func TestDerivedKeyFollowsStep(t *testing.T) {
 	assert.Equal(t, want, keys[0])
 	assert.Equal(t, keys[0], keys[1], "the step's request has the key ContextWithStep gives")
 	assert.NotEqual(t, keys[1], keys[2], "another step, another key")
+}
+
+// TestLateSaveDuringComplete: a step that finishes as the work returns is
+// not recorded while the call is settled (on pgstore's transaction, that
+// would send two statements at once on its connection).
+func TestLateSaveDuringComplete(t *testing.T) {
+	store := teststores.Postgres(t, pgstore.WithTransactions())
+	r := runner(t, store, engine.Config{})
+	for i := range 20 {
+		var wg sync.WaitGroup
+		returned := make(chan struct{})
+		_, err := once.Do(context.Background(), r, engine.ID{Key: fmt.Sprint("late-", i)}, nil, func(ctx context.Context) (int, error) {
+			wg.Go(func() {
+				_, _ = step.Run(ctx, "late", nil, func(context.Context) (int, error) { <-returned; return 1, nil })
+			})
+			close(returned)
+			return 1, nil
+		})
+		require.NoError(t, err)
+		wg.Wait()
+	}
 }

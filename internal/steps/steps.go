@@ -70,11 +70,16 @@ type Journal struct {
 	// step whose holder was lost while it ran is told apart from one
 	// that never began.
 	AtMostOnce bool
-	// Saves is held while a step is recorded, by a store that writes
-	// steps in the call's own transaction (a Binder's): its connection
-	// takes one statement at a time, and steps may run on several
-	// goroutines.
+	// Saves is held while a step is recorded: a store that writes steps
+	// in the call's own transaction (a Binder's) takes one statement at a
+	// time on its connection, steps may run on several goroutines, and
+	// the engine takes it to settle the call, after which no step is
+	// recorded (Settled).
 	Saves sync.Mutex
+	// Settled is set, under Saves, once the work has returned and the
+	// call is being settled: a step recorded after that would race the
+	// call's Complete or Release.
+	Settled bool
 
 	mu     sync.Mutex
 	loaded []Entry // recorded by earlier holders
@@ -84,7 +89,7 @@ type Journal struct {
 // Reset readies j for a call whose earlier holders recorded loaded.
 func (j *Journal) Reset(saver Saver, codec Codec, atMostOnce bool, loaded []Entry) {
 	j.Saver, j.Codec, j.AtMostOnce = saver, codec, atMostOnce
-	j.loaded, j.used = loaded, nil
+	j.loaded, j.used, j.Settled = loaded, nil, false
 }
 
 // ContextKey is the context key under which a *Journal is found.

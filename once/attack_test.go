@@ -399,26 +399,30 @@ func (c panicCodec[T]) Unmarshal(data []byte, v any) error {
 
 type result struct{ N int }
 
-// TestAttackCodecPanics: a Codec that panics encoding the result releases
-// the key (as fn's panic does); one that panics decoding a replay leaves the
-// record as it was.
+// TestAttackCodecPanics: a Codec that panics encoding the result records
+// the call as done without its value (fn ran: it must not run again); one
+// that panics decoding a replay leaves the record as it was.
 func TestAttackCodecPanics(t *testing.T) {
 	store := teststores.Memory(t)
 	r := newRunner(t, store, once.WithConfig(engine.Config{Codec: panicCodec[result]{}}))
 	runs := 0
 	fn := func(context.Context) (result, error) { runs++; return result{N: runs}, nil }
-	assert.PanicsWithValue(t, "codec marshal", func() { _, _ = once.Do(context.Background(), r, id("cp-1"), "in", fn) })
+	v, err := once.Do(context.Background(), r, id("cp-1"), "in", fn)
+	require.NoError(t, err, "the caller that ran fn gets its value")
+	assert.Equal(t, result{N: 1}, v)
 	good := newRunner(t, store)
-	v, err := once.Do(context.Background(), good, id("cp-1"), "in", fn)
-	require.NoError(t, err, "the key was released")
-	assert.Equal(t, result{N: 2}, v)
+	_, err = once.Do(context.Background(), good, id("cp-1"), "in", fn)
+	assert.ErrorIs(t, err, engine.ErrResultOmitted)
+	assert.Equal(t, 1, runs)
 
+	v, err = once.Do(context.Background(), good, id("cp-2"), "in", fn)
+	require.NoError(t, err)
 	bad := newRunner(t, store, once.WithConfig(engine.Config{Codec: panicCodec[struct{}]{unmarshal: true}}))
-	assert.PanicsWithValue(t, "codec unmarshal", func() { _, _ = once.Do(context.Background(), bad, id("cp-1"), "in", fn) })
-	res, err := doResult(context.Background(), good, id("cp-1"), "in", fn)
+	assert.PanicsWithValue(t, "codec unmarshal", func() { _, _ = once.Do(context.Background(), bad, id("cp-2"), "in", fn) })
+	res, err := doResult(context.Background(), good, id("cp-2"), "in", fn)
 	require.NoError(t, err)
 	assert.True(t, res.Replayed)
-	assert.Equal(t, result{N: 2}, res.Value)
+	assert.Equal(t, v, res.Value)
 	assert.Equal(t, 2, runs)
 }
 
@@ -814,4 +818,23 @@ func TestAttackLongScope(t *testing.T) {
 			assert.ErrorIs(t, err, once.ErrInvalidKey)
 		}
 	})
+}
+
+// explosive's encoding panics.
+type explosive struct{ N int }
+
+func (explosive) MarshalJSON() ([]byte, error) { panic("explosive: MarshalJSON") }
+
+// TestResultCodecPanics: a result whose encoding panics was computed: the
+// call is recorded as done without its value, and fn does not run again.
+func TestResultCodecPanics(t *testing.T) {
+	r := newRunner(t, teststores.Memory(t))
+	runs := 0
+	work := func(context.Context) (explosive, error) { runs++; return explosive{N: 1}, nil }
+	v, err := once.Do(context.Background(), r, id("explosive"), nil, work)
+	require.NoError(t, err)
+	assert.Equal(t, 1, v.N)
+	_, err = once.Do(context.Background(), r, id("explosive"), nil, work)
+	assert.ErrorIs(t, err, engine.ErrResultOmitted)
+	assert.Equal(t, 1, runs)
 }

@@ -70,7 +70,9 @@
 // engine.ErrStoreUnavailable (fn ran, but gave up, and the key was
 // released), so that it calls again.
 //
-// A panic in fn releases the key and goes on to the caller.
+// A panic in fn releases the key and goes on to the caller; a panic in the
+// codec encoding fn's result is taken as its error (the call is recorded
+// without its value).
 package once
 
 import (
@@ -298,13 +300,25 @@ func (d *door[T]) Execute(ctx context.Context) engine.Outcome {
 		}
 		return engine.Outcome{Status: statusError, Response: &engine.Response{Status: statusError, Body: []byte(err.Error())}}
 	}
-	body, merr := d.r.codec.Marshal(v)
+	body, merr := marshal(d.r.codec, v)
 	if merr != nil {
 		d.r.engine.Logger().LogAttrs(ctx, slog.LevelError, "once: result cannot be encoded; recording the call as done without it",
 			slog.String("key", d.call.Lease().Key), slog.Any("error", merr))
 		return engine.Outcome{Status: statusValue, Response: &engine.Response{Status: statusValue, BodyOmitted: true}}
 	}
 	return engine.Outcome{Status: statusValue, Response: &engine.Response{Status: statusValue, Body: body}}
+}
+
+// marshal encodes v with codec, a panic in it (a type's own MarshalJSON,
+// say) taken as its error: fn has run, and a panic here must not release
+// the key for the retry to run it again.
+func marshal(codec engine.Codec, v any) (b []byte, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			b, err = nil, fmt.Errorf("codec panicked: %v", p)
+		}
+	}()
+	return codec.Marshal(v)
 }
 
 // gaveUp reports whether err, returned by fn, is its context's own error

@@ -414,10 +414,14 @@ func (s *store) claim(ctx context.Context, db querier, id engine.ID, fingerprint
 // found a record, falls by foundNew for one that inserted, within
 // ±foundBound, and the Store reads first while it is above 0, that is,
 // while more than foundNew in foundNew+1 of the last claims found a
-// record. Either way the answer is the same; only its cost differs.
+// record. Either way the answer is the same; only its cost differs. The
+// bound is how long a change of traffic takes to change the path: after a
+// run of new keys, foundBound+1 claims that find a record; after a run of
+// replays, foundBound/foundNew new keys, each of which takes two round
+// trips until then.
 const (
 	foundNew   = 4
-	foundBound = 32
+	foundBound = 8
 )
 
 // claimPath fixes how a claim reads the key, for tests: the zero value

@@ -51,7 +51,8 @@ type Report struct {
 	// given; empty in a run of one tree.
 	Variants []Variant `json:"variants,omitempty"`
 	// Comparisons hold, in the A/B mode, the ratios of this tree's
-	// measures over each other variant's, taken within each round.
+	// measures over each other variant's, and of the minimal statements'
+	// over the peer's when the run has both, taken within each round.
 	Comparisons []Comparison `json:"comparisons,omitempty"`
 }
 
@@ -191,7 +192,11 @@ type Comparison struct {
 	Kind  string `json:"kind"`
 	// Over names the variant divided by.
 	Over string `json:"over"`
-	// PerSecond is requests per second, this tree's over Over's.
+	// Variant names the variant divided, when it is not this tree: the
+	// minimal statements over the peer, the floor of this tree's ratios
+	// over the peer.
+	Variant string `json:"variant,omitempty"`
+	// PerSecond is requests per second, Variant's (this tree's) over Over's.
 	PerSecond *Ratio `json:"per_second,omitempty"`
 	// ServerCPU is the serving process's CPU time per request.
 	ServerCPU *Ratio `json:"server_cpu,omitempty"`

@@ -118,13 +118,27 @@ func TestAB(t *testing.T) {
 				}
 			}
 		}
+		// This tree over each other variant, and the floor (the minimal
+		// statements over the peer) when the run has a peer.
+		type comparison struct{ of, over string }
+		var comps []comparison
 		for _, over := range want[1:] {
+			comps = append(comps, comparison{"", over.Name})
+		}
+		if cfg.peerDir != "" {
+			comps = append(comps, comparison{variantMinimal, variantPeer})
+		}
+		if n := len(rep.Comparisons); n != len(stores)*2*len(comps) {
+			t.Errorf("%d comparisons, want %d: %d stores, 2 kinds, %v", n, len(stores)*2*len(comps), len(stores), comps)
+		}
+		for _, cp := range comps {
+			over := benchreport.Variant{Name: cp.over}
 			for _, kind := range []string{benchreport.KindFirst, benchreport.KindReplay} {
 				i := slices.IndexFunc(rep.Comparisons, func(c benchreport.Comparison) bool {
-					return c.Store == store && c.Kind == kind && c.Over == over.Name && c.Records == 20 && c.Concurrency == 2
+					return c.Store == store && c.Kind == kind && c.Variant == cp.of && c.Over == cp.over && c.Records == 20 && c.Concurrency == 2
 				})
 				if i < 0 {
-					t.Errorf("%s %s ÷ %s: no comparison", store, kind, over.Name)
+					t.Errorf("%s %s, %q ÷ %s: no comparison", store, kind, cp.of, over.Name)
 					continue
 				}
 				c := rep.Comparisons[i]

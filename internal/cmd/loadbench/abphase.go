@@ -67,7 +67,7 @@ func (r *abRun) level(ctx context.Context, rep *benchreport.Report, n int) error
 					continue
 				}
 				this := measures[abSpec{r.target(sp.t.store, r.variants[0]), sp.kind}]
-				k := ratioKey{c, sp.t.store, sp.kind, sp.t.v.info.Name}
+				k := ratioKey{c: c, store: sp.t.store, kind: sp.kind, over: sp.t.v.info.Name}
 				rr, ok := ratios[k]
 				if !ok {
 					rr = &ratioRounds{}
@@ -77,6 +77,22 @@ func (r *abRun) level(ctx context.Context, rep *benchreport.Report, n int) error
 				rr.add(this, measures[sp])
 				line = append(line, fmt.Sprintf("%s %s ÷%s %.2f/%.2f", sp.t.store, sp.kind, sp.t.v.info.Name,
 					last(rr.perSecond), last(rr.serverCPU)))
+			}
+			// The floor: the minimal statements over the peer, what no
+			// middleware in this harness can pass by a wider margin.
+			for _, sp := range specs {
+				floor, peer := r.named(sp.t.store, variantMinimal), r.named(sp.t.store, variantPeer)
+				if sp.t != floor || peer == nil {
+					continue
+				}
+				k := ratioKey{c: c, store: sp.t.store, kind: sp.kind, over: variantPeer, of: variantMinimal}
+				rr, ok := ratios[k]
+				if !ok {
+					rr = &ratioRounds{}
+					ratios[k] = rr
+					ratioOrder = append(ratioOrder, k)
+				}
+				rr.add(measures[sp], measures[abSpec{peer, sp.kind}])
 			}
 			fmt.Fprintf(r.out, "round %d, %s (this ÷ other: req/s, server CPU): %s\n", round+1, clients(c), strings.Join(line, ", "))
 		}
@@ -92,7 +108,7 @@ func (r *abRun) level(ctx context.Context, rep *benchreport.Report, n int) error
 	for _, k := range ratioOrder {
 		rr := ratios[k]
 		comps = append(comps, benchreport.Comparison{
-			Records: n, Concurrency: k.c, Store: k.store, Kind: k.kind, Over: k.over,
+			Records: n, Concurrency: k.c, Store: k.store, Kind: k.kind, Over: k.over, Variant: k.of,
 			PerSecond: benchreport.NewRatio(rr.perSecond),
 			ServerCPU: benchreport.NewRatio(rr.serverCPU),
 			StoreCPU:  benchreport.NewRatio(rr.storeCPU),
@@ -129,6 +145,17 @@ func shuffle(specs []abSpec) []abSpec {
 	return out
 }
 
+// named returns the target of the variant named name on store, nil if the
+// run has none.
+func (r *abRun) named(store, name string) *abTarget {
+	for _, t := range r.targets {
+		if t.store == store && t.v.info.Name == name {
+			return t
+		}
+	}
+	return nil
+}
+
 // target returns v's target on store.
 func (r *abRun) target(store string, v *abVariant) *abTarget {
 	for _, t := range r.targets {
@@ -143,6 +170,8 @@ func (r *abRun) target(store string, v *abVariant) *abTarget {
 type ratioKey struct {
 	c                 int
 	store, kind, over string
+	// of is the variant divided, "" for this tree.
+	of string
 }
 
 // ratioRounds are a comparison's ratios, one for each round.

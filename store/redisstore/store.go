@@ -82,8 +82,9 @@ type store struct {
 var _ Store = (*store)(nil)
 
 // New returns a Store that keeps its records in the Redis that client talks
-// to: a *redis.Client, a Sentinel-backed failover client or a
-// *redis.ClusterClient. New does no I/O: the Store loads its function library
+// to: a *redis.Client, a Sentinel-backed failover client, a
+// *redis.ClusterClient or a *redis.Ring (each record, and its steps, on
+// the shard of the record's key). New does no I/O: the Store loads its function library
 // into a server (FUNCTION LOAD) the first time it finds the server without
 // it, and calls the functions (FCALL) afterwards.
 //

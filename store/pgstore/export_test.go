@@ -10,16 +10,17 @@ const (
 	DefaultLockTimeout = defaultLockTimeout
 )
 
-// ClaimOneStatement and ClaimReadFirst fix how s's claims read the key:
-// always in the statement that inserts (claimSQL), or always in a SELECT
-// of their own (readSQL). Call them before s is used.
-func ClaimOneStatement(s Store) { s.(*store).claimPath = claimPathOneStatement }
+// ClaimInsertFirst and ClaimReadFirst fix how s's claims go: always an
+// INSERT first (insertSQL) and a SELECT (readSQL) when it inserted nothing,
+// or always the SELECT first and the INSERT when it found nothing. Call
+// them before s is used, or between its calls.
+func ClaimInsertFirst(s Store) { s.(*store).claimPath = claimPathInsertFirst }
 
-// ClaimReadFirst: see ClaimOneStatement.
+// ClaimReadFirst: see ClaimInsertFirst.
 func ClaimReadFirst(s Store) { s.(*store).claimPath = claimPathReadFirst }
 
 // ClaimPaths names the ways a claim reads the key, for tests that run each.
 var ClaimPaths = []struct {
 	Name string
 	Fix  func(Store)
-}{{"one statement", ClaimOneStatement}, {"read first", ClaimReadFirst}}
+}{{"insert first", ClaimInsertFirst}, {"read first", ClaimReadFirst}}

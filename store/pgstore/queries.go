@@ -14,13 +14,12 @@ import (
 // time rather than the transaction's start. Durations are bound as
 // microseconds.
 type queries struct {
-	// claim reads the key and inserts when it finds no record, in one
-	// statement; read only reads the key, and insert inserts (see
+	// insert inserts a new key's record, and read reads the key (see
 	// Store.readFirst). The sized versions read the table's size too, for
 	// a Claim that reads it (see Store.sizeDue).
-	claim, claimSized, read, readSized, insert, insertSized string
-	takeover, complete, completeTx, release, extend, sweep  string
-	lookup, resolve, forget                                 string
+	read, readSized, insert, insertSized                   string
+	takeover, complete, completeTx, release, extend, sweep string
+	lookup, resolve, forget                                string
 	// saveStep and saveStepTx record a step, in lease mode and in
 	// transactional mode.
 	saveStep, saveStepTx string
@@ -48,8 +47,6 @@ func newQueries(n names, epoch int, transactional bool) queries {
 	unsized := strings.NewReplacer("{{size}}", "-1::bigint")
 	sized := strings.NewReplacer("{{size}}", "pg_relation_size(tableoid)")
 	return queries{
-		claim:       hot(unsized.Replace(claimSQL)),
-		claimSized:  hot(sized.Replace(claimSQL)),
 		read:        hot(unsized.Replace(readSQL)),
 		readSized:   hot(sized.Replace(readSQL)),
 		insert:      hot(unsized.Replace(insertSQL)),
@@ -71,58 +68,14 @@ func newQueries(n names, epoch int, transactional bool) queries {
 	}
 }
 
-// claimSQL reads the record of a key and, when the statement's snapshot
-// holds none, inserts a new record in flight, in one statement and one
-// round trip (readSQL and insertSQL do it in two; see Store.readFirst). A replay, and an answer that the key is in flight, only read
-// the row: the INSERT's SELECT finds cur not empty and gives it no row, so
-// nothing is written (no WAL, no commit flush) and the sequence is not
-// touched. The record's times are compared with the statement's by the
-// Store, which reads it here too: the database's clock, as everywhere.
-//
-// ON CONFLICT DO NOTHING keeps the claim atomic: when a concurrent
-// claimer's row is not in the snapshot, the INSERT waits for that row's
-// transaction and inserts nothing if it commits, and the statement returns
-// no row at all; Claim then runs it again, with a snapshot that sees the
-// row. The token that such an INSERT drew from the sequence is lost, a gap
-// of no consequence.
-//
-// Each row says first whether it is the record inserted (then only the
-// token, the statement's time and the size are meaningful), then the
-// record's columns, the statement's time, and, in the sized version, the
-// table's size in bytes, for planEpoch, read from the relation of the row
-// (tableoid); -1 in the other. In transactional mode come the backend (see
-// newQueries).
-//
-// Parameters: $1 scope, $2 key, $3 fingerprint, $4 lease (µs), $5 the
-// record's life (µs: the lease and then the time to live).
-const claimSQL = `WITH cur AS (
-	SELECT token, state, fingerprint, lease_until, expires_at, coalesce(status, 0) AS status,
-		headers, body, body_omitted, tableoid
-	FROM {{table}}
-	WHERE scope = $1 AND key = $2
-), ins AS (
-	INSERT INTO {{table}} (scope, key, fingerprint, state, token, lease_until, created_at, expires_at, sweep_at)
-	SELECT $1, $2, $3, 'in_flight', nextval('{{sequence}}'),
-		statement_timestamp() + $4::bigint * interval '1 microsecond',
-		statement_timestamp(),
-		statement_timestamp() + $5::bigint * interval '1 microsecond',
-		` + sweepAtFrom + inFlightSweep + sweepAtTo + `
-	WHERE NOT EXISTS (SELECT FROM cur)
-	ON CONFLICT (scope, key) DO NOTHING
-	RETURNING token, tableoid
-)
-SELECT false, token, state, fingerprint, lease_until, expires_at, status, headers, body, body_omitted,
-	statement_timestamp(), {{size}}{{backend}}
-FROM cur
-UNION ALL
-SELECT true, token, '', ''::bytea, statement_timestamp(), statement_timestamp(), 0, NULL, NULL, false,
-	statement_timestamp(), {{size}}{{backend}}
-FROM ins`
-
-// readSQL reads the record of a key, as claimSQL does, and writes nothing:
-// a plain SELECT of the row, which costs the backend less than claimSQL's
-// INSERT that inserts nothing. It returns the columns of claimSQL, the
-// first false. A Claim that finds no record follows it with insertSQL.
+// readSQL reads the record of a key, a plain SELECT of the row, which
+// writes nothing. The record's times are compared with the statement's by
+// the Store, which reads it here too: the database's clock, as everywhere.
+// It returns first false (not inserted), then the record's columns, the
+// statement's time, and, in the sized version, the table's size in bytes,
+// for planEpoch, read from the relation of the row (tableoid); -1 in the
+// other. In transactional mode come the backend (see newQueries). A Claim
+// that finds no record follows it with insertSQL.
 //
 // Parameters: $1 scope, $2 key.
 const readSQL = `SELECT false, token, state, fingerprint, lease_until, expires_at, coalesce(status, 0),
@@ -130,15 +83,20 @@ const readSQL = `SELECT false, token, state, fingerprint, lease_until, expires_a
 FROM {{table}}
 WHERE scope = $1 AND key = $2`
 
-// insertSQL inserts a new record in flight, for a key that readSQL found
-// without one, as claimSQL does: when a concurrent claimer's row is there,
-// it waits for that row's transaction and inserts nothing if it commits,
-// and the statement returns no row; Claim then reads the key again.
+// insertSQL inserts a new record in flight when the key has none. ON
+// CONFLICT DO NOTHING keeps the claim atomic: when a concurrent claimer's
+// row is there, it waits for that row's transaction and inserts nothing if
+// it commits, and the statement returns no row; Claim then reads the key
+// (readSQL, whose statement sees the row). The token that such an INSERT
+// drew from the sequence is lost, a gap of no consequence; it is drawn
+// before the conflict is found, so an INSERT that finds a record takes a
+// value of the sequence too.
 //
-// It returns the token, the table's size as claimSQL does, and, in
+// It returns the token, the table's size as readSQL does, and, in
 // transactional mode, the backend (see newQueries).
 //
-// Parameters: those of claimSQL.
+// Parameters: $1 scope, $2 key, $3 fingerprint, $4 lease (µs), $5 the
+// record's life (µs: the lease and then the time to live).
 const insertSQL = `INSERT INTO {{table}} (scope, key, fingerprint, state, token, lease_until, created_at, expires_at, sweep_at)
 VALUES ($1, $2, $3, 'in_flight', nextval('{{sequence}}'),
 	statement_timestamp() + $4::bigint * interval '1 microsecond',
@@ -157,7 +115,7 @@ RETURNING token, {{size}}{{backend}}`
 //
 // It returns the record's steps, which the new holder resumes from: those
 // of the row it changed, so that a step that the lost holder recorded
-// between claimSQL's read and this UPDATE is not missed (the UPDATE waits
+// between the claim's read and this UPDATE is not missed (the UPDATE waits
 // for that holder's statement and sees its row).
 //
 // Parameters: $1 scope, $2 key, $3 token seen, $4 fingerprint, $5 lease

@@ -161,14 +161,15 @@ func (c *statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQu
 
 // The statements, each one round trip, of each operation, which the
 // package documentation states: steps cost a new key's first execution,
-// and a replay, nothing. A claim reads the key in the statement that
-// inserts (TestClaimPath has the other way).
+// and a replay, nothing. A new key's claim inserts first; the claims of
+// keys with a record read first, as the Store does once they are a third
+// of its claims (TestClaimPath has the switch).
 func TestStatementsPerOperation(t *testing.T) {
 	ctx := testContext(t)
 	var counter statementCounter
 	pool := newPool(t, func(c *pgxpool.Config) { c.ConnConfig.Tracer = &counter })
 	s, _ := newStore(t, pool)
-	pgstore.ClaimOneStatement(s)
+	pgstore.ClaimInsertFirst(s)
 	orders := newOrders(t, pool)
 	statements := func(what string, want int64, op func()) {
 		t.Helper()
@@ -184,6 +185,7 @@ func TestStatementsPerOperation(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, engine.Acquired, c.Status)
 	})
+	pgstore.ClaimReadFirst(s)
 	statements("a SaveStep", 1, func() { require.NoError(t, s.SaveStep(ctx, id, c.Token, doneStep("a", []byte("1")))) })
 	statements("a Release", 1, func() { require.NoError(t, s.Release(ctx, id, c.Token)) })
 	statements("the Claim after a release, with the steps", 2, func() {
@@ -199,6 +201,7 @@ func TestStatementsPerOperation(t *testing.T) {
 		require.Equal(t, engine.Completed, c.Status)
 	})
 
+	pgstore.ClaimInsertFirst(s)
 	r, err := once.New(s, once.WithConfig(engine.Config{Logger: quiet}))
 	require.NoError(t, err)
 	defer r.Shutdown(ctx)

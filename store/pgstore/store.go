@@ -227,12 +227,15 @@ func (s *store) Close() error {
 	return nil
 }
 
-// Claim implements engine.Store. A claim is one statement and one round
-// trip, which reads the key and inserts a record only when it finds none:
-// a replay, and every claim that finds a record, writes nothing. While
-// nearly every claim finds a record (more than four in five of the last
-// ones), the Store reads the key in a plain SELECT instead, which costs the
-// backend less, and then inserts a new key's record in a second statement.
+// Claim implements engine.Store. The claim of a new key is one statement
+// and one round trip, an INSERT that does nothing when the key has a
+// record; a claim that finds a record then reads it, in a second. While
+// more than one claim in three finds a record, the Store reads the key
+// first instead: a replay is one SELECT, which writes nothing, and a new
+// key takes the INSERT after it. A claim that finds a record changes no row
+// either way; when the INSERT comes first, it takes a value of the token
+// sequence all the same, which PostgreSQL logs (in the WAL, with a
+// transaction ID) once in 32 values.
 // The takeover of an expired record or lease is the read and a conditional
 // UPDATE, which returns the record's steps (engine.StepStore), as does a
 // claim after a release.
@@ -303,8 +306,9 @@ type querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// claim runs claimSQL, which reads the key and inserts a record when it has
-// none, or readSQL and then, for a key without a record, insertSQL (see
+// claim runs insertSQL, which inserts a record when the key has none, and
+// then, when it inserted nothing, readSQL; or, while most claims find a
+// record, readSQL first and insertSQL for a key without one (see
 // readFirst); then takeoverSQL when the record it found may be taken over;
 // until one of them gives an answer.
 func (s *store) claim(ctx context.Context, db querier, id engine.ID, fingerprint string, lease, ttl time.Duration) (engine.Claim, backend, error) {
@@ -315,17 +319,6 @@ func (s *store) claim(ctx context.Context, db querier, id engine.ID, fingerprint
 	for range maxClaimAttempts {
 		q, mode := s.stmts(), s.hotMode()
 		sized, readFirst := s.sizeDue(), s.readFirst()
-		var row pgx.Row
-		switch {
-		case readFirst && sized:
-			row = db.QueryRow(ctx, q.readSized, mode, scope, key)
-		case readFirst:
-			row = db.QueryRow(ctx, q.read, mode, scope, key)
-		case sized:
-			row = db.QueryRow(ctx, q.claimSized, mode, scope, key, fp, leaseUS, ttlUS)
-		default:
-			row = db.QueryRow(ctx, q.claim, mode, scope, key, fp, leaseUS, ttlUS)
-		}
 		var (
 			r                          claimRow
 			inserted                   bool
@@ -334,25 +327,42 @@ func (s *store) claim(ctx context.Context, db querier, id engine.ID, fingerprint
 			leaseUntil, expiresAt, now time.Time
 			err                        error
 		)
-		if s.transactional {
-			err = row.Scan(&inserted, &r.token, &r.state, (*stringScanner)(&r.fingerprint), &leaseUntil, &expiresAt,
-				&r.status, &r.headers, &r.body, &r.bodyOmitted, &now, &size, &b.pid, &b.start)
-		} else {
-			err = row.Scan(&inserted, &r.token, &r.state, (*stringScanner)(&r.fingerprint), &leaseUntil, &expiresAt,
-				&r.status, &r.headers, &r.body, &r.bodyOmitted, &now, &size)
-		}
-		if readFirst && errors.Is(err, pgx.ErrNoRows) {
+		insert := func() error {
 			insertSQL := q.insert
 			if sized {
 				insertSQL = q.insertSized
 			}
-			row = db.QueryRow(ctx, insertSQL, mode, scope, key, fp, leaseUS, ttlUS)
+			row := db.QueryRow(ctx, insertSQL, mode, scope, key, fp, leaseUS, ttlUS)
+			var err error
 			if s.transactional {
 				err = row.Scan(&r.token, &size, &b.pid, &b.start)
 			} else {
 				err = row.Scan(&r.token, &size)
 			}
 			inserted = err == nil
+			return err
+		}
+		read := func() error {
+			readSQL := q.read
+			if sized {
+				readSQL = q.readSized
+			}
+			row := db.QueryRow(ctx, readSQL, mode, scope, key)
+			if s.transactional {
+				return row.Scan(&inserted, &r.token, &r.state, (*stringScanner)(&r.fingerprint), &leaseUntil, &expiresAt,
+					&r.status, &r.headers, &r.body, &r.bodyOmitted, &now, &size, &b.pid, &b.start)
+			}
+			return row.Scan(&inserted, &r.token, &r.state, (*stringScanner)(&r.fingerprint), &leaseUntil, &expiresAt,
+				&r.status, &r.headers, &r.body, &r.bodyOmitted, &now, &size)
+		}
+		if readFirst {
+			if err = read(); errors.Is(err, pgx.ErrNoRows) {
+				err = insert()
+			}
+		} else {
+			if err = insert(); errors.Is(err, pgx.ErrNoRows) {
+				err = read()
+			}
 		}
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // a concurrent claimer's record, committed since the statement's snapshot
@@ -377,7 +387,7 @@ func (s *store) claim(ctx context.Context, db querier, id engine.ID, fingerprint
 			abandoned int32
 			stepEls   [][]byte
 		)
-		row = db.QueryRow(ctx, q.takeover, mode, scope, key, r.token, fp, leaseUS, ttlUS)
+		row := db.QueryRow(ctx, q.takeover, mode, scope, key, r.token, fp, leaseUS, ttlUS)
 		if s.transactional {
 			err = row.Scan(&token, &abandoned, &stepEls, &b.pid, &b.start)
 		} else {
@@ -401,26 +411,31 @@ func (s *store) claim(ctx context.Context, db querier, id engine.ID, fingerprint
 	return engine.Claim{}, backend{}, errContended
 }
 
-// How a claim reads the key. claimSQL does it in the statement that inserts
-// a record when it finds none: a claim of a new key is one round trip. But
-// the INSERT costs the backend its executor's set-up even when it inserts
-// nothing, and a statement that may write is planned again at a higher
-// cost whenever the table's statistics change: a claim that finds a record
-// costs the backend 1.3-1.6 times a SELECT of the row that way. readSQL is
-// that SELECT, and a new key then takes insertSQL too, a second round trip.
-// So a Store reads first while nearly every claim finds a record (a burst
-// of retries, a client that replays), and inserts in its read otherwise,
-// as most claims are of new keys: found rises by one for a claim that
-// found a record, falls by foundNew for one that inserted, within
-// ±foundBound, and the Store reads first while it is above 0, that is,
-// while more than foundNew in foundNew+1 of the last claims found a
-// record. Either way the answer is the same; only its cost differs. The
+// How a claim goes. A claim of a new key is insertSQL alone, one round
+// trip and the least the backend can do for it (an INSERT … ON CONFLICT DO
+// NOTHING, as the minimal statements'); a claim of a key with a record is
+// that INSERT, which inserts nothing, and readSQL, two round trips. A
+// Store that reads first instead answers a claim of a key with a record in
+// one SELECT, and takes insertSQL after it for a new key. An INSERT that
+// finds a record costs the backend several times a SELECT of the row (its
+// executor's set-up, the conflict check, and a value of the token
+// sequence, which it takes before it finds the conflict), a SELECT that
+// finds nothing little: so a Store reads first while more than one claim
+// in three finds a record (a burst of retries, a client that replays), and
+// inserts first otherwise, as most claims are of new keys. found rises by
+// foundHit for a claim that found a record, falls by foundNew for one that
+// inserted, within ±foundBound, and the Store reads first while it is
+// above 0. Either way the answer is the same; only its cost differs. The
 // bound is how long a change of traffic takes to change the path: after a
-// run of new keys, foundBound+1 claims that find a record; after a run of
-// replays, foundBound/foundNew new keys, each of which takes two round
-// trips until then.
+// run of new keys, five claims that find a record; after a run of
+// replays, nine new keys, each of which takes two round trips until then.
+// (An earlier version read the key and inserted in one statement, a CTE:
+// one round trip either way, but a new key's claim cost the backend about
+// 1.5 times the INSERT alone, BenchmarkBackendCPURatio's first/minimal
+// 1.25-1.30 against 1.05 now.)
 const (
-	foundNew   = 4
+	foundHit   = 2
+	foundNew   = 1
 	foundBound = 8
 )
 
@@ -430,15 +445,15 @@ type claimPath int32
 
 const (
 	claimPathAdaptive claimPath = iota
-	claimPathOneStatement
+	claimPathInsertFirst
 	claimPathReadFirst
 )
 
-// readFirst reports whether a claim is to read the key in readSQL, rather
-// than in claimSQL.
+// readFirst reports whether a claim is to read the key in readSQL before
+// it inserts, rather than after an INSERT that inserted nothing.
 func (s *store) readFirst() bool {
 	switch s.claimPath {
-	case claimPathOneStatement:
+	case claimPathInsertFirst:
 		return false
 	case claimPathReadFirst:
 		return true
@@ -452,7 +467,7 @@ func (s *store) saw(found bool) {
 		n := s.found.Load()
 		next := n - foundNew
 		if found {
-			next = n + 1
+			next = n + foundHit
 		}
 		next = min(max(next, -foundBound), foundBound)
 		if next == n || s.found.CompareAndSwap(n, next) {

@@ -17,16 +17,16 @@
 //
 // # Lease mode
 //
-// By default each operation is one statement, committed at once, and one
-// round trip. The Claim of a new key inserts the record in flight, with a
-// lease and a fencing token, in the statement that reads the key; the
-// middleware runs the handler, renewing the lease with Extend; Complete
-// stores the response. A replay (Claim of a completed key) is that
-// statement too, which then only reads one row and writes nothing: no WAL,
-// no commit flush. While nearly every claim finds a record (a burst of
-// retries), the Store reads the key in a plain SELECT, which costs the
-// backend less than the statement that may insert, and inserts a new key's
-// record in a second statement.
+// By default each operation is a statement or two, each committed at
+// once. The Claim of a new key is one INSERT … ON CONFLICT DO NOTHING of
+// the record in flight, with a lease and a fencing token; the middleware
+// runs the handler, renewing the lease with Extend; Complete stores the
+// response: two round trips, as the least pair of statements that do the
+// job. A Claim that finds a record then reads it in a SELECT. While more
+// than one claim in three finds a record (a burst of retries), the Store
+// reads first instead: a replay (Claim of a completed key) is one SELECT,
+// which writes nothing (no WAL, no commit flush), and a new key's record is
+// inserted in a second statement.
 //
 // The handler's effects and the stored response are two separate commits,
 // and this is the weaker guarantee: if the process dies, or loses the

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -67,6 +68,16 @@ func benchStore(b *testing.B) (redisstore.Store, *roundTrips) {
 	return s, counter
 }
 
+// processCPU returns the CPU time that the process has used, user and
+// system, in ns.
+func processCPU(b *testing.B) int64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return ru.Utime.Nano() + ru.Stime.Nano()
+}
+
 func benchResponse() *engine.Response {
 	return &engine.Response{
 		Status: http.StatusCreated,
@@ -76,7 +87,9 @@ func benchResponse() *engine.Response {
 }
 
 // runParallel runs fn on about benchClients goroutines, each with a number
-// of its own, and reports round trips per op when counter is not nil.
+// of its own, and reports the process's CPU time per op (user and system,
+// the client's side of each call: the wall time is mostly Redis's and the
+// network's) and round trips per op when counter is not nil.
 func runParallel(b *testing.B, counter *roundTrips, fn func(g int64, pb *testing.PB)) {
 	b.ReportAllocs()
 	b.SetParallelism((benchClients + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
@@ -85,7 +98,9 @@ func runParallel(b *testing.B, counter *roundTrips, fn func(g int64, pb *testing
 		counter.n.Store(0)
 	}
 	b.ResetTimer()
+	cpu := processCPU(b)
 	b.RunParallel(func(pb *testing.PB) { fn(goroutines.Add(1), pb) })
+	b.ReportMetric(float64(processCPU(b)-cpu)/float64(b.N), "cpu-ns/op")
 	b.StopTimer()
 	if counter != nil {
 		b.ReportMetric(float64(counter.n.Load())/float64(b.N), "round-trips/op")
@@ -196,21 +211,36 @@ func BenchmarkReplicaAck(b *testing.B) {
 	}
 }
 
-// BenchmarkReplayClientOptions is BenchmarkReplay through a client with
-// ContextTimeoutEnabled and one without, each call with a deadline, as the
-// middleware makes them: what a client without it costs the Store.
+// BenchmarkReplayClientOptions is BenchmarkReplay through clients with
+// ContextTimeoutEnabled and without, each call with a deadline, as the
+// middleware makes them: what a client without it costs the Store. A
+// *redis.Client and a Ring of one shard, the shared Redis; without the
+// option the Store calls either through a clone that has it (a Ring's,
+// its shard's).
 func BenchmarkReplayClientOptions(b *testing.B) {
 	for _, tc := range []struct {
 		name           string
+		ring           bool
 		contextTimeout bool
-	}{{"ContextTimeoutEnabled", true}, {"without", false}} {
+	}{
+		{"Client/ContextTimeoutEnabled", false, true}, {"Client/without", false, false},
+		{"Ring/ContextTimeoutEnabled", true, true}, {"Ring/without", true, false},
+	} {
 		b.Run(tc.name, func(b *testing.B) {
 			opt := sharedOptions(b)
 			opt.PoolSize = 2 * benchClients
 			opt.ContextTimeoutEnabled = tc.contextTimeout
-			c := redis.NewClient(opt)
+			var c redis.UniversalClient = redis.NewClient(opt)
+			if tc.ring {
+				c.Close()
+				c = redis.NewRing(&redis.RingOptions{
+					Addrs:    map[string]string{"one": opt.Addr},
+					Username: opt.Username, Password: opt.Password, DB: opt.DB,
+					PoolSize: opt.PoolSize, ContextTimeoutEnabled: tc.contextTimeout,
+				})
+			}
 			b.Cleanup(func() { c.Close() })
-			s, err := redisstore.New(c, redisstore.WithPrefix(testPrefix(b, c)))
+			s, err := redisstore.New(c, redisstore.WithPrefix(testPrefix(b, sharedClient(b))))
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -223,8 +253,8 @@ func BenchmarkReplayClientOptions(b *testing.B) {
 			if err := s.Complete(ctx, id, cl.Token, benchResponse(), time.Minute); err != nil {
 				b.Fatal(err)
 			}
-			// No round trips counted: the Store's clone of a client
-			// without ContextTimeoutEnabled runs none of its hooks.
+			// No round trips counted: the Store's clones of a client
+			// without ContextTimeoutEnabled run none of its hooks.
 			runParallel(b, nil, func(_ int64, pb *testing.PB) {
 				for pb.Next() {
 					ctx, cancel := context.WithTimeout(ctx, time.Second)

@@ -25,20 +25,13 @@ var ErrEviction = errors.New("redis may evict idempotency records")
 // may evict the records (ErrEviction), it logs an error that says so and
 // returns the Store all the same, or, WithStrictEviction, returns the
 // error. A policy it cannot read is logged as a warning (or refused, when
-// strict). Only the failure to make the Store is an error otherwise. It
-// also warns of a Cluster or Ring client without ContextTimeoutEnabled, on
-// which each call runs on a goroutine of its own (see Store).
+// strict). Only the failure to make the Store is an error otherwise.
 func Open(ctx context.Context, client redis.UniversalClient, opts ...Option) (Store, error) {
 	st, err := New(client, opts...)
 	if err != nil {
 		return nil, err
 	}
 	s := st.(*store)
-	if s.deaf {
-		s.log().Warn("redisstore: the client ends its I/O by its own timeouts, not by a call's deadline: " +
-			"each call runs on a goroutine of its own, so that it returns at the deadline; " +
-			"give the client ContextTimeoutEnabled")
-	}
 	err = s.Check(ctx)
 	switch {
 	case err == nil:

@@ -17,18 +17,24 @@ import (
 	"github.com/idemkit/idempotency/store/storetest"
 )
 
+// clusterStarts lets two tests at a time start a cluster: the nodes of one
+// agree on it by gossip, which a machine busy with many does slowly.
+var clusterStarts = make(chan struct{}, 2)
+
 // startCluster starts a Redis Cluster of three masters on loopback ports,
 // waits until every node reports it healthy, and returns its addresses.
 func startCluster(t *testing.T) []string {
 	t.Helper()
 	needRedisServer(t, "redis-cli")
+	clusterStarts <- struct{}{}
+	defer func() { <-clusterStarts }()
 	addrs := make([]string, 3)
 	for i := range addrs {
 		// Each node has a directory, so a config file, of its own.
 		addrs[i] = startRedis(t, "--cluster-enabled", "yes",
 			"--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000").Addr
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	args := append([]string{"--cluster", "create"}, addrs...)
 	args = append(args, "--cluster-replicas", "0", "--cluster-yes")

@@ -355,11 +355,17 @@
 // it, so that its I/O ends at the earlier of the deadline and the client's
 // own timeouts, on the caller's goroutine; the clone runs none of the
 // client's hooks (go-redis does not copy them), so give an instrumented
-// client ContextTimeoutEnabled. A Cluster or Ring client without it would
-// wait for its own ReadTimeout (5 s by default): the Store runs each of its
-// calls on a goroutine of its own and returns at the deadline all the same,
-// leaving the call to end by the client's timeouts (Open warns of it: a
-// goroutine per call cost 12–17% of a request's CPU in the load runs). How soon before the deadline a Redis
+// client ContextTimeoutEnabled. A Cluster or Ring client without it, which
+// would wait for its own ReadTimeout (5 s by default) and does not even see
+// the call's context, is used the same way, node by node: the Store asks the
+// client which master (or shard) owns the record's key, and calls it
+// through a clone of that node's client that has ContextTimeoutEnabled,
+// made the first time a call goes to the node. A node that answers MOVED
+// or ASK (its slot is migrating, or has moved) has not run the call, which
+// then goes through the Cluster client itself, which follows the
+// redirection, on a goroutine of its own so that it still returns at the
+// deadline: only then does a call cost a goroutine (one per call cost
+// 12–17% of a request's CPU in the load runs). How soon before the deadline a Redis
 // that is down fails a call is the client's configuration: go-redis's
 // defaults retry the dial (DialerRetries, 5) and the command (MaxRetries, 3)
 // with backoff, about two seconds for a refused connection. For a store that

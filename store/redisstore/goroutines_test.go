@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"runtime"
@@ -52,8 +53,9 @@ func (c callerConn) Write(p []byte) (int, error) {
 }
 
 // A call with a deadline runs on its caller's goroutine, whatever the
-// client's timeouts: the Store starts no goroutine per call on a
-// *redis.Client, with ContextTimeoutEnabled or without.
+// client and its timeouts: the Store starts no goroutine per call on a
+// *redis.Client, a Ring or a Cluster client, with ContextTimeoutEnabled or
+// without.
 func TestNoGoroutinePerCall(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -71,50 +73,95 @@ func TestNoGoroutinePerCall(t *testing.T) {
 			opt := sharedOptions(t)
 			tc.opt(opt)
 			w := &callerWrites{caller: []byte("TestNoGoroutinePerCall")}
-			opt.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
-				conn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
-				if err != nil {
-					return nil, err
-				}
-				return callerConn{conn, w}, nil
-			}
+			opt.Dialer = w.dialer()
 			c := redis.NewClient(opt)
 			t.Cleanup(func() { c.Close() })
-			s, err := redisstore.New(c, redisstore.WithPrefix(testPrefix(t, c)))
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			id := engine.ID{Scope: "s", Key: "k"}
-			for range 2 { // the function's path, then the command's
-				cl, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
-				if err != nil || cl.Status != engine.Acquired {
-					t.Fatalf("Claim = %v, %v; want acquired", cl.Status, err)
-				}
-				if err := s.Extend(ctx, id, cl.Token, time.Minute); err != nil {
-					t.Fatalf("Extend error = %v", err)
-				}
-				if err := s.Release(ctx, id, cl.Token); err != nil {
-					t.Fatalf("Release error = %v", err)
-				}
-				id.Key += "-next"
-			}
+			callsOnCaller(t, c, w)
+		})
+	}
+	for _, timeouts := range []time.Duration{0, -2} {
+		t.Run(fmt.Sprintf("Ring without ContextTimeoutEnabled, timeouts %v", timeouts), func(t *testing.T) {
+			t.Parallel()
+			opt := sharedOptions(t)
+			w := &callerWrites{caller: []byte("TestNoGoroutinePerCall")}
+			ring := redis.NewRing(&redis.RingOptions{
+				Addrs:    map[string]string{"one": opt.Addr},
+				Username: opt.Username, Password: opt.Password, DB: opt.DB,
+				ReadTimeout: timeouts, WriteTimeout: timeouts,
+				Dialer: w.dialer(),
+			})
+			t.Cleanup(func() { ring.Close() })
+			callsOnCaller(t, ring, w)
+		})
+	}
+	t.Run("Cluster without ContextTimeoutEnabled", func(t *testing.T) {
+		t.Parallel()
+		addrs := startCluster(t)
+		w := &callerWrites{caller: []byte("TestNoGoroutinePerCall")}
+		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, Dialer: w.dialer()})
+		t.Cleanup(func() { c.Close() })
+		callsOnCaller(t, c, w)
+	})
+}
+
+// dialer returns a Dialer whose connections record in w, or nil (go-redis's
+// own) when w is nil.
+func (w *callerWrites) dialer() func(context.Context, string, string) (net.Conn, error) {
+	if w == nil {
+		return nil
+	}
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return callerConn{conn, w}, nil
+	}
+}
+
+// callsOnCaller claims, extends, releases, completes and replays keys
+// through a Store on c, whose connections record in w, and checks that
+// every SET and FCALL was sent from the test's goroutine. Keys on every
+// master of a Cluster: 32 of them, each through the function's path, then
+// the command's.
+func callsOnCaller(t *testing.T, c redis.UniversalClient, w *callerWrites) {
+	t.Helper()
+	s, err := redisstore.New(c, redisstore.WithPrefix(testPrefix(t, sharedClient(t))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for i := range 32 {
+		id := engine.ID{Scope: "s", Key: fmt.Sprint("k", i)}
+		for range 2 { // the function's path, then the command's
 			cl, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
 			if err != nil || cl.Status != engine.Acquired {
 				t.Fatalf("Claim = %v, %v; want acquired", cl.Status, err)
 			}
-			if err := s.Complete(ctx, id, cl.Token, &engine.Response{Status: http.StatusOK}, time.Hour); err != nil {
-				t.Fatalf("Complete error = %v", err)
+			if err := s.Extend(ctx, id, cl.Token, time.Minute); err != nil {
+				t.Fatalf("Extend error = %v", err)
 			}
-			if cl, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour); err != nil || cl.Status != engine.Completed {
-				t.Fatalf("Claim = %v, %v; want completed", cl.Status, err)
+			if err := s.Release(ctx, id, cl.Token); err != nil {
+				t.Fatalf("Release error = %v", err)
 			}
-			w.mu.Lock()
-			defer w.mu.Unlock()
-			if w.sent < 8 || len(w.away) > 0 {
-				t.Errorf("of %d commands, %q were sent from a goroutine other than the caller's, want none", w.sent, w.away)
-			}
-		})
+			id.Key += "-next"
+		}
+		cl, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
+		if err != nil || cl.Status != engine.Acquired {
+			t.Fatalf("Claim = %v, %v; want acquired", cl.Status, err)
+		}
+		if err := s.Complete(ctx, id, cl.Token, &engine.Response{Status: http.StatusOK}, time.Hour); err != nil {
+			t.Fatalf("Complete error = %v", err)
+		}
+		if cl, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour); err != nil || cl.Status != engine.Completed {
+			t.Fatalf("Claim = %v, %v; want completed", cl.Status, err)
+		}
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.sent < 8*32 || len(w.away) > 0 {
+		t.Errorf("of %d commands, %d were sent from a goroutine other than the caller's (the first: %q), want none",
+			w.sent, len(w.away), w.away[:min(len(w.away), 4)])
 	}
 }

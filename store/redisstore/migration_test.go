@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -19,12 +20,26 @@ import (
 
 // A slot that migrates to a master that has never run the Store's
 // functions: during the migration (ASK) and after it (MOVED), calls load the
-// library on the node that answered and succeed.
+// library on the node that answered and succeed; through a client with
+// ContextTimeoutEnabled and one without (the Store then calls the node
+// itself, and the Cluster client when the node redirects it).
 func TestSlotMigration(t *testing.T) {
 	t.Parallel()
+	for _, timeouts := range []bool{true, false} {
+		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v", timeouts), func(t *testing.T) {
+			t.Parallel()
+			slotMigration(t, timeouts)
+		})
+	}
+}
+
+func slotMigration(t *testing.T, timeouts bool) {
 	addrs := startCluster(t)
-	ctx := context.Background()
-	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true})
+	// A deadline, as the engine gives every call: without one, a client
+	// without ContextTimeoutEnabled is called as it is.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: timeouts})
 	t.Cleanup(func() { c.Close() })
 	// One hash tag: every record of the Store on one slot.
 	s, err := redisstore.New(c, redisstore.WithPrefix("{migration}:"))
@@ -42,15 +57,28 @@ func TestSlotMigration(t *testing.T) {
 // add-node, which copies the functions to it) owns no slot until one
 // migrates to it, so no slot map lists it: while a slot migrates to it, the
 // calls that ASK sends there load the library there all the same, and
-// succeed; and so do those that MOVED sends there afterwards.
+// succeed; and so do those that MOVED sends there afterwards. With
+// ContextTimeoutEnabled and without.
 func TestSlotMigrationToMetNode(t *testing.T) {
 	t.Parallel()
+	for _, timeouts := range []bool{true, false} {
+		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v", timeouts), func(t *testing.T) {
+			t.Parallel()
+			slotMigrationToMetNode(t, timeouts)
+		})
+	}
+}
+
+func slotMigrationToMetNode(t *testing.T, timeouts bool) {
 	addrs := startCluster(t)
 	node := startRedis(t, "--cluster-enabled", "yes",
 		"--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000")
-	ctx := context.Background()
+	// A deadline, as the engine gives every call: without one, a client
+	// without ContextTimeoutEnabled is called as it is.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
 	meet(t, ctx, addrs, node)
-	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true})
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: timeouts})
 	t.Cleanup(func() { c.Close() })
 	s, err := redisstore.New(c, redisstore.WithPrefix("{meet}:"))
 	require.NoError(t, err)

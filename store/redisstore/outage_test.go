@@ -22,13 +22,27 @@ const outagePassword = "s3cret-outage-password"
 // ContextTimeoutEnabled and the read and write timeouts given (0: go-redis's
 // default).
 func outageStore(t *testing.T, contextTimeout bool, timeout time.Duration) (*redisProcess, redisstore.Store) {
+	return outageStoreOn(t, contextTimeout, timeout, false, nil)
+}
+
+// outageStoreOn is outageStore, through a Ring of one shard when ring is
+// set, whose connections record in w.
+func outageStoreOn(t *testing.T, contextTimeout bool, timeout time.Duration, ring bool, w *callerWrites) (*redisProcess, redisstore.Store) {
 	t.Helper()
 	needRedisServer(t)
 	p := startRedis(t, "--requirepass", outagePassword)
-	c := redis.NewClient(&redis.Options{
+	var c redis.UniversalClient = redis.NewClient(&redis.Options{
 		Addr: p.Addr, Password: outagePassword, ContextTimeoutEnabled: contextTimeout,
 		ReadTimeout: timeout, WriteTimeout: timeout,
 	})
+	if ring {
+		c.Close()
+		c = redis.NewRing(&redis.RingOptions{
+			Addrs: map[string]string{"one": p.Addr}, Password: outagePassword,
+			ContextTimeoutEnabled: contextTimeout, ReadTimeout: timeout, WriteTimeout: timeout,
+			Dialer: w.dialer(),
+		})
+	}
 	t.Cleanup(func() { c.Close() })
 	s, err := redisstore.New(c)
 	if err != nil {
@@ -94,18 +108,24 @@ func TestRedisDown(t *testing.T) {
 }
 
 // A Redis that hangs (stopped, or cut off by a partition) fails a call by its
-// context's deadline, whether the client has ContextTimeoutEnabled or not
-// (then go-redis would wait for its own ReadTimeout, 5 s by default, or for
-// ever with none, and the Store does not).
+// context's deadline, whether the client (a Client, or a Ring) has
+// ContextTimeoutEnabled or not (then go-redis would wait for its own
+// ReadTimeout, 5 s by default, or for ever with none, and the Store does
+// not).
 func TestRedisHung(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		contextTimeout bool
 		timeout        time.Duration
-	}{{true, 0}, {false, 0}, {false, -2}} {
-		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v,timeouts=%v", tc.contextTimeout, tc.timeout), func(t *testing.T) {
+		ring           bool
+	}{{true, 0, false}, {false, 0, false}, {false, -2, false}, {true, 0, true}, {false, 0, true}, {false, -2, true}} {
+		t.Run(fmt.Sprintf("ring=%v,ContextTimeoutEnabled=%v,timeouts=%v", tc.ring, tc.contextTimeout, tc.timeout), func(t *testing.T) {
 			t.Parallel()
-			p, s := outageStore(t, tc.contextTimeout, tc.timeout)
+			// The Ring's commands are all sent from the test's goroutine:
+			// none is left waiting on a goroutine of its own once the call
+			// has failed.
+			w := &callerWrites{caller: []byte("TestRedisHung")}
+			p, s := outageStoreOn(t, tc.contextTimeout, tc.timeout, tc.ring, w)
 			if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 				t.Fatal(err)
 			}
@@ -118,6 +138,11 @@ func TestRedisHung(t *testing.T) {
 			checkOutageError(t, "Claim", err, time.Since(start), deadline)
 			if !errors.Is(err, context.DeadlineExceeded) {
 				t.Errorf("Claim error = %v, want context.DeadlineExceeded", err)
+			}
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			if len(w.away) > 0 {
+				t.Errorf("%q sent from a goroutine other than the caller's, want none", w.away)
 			}
 		})
 	}

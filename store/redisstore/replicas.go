@@ -82,20 +82,24 @@ func (s *store) callAcked(ctx context.Context, fn, key string, args ...any) (any
 		if fresh {
 			dialed = append(dialed, node)
 		}
-		type sent struct{ fc, wc *redis.Cmd }
-		cmds, err := bounded(ctx, s.deaf, func() (sent, error) {
-			var c sent
-			_, err := node.Pipelined(ctx, func(p redis.Pipeliner) error {
-				if ask {
-					p.Do(ctx, "ASKING")
-				}
-				c.fc = p.FCall(ctx, fn, []string{key}, args...)
-				c.wc = p.Do(ctx, "WAIT", s.ack.replicas, s.waitTimeout(ctx))
-				return nil
-			})
-			return c, err
+		if s.deaf {
+			// A node client of a Cluster or Ring client without
+			// ContextTimeoutEnabled: its clone that has it (hearing.go).
+			if fresh {
+				node = hearingClient(node)
+			} else {
+				node = s.hear(node)
+			}
+		}
+		var fc, wc *redis.Cmd
+		_, err = node.Pipelined(ctx, func(p redis.Pipeliner) error {
+			if ask {
+				p.Do(ctx, "ASKING")
+			}
+			fc = p.FCall(ctx, fn, []string{key}, args...)
+			wc = p.Do(ctx, "WAIT", s.ack.replicas, s.waitTimeout(ctx))
+			return nil
 		})
-		fc, wc := cmds.fc, cmds.wc
 		if fc == nil || wc == nil || (err != nil && fc.Err() == nil && wc.Err() == nil) {
 			// The pipeline did not run: the context ended first.
 			return nil, 0, contextual(ctx, err)

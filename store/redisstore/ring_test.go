@@ -3,9 +3,9 @@ package redisstore_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -19,9 +19,9 @@ import (
 
 // A Ring client works as any other: Open loads nothing up front, the first
 // call loads the library on the shard that owns the key, and a claim, its
-// completion and the replay behave as on a Client. Without
-// ContextTimeoutEnabled, Open warns that each call runs on a goroutine of
-// its own; with it, Open warns of nothing.
+// completion and the replay behave as on a Client; with
+// ContextTimeoutEnabled or without, Open warns of nothing (without it, the
+// Store calls the shard through a clone that has it).
 func TestRing(t *testing.T) {
 	t.Parallel()
 	for _, timeouts := range []bool{true, false} {
@@ -46,8 +46,7 @@ func TestRing(t *testing.T) {
 			defer cancel()
 			s, err := redisstore.Open(ctx, ring, redisstore.WithPrefix(testPrefix(t, sharedClient(t))), redisstore.WithLogger(logger))
 			require.NoError(t, err)
-			warned := strings.Contains(logged.String(), "ContextTimeoutEnabled")
-			assert.Equal(t, !timeouts, warned, "Open's warning of the client's timeouts; logged:\n%s", logged.String())
+			assert.Empty(t, logged.String(), "Open's warnings")
 
 			id := engine.ID{Scope: "ring", Key: "k"}
 			c, err := s.Claim(ctx, id, "fp", time.Minute, time.Hour)
@@ -65,14 +64,25 @@ func TestRing(t *testing.T) {
 // On a Ring of two shards, each record and its steps are on the shard
 // that owns the record's key, whichever shard the steps key's own name
 // would go to: a step saved, released and resumed by the next claim, and
-// found by Lookup, for keys on both shards.
+// found by Lookup, for keys on both shards; through a client with
+// ContextTimeoutEnabled and one without (the Store then calls each shard
+// through a clone of its client).
 func TestRingSteps(t *testing.T) {
 	t.Parallel()
 	needRedisServer(t)
+	for _, timeouts := range []bool{true, false} {
+		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v", timeouts), func(t *testing.T) {
+			t.Parallel()
+			ringSteps(t, timeouts)
+		})
+	}
+}
+
+func ringSteps(t *testing.T, timeouts bool) {
 	a, b := startRedis(t), startRedis(t)
 	ring := redis.NewRing(&redis.RingOptions{
 		Addrs:                 map[string]string{"a": a.Addr, "b": b.Addr},
-		ContextTimeoutEnabled: true,
+		ContextTimeoutEnabled: timeouts,
 	})
 	t.Cleanup(func() { ring.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

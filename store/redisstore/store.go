@@ -9,6 +9,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -26,13 +27,9 @@ const defaultPrefix = "idempotency:"
 // (engine.Inspector). Create one with New (or Open); it is safe for
 // concurrent use, and any number of Stores, in any number of processes, share
 // records when they share a Redis and a prefix. A Store owns nothing: the
-// client is the caller's to close. It starts no goroutine, but on a Cluster
-// or Ring client without ContextTimeoutEnabled: there each call runs on a
-// goroutine of its own, so that the call's context bounds it, and one that
-// outlives its context ends by the client's own timeouts, or when the
-// client is closed. A *redis.Client without ContextTimeoutEnabled (a
-// standalone or Sentinel client) is used through a clone that shares its
-// connections, made by New (see New). It keeps,
+// client is the caller's to close. It starts no goroutine: each call runs
+// on its caller's, bounded by its context whatever the client's options
+// (see New). It keeps,
 // in memory, the fingerprint of each lease it granted until it completes or
 // releases it, a few thousand at most (see the package documentation,
 // Functions).
@@ -66,8 +63,15 @@ type store struct {
 	strict bool
 	// deaf is set for a Cluster or Ring client without
 	// ContextTimeoutEnabled, which bounds its I/O by its own timeouts and
-	// not by the call's context.
+	// not by the call's context: the Store then calls the node that owns a
+	// record's key through a clone of the node's client that has it
+	// (hearing.go).
 	deaf bool
+	// nodes holds those clones, by the node's client: a *redis.Client to
+	// a *redis.Client.
+	nodes sync.Map
+	// nnodes counts the clones in nodes.
+	nnodes atomic.Int64
 	// ack is what WithReplicaAck asks for; replicas 0 asks for nothing.
 	ack replicaAck
 	// bulkLimit is the server's proto-max-bulk-len once read, 0 before.
@@ -89,13 +93,14 @@ var _ Store = (*store)(nil)
 // it, and calls the functions (FCALL) afterwards.
 //
 // Give the client ContextTimeoutEnabled, so that go-redis ends its I/O at a
-// call's deadline (the Store returns then anyway, see Errors in the package
-// documentation), and run Redis with maxmemory-policy noeviction: Open
-// checks it. A *redis.Client without it is used through a clone
-// (Client.WithTimeout) that shares its connection pool and has it: its I/O
-// ends at the earlier of the client's own timeouts and the call's deadline,
-// and it runs none of the client's hooks. An invalid option is named in
-// New's error.
+// call's deadline, and run Redis with maxmemory-policy noeviction: Open
+// checks it. A client without ContextTimeoutEnabled is used through clones
+// that have it: a *redis.Client through one (Client.WithTimeout) that
+// shares its connection pool, a Cluster or Ring client through one of each
+// node's client, the master or shard that owns the key, made the first time
+// a call goes to it; their I/O ends at the earlier of the client's own
+// timeouts and the call's deadline, and they run none of the client's
+// hooks. An invalid option is named in New's error.
 func New(client redis.UniversalClient, opts ...Option) (Store, error) {
 	if client == nil {
 		return nil, errors.New("redisstore: nil client")
@@ -109,32 +114,6 @@ func New(client redis.UniversalClient, opts ...Option) (Store, error) {
 		client: client, prefix: c.prefix, logger: c.logger, strict: c.strict, ack: c.ack,
 		lib: newLibrary(), fps: newFingerprints(), deaf: deaf,
 	}, nil
-}
-
-// hearing returns client, or, for a *redis.Client without
-// ContextTimeoutEnabled, a clone of it that shares its connections and has
-// it, with the client's own timeouts; and it reports whether the client it
-// returns still does not bound its I/O by a call's context.
-func hearing(client redis.UniversalClient) (redis.UniversalClient, bool) {
-	switch c := client.(type) {
-	case *redis.Client:
-		o := c.Options()
-		if o.ContextTimeoutEnabled {
-			return c, false
-		}
-		// A negative timeout, none at all, skips the connection's
-		// deadline, the call's too: 0 is none but the call's.
-		clone := c.WithTimeout(max(o.ReadTimeout, 0))
-		co := clone.Options()
-		co.WriteTimeout = max(o.WriteTimeout, 0)
-		co.ContextTimeoutEnabled = true
-		return clone, false
-	case *redis.ClusterClient:
-		return c, !c.Options().ContextTimeoutEnabled
-	case *redis.Ring:
-		return c, !c.Options().ContextTimeoutEnabled
-	}
-	return client, true
 }
 
 // RecordKey implements Store.
@@ -214,8 +193,8 @@ func (s *store) Claim(ctx context.Context, id engine.ID, fingerprint string, lea
 // and then writes nothing. A completed record is the answer; one in any
 // other state is left to the claim function, which may take it over.
 func (s *store) claim(ctx context.Context, key string, rec []byte, px int64) (engine.Claim, int64, error) {
-	v, err := bounded(ctx, s.deaf, func() (any, error) {
-		return s.client.Do(ctx, "set", key, rec, "nx", "px", px, "get").Result()
+	v, err := onNode(ctx, s, key, func(c redis.UniversalClient) (any, error) {
+		return c.Do(ctx, "set", key, rec, "nx", "px", px, "get").Result()
 	})
 	switch {
 	case errors.Is(err, redis.Nil):
@@ -544,36 +523,9 @@ func explained(err error) error {
 
 // fcall calls fn once.
 func (s *store) fcall(ctx context.Context, fn, key string, args ...any) (any, error) {
-	return bounded(ctx, s.deaf, func() (any, error) {
-		return s.client.FCall(ctx, fn, []string{key}, args...).Result()
+	return onNode(ctx, s, key, func(c redis.UniversalClient) (any, error) {
+		return c.FCall(ctx, fn, []string{key}, args...).Result()
 	})
-}
-
-// bounded returns what f returns, or, when deaf (a Cluster or Ring client
-// that does not bound its I/O by the context), ctx's error as soon as ctx is
-// done: f then runs on a goroutine of its own, which the client's own
-// timeouts end, so that a Redis that hangs costs no more than the context
-// allows.
-func bounded[T any](ctx context.Context, deaf bool, f func() (T, error)) (T, error) {
-	if !deaf || ctx.Done() == nil {
-		return f()
-	}
-	type result struct {
-		v   T
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		v, err := f()
-		done <- result{v, err}
-	}()
-	select {
-	case r := <-done:
-		return r.v, r.err
-	case <-ctx.Done():
-		var zero T
-		return zero, ctx.Err()
-	}
 }
 
 // reloadSlots asks a Cluster client to read the cluster's slot map again
@@ -625,10 +577,23 @@ func (s *store) load(ctx context.Context, key string) error {
 // contextual reports a deadline that passed while the client was busy as
 // the context's, whatever the client made of it.
 func contextual(ctx context.Context, err error) error {
-	if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
+	if cerr := ended(ctx); cerr != nil && !errors.Is(err, cerr) {
 		return fmt.Errorf("%w: %w", cerr, err)
 	}
 	return err
+}
+
+// ended returns ctx's error, or context.DeadlineExceeded once ctx's
+// deadline has passed: a client that bounds its I/O by the deadline may
+// fail a call a moment before ctx itself is done.
+func ended(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 // addDur is a + b for durations that are not negative, saturated at the

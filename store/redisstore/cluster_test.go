@@ -61,7 +61,8 @@ func startCluster(t *testing.T) []string {
 }
 
 // The conformance suite passes on a three-master Redis Cluster, with records
-// spread over every master.
+// spread over every master, through a client with ContextTimeoutEnabled and
+// one without.
 func TestCluster(t *testing.T) {
 	t.Parallel()
 	addrs := startCluster(t)
@@ -72,6 +73,17 @@ func TestCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	storetest.Run(t, func(*testing.T) engine.Store { return s })
+	// And through a client without ContextTimeoutEnabled, which the Store
+	// calls node by node.
+	t.Run("without ContextTimeoutEnabled", func(t *testing.T) {
+		deaf := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+		t.Cleanup(func() { deaf.Close() })
+		ds, err := redisstore.New(deaf, redisstore.WithPrefix("deaf:"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		storetest.Run(t, func(*testing.T) engine.Store { return ds })
+	})
 
 	// Enough keys to land on every master, each taken through a claim and a
 	// completion on its own node.

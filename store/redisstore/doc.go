@@ -360,7 +360,11 @@
 // the call's context, is used the same way, node by node: the Store asks the
 // client which master (or shard) owns the record's key, and calls it
 // through a clone of that node's client that has ContextTimeoutEnabled,
-// made the first time a call goes to the node. A node that answers MOVED
+// made the first time a call goes to the node. Until a call through a
+// Cluster client has been answered, the client may not have read the slot
+// map, which it would read on the caller's goroutine by its own timeouts:
+// those calls go through the Cluster client itself, on a goroutine of
+// their own. A node that answers MOVED
 // or ASK (its slot is migrating, or has moved) has not run the call, which
 // then goes through the Cluster client itself, which follows the
 // redirection, on a goroutine of its own so that it still returns at the

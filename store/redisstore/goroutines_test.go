@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -55,7 +56,8 @@ func (c callerConn) Write(p []byte) (int, error) {
 // A call with a deadline runs on its caller's goroutine, whatever the
 // client and its timeouts: the Store starts no goroutine per call on a
 // *redis.Client, a Ring or a Cluster client, with ContextTimeoutEnabled or
-// without.
+// without (but for the first call through a Cluster client without it,
+// which may read the slot map).
 func TestNoGoroutinePerCall(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -76,7 +78,7 @@ func TestNoGoroutinePerCall(t *testing.T) {
 			opt.Dialer = w.dialer()
 			c := redis.NewClient(opt)
 			t.Cleanup(func() { c.Close() })
-			callsOnCaller(t, c, w)
+			callsOnCaller(t, c, w, 0)
 		})
 	}
 	for _, timeouts := range []time.Duration{0, -2} {
@@ -91,7 +93,7 @@ func TestNoGoroutinePerCall(t *testing.T) {
 				Dialer: w.dialer(),
 			})
 			t.Cleanup(func() { ring.Close() })
-			callsOnCaller(t, ring, w)
+			callsOnCaller(t, ring, w, 0)
 		})
 	}
 	t.Run("Cluster without ContextTimeoutEnabled", func(t *testing.T) {
@@ -100,7 +102,9 @@ func TestNoGoroutinePerCall(t *testing.T) {
 		w := &callerWrites{caller: []byte("TestNoGoroutinePerCall")}
 		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, Dialer: w.dialer()})
 		t.Cleanup(func() { c.Close() })
-		callsOnCaller(t, c, w)
+		// The first call goes through the Cluster client, on a goroutine
+		// of its own, since the client has not read the slot map yet.
+		callsOnCaller(t, c, w, 1)
 	})
 }
 
@@ -121,10 +125,10 @@ func (w *callerWrites) dialer() func(context.Context, string, string) (net.Conn,
 
 // callsOnCaller claims, extends, releases, completes and replays keys
 // through a Store on c, whose connections record in w, and checks that
-// every SET and FCALL was sent from the test's goroutine. Keys on every
-// master of a Cluster: 32 of them, each through the function's path, then
-// the command's.
-func callsOnCaller(t *testing.T, c redis.UniversalClient, w *callerWrites) {
+// every SET and FCALL but the first away was sent from the test's
+// goroutine. Keys on every master of a Cluster: 32 of them, each through
+// the function's path, then the command's.
+func callsOnCaller(t *testing.T, c redis.UniversalClient, w *callerWrites, away int) {
 	t.Helper()
 	s, err := redisstore.New(c, redisstore.WithPrefix(testPrefix(t, sharedClient(t))))
 	if err != nil {
@@ -160,8 +164,65 @@ func callsOnCaller(t *testing.T, c redis.UniversalClient, w *callerWrites) {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.sent < 8*32 || len(w.away) > 0 {
-		t.Errorf("of %d commands, %d were sent from a goroutine other than the caller's (the first: %q), want none",
-			w.sent, len(w.away), w.away[:min(len(w.away), 4)])
+	if w.sent < 8*32 || len(w.away) > away {
+		t.Errorf("of %d commands, %d were sent from a goroutine other than the caller's (the first: %q), want %d at most",
+			w.sent, len(w.away), w.away[:min(len(w.away), 4)], away)
+	}
+}
+
+// A Cluster client without ContextTimeoutEnabled reads the slot map at its
+// first call, by its own timeouts: when the node it asks hangs, the Store's
+// first call still fails by its deadline, and so does the next.
+func TestClusterHungBeforeSlotMap(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu    sync.Mutex
+		conns []net.Conn
+	)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, conn) // read nothing, answer nothing
+			mu.Unlock()
+		}
+	}()
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{ln.Addr().String()}, ReadTimeout: -2, WriteTimeout: -2})
+	t.Cleanup(func() {
+		c.Close()
+		ln.Close()
+		<-done
+		mu.Lock()
+		defer mu.Unlock()
+		for _, conn := range conns {
+			conn.Close()
+		}
+	})
+	s, err := redisstore.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		const deadline = 200 * time.Millisecond
+		ctx, cancel := context.WithTimeout(context.Background(), deadline)
+		start := time.Now()
+		_, err := s.Claim(ctx, engine.ID{Key: fmt.Sprint("k", i)}, "fp", time.Minute, time.Hour)
+		took := time.Since(start)
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("call %d: Claim error = %v, want context.DeadlineExceeded", i, err)
+		}
+		if took > deadline+500*time.Millisecond {
+			t.Errorf("call %d: Claim took %v, want about its deadline, %v", i, took, deadline)
+		}
 	}
 }

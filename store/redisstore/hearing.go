@@ -74,7 +74,9 @@ func (s *store) hear(node *redis.Client) *redis.Client {
 
 // nodeOf returns the client that a call on key goes to on a Cluster or
 // Ring client without ContextTimeoutEnabled (see hear), or nil when the
-// client cannot tell which without I/O of its own.
+// client cannot tell which without I/O of its own: a Cluster client before
+// a call through it has been answered, which may not have read the slot
+// map yet.
 func (s *store) nodeOf(ctx context.Context, key string) *redis.Client {
 	var (
 		node *redis.Client
@@ -82,6 +84,11 @@ func (s *store) nodeOf(ctx context.Context, key string) *redis.Client {
 	)
 	switch c := s.client.(type) {
 	case *redis.ClusterClient:
+		if !s.mapped.Load() {
+			// The client may not have read the slot map yet: it would
+			// read it now, on this goroutine, by its own timeouts.
+			return nil
+		}
 		node, err = c.MasterForKey(ctx, key)
 	case *redis.Ring:
 		node, err = c.GetShardClientForKey(key)
@@ -113,7 +120,16 @@ func onNode[T any](ctx context.Context, s *store, key string, f func(redis.Unive
 			return v, err
 		}
 	}
-	return bounded(ctx, true, func() (T, error) { return f(s.client) })
+	return bounded(ctx, true, func() (T, error) {
+		v, err := f(s.client)
+		var reply redis.Error
+		if err == nil || errors.As(err, &reply) {
+			// Redis answered: a Cluster client has a slot map, which it
+			// keeps from now on (it reads it again in the background).
+			s.mapped.Store(true)
+		}
+		return v, err
+	})
 }
 
 // elsewhere reports whether a call that failed with err on a node's client

@@ -72,6 +72,10 @@ type store struct {
 	nodes sync.Map
 	// nnodes counts the clones in nodes.
 	nnodes atomic.Int64
+	// mapped is set once a call through a Cluster client was answered:
+	// the client then has a slot map, and tells a key's master without
+	// I/O.
+	mapped atomic.Bool
 	// ack is what WithReplicaAck asks for; replicas 0 asks for nothing.
 	ack replicaAck
 	// bulkLimit is the server's proto-max-bulk-len once read, 0 before.

@@ -719,11 +719,18 @@ func TestAttackEveryFault(t *testing.T) {
 							assert.EqualError(t, firstErr, "transient")
 						}
 					}
+					ranFirst := runs.Load()
 					fs.Clear(op)
 					// Healed, with a store timeout that a busy machine's
 					// store meets.
 					healed := newRunner(t, fs, once.WithConfig(engine.Config{Lease: 150 * time.Millisecond}))
 					res, err := untilRuns(t, healed, key, nil, fn)
+					if op == faultstore.Release && ranFirst == 0 && err != nil && err.Error() == "transient" {
+						// The first caller was refused before fn ran (on a
+						// busy machine its claim can outlast 30 ms), so the
+						// healed call made fn's first, failing run.
+						res, err = untilRuns(t, healed, key, nil, fn)
+					}
 					require.NoError(t, err)
 					if firstErr == nil {
 						assert.True(t, res.Replayed)

@@ -168,6 +168,16 @@ func (s *store) nodeFor(ctx context.Context, key, redirect string) (*redis.Clien
 		return c, false, nil
 	case *redis.ClusterClient:
 		if redirect == "" {
+			if s.deaf && !s.mapped.Load() {
+				// The client may not have read its slot map yet, and would
+				// read it now by its own timeouts: on a goroutine of its
+				// own, bounded by ctx (see nodeOf).
+				node, err := bounded(ctx, true, func() (*redis.Client, error) { return c.MasterForKey(ctx, key) })
+				if err == nil {
+					s.mapped.Store(true)
+				}
+				return node, false, err
+			}
 			node, err := c.MasterForKey(ctx, key)
 			return node, false, err
 		}

@@ -25,19 +25,35 @@ var clusterStarts = make(chan struct{}, 2)
 // waits until every node reports it healthy, and returns its addresses.
 func startCluster(t *testing.T) []string {
 	t.Helper()
+	nodes := startClusterNodes(t, 0, 5*time.Second)
+	addrs := make([]string, len(nodes))
+	for i, n := range nodes {
+		addrs[i] = n.Addr
+	}
+	return addrs
+}
+
+// startClusterNodes starts a Redis Cluster of three masters, each with
+// replicas replicas, whose nodes count a node that does not answer for
+// nodeTimeout as failed, waits until every node reports it healthy, and
+// returns its nodes, the masters first.
+func startClusterNodes(t *testing.T, replicas int, nodeTimeout time.Duration) []*redisProcess {
+	t.Helper()
 	needRedisServer(t, "redis-cli")
 	clusterStarts <- struct{}{}
 	defer func() { <-clusterStarts }()
-	addrs := make([]string, 3)
-	for i := range addrs {
+	nodes := make([]*redisProcess, 3*(1+replicas))
+	addrs := make([]string, len(nodes))
+	for i := range nodes {
 		// Each node has a directory, so a config file, of its own.
-		addrs[i] = startRedis(t, "--cluster-enabled", "yes",
-			"--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000").Addr
+		nodes[i] = startRedis(t, "--cluster-enabled", "yes",
+			"--cluster-config-file", "nodes.conf", "--cluster-node-timeout", fmt.Sprint(nodeTimeout.Milliseconds()))
+		addrs[i] = nodes[i].Addr
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	args := append([]string{"--cluster", "create"}, addrs...)
-	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	args = append(args, "--cluster-replicas", fmt.Sprint(replicas), "--cluster-yes")
 	if out, err := exec.CommandContext(ctx, "redis-cli", args...).CombinedOutput(); err != nil {
 		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
 	}
@@ -57,7 +73,7 @@ func startCluster(t *testing.T) []string {
 		}
 		c.Close()
 	}
-	return addrs
+	return nodes
 }
 
 // The conformance suite passes on a three-master Redis Cluster, with records

@@ -197,7 +197,9 @@
 //     replica is promoted, so a claim or a completion written just before
 //     a failover can be lost, and a retry of that request runs it again
 //     (measured in RELIABILITY.md). While the replica is promoted the
-//     master's slots answer 503 and nothing runs. After a call that got no
+//     master's slots answer 503 and nothing runs; a master that hangs
+//     rather than refuses costs a call no more than its deadline, with or
+//     without ContextTimeoutEnabled. After a call that got no
 //     answer from a Cluster node, the Store asks the client to reload its
 //     slot map, which go-redis otherwise does only once a minute.
 //     WithReplicaAck closes the gap for claims (see Replication).

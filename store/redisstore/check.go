@@ -58,11 +58,27 @@ func (s *store) Check(ctx context.Context) error {
 	if err := s.usable(ctx); err != nil {
 		return fmt.Errorf("redisstore: check: %w", err)
 	}
+	// On a Cluster or Ring client without ContextTimeoutEnabled, each node
+	// is checked through its clone that bounds its I/O by ctx, and the
+	// Cluster client's reading of its slot map, which it does first, is
+	// left on a goroutine of its own once ctx ends.
+	_, err := bounded(ctx, s.deaf, func() (struct{}, error) { return struct{}{}, s.check(ctx) })
+	if err != nil {
+		return fmt.Errorf("redisstore: check: %w", err)
+	}
+	return nil
+}
+
+// check checks every master, or shard, of the Store's client.
+func (s *store) check(ctx context.Context) error {
 	var (
 		mu   sync.Mutex
 		errs []error
 	)
 	check := func(ctx context.Context, c *redis.Client) error {
+		if s.deaf {
+			c = s.hear(c)
+		}
 		if err := checkNode(ctx, c); err != nil {
 			mu.Lock()
 			errs = append(errs, err)
@@ -81,10 +97,9 @@ func (s *store) Check(ctx context.Context) error {
 	default:
 		err = checkPolicy(ctx, s.client, "redis")
 	}
-	if err = errors.Join(append(errs, err)...); err != nil {
-		return fmt.Errorf("redisstore: check: %w", err)
-	}
-	return nil
+	mu.Lock()
+	defer mu.Unlock()
+	return errors.Join(append(errs, err)...)
 }
 
 func checkNode(ctx context.Context, c *redis.Client) error {

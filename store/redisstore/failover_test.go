@@ -18,10 +18,10 @@ import (
 // A master of a Cluster stops answering (SIGSTOP: it hangs, as a frozen
 // machine does), and the Cluster promotes its replica. Through clients with
 // and without ContextTimeoutEnabled, each with and without WithReplicaAck:
-// every call ends by its deadline while the master hangs, claims succeed
-// again once the replica serves the master's slots, and a record that a
-// replica acknowledged before the failover is replayed after it, not run
-// again.
+// every call ends by its deadline while the master hangs (Check too, with
+// an error), claims succeed again once the replica serves the master's
+// slots, and a record that a replica acknowledged before the failover is
+// replayed after it, not run again.
 func TestClusterFailover(t *testing.T) {
 	t.Parallel()
 	began := time.Now()
@@ -105,6 +105,13 @@ func TestClusterFailover(t *testing.T) {
 	// Cleanup kills it: SIGKILL ends a stopped process too.
 
 	const callDeadline = 300 * time.Millisecond
+	// Check asks every master, the hung one too: it fails, by its deadline.
+	for _, v := range variants {
+		err := withDeadline(t, v.name, callDeadline, v.store.Check)
+		if err == nil {
+			t.Errorf("%s: Check with a master that hangs = nil, want an error", v.name)
+		}
+	}
 	var wg sync.WaitGroup
 	for _, v := range variants {
 		wg.Go(func() {

@@ -1,13 +1,16 @@
 package redisstore_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -228,5 +231,175 @@ func TestClusterHungBeforeSlotMap(t *testing.T) {
 				t.Errorf("%d options, call %d: Claim took %v, want about its deadline, %v", len(opts), i, took, deadline)
 			}
 		}
+	}
+}
+
+// fakeRedis serves RESP on a loopback port: answer gives the reply to each
+// command (its words), "" to answer nothing, ever, or closeConn to close
+// the connection without an answer. It returns its
+// address; its connections close when t ends.
+func fakeRedis(t *testing.T, answer func(words []string) string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu    sync.Mutex
+		conns []net.Conn
+		wg    sync.WaitGroup
+	)
+	wg.Go(func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, conn)
+			mu.Unlock()
+			wg.Go(func() { serveFake(conn, answer) })
+		}
+	})
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, conn := range conns {
+			conn.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	return ln.Addr().String()
+}
+
+// closeConn is the answer of fakeRedis's answer function that closes the
+// connection.
+const closeConn = "\x00close"
+
+// serveFake reads commands (RESP arrays of bulk strings) from conn and
+// writes answer's replies, until conn fails or a command is not answered.
+func serveFake(conn net.Conn, answer func(words []string) string) {
+	r := bufio.NewReader(conn)
+	line := func() string {
+		l, err := r.ReadString('\n')
+		if err != nil {
+			return ""
+		}
+		return strings.TrimRight(l, "\r\n")
+	}
+	for {
+		head := line()
+		if !strings.HasPrefix(head, "*") {
+			return
+		}
+		n, err := strconv.Atoi(head[1:])
+		if err != nil {
+			return
+		}
+		words := make([]string, n)
+		for i := range words {
+			size, err := strconv.Atoi(strings.TrimPrefix(line(), "$"))
+			if err != nil {
+				return
+			}
+			buf := make([]byte, size+2)
+			if _, err := io.ReadFull(r, buf); err != nil {
+				return
+			}
+			words[i] = string(buf[:size])
+		}
+		reply := answer(words)
+		switch reply {
+		case "":
+			return // and the connection stays open, unanswered
+		case closeConn:
+			conn.Close()
+			return
+		}
+		if _, err := conn.Write([]byte(reply)); err != nil {
+			return
+		}
+	}
+}
+
+// A server that answers a call with "Function not found" and then hangs on
+// FUNCTION LOAD: through a Ring without ContextTimeoutEnabled or any
+// timeout, the Store loads the library through the shard's own client, and
+// the Claim still fails by its deadline.
+func TestLoadHangs(t *testing.T) {
+	t.Parallel()
+	addr := fakeRedis(t, func(words []string) string {
+		switch strings.ToUpper(words[0]) {
+		case "HELLO":
+			return "-ERR unknown command 'HELLO'\r\n"
+		case "PING":
+			return "+PONG\r\n"
+		case "FCALL", "FCALL_RO":
+			return "-ERR Function not found\r\n"
+		case "FUNCTION":
+			return ""
+		}
+		return "+OK\r\n"
+	})
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"one": addr}, ReadTimeout: -2, WriteTimeout: -2})
+	t.Cleanup(func() { ring.Close() })
+	s, err := redisstore.New(ring)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		const deadline = 200 * time.Millisecond
+		ctx, cancel := context.WithTimeout(context.Background(), deadline)
+		start := time.Now()
+		_, err := s.Claim(ctx, engine.ID{Key: fmt.Sprint("k", i)}, "fp", time.Minute, time.Hour)
+		took := time.Since(start)
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("call %d: Claim error = %v, want context.DeadlineExceeded", i, err)
+		}
+		if took > deadline+500*time.Millisecond {
+			t.Errorf("call %d: Claim took %v, want about its deadline, %v", i, took, deadline)
+		}
+	}
+}
+
+// A completion of a record larger than 1 MiB whose connection the server
+// closes (as Redis does on an argument above its proto-max-bulk-len), on a
+// server that then hangs on CONFIG GET: through a Ring without
+// ContextTimeoutEnabled or any timeout, the Store reads the limit through
+// the shard's own client, and the Complete still fails by its deadline.
+func TestBulkLimitHangs(t *testing.T) {
+	t.Parallel()
+	addr := fakeRedis(t, func(words []string) string {
+		switch strings.ToUpper(words[0]) {
+		case "HELLO":
+			return "-ERR unknown command 'HELLO'\r\n"
+		case "PING":
+			return "+PONG\r\n"
+		case "FCALL":
+			return closeConn
+		case "CONFIG":
+			return ""
+		}
+		return "+OK\r\n"
+	})
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"one": addr}, ReadTimeout: -2, WriteTimeout: -2})
+	t.Cleanup(func() { ring.Close() })
+	s, err := redisstore.New(ring)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const deadline = 300 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), deadline)
+	defer cancel()
+	start := time.Now()
+	err = s.Complete(ctx, engine.ID{Key: "k"}, 1, &engine.Response{Status: 200, Body: make([]byte, 2<<20)}, time.Hour)
+	took := time.Since(start)
+	if err == nil || errors.Is(err, engine.ErrNotStorable) {
+		t.Errorf("Complete error = %v, want the failure, not one of size", err)
+	}
+	if took > deadline+500*time.Millisecond {
+		t.Errorf("Complete took %v, want about its deadline, %v", took, deadline)
 	}
 }

@@ -185,14 +185,20 @@ func (s *store) nodeFor(ctx context.Context, key, redirect string) (*redis.Clien
 			mu         sync.Mutex
 			node, like *redis.Client
 		)
-		err := c.ForEachMaster(ctx, func(_ context.Context, m *redis.Client) error {
-			mu.Lock()
-			defer mu.Unlock()
-			if m.Options().Addr == redirect {
-				node = m
-			}
-			like = m
-			return nil
+		// ForEachMaster reads the slot map again first: through the
+		// client's own node clients, which bound their I/O by ctx only
+		// with ContextTimeoutEnabled. node and like are read only after
+		// it returned.
+		_, err := bounded(ctx, s.deaf, func() (struct{}, error) {
+			return struct{}{}, c.ForEachMaster(ctx, func(_ context.Context, m *redis.Client) error {
+				mu.Lock()
+				defer mu.Unlock()
+				if m.Options().Addr == redirect {
+					node = m
+				}
+				like = m
+				return nil
+			})
 		})
 		switch {
 		case err != nil:

@@ -342,24 +342,38 @@ func (s *store) aboveBulkLimit(ctx context.Context, key string, n int, err error
 	}
 	limit := s.bulkLimit.Load()
 	if limit == 0 {
-		var node redis.Cmdable = s.client
-		if c, ok := s.client.(*redis.ClusterClient); ok {
-			m, err := c.MasterForKey(ctx, key)
-			if err != nil {
-				return false
-			}
-			node = m
-		}
-		cfg, err := node.ConfigGet(ctx, "proto-max-bulk-len").Result()
+		// On a Cluster or Ring client without ContextTimeoutEnabled, the
+		// master's client does not bound its I/O by ctx.
+		read, err := bounded(ctx, s.deaf, func() (int64, error) { return s.readBulkLimit(ctx, key) })
 		if err != nil {
 			return false
 		}
-		if limit, err = strconv.ParseInt(cfg["proto-max-bulk-len"], 10, 64); err != nil || limit <= 0 {
-			return false
-		}
+		limit = read
 		s.bulkLimit.Store(limit)
 	}
 	return int64(n) > limit
+}
+
+// readBulkLimit reads proto-max-bulk-len on the server that a call on key
+// goes to.
+func (s *store) readBulkLimit(ctx context.Context, key string) (int64, error) {
+	var node redis.Cmdable = s.client
+	if c, ok := s.client.(*redis.ClusterClient); ok {
+		m, err := c.MasterForKey(ctx, key)
+		if err != nil {
+			return 0, err
+		}
+		node = m
+	}
+	cfg, err := node.ConfigGet(ctx, "proto-max-bulk-len").Result()
+	if err != nil {
+		return 0, err
+	}
+	limit, err := strconv.ParseInt(cfg["proto-max-bulk-len"], 10, 64)
+	if err == nil && limit <= 0 {
+		err = fmt.Errorf("proto-max-bulk-len %d", limit)
+	}
+	return limit, err
 }
 
 // maxValue is the largest string Redis keeps: 512 MiB.
@@ -495,7 +509,11 @@ func (s *store) call(ctx context.Context, fn, key string, args ...any) (any, err
 			return reply, nil
 		}
 		if attempt < loadAttempts && functionMissing(err) {
-			if err := s.load(ctx, key); err != nil {
+			// On a Cluster or Ring client without ContextTimeoutEnabled,
+			// the load talks to the nodes through the client's own node
+			// clients, by their own timeouts.
+			_, err := bounded(ctx, s.deaf, func() (struct{}, error) { return struct{}{}, s.load(ctx, key) })
+			if err != nil {
 				return nil, contextual(ctx, fmt.Errorf("loading the function library: %w", explained(err)))
 			}
 			continue

@@ -178,38 +178,9 @@ func callsOnCaller(t *testing.T, c redis.UniversalClient, w *callerWrites, away 
 // first call still fails by its deadline, and so does the next.
 func TestClusterHungBeforeSlotMap(t *testing.T) {
 	t.Parallel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var (
-		mu    sync.Mutex
-		conns []net.Conn
-	)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, conn) // read nothing, answer nothing
-			mu.Unlock()
-		}
-	}()
-	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{ln.Addr().String()}, ReadTimeout: -2, WriteTimeout: -2})
-	t.Cleanup(func() {
-		c.Close()
-		ln.Close()
-		<-done
-		mu.Lock()
-		defer mu.Unlock()
-		for _, conn := range conns {
-			conn.Close()
-		}
-	})
+	addr := fakeRedis(t, func([]string) string { return "" }) // answers nothing
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{addr}, ReadTimeout: -2, WriteTimeout: -2})
+	t.Cleanup(func() { c.Close() })
 	// WithReplicaAck calls the master on its own (replicas.go): it too
 	// must not ask the client for the key's master before the map is read.
 	for _, opts := range [][]redisstore.Option{nil, {redisstore.WithReplicaAck(1, time.Second)}} {
@@ -217,19 +188,27 @@ func TestClusterHungBeforeSlotMap(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for i := range 2 {
-			const deadline = 200 * time.Millisecond
-			ctx, cancel := context.WithTimeout(context.Background(), deadline)
-			start := time.Now()
-			_, err := s.Claim(ctx, engine.ID{Key: fmt.Sprint("k", i)}, "fp", time.Minute, time.Hour)
-			took := time.Since(start)
-			cancel()
-			if !errors.Is(err, context.DeadlineExceeded) {
-				t.Errorf("%d options, call %d: Claim error = %v, want context.DeadlineExceeded", len(opts), i, err)
-			}
-			if took > deadline+500*time.Millisecond {
-				t.Errorf("%d options, call %d: Claim took %v, want about its deadline, %v", len(opts), i, took, deadline)
-			}
+		claimsEndByDeadline(t, s, fmt.Sprintf("%d options", len(opts)))
+	}
+}
+
+// claimsEndByDeadline makes two claims through s, each with a deadline of
+// 200 ms, and checks that each fails with context.DeadlineExceeded at
+// about that deadline.
+func claimsEndByDeadline(t *testing.T, s redisstore.Store, label string) {
+	t.Helper()
+	for i := range 2 {
+		const deadline = 200 * time.Millisecond
+		ctx, cancel := context.WithTimeout(context.Background(), deadline)
+		start := time.Now()
+		_, err := s.Claim(ctx, engine.ID{Key: fmt.Sprint("k", i)}, "fp", time.Minute, time.Hour)
+		took := time.Since(start)
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("%s, call %d: Claim error = %v, want context.DeadlineExceeded", label, i, err)
+		}
+		if took > deadline+500*time.Millisecond {
+			t.Errorf("%s, call %d: Claim took %v, want about its deadline, %v", label, i, took, deadline)
 		}
 	}
 }
@@ -348,20 +327,7 @@ func TestLoadHangs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := range 2 {
-		const deadline = 200 * time.Millisecond
-		ctx, cancel := context.WithTimeout(context.Background(), deadline)
-		start := time.Now()
-		_, err := s.Claim(ctx, engine.ID{Key: fmt.Sprint("k", i)}, "fp", time.Minute, time.Hour)
-		took := time.Since(start)
-		cancel()
-		if !errors.Is(err, context.DeadlineExceeded) {
-			t.Errorf("call %d: Claim error = %v, want context.DeadlineExceeded", i, err)
-		}
-		if took > deadline+500*time.Millisecond {
-			t.Errorf("call %d: Claim took %v, want about its deadline, %v", i, took, deadline)
-		}
-	}
+	claimsEndByDeadline(t, s, "Ring")
 }
 
 // A completion of a record larger than 1 MiB whose connection the server

@@ -33,7 +33,8 @@ import (
 // Sentinel turns it into a replica, which discards them: those claims and
 // completions are lost, and a retry runs the order again. With the replica
 // acknowledgement (redisstore.WithReplicaAck) a claim that no replica has is
-// released and answered 503, so nothing runs twice.
+// released and answered 503, so nothing runs twice, through a client with
+// ContextTimeoutEnabled or without it.
 func TestRedisSentinelSwitchover(t *testing.T) {
 	orders := 300
 	if *failoverLong {
@@ -42,12 +43,16 @@ func TestRedisSentinelSwitchover(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		ack  time.Duration
+		// deaf gives the client no ContextTimeoutEnabled: the Store calls
+		// it through a clone that has it, which shares its connections.
+		deaf bool
 	}{
-		{"switchover", 0},
-		{"switchover, replica ack", time.Second},
+		{"switchover", 0, false},
+		{"switchover, replica ack", time.Second, false},
+		{"switchover, replica ack, client without ContextTimeoutEnabled", time.Second, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			res := runSwitchover(t, startSentinelPair(t), tc.ack, orders)
+			res := runSwitchover(t, startSentinelPair(t), tc.ack, !tc.deaf, orders)
 			t.Logf("%d orders; the old master was a replica in sync %v after SENTINEL FAILOVER; %d executions; "+
 				"%d orders run twice or more; %d answered orders had no record on the new master and %d were back in flight; "+
 				"%d responses sent whose Complete failed; answers seen: %s",
@@ -111,13 +116,13 @@ func writeFile(name, content string) error {
 // Sentinel switch master and replica over, sends orders until as many
 // again are answered after the switch, then checks every order's record on
 // the new master and sends each once more.
-func runSwitchover(t *testing.T, p *sentinelPair, ack time.Duration, before int) failoverResult {
+func runSwitchover(t *testing.T, p *sentinelPair, ack time.Duration, timeouts bool, before int) failoverResult {
 	ctx := context.Background()
 	t.Cleanup(func() { failoverWaitDialers(t) })
 	rc := redis.NewFailoverClient(&redis.FailoverOptions{
 		MasterName:            sentinelMaster,
 		SentinelAddrs:         []string{p.sentinel.addr},
-		ContextTimeoutEnabled: true,
+		ContextTimeoutEnabled: timeouts,
 		PoolSize:              32,
 	})
 	t.Cleanup(func() { rc.Close() })

@@ -146,9 +146,13 @@ func (d *door) Send(bool) {
 func (d *door) Replay(r *engine.Response) int {
 	hdr, trl := splitStored(r.Header)
 	hdr.Set(metadataReplayed, "true")
-	_ = grpc.SetHeader(d.ctx, hdr)
-	if len(trl) > 0 {
-		_ = grpc.SetTrailer(d.ctx, trl)
+	// Straight to the call's stream: the capture is for a handler's
+	// metadata, and a replay runs none.
+	if ts := d.stream.ServerTransportStream; ts != nil {
+		_ = ts.SetHeader(hdr)
+		if len(trl) > 0 {
+			_ = ts.SetTrailer(trl)
+		}
 	}
 	if v := r.Header[engine.HeaderOutcome]; len(v) > 0 && v[0] == "unknown" {
 		d.resp, d.err = nil, outcomeUnknownError()

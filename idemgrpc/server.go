@@ -162,8 +162,7 @@ func (s *Server) StreamServerInterceptor() grpc.StreamServerInterceptor { return
 // authorization metadata, "cred:" and 32 hex digits, or "" for a call
 // without it. A refreshed token is another scope: see WithScope.
 func credentialScope(ctx context.Context, _ string) (string, error) {
-	md, _ := metadata.FromIncomingContext(ctx)
-	values := md.Get("authorization")
+	values := metadata.ValueFromIncomingContext(ctx, "authorization")
 	if len(values) == 0 || len(values) == 1 && values[0] == "" {
 		return "", nil
 	}
@@ -232,8 +231,8 @@ func (s *Server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	if s.cfg.eng.Observer != nil {
 		start = time.Now()
 	}
-	md, _ := metadata.FromIncomingContext(ctx)
-	keys := md.Get(MetadataKey)
+	// The one key's values, not a copy of the whole metadata.
+	keys := metadata.ValueFromIncomingContext(ctx, MetadataKey)
 	switch {
 	case len(keys) == 0 && s.cfg.optional:
 		resp, err := handler(ctx, req)
@@ -279,7 +278,7 @@ func (s *Server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 		// to retry forever.
 		return nil, s.reject(ctx, start, key, codes.InvalidArgument, reasonUnidentified, fmt.Sprintf("request could not be identified: scope of %d bytes, more than %d", len(scope), engine.MaxScopeLen))
 	}
-	if scope != "" && !s.cfg.scopeSet && !s.bearerScope.Load() && bearer(md) && !s.bearerScope.Swap(true) {
+	if scope != "" && !s.cfg.scopeSet && !s.bearerScope.Load() && bearer(ctx) && !s.bearerScope.Swap(true) {
 		s.eng.Logger().LogAttrs(ctx, slog.LevelWarn,
 			"idemgrpc: call scoped by a bearer token: a retry whose token was refreshed falls in another scope, and runs again; set WithScope to the authenticated principal",
 			slog.String("method", info.FullMethod))
@@ -305,10 +304,10 @@ func (s *Server) reject(ctx context.Context, start time.Time, key string, code c
 	return err
 }
 
-// bearer reports whether md's authorization metadata holds a bearer token
-// (what gRPC's OAuth and JWT credentials send).
-func bearer(md metadata.MD) bool {
-	for _, v := range md.Get("authorization") {
+// bearer reports whether the call's authorization metadata holds a bearer
+// token (what gRPC's OAuth and JWT credentials send).
+func bearer(ctx context.Context) bool {
+	for _, v := range metadata.ValueFromIncomingContext(ctx, "authorization") {
 		if len(v) > len("Bearer ") && strings.EqualFold(v[:len("Bearer ")], "Bearer ") {
 			return true
 		}

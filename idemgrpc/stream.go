@@ -15,8 +15,7 @@ func (s *Server) interceptStream(srv any, ss grpc.ServerStream, info *grpc.Strea
 		return handler(srv, ss)
 	}
 	ctx := ss.Context()
-	md, _ := metadata.FromIncomingContext(ctx)
-	if len(md.Get(MetadataKey)) == 0 {
+	if len(metadata.ValueFromIncomingContext(ctx, MetadataKey)) == 0 {
 		return handler(srv, ss)
 	}
 	var start time.Time

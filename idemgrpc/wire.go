@@ -88,10 +88,11 @@ func (w *wire) Marshal(v any) (mem.BufferSlice, error) { return w.base.Marshal(v
 // Unmarshal decodes a request, and keeps its bytes for the InPayload event
 // that follows.
 func (w *wire) Unmarshal(data mem.BufferSlice, v any) error {
-	b := data.Materialize()
-	if err := w.base.Unmarshal(mem.BufferSlice{mem.SliceBuffer(b)}, v); err != nil {
+	if err := w.base.Unmarshal(data, v); err != nil {
 		return err
 	}
+	// A copy: gRPC reuses data's buffers once this returns.
+	b := data.Materialize()
 	if w.pendingN.Add(1) > maxPending || w.pendingBytes.Add(int64(len(b))) > maxPendingBytes {
 		// Left by calls refused after their decode: forget them all.
 		// A call decoded at this very moment loses its bytes, and is

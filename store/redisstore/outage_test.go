@@ -147,3 +147,42 @@ func TestRedisHung(t *testing.T) {
 		})
 	}
 }
+
+// The server closes every connection of the Store's client (CLIENT KILL,
+// as a Redis timeout, a proxy or a load balancer closes idle ones): the
+// next calls succeed, on new connections, through every kind of client.
+func TestConnectionsKilled(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		contextTimeout bool
+		ring           bool
+	}{{true, false}, {false, false}, {true, true}, {false, true}} {
+		t.Run(fmt.Sprintf("ring=%v,ContextTimeoutEnabled=%v", tc.ring, tc.contextTimeout), func(t *testing.T) {
+			t.Parallel()
+			p, s := outageStoreOn(t, tc.contextTimeout, 0, tc.ring, nil)
+			admin := redis.NewClient(&redis.Options{Addr: p.Addr, Password: outagePassword, ContextTimeoutEnabled: true})
+			t.Cleanup(func() { admin.Close() })
+			ctx := context.Background()
+			for round := range 3 {
+				killed, err := admin.Do(ctx, "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes").Int()
+				if err != nil || killed == 0 {
+					t.Fatalf("round %d: CLIENT KILL = %d, %v; want the Store's connections killed", round, killed, err)
+				}
+				id := engine.ID{Key: fmt.Sprint("after-", round)}
+				cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				cl, err := s.Claim(cctx, id, "fp", time.Minute, time.Hour)
+				if err != nil || cl.Status != engine.Acquired {
+					cancel()
+					t.Fatalf("round %d: Claim after the kill = %v, %v; want acquired", round, cl.Status, err)
+				}
+				if err := s.Complete(cctx, id, cl.Token, &engine.Response{Status: 201}, time.Hour); err != nil {
+					t.Errorf("round %d: Complete error = %v", round, err)
+				}
+				if cl, err := s.Claim(cctx, id, "fp", time.Minute, time.Hour); err != nil || cl.Status != engine.Completed {
+					t.Errorf("round %d: replay = %v, %v; want completed", round, cl.Status, err)
+				}
+				cancel()
+			}
+		})
+	}
+}

@@ -252,6 +252,34 @@ func fakeRedis(t *testing.T, answer func(words []string) string) string {
 	return ln.Addr().String()
 }
 
+// deafRingOn returns a Store on a Ring without ContextTimeoutEnabled or any
+// timeout, whose one shard is a fakeRedis that answers a command named in
+// answers (upper case) as it says, HELLO as a Redis that speaks RESP2 only,
+// PING, and any other command with OK.
+func deafRingOn(t *testing.T, answers map[string]string) redisstore.Store {
+	t.Helper()
+	addr := fakeRedis(t, func(words []string) string {
+		name := strings.ToUpper(words[0])
+		if reply, ok := answers[name]; ok {
+			return reply
+		}
+		switch name {
+		case "HELLO":
+			return "-ERR unknown command 'HELLO'\r\n"
+		case "PING":
+			return "+PONG\r\n"
+		}
+		return "+OK\r\n"
+	})
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"one": addr}, ReadTimeout: -2, WriteTimeout: -2})
+	t.Cleanup(func() { ring.Close() })
+	s, err := redisstore.New(ring)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
 // closeConn is the answer of fakeRedis's answer function that closes the
 // connection.
 const closeConn = "\x00close"
@@ -308,25 +336,10 @@ func serveFake(conn net.Conn, answer func(words []string) string) {
 // the Claim still fails by its deadline.
 func TestLoadHangs(t *testing.T) {
 	t.Parallel()
-	addr := fakeRedis(t, func(words []string) string {
-		switch strings.ToUpper(words[0]) {
-		case "HELLO":
-			return "-ERR unknown command 'HELLO'\r\n"
-		case "PING":
-			return "+PONG\r\n"
-		case "FCALL", "FCALL_RO":
-			return "-ERR Function not found\r\n"
-		case "FUNCTION":
-			return ""
-		}
-		return "+OK\r\n"
+	s := deafRingOn(t, map[string]string{
+		"FCALL":    "-ERR Function not found\r\n",
+		"FUNCTION": "",
 	})
-	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"one": addr}, ReadTimeout: -2, WriteTimeout: -2})
-	t.Cleanup(func() { ring.Close() })
-	s, err := redisstore.New(ring)
-	if err != nil {
-		t.Fatal(err)
-	}
 	claimsEndByDeadline(t, s, "Ring")
 }
 
@@ -337,30 +350,15 @@ func TestLoadHangs(t *testing.T) {
 // the shard's own client, and the Complete still fails by its deadline.
 func TestBulkLimitHangs(t *testing.T) {
 	t.Parallel()
-	addr := fakeRedis(t, func(words []string) string {
-		switch strings.ToUpper(words[0]) {
-		case "HELLO":
-			return "-ERR unknown command 'HELLO'\r\n"
-		case "PING":
-			return "+PONG\r\n"
-		case "FCALL":
-			return closeConn
-		case "CONFIG":
-			return ""
-		}
-		return "+OK\r\n"
+	s := deafRingOn(t, map[string]string{
+		"FCALL":  closeConn,
+		"CONFIG": "",
 	})
-	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"one": addr}, ReadTimeout: -2, WriteTimeout: -2})
-	t.Cleanup(func() { ring.Close() })
-	s, err := redisstore.New(ring)
-	if err != nil {
-		t.Fatal(err)
-	}
 	const deadline = 300 * time.Millisecond
 	ctx, cancel := context.WithTimeout(context.Background(), deadline)
 	defer cancel()
 	start := time.Now()
-	err = s.Complete(ctx, engine.ID{Key: "k"}, 1, &engine.Response{Status: 200, Body: make([]byte, 2<<20)}, time.Hour)
+	err := s.Complete(ctx, engine.ID{Key: "k"}, 1, &engine.Response{Status: 200, Body: make([]byte, 2<<20)}, time.Hour)
 	took := time.Since(start)
 	if err == nil || errors.Is(err, engine.ErrNotStorable) {
 		t.Errorf("Complete error = %v, want the failure, not one of size", err)

@@ -438,3 +438,60 @@ func TestKeep(t *testing.T) {
 		}
 	})
 }
+
+// loggingStream is a ServerTransportStream that an outer interceptor puts
+// in the call's context, as a logging interceptor does, and that records
+// the header metadata set through it.
+type loggingStream struct {
+	grpc.ServerTransportStream
+	mu     sync.Mutex
+	header metadata.MD
+}
+
+func (l *loggingStream) SetHeader(md metadata.MD) error {
+	l.mu.Lock()
+	l.header = metadata.Join(l.header, md)
+	l.mu.Unlock()
+	return l.ServerTransportStream.SetHeader(md)
+}
+
+// TestOuterStream: an interceptor before the Server's wraps the call's
+// transport stream. The handler's header and trailer, and a replay's, go
+// through the wrapper and reach the client; the replay's carry the mark.
+func TestOuterStream(t *testing.T) {
+	var (
+		mu      sync.Mutex
+		streams []*loggingStream
+	)
+	outer := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		l := &loggingStream{ServerTransportStream: grpc.ServerTransportStreamFromContext(ctx)}
+		mu.Lock()
+		streams = append(streams, l)
+		mu.Unlock()
+		return handler(grpc.NewContextWithServerTransportStream(ctx, l), req)
+	}
+	f := newFixture(t, fixtureOptions{store: teststores.Memory(t), outer: outer})
+	ctx := withKey(testContext(t), "k")
+	for i, replay := range []bool{false, true} {
+		var header, trailer metadata.MD
+		resp, err := f.client().UnaryCall(ctx, request("a"), grpc.Header(&header), grpc.Trailer(&trailer))
+		if err != nil || resp.GetUsername() != "1" {
+			t.Fatalf("call %d: %v, %v; want the first run's answer", i, resp, err)
+		}
+		if idemgrpc.Replayed(header) != replay || header.Get("x-run")[0] != "1" || len(trailer.Get("x-trailer")) != 1 {
+			t.Errorf("call %d: header %v, trailer %v; want x-run 1, the trailer, replayed %v", i, header, trailer, replay)
+		}
+		mu.Lock()
+		l := streams[len(streams)-1]
+		mu.Unlock()
+		l.mu.Lock()
+		seen := l.header
+		l.mu.Unlock()
+		if len(seen.Get("x-run")) != 1 || idemgrpc.Replayed(seen) != replay {
+			t.Errorf("call %d: the outer stream saw header %v, want x-run once, replayed %v", i, seen, replay)
+		}
+	}
+	if n := f.svc.eff.count("a"); n != 1 {
+		t.Errorf("executions = %d, want 1", n)
+	}
+}

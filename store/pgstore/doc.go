@@ -26,7 +26,8 @@
 // than one claim in three finds a record (a burst of retries), the Store
 // reads first instead: a replay (Claim of a completed key) is one SELECT,
 // which writes nothing (no WAL, no commit flush), and a new key's record is
-// inserted in a second statement.
+// inserted in a second statement. A retry of a key that this Store claimed
+// moments ago reads first in any case.
 //
 // The handler's effects and the stored response are two separate commits,
 // and this is the weaker guarantee: if the process dies, or loses the
